@@ -22,6 +22,7 @@ Pure Python; used by both sides.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -79,10 +80,8 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
             json.dump(document, f, separators=(",", ":"))
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -76,14 +76,22 @@ class Slice:
         _check(isinstance(self.gpu_uuid, str) and self.gpu_uuid, "gpu_uuid must be a non-empty string")
         _check(_is_int(self.gpu_index) and self.gpu_index >= 0, "gpu_index must be an integer >= 0")
         _check(isinstance(self.gpu_name, str), "gpu_name must be a string")
-        _check(_is_int(self.gpu_memory) and self.gpu_memory > 0, "gpu_memory must be a positive number of bytes")
-        _check(_is_int(self.memory_limit) and self.memory_limit > 0, "memory_limit must be a positive number of bytes")
+        _check(
+            _is_int(self.gpu_memory) and self.gpu_memory > 0, "gpu_memory must be a positive number of bytes"
+        )
+        _check(
+            _is_int(self.memory_limit) and self.memory_limit > 0,
+            "memory_limit must be a positive number of bytes",
+        )
         _check(
             _is_int(self.compute_share) and 1 <= self.compute_share <= 100,
             "compute_share must be an integer percentage between 1 and 100",
         )
         _check(self.placement in PLACEMENTS, f"placement must be one of {', '.join(PLACEMENTS)}")
-        _check(_is_number(self.overcommit_ratio) and self.overcommit_ratio >= 1.0, "overcommit_ratio must be >= 1.0")
+        _check(
+            _is_number(self.overcommit_ratio) and self.overcommit_ratio >= 1.0,
+            "overcommit_ratio must be >= 1.0",
+        )
         _check(isinstance(self.simulated, bool), "simulated must be true or false")
         _check(_is_number(self.idle_seconds) and self.idle_seconds > 0, "idle_seconds must be > 0")
         _check(
