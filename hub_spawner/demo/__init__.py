@@ -1,0 +1,1 @@
+"""The demo Hub: ``jupyterhub -f hub_spawner/demo/jupyterhub_config.py``."""

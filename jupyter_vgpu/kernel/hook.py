@@ -1,0 +1,259 @@
+"""The kernel hook: one per IPython shell, tying the slice to PyTorch and to the server.
+
+It reads the slice (from the server's channel, else from ``JUPYTER_VGPU_SLICE``),
+applies the budget when torch is imported, names the budget in out-of-memory errors,
+follows live quota changes and pressure signals through a watcher thread, drives the
+offload engine around each cell, and reports usage to the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.slice import Slice, SliceError
+
+from .budget import TorchBudget, TorchImportHook
+
+log = logging.getLogger("jupyter_vgpu")
+
+
+def current_kernel_id() -> str | None:
+    """This kernel's id, from its connection file's name (``kernel-<id>.json``), or None."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        return channel.kernel_id_of(Path(get_connection_file()))
+    except Exception:
+        return None
+
+
+class KernelHook:
+    """State and callbacks of jupyter-vgpu inside one kernel.
+
+    Attributes:
+        slice: the current slice, or None (no hub, no ``JUPYTER_VGPU_SLICE``).
+        budget: the PyTorch budget (:class:`TorchBudget`).
+        engine: the offload engine once torch is imported, else None.
+        busy: a cell is running.
+        simulated_used: bytes of torch tensors reachable from the namespace, counted
+            after each cell when there is no real GPU to measure.
+    """
+
+    def __init__(self, shell, *, poll_seconds: float = 0.5, report_seconds: float = 1.0):
+        self.shell = shell
+        self.poll_seconds = poll_seconds
+        self.report_seconds = report_seconds
+        self.channel = channel.channel_dir()
+        self.kernel_id = current_kernel_id()
+        self.budget = TorchBudget()
+        self.engine = None
+        self.busy = False
+        self.pressure = False
+        self.simulated_used = 0
+        self.slice: Slice | None = None
+        self.slice_error: str | None = None
+        self._server_mtime: float | None = None
+        self._torch_hook = TorchImportHook(self._on_torch)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._read_initial_slice()
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        events = self.shell.events
+        events.register("pre_run_cell", self.pre_run_cell)
+        events.register("post_run_cell", self.post_run_cell)
+        if "torch" in sys.modules:
+            self._on_torch(sys.modules["torch"])
+        else:
+            self._torch_hook.install()
+        if self.channel is not None:
+            self._thread = threading.Thread(target=self._watch, name="jupyter-vgpu-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._torch_hook.remove()
+        for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
+            try:
+                self.shell.events.unregister(name, fn)
+            except ValueError:
+                pass
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    # -- slice ---------------------------------------------------------------
+
+    def _read_initial_slice(self) -> None:
+        if self.channel is not None and self._poll_channel():
+            return
+        try:
+            self.set_slice(Slice.from_env())
+        except SliceError as e:
+            self.slice_error = f"JUPYTER_VGPU_SLICE is malformed: {e}"
+            log.error("jupyter-vgpu: %s", self.slice_error)
+
+    def set_slice(self, slice_: Slice | None) -> None:
+        """Adopt a new slice: apply its budget, tell the engine, export framework limits."""
+        changed = slice_ != self.slice
+        self.slice = slice_
+        self.budget.set_slice(slice_)
+        if slice_ is not None:
+            for key, value in slice_.environment().items():
+                if key != "CUDA_VISIBLE_DEVICES":  # fixed at process start; never moved
+                    os.environ[key] = value
+        if self.engine is not None and slice_ is not None:
+            self.engine.update_slice(slice_)
+        if changed and slice_ is not None:
+            log.info(
+                "jupyter-vgpu: slice budget %d bytes, %d%% compute", slice_.memory_limit, slice_.compute_share
+            )
+
+    def _poll_channel(self) -> bool:
+        """Apply ``server.json`` if it changed; True when a document was read."""
+        path = channel.server_path(self.channel)
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return False
+        if mtime == self._server_mtime:
+            return False
+        doc = channel.read_json(path)
+        if doc is None:
+            return False
+        self._server_mtime = mtime
+        try:
+            new = Slice.from_dict(doc["slice"]) if doc.get("slice") else None
+        except SliceError as e:
+            self.slice_error = f"the server sent a malformed slice: {e}"
+            log.error("jupyter-vgpu: %s", self.slice_error)
+            return True
+        self.slice_error = None
+        self.set_slice(new)
+        self.pressure = bool(doc.get("pressure"))
+        return True
+
+    # -- torch ---------------------------------------------------------------
+
+    def _on_torch(self, torch) -> None:
+        self.budget.attach(torch)
+        self.shell.set_custom_exc((torch.OutOfMemoryError,), self._show_oom)
+        if self.engine is None:
+            try:
+                from .offload.engine import OffloadEngine
+            except ImportError:
+                return
+            self.engine = OffloadEngine.for_kernel(self.slice)
+
+    def _show_oom(self, shell, etype, evalue, tb, tb_offset=None):
+        note = self.budget.oom_note()
+        message = str(evalue.args[0]) if evalue.args else ""
+        if note not in message:
+            evalue.args = (f"{message}\n{note}", *evalue.args[1:])
+        shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
+
+    # -- cells ---------------------------------------------------------------
+
+    def pre_run_cell(self, info) -> None:
+        self.busy = True
+        if self.engine is not None:
+            self.engine.before_cell(info.raw_cell or "", self.shell.user_ns)
+
+    def post_run_cell(self, result) -> None:
+        try:
+            if self.engine is not None:
+                self.engine.after_cell(self.shell.user_ns)
+            if self.simulated:
+                from .offload.reach import unique_storage_bytes, walk
+
+                self.simulated_used = unique_storage_bytes(walk(self.shell.user_ns))
+        finally:
+            self.busy = False
+        if self.channel is not None:
+            self.write_report()
+
+    # -- usage ---------------------------------------------------------------
+
+    @property
+    def torch(self):
+        return sys.modules.get("torch") if self.budget.torch is not None else None
+
+    @property
+    def cuda(self) -> bool:
+        torch = self.torch
+        return bool(torch is not None and torch.cuda.is_available())
+
+    @property
+    def simulated(self) -> bool:
+        """No real GPU to measure: the slice is simulated, or PyTorch has no CUDA."""
+        return (self.slice is not None and self.slice.simulated) or not self.cuda
+
+    def torch_memory(self) -> tuple[int, int]:
+        """``(allocated, reserved)`` bytes of PyTorch's CUDA allocator (0, 0 without CUDA)."""
+        torch = self.torch
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return 0, 0
+        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+
+    def nvml_memory(self) -> int | None:
+        """This process's memory on the slice's GPU per NVML, bytes, or None when unknown."""
+        if self.slice is None or self.slice.simulated:
+            return None
+        try:
+            from jupyter_vgpu import nvml
+
+            return nvml.process_memory(self.slice.gpu_uuid).get(os.getpid())
+        except Exception:
+            return None
+
+    def report(self) -> dict[str, Any]:
+        """The document this kernel writes to ``kernel-<id>.json`` (see jupyter_vgpu.channel)."""
+        allocated, reserved = self.torch_memory()
+        return {
+            "kernel_id": self.kernel_id,
+            "pid": os.getpid(),
+            "updated": time.time(),
+            "torch_imported": self.torch is not None,
+            "cuda_available": self.cuda,
+            "torch_allocated": allocated,
+            "torch_reserved": reserved,
+            "budget": self.slice.memory_limit if self.slice else None,
+            "budget_status": self.budget.status,
+            "simulated": self.simulated,
+            "simulated_used": self.simulated_used,
+            "busy": self.busy,
+            "offload": self.engine.stats() if self.engine is not None else None,
+        }
+
+    def write_report(self) -> None:
+        if self.channel is None or self.kernel_id is None:
+            return
+        try:
+            channel.write_json(channel.kernel_path(self.channel, self.kernel_id), self.report())
+        except OSError as e:
+            log.warning("jupyter-vgpu: cannot write the usage report: %s", e)
+
+    def _watch(self) -> None:
+        last_report = 0.0
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self._poll_channel()
+                if self.pressure and not self.busy and self.engine is not None:
+                    self.engine.offload_idle(self.shell.user_ns)
+                now = time.monotonic()
+                if now - last_report >= self.report_seconds:
+                    last_report = now
+                    self.write_report()
+            except Exception:  # the watcher must outlive any single failure
+                log.exception("jupyter-vgpu: watcher step failed")

@@ -1,0 +1,40 @@
+"""Every setting of the server extension, in one Configurable (``c.VGPUServer.<trait>``)."""
+
+from __future__ import annotations
+
+from traitlets import Bool, Float, Unicode
+from traitlets.config import Configurable
+
+
+class VGPUServer(Configurable):
+    """jupyter-vgpu in the single-user server."""
+
+    sample_seconds = Float(1.0, help="Seconds between two usage samples (kernel reports and NVML).").tag(
+        config=True
+    )
+
+    hub_poll_seconds = Float(
+        2.0,
+        help="Seconds between two polls of the Hub for this server's slice; a quota change "
+        "reaches kernels within this plus the kernels' own half-second poll.",
+    ).tag(config=True)
+
+    hub_sync = Bool(True, help="Follow quota changes from the Hub (only when running under JupyterHub).").tag(
+        config=True
+    )
+
+    pressure_fraction = Float(
+        0.95,
+        help="The card is under pressure when NVML reports more than this fraction of its memory "
+        "in use; kernels then offload idle tensors. Real GPUs only.",
+    ).tag(config=True)
+
+    channel_dir = Unicode(
+        "",
+        help="Directory of the server<->kernel channel; default: a directory of this server's "
+        "own under the Jupyter runtime directory.",
+    ).tag(config=True)
+
+    stale_seconds = Float(
+        10.0, help="A kernel report older than this is shown as stale (the kernel may be hung)."
+    ).tag(config=True)

@@ -1,0 +1,45 @@
+"""Wiring of the server extension: slice from the environment, channel, sampling, Hub sync."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from pathlib import Path
+
+from jupyter_core.paths import jupyter_runtime_dir
+from tornado.ioloop import PeriodicCallback
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.slice import Slice, SliceError
+
+from .config import VGPUServer
+from .handlers import handlers
+from .hub_sync import HubSync
+from .sampler import Sampler
+from .state import ServerState
+
+
+def load(serverapp) -> None:
+    config = VGPUServer(parent=serverapp)
+    log = serverapp.log
+    try:
+        slice_ = Slice.from_env()
+    except SliceError as e:
+        log.error("jupyter-vgpu: ignoring a malformed slice in the environment: %s", e)
+        slice_ = None
+    directory = Path(config.channel_dir or Path(jupyter_runtime_dir()) / f"jupyter-vgpu-{os.getpid()}")
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ[channel.CHANNEL_ENV] = str(directory)  # inherited by every kernel this server starts
+    if not config.channel_dir:
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    state = ServerState(directory, slice_)
+    sampler = Sampler(serverapp, state, config)
+    serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"], sampler))
+    PeriodicCallback(sampler.current, config.sample_seconds * 1000).start()
+    sync = HubSync.from_env(state) if config.hub_sync else None
+    if sync is not None:
+        PeriodicCallback(sync.poll, config.hub_poll_seconds * 1000).start()
+    serverapp.web_app.settings["jupyter_vgpu"] = {"state": state, "sampler": sampler, "hub_sync": sync}
+    where = "no slice" if slice_ is None else f"slice on GPU {slice_.gpu_index} ({slice_.gpu_name})"
+    log.info("jupyter-vgpu: %s; channel %s%s", where, directory, "; following the Hub" if sync else "")

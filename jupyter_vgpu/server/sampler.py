@@ -1,0 +1,147 @@
+"""Usage sampling: the kernels' own reports, joined with NVML's per-process figures.
+
+One sample at most every ``VGPUServer.sample_seconds``; NVML calls run in a thread so
+the server's event loop never waits on the driver. The document is the payload of
+``/api/vgpu/status``, ``/api/vgpu/usage`` and the usage stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from jupyter_vgpu import channel
+
+from .config import VGPUServer
+from .state import ServerState
+
+log = logging.getLogger("jupyter_vgpu")
+
+
+def _nvml_sample(gpu_uuid: str) -> dict[str, Any]:
+    from jupyter_vgpu import nvml
+
+    used, total, sm = nvml.device_usage(gpu_uuid)
+    return {
+        "memory_used": used,
+        "memory_total": total,
+        "sm_percent": sm,
+        "processes": nvml.process_memory(gpu_uuid),
+        "process_sm": nvml.process_utilization(gpu_uuid),
+    }
+
+
+class Sampler:
+    """Builds usage documents for one server.
+
+    Args:
+        serverapp: the running ``ServerApp`` (its kernel and session managers).
+        state: the server's slice state (its pressure flag is set from NVML here).
+        config: the extension's settings.
+    """
+
+    def __init__(self, serverapp, state: ServerState, config: VGPUServer):
+        self.serverapp = serverapp
+        self.state = state
+        self.config = config
+        self.latest: dict[str, Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def current(self) -> dict[str, Any]:
+        """The latest sample, taken now if the last is older than ``sample_seconds``."""
+        async with self._lock:
+            if self.latest is None or time.time() - self.latest["timestamp"] >= self.config.sample_seconds:
+                self.latest = await self.sample()
+            return self.latest
+
+    async def _names(self) -> dict[str, str]:
+        try:
+            sessions = await self.serverapp.session_manager.list_sessions()
+        except Exception:
+            return {}
+        return {s["kernel"]["id"]: s.get("path") or s.get("name") or "" for s in sessions if s.get("kernel")}
+
+    async def sample(self) -> dict[str, Any]:
+        """Take one sample (see the module docstring for where each figure comes from)."""
+        s = self.state.slice
+        nv = None
+        if s is not None and not s.simulated:
+            try:
+                nv = await asyncio.get_running_loop().run_in_executor(None, _nvml_sample, s.gpu_uuid)
+            except Exception as e:
+                log.debug("jupyter-vgpu: NVML sample failed: %s", e)
+        if nv is not None:
+            self.state.update(pressure=nv["memory_used"] > self.config.pressure_fraction * nv["memory_total"])
+        km = self.serverapp.kernel_manager
+        names = await self._names()
+        kernels = []
+        now = time.time()
+        stale = self.config.stale_seconds
+        for kid in list(km.list_kernel_ids()):
+            try:
+                kernel = km.get_kernel(kid)
+            except KeyError:
+                continue
+            report = channel.read_json(channel.kernel_path(self.state.directory, kid)) or {}
+            pid = report.get("pid")
+            nvml_memory = nv["processes"].get(pid) if nv is not None and pid else None
+            offload = report.get("offload") or {}
+            reserved = int(report.get("torch_reserved") or 0)
+            simulated_used = int(report.get("simulated_used") or 0)
+            if nvml_memory is not None:
+                used = nvml_memory
+            elif report.get("cuda_available") and not report.get("simulated"):
+                used = reserved
+            else:
+                used = simulated_used
+            kernels.append(
+                {
+                    "id": kid,
+                    "name": names.get(kid) or getattr(kernel, "kernel_name", "") or kid,
+                    "pid": pid,
+                    "execution_state": getattr(kernel, "execution_state", "unknown"),
+                    "used": used,
+                    "torch_allocated": int(report.get("torch_allocated") or 0),
+                    "torch_reserved": reserved,
+                    "nvml_memory": nvml_memory,
+                    "simulated_used": simulated_used,
+                    "sm_percent": nv["process_sm"].get(pid) if nv is not None and pid else None,
+                    "offloaded": int(offload.get("offloaded_bytes") or 0),
+                    "offloaded_compressed": int(offload.get("compressed_bytes") or 0),
+                    "ratio": offload.get("ratio"),
+                    "budget_status": report.get("budget_status"),
+                    "reported": bool(report),
+                    "stale": bool(report) and now - float(report.get("updated", 0)) > stale,
+                    "updated": report.get("updated"),
+                }
+            )
+        totals = {
+            key: sum(k[field] for k in kernels)
+            for key, field in (
+                ("used", "used"),
+                ("reserved", "torch_reserved"),
+                ("offloaded", "offloaded"),
+                ("offloaded_compressed", "offloaded_compressed"),
+            )
+        }
+        gpu = None
+        if s is not None:
+            gpu = {
+                "index": s.gpu_index,
+                "uuid": s.gpu_uuid,
+                "name": s.gpu_name,
+                "memory_total": nv["memory_total"] if nv else s.gpu_memory,
+                "memory_used": nv["memory_used"] if nv else None,
+                "sm_percent": nv["sm_percent"] if nv else None,
+            }
+        return {
+            "slice": s.to_dict() if s else None,
+            "simulated": s is None or s.simulated,
+            "pressure": self.state.pressure,
+            "timestamp": now,
+            "gpu": gpu,
+            "totals": totals,
+            "kernels": kernels,
+        }

@@ -1,0 +1,55 @@
+"""The server's view of its slice, written to the channel for its kernels."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.slice import Slice
+
+log = logging.getLogger("jupyter_vgpu")
+
+
+class ServerState:
+    """The slice and pressure flag this server hands its kernels through ``server.json``.
+
+    Args:
+        directory: the channel directory.
+        slice_: the slice from the spawner, or None.
+    """
+
+    def __init__(self, directory: Path, slice_: Slice | None):
+        self.directory = directory
+        self.slice = slice_
+        self.pressure = False
+        self.publish()
+
+    def publish(self) -> None:
+        """Write ``server.json`` (atomically)."""
+        channel.write_json(
+            channel.server_path(self.directory),
+            {
+                "slice": self.slice.to_dict() if self.slice else None,
+                "pressure": self.pressure,
+                "updated": time.time(),
+            },
+        )
+
+    def update(self, *, slice_: Slice | None = None, pressure: bool | None = None) -> bool:
+        """Change the slice and/or the pressure flag; publish when something changed."""
+        changed = False
+        if slice_ is not None and slice_ != self.slice:
+            log.info(
+                "jupyter-vgpu: new slice from the Hub: %d bytes, %d%% compute",
+                slice_.memory_limit,
+                slice_.compute_share,
+            )
+            self.slice, changed = slice_, True
+        if pressure is not None and pressure != self.pressure:
+            log.info("jupyter-vgpu: card pressure %s", "on" if pressure else "off")
+            self.pressure, changed = pressure, True
+        if changed:
+            self.publish()
+        return changed
