@@ -1,0 +1,46 @@
+"""Real IPython kernels for the tests, started with jupyter_client as a server would."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from jupyter_client import KernelManager
+
+
+class Kernel:
+    """A real ipykernel in its own process; ``run`` executes code and returns its text."""
+
+    def __init__(self, runtime: Path, env: dict[str, str]):
+        self.id = str(uuid.uuid4())
+        self.manager = KernelManager(
+            kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
+        )
+        self.manager.kernel_spec.argv[0] = sys.executable
+        self.manager.start_kernel(env={**os.environ, **env})
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 120) -> str:
+        """Execute ``code``; return stdout, results and error text together."""
+        parts: list[str] = []
+
+        def hook(msg):
+            c = msg["content"]
+            kind = msg["header"]["msg_type"]
+            if kind == "stream":
+                parts.append(c["text"])
+            elif kind in ("execute_result", "display_data"):
+                parts.append(c["data"].get("text/plain", ""))
+            elif kind == "error":
+                parts.append(f"{c['ename']}: {c['evalue']}\n" + "\n".join(c["traceback"]))
+
+        self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        return "".join(parts)
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)

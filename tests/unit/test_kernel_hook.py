@@ -1,0 +1,134 @@
+"""The kernel hook in real IPython kernels: slice, status, live changes, reports."""
+
+import json
+import re
+import time
+
+import pytest
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.slice import Slice
+
+from ..kernel_runner import Kernel
+
+GiB = 2**30
+SLICE = Slice(
+    gpu_uuid="GPU-sim-0",
+    gpu_index=1,
+    gpu_name="NVIDIA H100 80GB HBM3 (simulated)",
+    gpu_memory=80 * GiB,
+    memory_limit=8 * GiB,
+    compute_share=40,
+    simulated=True,
+)
+
+
+@pytest.fixture
+def channel_dir(tmp_path):
+    d = tmp_path / "channel"
+    d.mkdir()
+    channel.write_json(channel.server_path(d), {"slice": SLICE.to_dict(), "pressure": False})
+    return d
+
+
+@pytest.fixture
+def kernel(tmp_path, channel_dir):
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(channel_dir), "JUPYTER_VGPU_SLICE": ""})
+    yield k
+    k.shutdown()
+
+
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_status_shows_the_slice_without_any_user_action(kernel):
+    out = kernel.run("%vgpu status")
+    assert "8.00 GiB" in out
+    assert "40%" in out
+    assert "simulated" in out
+    assert "index 1" in out
+    assert "not imported yet" in out
+
+
+def test_budget_applies_when_torch_is_imported(kernel):
+    out = kernel.run("import torch\nprint(get_ipython()._jupyter_vgpu_hook.budget.torch is torch)\n%vgpu")
+    assert "True" in out
+    assert "CUDA is not available" in out
+
+
+def test_live_change_reaches_the_running_kernel(kernel, channel_dir):
+    assert "8.00 GiB" in kernel.run("%vgpu status")
+    channel.write_json(
+        channel.server_path(channel_dir),
+        {"slice": SLICE.replace(memory_limit=2 * GiB, compute_share=10).to_dict(), "pressure": False},
+    )
+
+    def new_budget_shown():
+        out = kernel.run("%vgpu status")
+        return out if "2.00 GiB" in out else None
+
+    out = wait_for(new_budget_shown, what="new budget")
+    assert "10%" in out
+
+
+def test_report_counts_tensors_on_a_simulated_gpu(kernel, channel_dir):
+    kernel.run("import torch\nx = torch.zeros(64 * 2**20)\ny = x[:10]")
+    path = channel.kernel_path(channel_dir, kernel.id)
+    report = wait_for(lambda: channel.read_json(path), what="kernel report")
+    assert report["kernel_id"] == kernel.id
+    assert report["budget"] == 8 * GiB
+    assert report["torch_imported"] is True
+    assert report["simulated"] is True
+    assert report["simulated_used"] == 256 * 2**20  # x and its view share one storage
+    assert "used (tensors)  256.00 MiB" in kernel.run("%vgpu")
+
+
+def test_bad_arguments_get_a_usage_line_and_loading_twice_is_harmless(kernel):
+    out = kernel.run("%vgpu bogus")
+    assert "UsageError" in out
+    assert "invalid choice" in out
+    out = kernel.run("%load_ext jupyter_vgpu\n%vgpu status")
+    assert out.count("jupyter-vgpu slice status") == 1
+    assert (
+        kernel.run(
+            "print(len([f for f in get_ipython().events.callbacks['pre_run_cell'] if 'vgpu' in repr(f)]))"
+        ).strip()
+        == "1"
+    )
+
+
+def test_offload_without_torch_says_so(kernel):
+    assert "torch is not imported" in kernel.run("%vgpu offload")
+
+
+def test_no_slice_outside_a_hub(tmp_path):
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": ""})
+    try:
+        out = k.run("%vgpu")
+        assert "no vGPU slice" in out
+    finally:
+        k.shutdown()
+
+
+def test_slice_from_the_environment_and_malformed_slice(tmp_path):
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": SLICE.to_json()})
+    try:
+        out = k.run("%vgpu\nimport os; print(os.environ['CUPY_GPU_MEMORY_LIMIT'])")
+        assert "8.00 GiB" in out
+        assert str(8 * GiB) in out
+    finally:
+        k.shutdown()
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": json.dumps({"gpu_uuid": 1})})
+    try:
+        out = k.run("%vgpu")
+        assert re.search(r"malformed", out)
+        assert "no vGPU slice" in out
+    finally:
+        k.shutdown()
