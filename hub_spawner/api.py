@@ -21,7 +21,7 @@ import json
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
-from jupyterhub.scopes import Scope, needs_scope
+from jupyterhub.scopes import Scope, has_scope
 from tornado import web
 
 from .config import VGPUHub
@@ -38,10 +38,27 @@ class VGPUAPIHandler(APIHandler):
     def store(self) -> QuotaStore:
         return QuotaStore(self.db)
 
-    def require_unfiltered(self, scope: str) -> None:
-        """403 unless the request holds ``scope`` on every resource."""
-        if self.parsed_scopes.get(scope) != Scope.ALL:
-            raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {scope}")
+    def require(self, scope: str, *, user: str | None = None, group: str | None = None) -> None:
+        """403 unless the request holds ``scope`` on that user or group (on every
+        resource when neither is given).
+
+        Checked before the resource is looked up, so the answer is 403 whether or not
+        the user or group exists: a refusal says nothing about who exists. (JupyterHub's
+        own ``needs_scope`` answers 404 there instead; our API promises 403.)
+        """
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if user is not None:
+            allowed = has_scope(f"{scope}!user={user}", self.parsed_scopes, db=self.db)
+        elif group is not None:
+            allowed = has_scope(f"{scope}!group={group}", self.parsed_scopes, db=self.db)
+        else:
+            allowed = self.parsed_scopes.get(scope) == Scope.ALL
+        if not allowed:
+            target = f" on {user or group}" if user or group else ""
+            raise web.HTTPError(
+                403, f"Action is not authorized with current scopes; requires {scope}{target}"
+            )
 
     def write_json(self, data, status: int = 200) -> None:
         self.set_status(status)
@@ -122,7 +139,7 @@ class QuotasHandler(VGPUAPIHandler):
     """``GET /hub/api/vgpu/quotas``: the default and every group and user quota (admins)."""
 
     def get(self):
-        self.require_unfiltered("read:users")
+        self.require("read:users")
         hub = self.vgpu_hub
         self.write_json(
             {
@@ -151,20 +168,20 @@ class UserQuotaHandler(VGPUAPIHandler):
             raise web.HTTPError(404, f"No such user: {user_name}")
         return user
 
-    @needs_scope("read:users")
     def get(self, user_name):
+        self.require("read:users", user=user_name)
         self.write_json(self.model(self.find(user_name)))
 
-    @needs_scope("admin:users")
     def put(self, user_name):
+        self.require("admin:users", user=user_name)
         user = self.find(user_name)
         self.apply_to_running("user", user.name, self.quota_body("user", user.name))
         self.write_json(self.model(user))
 
     patch = put
 
-    @needs_scope("admin:users")
     def delete(self, user_name):
+        self.require("admin:users", user=user_name)
         user = self.find(user_name)
         if self.store.get("user", user.name) is None:
             raise web.HTTPError(404, f"User {user_name} has no vGPU quota")
@@ -186,20 +203,20 @@ class GroupQuotaHandler(VGPUAPIHandler):
             raise web.HTTPError(404, f"No such group: {group_name}")
         return group
 
-    @needs_scope("read:groups")
     def get(self, group_name):
+        self.require("read:groups", group=group_name)
         self.write_json(self.model(self.find(group_name)))
 
-    @needs_scope("admin:groups")
     def put(self, group_name):
+        self.require("admin:groups", group=group_name)
         group = self.find(group_name)
         self.apply_to_running("group", group.name, self.quota_body("group", group.name))
         self.write_json(self.model(group))
 
     patch = put
 
-    @needs_scope("admin:groups")
     def delete(self, group_name):
+        self.require("admin:groups", group=group_name)
         group = self.find(group_name)
         if self.store.get("group", group.name) is None:
             raise web.HTTPError(404, f"Group {group_name} has no vGPU quota")
@@ -212,15 +229,15 @@ class SlicesHandler(VGPUAPIHandler):
     """``GET /hub/api/vgpu/slices``: every running slice (admins)."""
 
     def get(self):
-        self.require_unfiltered("read:users")
+        self.require("read:users")
         self.write_json([self.slice_model(u, s) for u, s in self.running_spawners()])
 
 
 class UserSlicesHandler(VGPUAPIHandler):
     """``GET /hub/api/vgpu/slices/users/{name}``: one user's running slices."""
 
-    @needs_scope("read:users")
     def get(self, user_name):
+        self.require("read:users", user=user_name)
         user = self.find_user(user_name)
         if user is None:
             raise web.HTTPError(404, f"No such user: {user_name}")

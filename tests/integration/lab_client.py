@@ -1,0 +1,90 @@
+"""Talks to a user's single-user server through the Hub's proxy, as JupyterLab does:
+REST for kernels, the kernel websocket for execution."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import nbformat
+import requests
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+
+class LabClient:
+    """A user's server at ``server_url`` (``{hub}/user/{name}/``), with the user's token."""
+
+    def __init__(self, server_url: str, token: str):
+        self.url = server_url.rstrip("/") + "/"
+        self.headers = {"Authorization": f"token {token}"}
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, headers=self.headers, timeout=30)
+
+    def start_kernel(self) -> str:
+        r = requests.post(
+            self.url + "api/kernels", json={"name": "python3"}, headers=self.headers, timeout=60
+        )
+        assert r.status_code == 201, f"start kernel: {r.status_code} {r.text}"
+        return r.json()["id"]
+
+    def shutdown_kernel(self, kernel_id: str) -> None:
+        requests.delete(self.url + f"api/kernels/{kernel_id}", headers=self.headers, timeout=30)
+
+    def execute(self, kernel_id: str, code: str, timeout: float = 120) -> str:
+        """Run ``code``; return its stdout, results and error text together.
+
+        Raises:
+            TimeoutError: the kernel did not go idle within ``timeout`` seconds.
+        """
+        return asyncio.run(asyncio.wait_for(self._execute(kernel_id, code), timeout))
+
+    async def _execute(self, kernel_id: str, code: str) -> str:
+        ws_url = self.url.replace("http", "ws", 1) + f"api/kernels/{kernel_id}/channels"
+        conn = await websocket_connect(HTTPRequest(ws_url, headers=self.headers))
+        msg_id = uuid.uuid4().hex
+        conn.write_message(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": "execute_request",
+                        "username": "test",
+                        "session": uuid.uuid4().hex,
+                        "version": "5.3",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {"code": code, "silent": False, "store_history": True, "allow_stdin": False},
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        parts: list[str] = []
+        try:
+            while True:
+                raw = await conn.read_message()
+                if raw is None:
+                    raise ConnectionError("kernel websocket closed")
+                msg = json.loads(raw)
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    parts.append(content["text"])
+                elif kind in ("execute_result", "display_data"):
+                    parts.append(content["data"].get("text/plain", ""))
+                elif kind == "error":
+                    parts.append(f"{content['ename']}: {content['evalue']}")
+                elif kind == "status" and content["execution_state"] == "idle":
+                    return "".join(parts)
+        finally:
+            conn.close()
+
+    def run_notebook(self, kernel_id: str, path) -> list[str]:
+        """Run every code cell of the notebook at ``path``; one output text per cell."""
+        nb = nbformat.read(path, as_version=4)
+        return [self.execute(kernel_id, cell.source) for cell in nb.cells if cell.cell_type == "code"]
