@@ -1,0 +1,50 @@
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+
+/**
+ * Human size of a byte count in binary units: 3328599654 -> "3.1 GiB".
+ *
+ * One decimal from KiB up, none for bytes; null or non-finite input gives "—".
+ */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
+    return '—';
+  }
+  let value = Math.abs(bytes);
+  let unit = 0;
+  while (value >= 1024 && unit < UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  const sign = bytes < 0 ? '-' : '';
+  return unit === 0 ? `${sign}${value} B` : `${sign}${value.toFixed(1)} ${UNITS[unit]}`;
+}
+
+/**
+ * "used / limit" sharing the unit of the limit: (3.1 GiB, 8 GiB) -> "3.1 / 8.0 GiB".
+ */
+export function formatPair(used: number, limit: number): string {
+  const limitText = formatBytes(limit);
+  const unit = limitText.split(' ')[1];
+  const power = UNITS.indexOf(unit);
+  if (power <= 0) {
+    return `${formatBytes(used)} / ${limitText}`;
+  }
+  const scaled = used / Math.pow(1024, power);
+  return `${scaled.toFixed(1)} / ${limitText}`;
+}
+
+/** A percentage with no decimals: 0.934 -> "93%"; null gives "—". */
+export function formatPercent(fraction: number | null | undefined): string {
+  if (fraction === null || fraction === undefined || !Number.isFinite(fraction)) {
+    return '—';
+  }
+  return `${Math.round(fraction * 100)}%`;
+}
+
+/** A compression ratio: 1.456 -> "1.46×"; null or 0 gives "—". */
+export function formatRatio(ratio: number | null | undefined): string {
+  if (!ratio || !Number.isFinite(ratio)) {
+    return '—';
+  }
+  return `${ratio.toFixed(2)}×`;
+}

@@ -1,0 +1,172 @@
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { eventStreamURL, requestAPI } from './handler';
+import { IUsage } from './types';
+
+/** One point of the usage history, in bytes; `time` in Unix seconds. */
+export interface ISample {
+  time: number;
+  used: number;
+  reserved: number;
+  offloaded: number;
+  budget: number | null;
+}
+
+/** How the model is receiving samples. */
+export type Connection = 'connecting' | 'stream' | 'polling' | 'error';
+
+/**
+ * The latest usage document and the history of the last `historySeconds`.
+ *
+ * Samples arrive on the server-sent-events stream `/api/vgpu/usage/stream`; when the
+ * stream fails the model polls `/api/vgpu/usage` every `pollSeconds` instead.
+ */
+export class UsageModel {
+  constructor(options: UsageModel.IOptions = {}) {
+    this.historySeconds = options.historySeconds ?? 300;
+    this.pollSeconds = options.pollSeconds ?? 2;
+  }
+
+  /** Seconds of history kept for the chart. */
+  readonly historySeconds: number;
+  /** Seconds between two polls when the stream is not available. */
+  readonly pollSeconds: number;
+
+  get usage(): IUsage | null {
+    return this._usage;
+  }
+
+  get history(): readonly ISample[] {
+    return this._history;
+  }
+
+  get connection(): Connection {
+    return this._connection;
+  }
+
+  /** The last error text, or null after a successful sample. */
+  get error(): string | null {
+    return this._error;
+  }
+
+  /** Emitted after every sample or connection change. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Fraction of the budget in use (0..), or null without a slice. */
+  get fraction(): number | null {
+    const limit = this._usage?.slice?.memory_limit;
+    return limit ? this._usage!.totals.used / limit : null;
+  }
+
+  /** Start receiving samples (idempotent). */
+  start(): void {
+    if (this._started) {
+      return;
+    }
+    this._started = true;
+    this._openStream();
+  }
+
+  /** Stop the stream and the polling. */
+  dispose(): void {
+    this._started = false;
+    this._source?.close();
+    this._source = null;
+    if (this._timer !== null) {
+      window.clearTimeout(this._timer);
+      this._timer = null;
+    }
+  }
+
+  /** Add one usage document (from the stream or a poll). */
+  push(usage: IUsage): void {
+    this._usage = usage;
+    this._error = null;
+    this._history.push({
+      time: usage.timestamp,
+      used: usage.totals.used,
+      reserved: usage.totals.reserved,
+      offloaded: usage.totals.offloaded,
+      budget: usage.slice ? usage.slice.memory_limit : null
+    });
+    const oldest = usage.timestamp - this.historySeconds;
+    while (this._history.length && this._history[0].time < oldest) {
+      this._history.shift();
+    }
+    this._changed.emit();
+  }
+
+  private _openStream(): void {
+    if (typeof EventSource === 'undefined') {
+      this._startPolling();
+      return;
+    }
+    const source = new EventSource(eventStreamURL('usage/stream'));
+    this._source = source;
+    this._setConnection('connecting');
+    source.onmessage = event => {
+      this._setConnection('stream');
+      try {
+        this.push(JSON.parse(event.data) as IUsage);
+      } catch (error) {
+        this._error = `Bad usage sample: ${error}`;
+      }
+    };
+    source.onerror = () => {
+      source.close();
+      this._source = null;
+      this._startPolling();
+    };
+  }
+
+  private _startPolling(): void {
+    if (!this._started || this._timer !== null) {
+      return;
+    }
+    this._setConnection('polling');
+    const poll = async () => {
+      this._timer = null;
+      if (!this._started) {
+        return;
+      }
+      try {
+        this.push(await requestAPI<IUsage>('usage'));
+        this._setConnection('polling');
+      } catch (error) {
+        this._error = `${error}`;
+        this._setConnection('error');
+      }
+      if (this._started) {
+        this._timer = window.setTimeout(poll, this.pollSeconds * 1000);
+      }
+    };
+    void poll();
+  }
+
+  private _setConnection(connection: Connection): void {
+    if (connection !== this._connection) {
+      this._connection = connection;
+      this._changed.emit();
+    }
+  }
+
+  private _usage: IUsage | null = null;
+  private _history: ISample[] = [];
+  private _connection: Connection = 'connecting';
+  private _error: string | null = null;
+  private _started = false;
+  private _source: EventSource | null = null;
+  private _timer: number | null = null;
+  private _changed = new Signal<this, void>(this);
+}
+
+export namespace UsageModel {
+  export interface IOptions {
+    /** Seconds of history kept for the chart (default 300). */
+    historySeconds?: number;
+    /** Seconds between polls when the stream fails (default 2). */
+    pollSeconds?: number;
+  }
+}

@@ -1,0 +1,196 @@
+import { Widget } from '@lumino/widgets';
+
+import { renderChart, SERIES } from './chart';
+import { h } from './dom';
+import { formatBytes, formatPair, formatPercent, formatRatio } from './format';
+import { vgpuIcon } from './icon';
+import { UsageModel } from './model';
+import { IKernelUsage, IUsage } from './types';
+
+/** Above this fraction of the budget the usage is shown as a warning. */
+export const WARN_FRACTION = 0.9;
+
+/**
+ * The sidebar panel: the slice, a meter of used memory against the budget, a chart
+ * of the last minutes and a table of the kernels.
+ */
+export class UsagePanel extends Widget {
+  constructor(model: UsageModel) {
+    super();
+    this.model = model;
+    this.id = 'jupyter-vgpu-panel';
+    this.addClass('jp-vgpu-panel');
+    this.title.icon = vgpuIcon;
+    this.title.caption = 'vGPU usage';
+    this.model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  readonly model: UsageModel;
+
+  dispose(): void {
+    this.model.changed.disconnect(this._render, this);
+    super.dispose();
+  }
+
+  private _render(): void {
+    const usage = this.model.usage;
+    const body = h('div', { class: 'jp-vgpu-body' });
+    body.appendChild(h('header', { class: 'jp-vgpu-header' }, h('h2', {}, 'vGPU usage')));
+    if (!usage) {
+      body.appendChild(this._waiting());
+    } else {
+      if (!usage.slice) {
+        body.appendChild(
+          h(
+            'div',
+            { class: 'jp-vgpu-notice', 'data-state': 'no-slice' },
+            'No vGPU slice: this server was started without one, so no budget applies.'
+          )
+        );
+      } else if (usage.simulated) {
+        body.appendChild(
+          h(
+            'div',
+            { class: 'jp-vgpu-notice', 'data-state': 'simulated' },
+            "Simulated GPU: usage counts the kernels' tensors."
+          )
+        );
+      }
+      if (usage.pressure) {
+        body.appendChild(
+          h(
+            'div',
+            { class: 'jp-vgpu-notice jp-mod-warn', 'data-state': 'pressure' },
+            'The GPU is short of memory: idle tensors are being offloaded.'
+          )
+        );
+      }
+      if (usage.slice) {
+        body.appendChild(this._slice(usage));
+        body.appendChild(this._meter(usage));
+      }
+      body.appendChild(this._chart());
+      body.appendChild(this._kernels(usage.kernels));
+    }
+    body.appendChild(this._footer());
+    this.node.replaceChildren(body);
+  }
+
+  private _waiting(): HTMLElement {
+    const text =
+      this.model.connection === 'error'
+        ? `The vGPU server extension does not answer (${this.model.error ?? 'no answer'}).`
+        : 'Waiting for the first usage sample…';
+    return h('div', { class: 'jp-vgpu-notice', 'data-state': this.model.connection }, text);
+  }
+
+  private _slice(usage: IUsage): HTMLElement {
+    const s = usage.slice!;
+    const rows: [string, string][] = [
+      ['GPU', `${s.gpu_index}: ${s.gpu_name}${s.simulated ? ' (simulated)' : ''}`],
+      ['Budget', formatBytes(s.memory_limit)],
+      ['Compute share', `${s.compute_share}%`],
+      ['Placement', `${s.placement}, overcommit ${s.overcommit_ratio}×`]
+    ];
+    if (usage.gpu && usage.gpu.memory_used !== null) {
+      rows.push(['Whole GPU', `${formatPair(usage.gpu.memory_used, usage.gpu.memory_total)}`]);
+    }
+    return h(
+      'dl',
+      { class: 'jp-vgpu-slice' },
+      ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)])
+    );
+  }
+
+  private _meter(usage: IUsage): HTMLElement {
+    const limit = usage.slice!.memory_limit;
+    const t = usage.totals;
+    const fraction = limit ? t.used / limit : 0;
+    const width = (v: number) => `${Math.min(100, (100 * v) / Math.max(limit, 1)).toFixed(2)}%`;
+    const warn = fraction > WARN_FRACTION;
+    return h(
+      'section',
+      { class: `jp-vgpu-meter${warn ? ' jp-mod-warn' : ''}` },
+      h(
+        'div',
+        { class: 'jp-vgpu-meter-text' },
+        h('span', { class: 'jp-vgpu-used', 'data-bytes': String(t.used) }, formatPair(t.used, limit)),
+        h('span', { class: 'jp-vgpu-meter-percent' }, formatPercent(fraction))
+      ),
+      h(
+        'div',
+        { class: 'jp-vgpu-meter-track', role: 'meter', 'aria-valuenow': String(t.used) },
+        h('div', { class: 'jp-vgpu-meter-reserved', style: `width: ${width(t.reserved)}` }),
+        h('div', { class: 'jp-vgpu-meter-used', style: `width: ${width(t.used)}` })
+      ),
+      h(
+        'div',
+        { class: 'jp-vgpu-meter-sub' },
+        `Reserved ${formatBytes(t.reserved)} · Offloaded ${formatBytes(t.offloaded)}` +
+          (t.offloaded_compressed ? ` (${formatBytes(t.offloaded_compressed)} compressed)` : '')
+      )
+    );
+  }
+
+  private _chart(): HTMLElement {
+    const history = this.model.history;
+    const now = history.length ? history[history.length - 1].time : Date.now() / 1000;
+    const legend = h(
+      'div',
+      { class: 'jp-vgpu-legend' },
+      ...SERIES.map(({ key, label }) =>
+        h('span', { class: `jp-vgpu-legend-item jp-vgpu-series-${key}` }, h('i', {}), label)
+      ),
+      h('span', { class: 'jp-vgpu-legend-item jp-vgpu-series-budget' }, h('i', {}), 'Budget')
+    );
+    const section = h('section', { class: 'jp-vgpu-history' }, h('h3', {}, 'Last minutes'));
+    section.appendChild(renderChart(history, this.model.historySeconds, now));
+    section.appendChild(legend);
+    return section;
+  }
+
+  private _kernels(kernels: IKernelUsage[]): HTMLElement {
+    const section = h('section', { class: 'jp-vgpu-kernels' }, h('h3', {}, 'Kernels'));
+    if (!kernels.length) {
+      section.appendChild(h('div', { class: 'jp-vgpu-empty' }, 'No running kernels.'));
+      return section;
+    }
+    const head = h(
+      'tr',
+      {},
+      h('th', {}, 'Notebook'),
+      h('th', { class: 'jp-vgpu-num' }, 'Memory'),
+      h('th', { class: 'jp-vgpu-num' }, 'Offloaded'),
+      h('th', { class: 'jp-vgpu-num', title: 'Raw / compressed bytes of what was offloaded' }, 'Ratio')
+    );
+    const rows = kernels.map(k =>
+      h(
+        'tr',
+        { 'data-kernel-id': k.id },
+        h(
+          'td',
+          { class: 'jp-vgpu-name', title: `${k.name} (${k.execution_state}, pid ${k.pid ?? '—'})` },
+          h('span', { class: `jp-vgpu-state jp-vgpu-state-${k.execution_state}` }),
+          k.name.split('/').pop() || k.name
+        ),
+        h('td', { class: 'jp-vgpu-num jp-vgpu-kernel-used', 'data-bytes': String(k.used) }, formatBytes(k.used)),
+        h('td', { class: 'jp-vgpu-num' }, formatBytes(k.offloaded)),
+        h('td', { class: 'jp-vgpu-num' }, formatRatio(k.ratio))
+      )
+    );
+    section.appendChild(h('table', { class: 'jp-vgpu-table' }, h('thead', {}, head), h('tbody', {}, ...rows)));
+    return section;
+  }
+
+  private _footer(): HTMLElement {
+    const labels = {
+      connecting: 'Connecting…',
+      stream: 'Live',
+      polling: 'Polling every 2 s',
+      error: 'Disconnected'
+    };
+    const c = this.model.connection;
+    return h('footer', { class: `jp-vgpu-footer jp-vgpu-connection-${c}` }, h('i', {}), labels[c]);
+  }
+}
