@@ -1,0 +1,69 @@
+"""The budget on a real GPU: NVML inventory, OOM at the slice budget, live change."""
+
+import time
+
+import pytest
+
+from jupyter_vgpu import channel, nvml
+from jupyter_vgpu.slice import Slice
+
+from ..kernel_runner import Kernel
+
+pytestmark = pytest.mark.gpu
+GiB = 2**30
+
+
+@pytest.fixture
+def gpu_slice():
+    gpu = nvml.list_gpus()[0]
+    return Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100, simulated=False)
+
+
+def test_nvml_sees_the_real_card():
+    gpus = nvml.list_gpus()
+    assert gpus
+    assert gpus[0].uuid.startswith(("GPU-", "MIG-"))
+    assert gpus[0].memory_total > 8 * GiB
+    print("NVML:", [(g.index, g.name, g.memory_total) for g in gpus])
+
+
+def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, gpu_slice):
+    ch = tmp_path / "channel"
+    channel.write_json(channel.server_path(ch), {"slice": gpu_slice.to_dict(), "pressure": False})
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid})
+    try:
+        out = k.run("import torch\nx = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda')")
+        print(out)
+        assert "OutOfMemoryError" in out
+        assert "vGPU slice budget: 2.00 GiB" in out
+        assert k.run("print(torch.ones(4, device='cuda').sum().item())").strip() == "4.0"  # alive
+        status = k.run("%vgpu status")
+        print(status)
+        assert "budget 2.00 GiB applied to PyTorch" in status
+        assert "used (NVML)" in status
+
+        channel.write_json(
+            channel.server_path(ch),
+            {"slice": gpu_slice.replace(memory_limit=4 * GiB).to_dict(), "pressure": False},
+        )
+        deadline = time.monotonic() + 5
+        while "4.00 GiB applied" not in (status := k.run("%vgpu status")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "4.00 GiB applied" in status
+        out = k.run("x = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); print(x.numel())")
+        assert out.strip() == str(3 * 2**30), out
+        pid = int(k.run("import os; print(os.getpid())"))
+        assert nvml.process_memory(gpu_slice.gpu_uuid).get(pid, 0) >= 3 * GiB
+
+        # lowering below what the kernel holds is allowed and reported, not a crash
+        channel.write_json(
+            channel.server_path(ch),
+            {"slice": gpu_slice.replace(memory_limit=1 * GiB).to_dict(), "pressure": False},
+        )
+        deadline = time.monotonic() + 5
+        while "over the new budget" not in (status := k.run("%vgpu status")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "over the new budget" in status
+        assert k.run("print(x.numel())").strip() == str(3 * 2**30)  # alive, tensor still there
+    finally:
+        k.shutdown()
