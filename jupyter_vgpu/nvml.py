@@ -4,6 +4,11 @@ Used by the Hub (GPU inventory) and by the single-user server (per-process sampl
 NVML is initialised once, lazily, on first use. Every function raises
 :class:`NVMLUnavailable` when no NVIDIA driver is present, so callers can fall back to
 simulated GPUs with one ``except``.
+
+Thread-safe: initialisation (or its failure, remembered so that a host without a
+driver fails fast) happens once under a lock, and NVML's own calls are thread-safe
+(NVML API reference, "Multi-threaded usage"), so the server may sample from a thread
+executor while the Hub lists GPUs.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import dataclasses
 import threading
 
 _lock = threading.Lock()
-_initialised = False
+#: ``"pynvml"``: the module once nvmlInit succeeded; ``"failure"``: why it did not.
+_state: dict = {}
 
 
 class NVMLUnavailable(RuntimeError):
@@ -28,14 +34,28 @@ class GPUInfo:
         uuid: ``GPU-…`` UUID, stable across reboots.
         name: product name, e.g. ``"NVIDIA H100 80GB HBM3"``.
         memory_total: total memory, bytes.
-        memory_used: memory in use by all processes, bytes.
+        memory_used: memory in use by all processes when listed, bytes, or None.
     """
 
     index: int
     uuid: str
     name: str
     memory_total: int
-    memory_used: int
+    memory_used: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Utilization:
+    """SM utilisation of one GPU, percent (0-100), from NVML's last sample window.
+
+    Attributes:
+        device: the whole GPU's SM utilisation, or None when NVML gives none.
+        processes: per host PID, where the driver gives per-process figures
+            (``nvmlDeviceGetProcessUtilization``); empty otherwise.
+    """
+
+    device: float | None
+    processes: dict[int, float]
 
 
 def _nvml():
@@ -44,19 +64,32 @@ def _nvml():
     Raises:
         NVMLUnavailable: pynvml is missing or nvmlInit failed (no driver).
     """
-    global _initialised
-    try:
-        import pynvml
-    except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
-        raise NVMLUnavailable(f"nvidia-ml-py is not installed: {e}") from None
     with _lock:
-        if not _initialised:
-            try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as e:
-                raise NVMLUnavailable(f"NVML could not start (no NVIDIA driver?): {e}") from None
-            _initialised = True
-    return pynvml
+        if "pynvml" in _state:
+            return _state["pynvml"]
+        if "failure" in _state:  # a host without a driver does not get one later: fail fast
+            raise NVMLUnavailable(_state["failure"])
+        try:
+            import pynvml
+        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
+            _state["failure"] = f"nvidia-ml-py is not installed: {e}"
+            raise NVMLUnavailable(_state["failure"]) from None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            _state["failure"] = f"NVML could not start (no NVIDIA driver?): {e}"
+            raise NVMLUnavailable(_state["failure"]) from None
+        _state["pynvml"] = pynvml
+        return pynvml
+
+
+def available() -> bool:
+    """True when NVML works on this host (at least one call can succeed)."""
+    try:
+        _nvml()
+    except NVMLUnavailable:
+        return False
+    return True
 
 
 def _text(value: str | bytes) -> str:
@@ -89,24 +122,29 @@ def list_gpus() -> list[GPUInfo]:
     return gpus
 
 
-def _handle(nv, gpu_uuid: str):
+def _handle(nv, gpu: str | int):
     try:
-        return nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        if isinstance(gpu, int):
+            return nv.nvmlDeviceGetHandleByIndex(gpu)
+        return nv.nvmlDeviceGetHandleByUUID(gpu)
     except nv.NVMLError as e:
-        raise NVMLUnavailable(f"no GPU with UUID {gpu_uuid}: {e}") from None
+        raise NVMLUnavailable(f"no GPU {gpu!r}: {e}") from None
 
 
-def process_memory(gpu_uuid: str) -> dict[int, int]:
+def process_memory(gpu: str | int) -> dict[int, int]:
     """GPU memory used by each process on one GPU, bytes, keyed by host PID.
+
+    Args:
+        gpu: the GPU's UUID (``GPU-…``/``MIG-…``) or NVML index.
 
     Compute and graphics processes are both counted. NVML reports no figure for a
     process in some containers; such processes are left out.
 
     Raises:
-        NVMLUnavailable: no NVIDIA driver, or no GPU with this UUID.
+        NVMLUnavailable: no NVIDIA driver, or no such GPU.
     """
     nv = _nvml()
-    handle = _handle(nv, gpu_uuid)
+    handle = _handle(nv, gpu)
     used: dict[int, int] = {}
     for query in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
         try:
@@ -119,32 +157,58 @@ def process_memory(gpu_uuid: str) -> dict[int, int]:
     return used
 
 
-def device_usage(gpu_uuid: str) -> tuple[int, int, float | None]:
+def device_usage(gpu: str | int) -> tuple[int, int, float | None]:
     """``(memory_used bytes, memory_total bytes, SM utilisation percent or None)`` of one GPU.
 
+    Args:
+        gpu: the GPU's UUID or NVML index.
+
     Raises:
-        NVMLUnavailable: no NVIDIA driver, or no GPU with this UUID.
+        NVMLUnavailable: no NVIDIA driver, or no such GPU.
     """
     nv = _nvml()
-    handle = _handle(nv, gpu_uuid)
-    memory = nv.nvmlDeviceGetMemoryInfo(handle)
+    handle = _handle(nv, gpu)
     try:
-        sm = float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        memory = nv.nvmlDeviceGetMemoryInfo(handle)
+    except nv.NVMLError as e:
+        raise NVMLUnavailable(f"NVML query failed: {e}") from None
+    return int(memory.used), int(memory.total), _device_sm(nv, handle)
+
+
+def _device_sm(nv, handle) -> float | None:
+    try:
+        return float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
     except nv.NVMLError:
-        sm = None
-    return int(memory.used), int(memory.total), sm
+        return None
 
 
-def process_utilization(gpu_uuid: str) -> dict[int, float]:
+def utilization(gpu: str | int) -> Utilization:
+    """SM utilisation of one GPU: per process where the driver gives it, and device-wide.
+
+    Args:
+        gpu: the GPU's UUID or NVML index.
+
+    Raises:
+        NVMLUnavailable: no NVIDIA driver, or no such GPU.
+    """
+    nv = _nvml()
+    handle = _handle(nv, gpu)
+    return Utilization(device=_device_sm(nv, handle), processes=_process_sm(nv, handle))
+
+
+def process_utilization(gpu: str | int) -> dict[int, float]:
     """SM utilisation of each process on one GPU over NVML's last sample window, percent.
 
     Returns an empty dict where the driver gives no per-process figures.
 
     Raises:
-        NVMLUnavailable: no NVIDIA driver, or no GPU with this UUID.
+        NVMLUnavailable: no NVIDIA driver, or no such GPU.
     """
     nv = _nvml()
-    handle = _handle(nv, gpu_uuid)
+    return _process_sm(nv, _handle(nv, gpu))
+
+
+def _process_sm(nv, handle) -> dict[int, float]:
     try:
         samples = nv.nvmlDeviceGetProcessUtilization(handle, 0)
     except nv.NVMLError:

@@ -1,0 +1,65 @@
+"""NVML access: a clear error without a driver, real figures with one."""
+
+import threading
+
+import pytest
+
+from jupyter_vgpu import nvml
+
+HAS_NVML = nvml.available()
+
+
+@pytest.mark.skipif(HAS_NVML, reason="this host has an NVIDIA driver")
+def test_every_call_raises_nvml_unavailable_without_a_driver():
+    calls = [
+        nvml.list_gpus,
+        lambda: nvml.process_memory(0),
+        lambda: nvml.process_memory("GPU-00000000-0000-0000-0000-000000000000"),
+        lambda: nvml.utilization(0),
+        lambda: nvml.device_usage(0),
+        lambda: nvml.process_utilization(0),
+    ]
+    for call in calls:
+        with pytest.raises(nvml.NVMLUnavailable, match="NVML"):
+            call()
+
+
+@pytest.mark.skipif(HAS_NVML, reason="this host has an NVIDIA driver")
+def test_concurrent_first_use_fails_the_same_way_in_every_thread():
+    nvml._state.clear()  # forget the remembered failure: the threads race to initialise
+    errors: list[str] = []
+
+    def probe():
+        try:
+            nvml.list_gpus()
+        except nvml.NVMLUnavailable as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 8
+    assert len(set(errors)) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_NVML, reason="needs an NVIDIA driver")
+def test_real_gpus_by_index_and_uuid():
+    gpus = nvml.list_gpus()
+    assert gpus
+    assert [g.index for g in gpus] == list(range(len(gpus)))
+    g = gpus[0]
+    assert g.memory_total > 0
+    assert 0 <= g.memory_used <= g.memory_total
+    used, total, sm = nvml.device_usage(g.uuid)
+    assert 0 < used <= total
+    assert total == g.memory_total
+    assert sm is None or 0 <= sm <= 100
+    assert set(nvml.process_memory(g.uuid)) == set(nvml.process_memory(g.index))
+    u = nvml.utilization(g.index)
+    assert u.device is None or 0 <= u.device <= 100
+    assert all(0 <= v <= 100 for v in u.processes.values())
+    with pytest.raises(nvml.NVMLUnavailable, match="no GPU"):
+        nvml.process_memory("GPU-00000000-0000-0000-0000-000000000000")
