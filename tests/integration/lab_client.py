@@ -3,14 +3,13 @@ REST for kernels, the kernel websocket for execution."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import time
 import uuid
 
 import nbformat
 import requests
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
+import websocket
 
 
 class LabClient:
@@ -38,37 +37,25 @@ class LabClient:
 
         Raises:
             TimeoutError: the kernel did not go idle within ``timeout`` seconds.
+            ConnectionError: the kernel websocket closed before the kernel went idle.
         """
-        return asyncio.run(asyncio.wait_for(self._execute(kernel_id, code), timeout))
-
-    async def _execute(self, kernel_id: str, code: str) -> str:
         ws_url = self.url.replace("http", "ws", 1) + f"api/kernels/{kernel_id}/channels"
-        conn = await websocket_connect(HTTPRequest(ws_url, headers=self.headers))
-        msg_id = uuid.uuid4().hex
-        conn.write_message(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "msg_type": "execute_request",
-                        "username": "test",
-                        "session": uuid.uuid4().hex,
-                        "version": "5.3",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {"code": code, "silent": False, "store_history": True, "allow_stdin": False},
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
+        deadline = time.monotonic() + timeout
+        conn = websocket.create_connection(
+            ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=timeout
         )
-        parts: list[str] = []
+        msg_id = uuid.uuid4().hex
         try:
+            conn.send(json.dumps(execute_request(msg_id, code)))
+            parts: list[str] = []
             while True:
-                raw = await conn.read_message()
-                if raw is None:
-                    raise ConnectionError("kernel websocket closed")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise websocket.WebSocketTimeoutException()
+                conn.settimeout(left)
+                raw = conn.recv()
+                if not raw:
+                    raise ConnectionError(f"kernel {kernel_id} websocket closed while running:\n{code}")
                 msg = json.loads(raw)
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
@@ -81,6 +68,10 @@ class LabClient:
                     parts.append(f"{content['ename']}: {content['evalue']}")
                 elif kind == "status" and content["execution_state"] == "idle":
                     return "".join(parts)
+        except websocket.WebSocketTimeoutException:
+            raise TimeoutError(
+                f"kernel {kernel_id} at {self.url} did not finish within {timeout} s running:\n{code}"
+            ) from None
         finally:
             conn.close()
 
@@ -88,3 +79,21 @@ class LabClient:
         """Run every code cell of the notebook at ``path``; one output text per cell."""
         nb = nbformat.read(path, as_version=4)
         return [self.execute(kernel_id, cell.source) for cell in nb.cells if cell.cell_type == "code"]
+
+
+def execute_request(msg_id: str, code: str) -> dict:
+    """A Jupyter messaging protocol 5.3 ``execute_request`` for the websocket's JSON form."""
+    return {
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "test",
+            "session": uuid.uuid4().hex,
+            "version": "5.3",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "content": {"code": code, "silent": False, "store_history": True, "allow_stdin": False},
+        "channel": "shell",
+        "buffers": [],
+    }
