@@ -20,6 +20,8 @@ from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice, SliceError
 
 from .budget import TorchBudget, TorchImportHook
+from .engine_link import make_engine, wants_engine
+from .usage import tensor_bytes
 
 log = logging.getLogger("jupyter_vgpu")
 
@@ -87,6 +89,8 @@ class KernelHook:
                 self.shell.events.unregister(name, fn)
             except ValueError:
                 pass
+        if self._owns_custom_exc():
+            self.shell.set_custom_exc((), None)
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -149,12 +153,12 @@ class KernelHook:
     def _on_torch(self, torch) -> None:
         self.budget.attach(torch)
         self.shell.set_custom_exc((torch.OutOfMemoryError,), self._show_oom)
-        if self.engine is None:
-            try:
-                from .offload.engine import OffloadEngine
-            except ImportError:
-                return
-            self.engine = OffloadEngine.for_kernel(self.slice)
+        if self.engine is None and wants_engine(torch.cuda.is_available()):
+            self.engine = make_engine(self.slice)
+
+    def _owns_custom_exc(self) -> bool:
+        torch = self.torch
+        return torch is not None and self.shell.custom_exceptions == (torch.OutOfMemoryError,)
 
     def _show_oom(self, shell, etype, evalue, tb, tb_offset=None):
         note = self.budget.oom_note()
@@ -175,9 +179,7 @@ class KernelHook:
             if self.engine is not None:
                 self.engine.after_cell(self.shell.user_ns)
             if self.simulated:
-                from .offload.reach import unique_storage_bytes, walk
-
-                self.simulated_used = unique_storage_bytes(walk(self.shell.user_ns))
+                self.simulated_used = tensor_bytes(self.shell.user_ns)
         finally:
             self.busy = False
         if self.channel is not None:
@@ -206,6 +208,14 @@ class KernelHook:
             return 0, 0
         return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
 
+    def device_index(self) -> int | None:
+        """PyTorch's current CUDA device (0 is the slice's GPU under ``CUDA_VISIBLE_DEVICES``),
+        or None without CUDA."""
+        torch = self.torch
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.current_device())
+
     def nvml_memory(self) -> int | None:
         """This process's memory on the slice's GPU per NVML, bytes, or None when unknown."""
         if self.slice is None or self.slice.simulated:
@@ -226,6 +236,7 @@ class KernelHook:
             "updated": time.time(),
             "torch_imported": self.torch is not None,
             "cuda_available": self.cuda,
+            "device_index": self.device_index(),
             "torch_allocated": allocated,
             "torch_reserved": reserved,
             "budget": self.slice.memory_limit if self.slice else None,

@@ -36,7 +36,10 @@ class VGPUMagics(Magics):
             return
         engine = self.hook.engine
         if engine is None:
-            print("Nothing to do: torch is not imported in this kernel.")
+            if self.hook.torch is None:
+                print("Nothing to do: torch is not imported in this kernel.")
+            else:
+                print("Nothing to do: PyTorch has no CUDA here, so there is no GPU memory to offload.")
             return
         names = args.names or None
         if args.action == "offload":

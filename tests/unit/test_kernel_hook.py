@@ -83,6 +83,12 @@ def test_report_counts_tensors_on_a_simulated_gpu(kernel, channel_dir):
     path = channel.kernel_path(channel_dir, kernel.id)
     report = wait_for(lambda: channel.read_json(path), what="kernel report")
     assert report["kernel_id"] == kernel.id
+    fields = {"pid", "updated", "torch_imported", "cuda_available", "device_index", "torch_allocated"}
+    fields |= {"torch_reserved", "budget", "simulated_used", "busy", "offload"}
+    assert fields <= set(report)
+    assert report["cuda_available"] is False
+    assert report["device_index"] is None
+    assert report["torch_reserved"] == 0
     assert report["budget"] == 8 * GiB
     assert report["torch_imported"] is True
     assert report["simulated"] is True
@@ -130,5 +136,28 @@ def test_slice_from_the_environment_and_malformed_slice(tmp_path):
         out = k.run("%vgpu")
         assert re.search(r"malformed", out)
         assert "no vGPU slice" in out
+    finally:
+        k.shutdown()
+
+
+def test_unload_removes_the_hook_and_the_oom_handler(kernel):
+    out = kernel.run(
+        "import torch\nip = get_ipython()\nprint(ip.custom_exceptions == (torch.OutOfMemoryError,))\n"
+        "%unload_ext jupyter_vgpu\nprint(ip.custom_exceptions, ip._jupyter_vgpu_hook)"
+    )
+    assert out.split() == ["True", "()", "None"]
+
+
+def test_chaos_mode_drives_the_offload_engine_around_each_cell(tmp_path, channel_dir):
+    pytest.importorskip("jupyter_vgpu.kernel.offload.engine")
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(channel_dir), "JUPYTER_VGPU_CHAOS": "1"})
+    try:
+        k.run("import torch\nx = torch.ones(4 * 2**20)")
+        path = channel.kernel_path(channel_dir, k.id)
+        report = wait_for(lambda: (channel.read_json(path) or {}).get("offload"), what="offload stats")
+        assert report["count"] >= 1
+        assert report["offloaded_bytes"] >= 16 * 2**20
+        assert k.run("print(x.sum().item())").strip() == str(float(4 * 2**20))
+        assert "offloaded" in k.run("%vgpu status")
     finally:
         k.shutdown()
