@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -20,9 +21,20 @@ from .sampler import Sampler
 from .state import ServerState
 
 
+def _share_log(serverapp) -> None:
+    """Send the package's log records (``jupyter_vgpu`` logger) to the server's log."""
+    vlog = logging.getLogger("jupyter_vgpu")
+    if not vlog.handlers:
+        for handler in serverapp.log.handlers:
+            vlog.addHandler(handler)
+        vlog.setLevel(serverapp.log.level)
+        vlog.propagate = False
+
+
 def load(serverapp) -> None:
     config = VGPUServer(parent=serverapp)
     log = serverapp.log
+    _share_log(serverapp)
     try:
         slice_ = Slice.from_env()
     except SliceError as e:

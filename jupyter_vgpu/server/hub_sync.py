@@ -40,24 +40,63 @@ class HubSync:
         return None
 
     async def poll(self) -> None:
-        """One poll: adopt this server's slice from the Hub's answer if it changed."""
+        """One poll: adopt this server's slice from the Hub's answer if it changed.
+
+        The answer is a JSON list of the user's running slices (or ``{"slices": [...]}``),
+        each ``{"server_name": str, "slice": <Slice dict>, ...}``. A failed request is
+        logged once until a poll succeeds again; the last slice stays in force.
+        """
         try:
             response = await AsyncHTTPClient().fetch(
                 self.url, headers={"Authorization": f"token {self.token}"}, request_timeout=10
             )
-        except (HTTPClientError, OSError) as e:
-            if not self._warned:
-                log.warning("jupyter-vgpu: cannot read this server's slice from the Hub: %s", e)
-                self._warned = True
+        except HTTPClientError as e:
+            self._warn(self._explain(e))
+            return
+        except OSError as e:
+            self._warn(f"the Hub at {self.url} cannot be reached: {e}")
             return
         self._warned = False
         try:
-            slices = json.loads(response.body)
-            mine = next(s for s in slices if s.get("server_name", "") == self.server_name)
-            new = Slice.from_dict(mine["slice"])
-        except StopIteration:
-            return  # the Hub no longer lists us (stopping): keep the last slice
+            new = find_slice(json.loads(response.body), self.server_name)
         except (ValueError, KeyError, TypeError, SliceError) as e:
             log.error("jupyter-vgpu: the Hub sent an unusable slice: %s", e)
             return
-        self.state.update(slice_=new)
+        if new is not None:  # None: the Hub no longer lists us (stopping); keep the last slice
+            self.state.update(slice_=new)
+
+    def _explain(self, e: HTTPClientError) -> str:
+        if e.code == 403:
+            return (
+                f"the Hub refused {self.url} (403): this server's token lacks read:users "
+                "for its own user; quota changes will not reach running kernels"
+            )
+        if e.code == 404:
+            return f"the Hub has no vGPU slices endpoint at {self.url} (404): is hub_spawner installed?"
+        return f"cannot read this server's slice from the Hub: {e}"
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            log.warning("jupyter-vgpu: %s", message)
+            self._warned = True
+
+
+def find_slice(document, server_name: str) -> Slice | None:
+    """This server's slice in the Hub's answer, or None when the answer does not list it.
+
+    Args:
+        document: the decoded JSON: a list of slice models, or ``{"slices": [...]}``.
+        server_name: ``JUPYTERHUB_SERVER_NAME`` ("" for the default server).
+
+    Raises:
+        SliceError: the matching entry's slice is malformed.
+        TypeError: the document has neither form.
+    """
+    if isinstance(document, dict) and "slices" in document:
+        document = document["slices"]
+    if not isinstance(document, list):
+        raise TypeError(f"expected a list of slices, got {type(document).__name__}")
+    for entry in document:
+        if isinstance(entry, dict) and (entry.get("server_name") or "") == server_name:
+            return Slice.from_dict(entry["slice"])
+    return None

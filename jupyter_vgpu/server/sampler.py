@@ -23,13 +23,14 @@ log = logging.getLogger("jupyter_vgpu")
 def _nvml_sample(gpu_uuid: str) -> dict[str, Any]:
     from jupyter_vgpu import nvml
 
-    used, total, sm = nvml.device_usage(gpu_uuid)
+    used, total, _ = nvml.device_usage(gpu_uuid)
+    sm = nvml.utilization(gpu_uuid)
     return {
         "memory_used": used,
         "memory_total": total,
-        "sm_percent": sm,
+        "sm_percent": sm.device,
         "processes": nvml.process_memory(gpu_uuid),
-        "process_sm": nvml.process_utilization(gpu_uuid),
+        "process_sm": sm.processes,
     }
 
 
@@ -47,13 +48,20 @@ class Sampler:
         self.state = state
         self.config = config
         self.latest: dict[str, Any] | None = None
+        self._revision = -1
         self._lock = asyncio.Lock()
 
     async def current(self) -> dict[str, Any]:
-        """The latest sample, taken now if the last is older than ``sample_seconds``."""
+        """The latest sample, taken now if the last is older than ``sample_seconds`` or
+        the slice or pressure flag changed since."""
         async with self._lock:
-            if self.latest is None or time.time() - self.latest["timestamp"] >= self.config.sample_seconds:
+            if (
+                self.latest is None
+                or self._revision != self.state.revision
+                or time.time() - self.latest["timestamp"] >= self.config.sample_seconds
+            ):
                 self.latest = await self.sample()
+                self._revision = self.state.revision  # after: the sample may set the pressure flag
             return self.latest
 
     async def _names(self) -> dict[str, str]:

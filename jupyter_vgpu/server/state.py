@@ -24,10 +24,13 @@ class ServerState:
         self.directory = directory
         self.slice = slice_
         self.pressure = False
+        #: bumped on every publish, so that samples taken before a change are retaken.
+        self.revision = 0
         self.publish()
 
     def publish(self) -> None:
         """Write ``server.json`` (atomically)."""
+        self.revision += 1
         channel.write_json(
             channel.server_path(self.directory),
             {

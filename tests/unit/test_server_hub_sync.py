@@ -1,0 +1,160 @@
+"""Following the Hub: a real server polls a stand-in for the Hub's slices endpoint."""
+
+import asyncio
+import json
+import logging
+import threading
+import time
+
+import pytest
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.server.hub_sync import HubSync, find_slice
+from jupyter_vgpu.server.state import ServerState
+from jupyter_vgpu.slice import Slice, SliceError
+
+from ..server_process import JupyterServer
+
+GiB = 2**30
+TOKEN = "server-token"
+SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3 (simulated)", 80 * GiB, 6 * GiB, 30, simulated=True)
+
+
+class StandInHub:
+    """``GET /hub/api/vgpu/slices/users/alice`` served from a thread; ``document`` is
+    what it answers, ``status`` its HTTP status; a wrong token gets 403."""
+
+    def __init__(self):
+        self.document: object = []
+        self.status = 200
+        self.requests = 0
+        hub = self
+
+        class Slices(web.RequestHandler):
+            def get(self, user):
+                hub.requests += 1
+                if self.request.headers.get("Authorization") != f"token {TOKEN}" or user != "alice":
+                    raise web.HTTPError(403)
+                if hub.status != 200:
+                    raise web.HTTPError(hub.status)
+                self.write(json.dumps(hub.document))
+
+        sock, self.port = bind_unused_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/hub/api"
+        started = threading.Event()
+
+        def serve():
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            server = HTTPServer(web.Application([(r"/hub/api/vgpu/slices/users/([^/]+)", Slices)]))
+            server.add_sockets([sock])
+            started.set()
+            self.loop.run_forever()
+            server.stop()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        started.wait()
+
+    def serve_slices(self, *slices_by_server: tuple[str, Slice], wrapped: bool = False) -> None:
+        models = [{"user": "alice", "server_name": n, "slice": s.to_dict()} for n, s in slices_by_server]
+        self.document = {"slices": models} if wrapped else models
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def hub():
+    h = StandInHub()
+    yield h
+    h.close()
+
+
+def env_for(hub: StandInHub, token: str = TOKEN, server_name: str = "") -> dict[str, str]:
+    return {
+        "JUPYTERHUB_API_URL": hub.api_url,
+        "JUPYTERHUB_API_TOKEN": token,
+        "JUPYTERHUB_USER": "alice",
+        "JUPYTERHUB_SERVER_NAME": server_name,
+    }
+
+
+def published(directory) -> Slice | None:
+    doc = channel.read_json(channel.server_path(directory))
+    return Slice.from_dict(doc["slice"]) if doc and doc["slice"] else None
+
+
+@pytest.mark.asyncio
+async def test_a_changed_slice_is_published_for_the_kernels(hub, tmp_path):
+    state = ServerState(tmp_path, SLICE)
+    sync = HubSync.from_env(state, env_for(hub, server_name="gpu"))
+    bigger = SLICE.replace(memory_limit=12 * GiB)
+    hub.serve_slices(("", SLICE.replace(memory_limit=1 * GiB)), ("gpu", bigger))
+    await sync.poll()
+    assert published(tmp_path) == bigger
+    hub.serve_slices(("gpu", SLICE), wrapped=True)
+    await sync.poll()
+    assert published(tmp_path) == SLICE
+
+
+@pytest.mark.asyncio
+async def test_refusals_and_bad_answers_keep_the_last_slice_and_say_why(hub, tmp_path, caplog):
+    state = ServerState(tmp_path, SLICE)
+    hub.serve_slices(("", SLICE.replace(memory_limit=1 * GiB)))
+    with caplog.at_level(logging.WARNING, logger="jupyter_vgpu"):
+        await HubSync.from_env(state, env_for(hub, token="wrong")).poll()
+        assert "403" in caplog.text
+        assert "read:users" in caplog.text
+        hub.status = 404
+        await HubSync.from_env(state, env_for(hub)).poll()
+        assert "404" in caplog.text
+        hub.status = 200
+        hub.document = [{"server_name": "", "slice": {"gpu_uuid": "GPU-sim-0"}}]
+        await HubSync.from_env(state, env_for(hub)).poll()
+        assert "unusable slice" in caplog.text
+    assert published(tmp_path) == SLICE
+    assert hub.requests == 3
+
+
+def test_find_slice_accepts_both_forms_and_refuses_others():
+    models = [{"server_name": "", "slice": SLICE.to_dict()}]
+    assert find_slice(models, "") == SLICE
+    assert find_slice({"slices": models}, "") == SLICE
+    assert find_slice(models, "other") is None
+    with pytest.raises(TypeError):
+        find_slice("nope", "")
+    with pytest.raises(SliceError):
+        find_slice([{"server_name": "", "slice": {"memory_limit": -1}}], "")
+
+
+def test_no_hub_sync_outside_jupyterhub(tmp_path):
+    assert HubSync.from_env(ServerState(tmp_path, None), {}) is None
+
+
+def test_a_quota_change_on_the_hub_reaches_a_running_kernel(hub, tmp_path):
+    hub.serve_slices(("", SLICE))
+    server = JupyterServer(
+        tmp_path / "server",
+        {"JUPYTER_VGPU_SLICE": SLICE.to_json(), **env_for(hub)},
+        args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}", "--VGPUServer.hub_poll_seconds=0.5"],
+    )
+    try:
+        kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
+        report = channel.kernel_path(tmp_path / "channel", kid)
+        deadline = time.monotonic() + 60
+        while (channel.read_json(report) or {}).get("budget") != 6 * GiB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert channel.read_json(report)["budget"] == 6 * GiB
+        hub.serve_slices(("", SLICE.replace(memory_limit=3 * GiB)))
+        deadline = time.monotonic() + 5  # the issue's bound for a quota change to reach kernels
+        while (channel.read_json(report) or {}).get("budget") != 3 * GiB and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert channel.read_json(report)["budget"] == 3 * GiB
+        assert server.get("api/vgpu/status").json()["slice"]["memory_limit"] == 3 * GiB
+    finally:
+        server.stop()
