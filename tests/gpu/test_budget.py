@@ -40,7 +40,6 @@ def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, 
         status = k.run("%vgpu status")
         print(status)
         assert "budget 2.00 GiB applied to PyTorch" in status
-        assert "used (NVML)" in status
 
         channel.write_json(
             channel.server_path(ch),
@@ -52,8 +51,6 @@ def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, 
         assert "4.00 GiB applied" in status
         out = k.run("x = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); print(x.numel())")
         assert out.strip() == str(3 * 2**30), out
-        pid = int(k.run("import os; print(os.getpid())"))
-        assert nvml.process_memory(gpu_slice.gpu_uuid).get(pid, 0) >= 3 * GiB
 
         # lowering below what the kernel holds is allowed and reported, not a crash
         channel.write_json(
@@ -65,5 +62,30 @@ def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, 
             time.sleep(0.2)
         assert "over the new budget" in status
         assert k.run("print(x.numel())").strip() == str(3 * 2**30)  # alive, tensor still there
+    finally:
+        k.shutdown()
+
+
+def _pids_are_host_pids(gpu_uuid: str) -> bool:
+    """NVML reports host PIDs; in a container with its own PID namespace they do not
+    name this namespace's processes. True when at least one listed PID is ours."""
+    import os
+
+    return any(os.path.exists(f"/proc/{pid}") for pid in nvml.process_memory(gpu_uuid))
+
+
+def test_nvml_sees_the_kernel_process(tmp_path, gpu_slice):
+    ch = tmp_path / "channel"
+    channel.write_json(channel.server_path(ch), {"slice": gpu_slice.to_dict(), "pressure": False})
+    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid})
+    try:
+        k.run("import torch, os\nx = torch.empty(2**30, dtype=torch.uint8, device='cuda')")
+        pid = int(k.run("print(os.getpid())"))
+        listed = nvml.process_memory(gpu_slice.gpu_uuid)
+        print("NVML processes:", listed, "kernel PID:", pid)
+        if pid not in listed and not _pids_are_host_pids(gpu_slice.gpu_uuid):
+            pytest.skip("NVML lists host PIDs, and this container has its own PID namespace")
+        assert listed[pid] >= GiB
+        assert "used (NVML)" in k.run("%vgpu status")
     finally:
         k.shutdown()
