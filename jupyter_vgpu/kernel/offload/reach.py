@@ -31,8 +31,9 @@ class Found:
     Attributes:
         tensor: the tensor (the very object the user holds).
         path: how the user reaches it, e.g. ``"model.fc.weight"``, ``"opt.state[0].exp_avg"``.
-        storage_key: identifies the storage it views (tensors sharing memory share it).
-        nbytes: size of that whole storage, bytes.
+        storage_key: identifies the storage it views (tensors sharing memory share it);
+            ``("meta", id)`` for tensors on the meta device, which have no storage.
+        nbytes: size of that whole storage, bytes (0 on the meta device).
         device: the tensor's device as a string, e.g. ``"cuda:0"``.
     """
 
@@ -86,12 +87,16 @@ def walk(
         seen.add(id(obj))
         budget[0] -= 1
         if isinstance(obj, Tensor):
-            if obj.layout == torch.strided and not obj.is_meta:
+            if obj.is_meta:  # an offloaded tensor's placeholder (or the user's own): no memory
+                found.append(Found(obj, path, ("meta", id(obj)), 0, "meta"))
+            elif obj.layout == torch.strided:
                 storage = obj.untyped_storage()
                 found.append(Found(obj, path, storage_key(obj), storage.nbytes(), str(obj.device)))
             grad = obj.grad if obj.is_leaf else None
             if grad is not None:
                 visit(grad, f"{path}.grad", depth + 1)
+            if obj._base is not None:  # a view keeps its base alive: count it among the views
+                visit(obj._base, f"{path}._base", depth + 1)
             return
         if depth >= max_depth:
             return
@@ -135,11 +140,14 @@ def walk(
             if isinstance(name, str) and hasattr(obj, name):
                 visit(getattr(obj, name), f"{path}.{name}", depth + 1)
 
-    roots = user_ns.keys() if names is None else [n for n in names if n in user_ns]
-    for name in roots:
-        if names is None and _IPYTHON_NAMES.match(name):
-            continue
-        visit(user_ns[name], name, 0)
+    roots = list(user_ns.keys()) if names is None else [n for n in names if n in user_ns]
+    try:
+        for name in roots:
+            if names is None and _IPYTHON_NAMES.match(name):
+                continue
+            visit(user_ns[name], name, 0)
+    finally:
+        visit = None  # break the closure's self-reference: `found` must not outlive us
     return found
 
 
