@@ -5,6 +5,8 @@ from __future__ import annotations
 from traitlets import Bool, Float, Unicode
 from traitlets.config import Configurable
 
+from .hub_report import DEFAULT_URL
+
 
 class VGPUServer(Configurable):
     """jupyter-vgpu in the single-user server."""
@@ -22,6 +24,18 @@ class VGPUServer(Configurable):
     hub_sync = Bool(True, help="Follow quota changes from the Hub (only when running under JupyterHub).").tag(
         config=True
     )
+
+    hub_report = Bool(
+        True, help="Send this server's usage to the Hub (only when running under JupyterHub)."
+    ).tag(config=True)
+
+    hub_report_seconds = Float(10.0, help="Seconds between two usage reports to the Hub.").tag(config=True)
+
+    hub_report_url = Unicode(
+        DEFAULT_URL,
+        help="Where usage reports are POSTed; {api_url} is JUPYTERHUB_API_URL and {user} the "
+        'URL-quoted user name. Body: {"server_name": str, "usage": <the /api/vgpu/usage document>}.',
+    ).tag(config=True)
 
     pressure_fraction = Float(
         0.95,

@@ -16,6 +16,7 @@ from jupyter_vgpu.slice import Slice, SliceError
 
 from .config import VGPUServer
 from .handlers import handlers
+from .hub_report import HubReport
 from .hub_sync import HubSync
 from .sampler import Sampler
 from .state import ServerState
@@ -52,6 +53,14 @@ def load(serverapp) -> None:
     sync = HubSync.from_env(state) if config.hub_sync else None
     if sync is not None:
         PeriodicCallback(sync.poll, config.hub_poll_seconds * 1000).start()
-    serverapp.web_app.settings["jupyter_vgpu"] = {"state": state, "sampler": sampler, "hub_sync": sync}
+    report = HubReport.from_env(sampler.current, config.hub_report_url) if config.hub_report else None
+    if report is not None:
+        PeriodicCallback(report.report, config.hub_report_seconds * 1000).start()
+    serverapp.web_app.settings["jupyter_vgpu"] = {
+        "state": state,
+        "sampler": sampler,
+        "hub_sync": sync,
+        "hub_report": report,
+    }
     where = "no slice" if slice_ is None else f"slice on GPU {slice_.gpu_index} ({slice_.gpu_name})"
     log.info("jupyter-vgpu: %s; channel %s%s", where, directory, "; following the Hub" if sync else "")

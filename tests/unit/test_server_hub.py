@@ -1,4 +1,4 @@
-"""Following the Hub: a real server polls a stand-in for the Hub's slices endpoint."""
+"""The server and the Hub: following its slices, reporting usage, against a stand-in Hub."""
 
 import asyncio
 import json
@@ -12,6 +12,7 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
 from jupyter_vgpu import channel
+from jupyter_vgpu.server.hub_report import HubReport
 from jupyter_vgpu.server.hub_sync import HubSync, find_slice
 from jupyter_vgpu.server.state import ServerState
 from jupyter_vgpu.slice import Slice, SliceError
@@ -25,13 +26,25 @@ SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3 (simulated)", 80 * GiB, 6 *
 
 class StandInHub:
     """``GET /hub/api/vgpu/slices/users/alice`` served from a thread; ``document`` is
-    what it answers, ``status`` its HTTP status; a wrong token gets 403."""
+    what it answers, ``status`` its HTTP status; a wrong token gets 403.
+    ``POST /hub/api/vgpu/usage/users/alice`` bodies are kept in ``reports`` (or
+    answered with ``report_status`` when that is not 200)."""
 
     def __init__(self):
         self.document: object = []
         self.status = 200
         self.requests = 0
+        self.reports: list[dict] = []
+        self.report_status = 200
         hub = self
+
+        class Usage(web.RequestHandler):
+            def post(self, user):
+                if self.request.headers.get("Authorization") != f"token {TOKEN}" or user != "alice":
+                    raise web.HTTPError(403)
+                if hub.report_status != 200:
+                    raise web.HTTPError(hub.report_status)
+                hub.reports.append(json.loads(self.request.body))
 
         class Slices(web.RequestHandler):
             def get(self, user):
@@ -49,7 +62,13 @@ class StandInHub:
         def serve():
             self.loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self.loop)
-            server = HTTPServer(web.Application([(r"/hub/api/vgpu/slices/users/([^/]+)", Slices)]))
+            app = web.Application(
+                [
+                    (r"/hub/api/vgpu/slices/users/([^/]+)", Slices),
+                    (r"/hub/api/vgpu/usage/users/([^/]+)", Usage),
+                ]
+            )
+            server = HTTPServer(app)
             server.add_sockets([sock])
             started.set()
             self.loop.run_forever()
@@ -156,5 +175,50 @@ def test_a_quota_change_on_the_hub_reaches_a_running_kernel(hub, tmp_path):
             time.sleep(0.1)
         assert channel.read_json(report)["budget"] == 3 * GiB
         assert server.get("api/vgpu/status").json()["slice"]["memory_limit"] == 3 * GiB
+    finally:
+        server.stop()
+
+
+@pytest.mark.asyncio
+async def test_usage_reports_reach_the_hub_and_a_missing_endpoint_is_tolerated(hub, caplog):
+    async def usage():
+        return {"slice": SLICE.to_dict(), "kernels": [], "totals": {"used": 5}}
+
+    reporter = HubReport.from_env(usage, environ=env_for(hub, server_name="gpu"))
+    assert await reporter.report()
+    assert hub.reports == [{"server_name": "gpu", "usage": await usage()}]
+    hub.report_status = 404
+    with caplog.at_level(logging.WARNING, logger="jupyter_vgpu"):
+        assert not await reporter.report()
+        assert not await reporter.report()
+    assert caplog.text.count("no usage endpoint") == 1
+    assert not await HubReport.from_env(usage, environ=env_for(hub, token="wrong")).report()
+    assert len(hub.reports) == 1
+
+
+def test_a_running_server_reports_its_kernels_to_the_hub(hub, tmp_path):
+    hub.serve_slices(("", SLICE))
+    server = JupyterServer(
+        tmp_path / "server",
+        {"JUPYTER_VGPU_SLICE": SLICE.to_json(), **env_for(hub)},
+        args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}", "--VGPUServer.hub_report_seconds=0.5"],
+    )
+    try:
+        kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
+
+        def reported_kernel():
+            for r in reversed(hub.reports):
+                for k in r["usage"]["kernels"]:
+                    if k["id"] == kid and k["pid"]:
+                        return r
+            return None
+
+        deadline = time.monotonic() + 60
+        while reported_kernel() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        report = reported_kernel()
+        assert report is not None
+        assert report["server_name"] == ""
+        assert Slice.from_dict(report["usage"]["slice"]) == SLICE
     finally:
         server.stop()
