@@ -27,7 +27,7 @@ function svg<K extends keyof SVGElementTagNameMap>(
 
 /**
  * Draw the usage history as an SVG line chart: used, reserved and offloaded bytes
- * over the last `seconds`, with the budget as a dashed line. The y axis runs from 0
+ * over the last `seconds` (the x axis spans them), with the budget as a dashed line. The y axis runs from 0
  * to 110% of the largest of the budget and the values.
  */
 export function renderChart(history: readonly ISample[], seconds: number, now: number): SVGSVGElement {
@@ -72,7 +72,7 @@ export function renderChart(history: readonly ISample[], seconds: number, now: n
   label.textContent = formatBytes(top);
   root.appendChild(label);
   const span = svg('text', { class: 'jp-vgpu-chart-label', x: 2, y: HEIGHT - 2 });
-  span.textContent = `last ${Math.round(seconds / 60)} min`;
+  span.textContent = `last ${Math.max(1, Math.round(seconds / 60))} min`;
   root.appendChild(span);
   const nowLabel = svg('text', {
     class: 'jp-vgpu-chart-label',

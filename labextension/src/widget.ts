@@ -91,7 +91,8 @@ export class UsagePanel extends Widget {
       ['GPU', `${s.gpu_index}: ${s.gpu_name}${s.simulated ? ' (simulated)' : ''}`],
       ['Budget', formatBytes(s.memory_limit)],
       ['Compute share', `${s.compute_share}%`],
-      ['Placement', `${s.placement}, overcommit ${s.overcommit_ratio}×`]
+      ['Placement', s.placement],
+      ['Overcommit', `${s.overcommit_ratio}×`]
     ];
     if (usage.gpu && usage.gpu.memory_used !== null) {
       rows.push(['Whole GPU', `${formatPair(usage.gpu.memory_used, usage.gpu.memory_total)}`]);
@@ -99,7 +100,7 @@ export class UsagePanel extends Widget {
     return h(
       'dl',
       { class: 'jp-vgpu-slice' },
-      ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)])
+      ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', { title: v }, v)])
     );
   }
 
@@ -145,7 +146,9 @@ export class UsagePanel extends Widget {
       h('span', { class: 'jp-vgpu-legend-item jp-vgpu-series-budget' }, h('i', {}), 'Budget')
     );
     const section = h('section', { class: 'jp-vgpu-history' }, h('h3', {}, 'Last minutes'));
-    section.appendChild(renderChart(history, this.model.historySeconds, now));
+    const first = history.length ? history[0].time : now;
+    const span = Math.min(this.model.historySeconds, Math.max(60, now - first));
+    section.appendChild(renderChart(history, span, now));
     section.appendChild(legend);
     return section;
   }
@@ -159,27 +162,38 @@ export class UsagePanel extends Widget {
     const head = h(
       'tr',
       {},
-      h('th', {}, 'Notebook'),
       h('th', { class: 'jp-vgpu-num' }, 'Memory'),
       h('th', { class: 'jp-vgpu-num' }, 'Offloaded'),
       h('th', { class: 'jp-vgpu-num', title: 'Raw / compressed bytes of what was offloaded' }, 'Ratio')
     );
-    const rows = kernels.map(k =>
+    const bodies = kernels.map(k =>
       h(
-        'tr',
-        { 'data-kernel-id': k.id },
+        'tbody',
+        { 'data-kernel-id': k.id, class: 'jp-vgpu-kernel' },
         h(
-          'td',
-          { class: 'jp-vgpu-name', title: `${k.name} (${k.execution_state}, pid ${k.pid ?? '—'})` },
-          h('span', { class: `jp-vgpu-state jp-vgpu-state-${k.execution_state}` }),
-          k.name.split('/').pop() || k.name
+          'tr',
+          {},
+          h(
+            'td',
+            {
+              class: 'jp-vgpu-name',
+              colspan: '3',
+              title: `${k.name} (${k.execution_state}, pid ${k.pid ?? '—'})`
+            },
+            h('span', { class: `jp-vgpu-state jp-vgpu-state-${k.execution_state}` }),
+            k.name
+          )
         ),
-        h('td', { class: 'jp-vgpu-num jp-vgpu-kernel-used', 'data-bytes': String(k.used) }, formatBytes(k.used)),
-        h('td', { class: 'jp-vgpu-num' }, formatBytes(k.offloaded)),
-        h('td', { class: 'jp-vgpu-num' }, formatRatio(k.ratio))
+        h(
+          'tr',
+          { class: 'jp-vgpu-kernel-figures' },
+          h('td', { class: 'jp-vgpu-num jp-vgpu-kernel-used', 'data-bytes': String(k.used) }, formatBytes(k.used)),
+          h('td', { class: 'jp-vgpu-num' }, formatBytes(k.offloaded)),
+          h('td', { class: 'jp-vgpu-num' }, formatRatio(k.ratio))
+        )
       )
     );
-    section.appendChild(h('table', { class: 'jp-vgpu-table' }, h('thead', {}, head), h('tbody', {}, ...rows)));
+    section.appendChild(h('table', { class: 'jp-vgpu-table' }, h('thead', {}, head), ...bodies));
     return section;
   }
 

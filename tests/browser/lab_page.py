@@ -1,0 +1,129 @@
+"""Driving JupyterLab in Chromium: the vGPU panel, the status bar, notebook cells.
+
+Every wait is a functional deadline (Playwright's ``wait_for`` / ``expect`` with a
+timeout), never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import requests
+from playwright.sync_api import Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
+NOTEBOOK = {
+    "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": ""}],
+    "metadata": {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    },
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def prepare_lab(server_url: str, theme: str, headers=None, cookies=None) -> None:
+    """Choose the Lab theme (``light`` or ``dark``) and turn off the news prompt, through
+    the settings REST API of the server at ``server_url`` (token ``headers`` or ``cookies``
+    with their XSRF header).
+
+    Raises:
+        AssertionError: the server refused a setting.
+    """
+    settings = {
+        "@jupyterlab/apputils-extension:themes": {"theme": THEMES[theme]},
+        "@jupyterlab/apputils-extension:notification": {"fetchNews": "false"},
+    }
+    for plugin, values in settings.items():
+        r = requests.put(
+            f"{server_url.rstrip('/')}/lab/api/settings/{plugin}",
+            json={"raw": json.dumps(values)},
+            headers=headers,
+            cookies=cookies,
+            timeout=30,
+        )
+        assert r.status_code == 204, f"{plugin}: {r.status_code} {r.text[:300]}"
+
+
+def create_notebook(server_url: str, headers: dict[str, str], path: str) -> None:
+    """Write an empty Python 3 notebook at ``path`` through the contents API."""
+    r = requests.put(
+        f"{server_url.rstrip('/')}/api/contents/{path}",
+        json={"type": "notebook", "format": "json", "content": NOTEBOOK},
+        headers=headers,
+        timeout=30,
+    )
+    assert r.status_code in (200, 201), f"create {path}: {r.status_code} {r.text[:300]}"
+
+
+def wait_for_lab(page: Page, timeout_ms: float = 120_000) -> None:
+    """Wait until JupyterLab has started and our status-bar item is shown."""
+    page.locator("#jp-main-statusbar").wait_for(timeout=timeout_ms)
+    page.locator(".jp-vgpu-indicator").wait_for(timeout=timeout_ms)
+
+
+def show_panel(page: Page) -> None:
+    """Open the vGPU panel through the command palette ("Show vGPU usage").
+
+    The palette is a modal that closes when focus moves (a notebook still opening takes
+    it), so it is opened again until the command could be chosen.
+    """
+    search = page.locator(".lm-CommandPalette-input").first
+    panel = page.locator("#jupyter-vgpu-panel")
+    for _ in range(10):
+        page.keyboard.press("Control+Shift+C")
+        try:
+            search.fill("Show vGPU usage", timeout=3_000)
+            page.locator(".lm-CommandPalette-item", has_text="Show vGPU usage").first.click(timeout=3_000)
+            panel.wait_for(state="visible", timeout=3_000)
+            return
+        except PlaywrightTimeoutError:
+            page.keyboard.press("Escape")
+    expect(panel).to_be_visible()
+
+
+def wait_for_kernel(page: Page, timeout_ms: float = 120_000) -> None:
+    """Wait until the active notebook's kernel is idle."""
+    expect(
+        page.locator(".jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator[data-status='idle']").first
+    ).to_be_attached(timeout=timeout_ms)
+
+
+def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
+    """Type ``code`` into the active notebook's first cell and run it; wait for its prompt."""
+    editor = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
+    editor.wait_for(timeout=timeout_ms)
+    wait_for_kernel(page, timeout_ms)
+    editor.click()
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    expect(page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first).to_have_text(
+        re.compile(r"\[\d+\]:"), timeout=timeout_ms
+    )
+
+
+def used_bytes(page: Page) -> int:
+    """The used bytes the panel's meter shows now."""
+    return int(page.locator("#jupyter-vgpu-panel .jp-vgpu-used").get_attribute("data-bytes"))
+
+
+def screenshot(page: Page, name: str, selector: str | None = None) -> Path:
+    """Save a PNG of the page (or of ``selector``) as ``docs/screenshots/<name>.png``."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    target = page.locator(selector).first if selector else page
+    target.screenshot(path=str(path))
+    return path

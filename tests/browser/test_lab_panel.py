@@ -1,0 +1,91 @@
+"""The vGPU panel and status-bar item in a real ``jupyter lab`` with a simulated slice."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from jupyter_vgpu.slice import Slice
+
+from ..server_process import JupyterServer
+from .lab_page import (
+    create_notebook,
+    prepare_lab,
+    run_cell,
+    screenshot,
+    show_panel,
+    used_bytes,
+    wait_for_kernel,
+    wait_for_lab,
+)
+
+GiB = 2**30
+MiB = 2**20
+SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3", 80 * GiB, 8 * GiB, 50, "binpack", 1.5, simulated=True)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    server = JupyterServer(
+        root,
+        {"JUPYTER_VGPU_SLICE": SLICE.to_json(), "JUPYTERHUB_API_URL": ""},
+        app="jupyterlab",
+        args=[
+            f"--VGPUServer.channel_dir={root / 'channel'}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+    )
+    yield server
+    server.stop()
+
+
+def _headers(lab):
+    return {"Authorization": f"token {lab.token}"}
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_panel_shows_the_slice_and_a_cell_changes_the_usage_live(lab, page, theme):
+    prepare_lab(lab.url, theme, _headers(lab))
+    notebook = f"usage-{theme}.ipynb"
+    create_notebook(lab.url, _headers(lab), notebook)
+    page.goto(f"{lab.url}/lab/tree/{notebook}?reset&token={lab.token}")
+    wait_for_lab(page)
+    wait_for_kernel(page)
+    indicator = page.locator(".jp-vgpu-indicator")
+    expect(indicator).to_have_text(re.compile(r"^vGPU \d+\.\d / 8\.0 GiB$"), timeout=60_000)
+
+    show_panel(page)
+    panel = page.locator("#jupyter-vgpu-panel")
+    expect(panel.locator(".jp-vgpu-notice[data-state='simulated']")).to_have_text(
+        "Simulated GPU: usage counts the kernels' tensors."
+    )
+    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("8.0 GiB")
+    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("50%")
+    expect(panel.locator(f"tbody:has-text('{notebook}')")).to_be_visible(timeout=60_000)
+    before = used_bytes(page)
+
+    run_cell(page, "import torch; x = torch.zeros(64 * 2**20)")
+    # 64 Mi float32 values are 256 MiB; the panel and the status bar follow without a reload.
+    expect(panel.locator(".jp-vgpu-used")).not_to_have_attribute("data-bytes", str(before), timeout=60_000)
+    assert used_bytes(page) >= before + 256 * MiB
+    row = panel.locator(f"tbody:has-text('{notebook}') .jp-vgpu-kernel-used")
+    expect(row).to_have_text("256.0 MiB", timeout=60_000)
+    expect(indicator).to_have_text(re.compile(r"^vGPU 0\.[2-9] / 8\.0 GiB$"), timeout=60_000)
+    expect(panel.locator(".jp-vgpu-chart polyline")).to_have_count(3)
+    expect(panel.locator(".jp-vgpu-footer")).to_have_text("Live")
+
+    screenshot(page, f"panel-{theme}", "#jupyter-vgpu-panel")
+    screenshot(page, f"lab-{theme}")
+    if theme == "light":
+        screenshot(page, "status-bar", "#jp-main-statusbar")
+
+
+def test_status_bar_item_opens_the_panel(lab, page):
+    prepare_lab(lab.url, "light", _headers(lab))
+    page.goto(f"{lab.url}/lab?reset&token={lab.token}")
+    wait_for_lab(page)
+    expect(page.locator("#jupyter-vgpu-panel")).to_be_hidden()
+    page.locator(".jp-vgpu-indicator").click()
+    expect(page.locator("#jupyter-vgpu-panel")).to_be_visible(timeout=30_000)
