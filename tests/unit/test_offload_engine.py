@@ -62,7 +62,8 @@ def test_offload_and_restore_keep_identity_class_grads_and_values(engine):
     report = engine.offload(ns)
     assert len(report.moved) >= 4 + 4 + 8 + 2  # params, grads, Adam state, x and y
     w = model[0].weight
-    assert (w.device.type, tuple(w.shape), type(w)) == ("meta", (32, 16), torch.nn.Parameter)
+    assert engine.is_offloaded(w)
+    assert type(w) is torch.nn.Parameter
     stats = engine.stats()
     assert stats["count"] == len(report.moved)
     assert stats["offloaded_bytes"] > stats["compressed_bytes"] > 0
@@ -129,12 +130,23 @@ def test_before_cell_restores_what_the_cell_names(engine):
     ns = {"a": a, "b": b}
     engine.offload(ns)
     engine.before_cell("print(a.shape)", ns)
-    assert a.device.type == "cpu"
-    assert b.device.type == "meta"
+    assert not engine.is_offloaded(a)
+    assert engine.is_offloaded(b)
     engine.after_cell(ns)
     engine.before_cell("this is not python (", ns)  # unknown reach: restore everything
-    assert b.device.type == "cpu"
+    assert not engine.is_offloaded(b)
     engine.after_cell(ns)
+
+
+def test_any_torch_call_on_a_placeholder_restores_it_first(engine):
+    w = torch.nn.Parameter(torch.randn(32, 16))
+    ref = w.detach().clone()
+    engine.offload({"w": w})
+    assert engine.is_offloaded(w)
+    assert w.shape == (32, 16)  # a property read is a torch call too: w comes back
+    assert not engine.is_offloaded(w)
+    assert w.device.type == "cpu"
+    assert torch.equal(w, ref)
 
 
 def test_what_cannot_be_offloaded_safely_is_skipped_and_reported(engine):
@@ -184,7 +196,7 @@ def test_a_failed_restore_raises_and_keeps_the_host_copy(engine):
     )
     with pytest.raises(RestoreError, match="still held on the host"):
         engine.restore(ns)
-    assert x.device.type == "meta"
+    assert engine.is_offloaded(x)
     assert engine.stats()["count"] == 1
     entry.packed = good
     engine.restore(ns)
@@ -196,6 +208,7 @@ def test_host_cap_refusal_leaves_the_tensor_in_place():
     x = torch.randn(10_000)
     report = e.offload({"x": x})
     assert "host memory cap" in report.skipped[0][1]
+    assert not e.is_offloaded(x)
     assert x.device.type == "cpu"
     e.close()
 
@@ -244,3 +257,20 @@ def test_the_watermark_policy_only_moves_idle_storages():
     e.config.idle_seconds = 0.0
     assert len(e._offload(ns, None, idle_only=True).moved) == 1
     e.close()
+
+
+def test_training_through_restore_on_touch_matches_plain_training(engine):
+    torch.manual_seed(0)
+    net, ref = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    ref.load_state_dict(net.state_dict())
+    opt, ref_opt = torch.optim.Adam(net.parameters()), torch.optim.Adam(ref.parameters())
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        engine.offload({"net": net, "opt": opt, "x": x})  # nothing restores them but the touch
+        for m, o in ((net, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(a.grad, b.grad)

@@ -17,7 +17,7 @@ hooks and the version counter come back with it.
 When: after a cell, if the kernel holds more than ``high_watermark`` of its budget
 (least recently used, then largest, first), when the server signals pressure, on
 ``%vgpu offload``, or after every cell in chaos mode (``JUPYTER_VGPU_CHAOS=1``). Before
-a cell, everything its code names is restored; a dispatch mode, pushed only while
+a cell, everything its code names is restored; a torch function mode, pushed only while
 something is offloaded, restores whatever else an op touches.
 """
 
@@ -33,7 +33,6 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.units import format_bytes
@@ -474,13 +473,13 @@ class OffloadEngine:
 
     def _sync_mode(self) -> None:
         """Push the dispatch mode while anything is offloaded, pop it when nothing is.
-        Main thread only (modes are thread-local); popping waits until ours is on top."""
+        Main thread only (modes are thread-local); popping waits until ours is innermost."""
         if threading.current_thread() is not threading.main_thread():
             return
         if self._records and self._mode is None:
             self._mode = RestoreOnTouch(self._restore_tensors, self.is_offloaded)
             self._mode.__enter__()
-        elif not self._records and self._mode is not None and _get_current_dispatch_mode() is self._mode:
+        elif not self._records and self._mode is not None and self._mode.is_innermost():
             self._mode.__exit__(None, None, None)
             self._mode = None
 
