@@ -13,24 +13,43 @@ import websocket
 
 
 class LabClient:
-    """A user's server at ``server_url`` (``{hub}/user/{name}/``), with the user's token."""
+    """A user's server at ``server_url`` (``{hub}/user/{name}/``).
 
-    def __init__(self, server_url: str, token: str):
+    Authenticated either with the user's Hub API ``token`` or, like a browser, with the
+    ``session`` that logged in through the Hub's login form: its first request then goes
+    through the Hub's OAuth flow and the server's cookie joins the session.
+
+    Raises:
+        ValueError: neither or both of ``token`` and ``session`` are given.
+        AssertionError: the OAuth flow did not reach the server.
+    """
+
+    def __init__(self, server_url: str, token: str | None = None, session: requests.Session | None = None):
+        if (token is None) == (session is None):
+            raise ValueError("give exactly one of token and session")
         self.url = server_url.rstrip("/") + "/"
-        self.headers = {"Authorization": f"token {token}"}
+        self.token = token
+        self.session = session or requests.Session()
+        self.headers = {"Authorization": f"token {token}"} if token else {}
+        if session is not None:
+            r = session.get(self.url + "lab", timeout=60)
+            if r.status_code != 200 or not r.url.startswith(self.url):
+                raise AssertionError(f"OAuth to {self.url} ended at {r.status_code} {r.url}")
+            path = "/" + self.url.split("/", 3)[3]
+            self.headers = {"X-XSRFToken": session.cookies.get("_xsrf", path=path) or ""}
 
     def get(self, path: str) -> requests.Response:
-        return requests.get(self.url + path, headers=self.headers, timeout=30)
+        return self.session.get(self.url + path, headers=self.headers, timeout=30)
 
     def start_kernel(self) -> str:
-        r = requests.post(
+        r = self.session.post(
             self.url + "api/kernels", json={"name": "python3"}, headers=self.headers, timeout=60
         )
         assert r.status_code == 201, f"start kernel: {r.status_code} {r.text}"
         return r.json()["id"]
 
     def shutdown_kernel(self, kernel_id: str) -> None:
-        requests.delete(self.url + f"api/kernels/{kernel_id}", headers=self.headers, timeout=30)
+        self.session.delete(self.url + f"api/kernels/{kernel_id}", headers=self.headers, timeout=30)
 
     def execute(self, kernel_id: str, code: str, timeout: float = 120) -> str:
         """Run ``code``; return its stdout, results and error text together.
@@ -41,8 +60,10 @@ class LabClient:
         """
         ws_url = self.url.replace("http", "ws", 1) + f"api/kernels/{kernel_id}/channels"
         deadline = time.monotonic() + timeout
+        header = [f"{k}: {v}" for k, v in self.headers.items()]
+        cookie = "; ".join(f"{c.name}={c.value}" for c in self.session.cookies if self._sent_to(c.path))
         conn = websocket.create_connection(
-            ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=timeout
+            ws_url, header=header, cookie=cookie or None, origin=self.url.rstrip("/"), timeout=timeout
         )
         msg_id = uuid.uuid4().hex
         try:
@@ -74,6 +95,10 @@ class LabClient:
             ) from None
         finally:
             conn.close()
+
+    def _sent_to(self, cookie_path: str | None) -> bool:
+        """Whether a browser sends a cookie of ``cookie_path`` to this server."""
+        return ("/" + self.url.split("/", 3)[3]).startswith(cookie_path or "/")
 
     def run_notebook(self, kernel_id: str, path) -> list[str]:
         """Run every code cell of the notebook at ``path``; one output text per cell."""
