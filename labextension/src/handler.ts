@@ -28,13 +28,33 @@ export async function requestAPI<T>(endPoint = '', init: RequestInit = {}): Prom
   return (text ? JSON.parse(text) : null) as T;
 }
 
+/** The value of cookie `name`, or undefined. */
+function getCookie(name: string): string | undefined {
+  for (const part of document.cookie.split(';')) {
+    const [key, ...value] = part.trim().split('=');
+    if (key === name) {
+      return decodeURIComponent(value.join('='));
+    }
+  }
+  return undefined;
+}
+
 /**
- * URL of a server-sent-events endpoint below `/api/vgpu`, carrying the token
- * as a query parameter when the settings have one (EventSource cannot send headers;
- * cookie-authenticated servers, such as those behind JupyterHub, need none).
+ * URL of a server-sent-events endpoint below `/api/vgpu`. EventSource cannot send
+ * headers, so the credentials JupyterLab sends as headers go in the query: the token
+ * when the settings have one, and the `_xsrf` cookie's value, which cookie-authenticated
+ * servers (such as JupyterHub's single-user servers) require of script-made requests.
  */
 export function eventStreamURL(endPoint: string): string {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, API_NAMESPACE, endPoint);
-  return settings.token ? `${url}?token=${encodeURIComponent(settings.token)}` : url;
+  const query: Record<string, string> = {};
+  if (settings.token) {
+    query.token = settings.token;
+  }
+  const xsrf = getCookie('_xsrf');
+  if (xsrf) {
+    query._xsrf = xsrf;
+  }
+  return url + URLExt.objectToQueryString(query);
 }

@@ -88,7 +88,7 @@ export class UsagePanel extends Widget {
   private _slice(usage: IUsage): HTMLElement {
     const s = usage.slice!;
     const rows: [string, string][] = [
-      ['GPU', `${s.gpu_index}: ${s.gpu_name}${s.simulated ? ' (simulated)' : ''}`],
+      ['GPU', `${s.gpu_index}: ${s.gpu_name}${s.simulated && !/simulated/i.test(s.gpu_name) ? ' (simulated)' : ''}`],
       ['Budget', formatBytes(s.memory_limit)],
       ['Compute share', `${s.compute_share}%`],
       ['Placement', s.placement],

@@ -7,6 +7,7 @@ timeout), never a sleep.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -14,7 +15,14 @@ import requests
 from playwright.sync_api import Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+ROOT = Path(__file__).resolve().parents[2]
+# Screenshots go to test-artifacts/ (git-ignored); JUPYTER_VGPU_UPDATE_SCREENSHOTS=1
+# writes them to docs/screenshots/ instead, to refresh the documentation's pictures.
+SCREENSHOTS = (
+    ROOT / "docs" / "screenshots"
+    if os.environ.get("JUPYTER_VGPU_UPDATE_SCREENSHOTS") == "1"
+    else ROOT / "test-artifacts" / "screenshots"
+)
 LAUNCH_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -121,7 +129,7 @@ def used_bytes(page: Page) -> int:
 
 
 def screenshot(page: Page, name: str, selector: str | None = None) -> Path:
-    """Save a PNG of the page (or of ``selector``) as ``docs/screenshots/<name>.png``."""
+    """Save a PNG of the page (or of ``selector``) as ``<SCREENSHOTS>/<name>.png``."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     target = page.locator(selector).first if selector else page

@@ -1,0 +1,80 @@
+"""The user's path through a real Hub: log in, JupyterLab opens, the vGPU panel follows a
+cell's allocation; the admin sees the users' slices on the Hub's vGPU page."""
+
+import re
+
+import pytest
+import requests
+from playwright.sync_api import expect
+
+from ..integration.hub_process import PASSWORD, HubProcess
+from .lab_page import (
+    create_notebook,
+    prepare_lab,
+    run_cell,
+    screenshot,
+    show_panel,
+    used_bytes,
+    wait_for_kernel,
+)
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    process = HubProcess(tmp_path_factory.mktemp("hub"))
+    try:
+        process.start()
+        yield process
+    finally:
+        process.shutdown()
+
+
+def login(page, hub, username):
+    """Log in through the Hub's login form."""
+    page.goto(f"{hub.url}/hub/login")
+    page.locator("input[name=username]").fill(username)
+    page.locator("input[name=password]").fill(PASSWORD)
+    page.locator("form [type=submit]").first.click()
+    page.wait_for_url(re.compile(r".*/(hub/(home|spawn.*)|user/.*)$|.*/lab.*"), timeout=120_000)
+
+
+def test_user_logs_in_and_sees_the_panel_follow_a_cell(hub, page):
+    headers = {"Authorization": f"token {hub.user_token('ada')}"}
+    server = hub.spawn("ada")
+    prepare_lab(server, "light", headers)
+    create_notebook(server, headers, "hub.ipynb")
+
+    login(page, hub, "ada")
+    page.goto(f"{server}lab/tree/hub.ipynb?reset")
+    wait_for_kernel(page)
+    indicator = page.locator(".jp-vgpu-indicator")
+    expect(indicator).to_have_text(re.compile(r"^vGPU \d+\.\d / 8\.0 GiB$"), timeout=60_000)
+    show_panel(page)
+    panel = page.locator("#jupyter-vgpu-panel")
+    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("8.0 GiB")
+    expect(panel.locator("tbody:has-text('hub.ipynb')")).to_be_visible(timeout=60_000)
+    before = used_bytes(page)
+
+    run_cell(page, "import torch; x = torch.zeros(64 * 2**20)")
+    expect(panel.locator("tbody:has-text('hub.ipynb') .jp-vgpu-kernel-used")).to_have_text(
+        "256.0 MiB", timeout=60_000
+    )
+    assert used_bytes(page) >= before + 256 * MiB
+    expect(indicator).not_to_have_text("vGPU 0.0 / 8.0 GiB")
+    expect(panel.locator(".jp-vgpu-footer")).to_have_text("Live")
+    screenshot(page, "hub-lab")
+
+
+def test_admin_page_lists_both_users(hub, page):
+    for user in ("ada", "bob"):
+        hub.login(user)
+        hub.spawn(user)
+    if requests.get(f"{hub.url}/hub/vgpu", timeout=30, allow_redirects=False).status_code == 404:
+        pytest.skip("the Hub has no /hub/vgpu admin page")
+    login(page, hub, "admin")
+    page.goto(f"{hub.url}/hub/vgpu")
+    for user in ("ada", "bob"):
+        expect(page.get_by_text(user, exact=True).first).to_be_visible(timeout=60_000)
+    screenshot(page, "hub-admin")
