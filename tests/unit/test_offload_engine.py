@@ -274,3 +274,26 @@ def test_training_through_restore_on_touch_matches_plain_training(engine):
     for a, b in zip(net.parameters(), ref.parameters(), strict=True):
         assert torch.equal(a, b)
         assert torch.equal(a.grad, b.grad)
+
+
+def test_optimizer_steps_and_called_functions_bring_their_tensors_back():
+    e = OffloadEngine(EngineConfig(device="cpu", chaos=True))
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(net.parameters())
+    x = torch.randn(8, 4)
+    ns = {"net": net, "opt": opt, "x": x}
+
+    def train():
+        opt.zero_grad()
+        net(x).pow(2).sum().backward()
+        opt.step()
+
+    ns["train"] = train
+    for _ in range(3):  # chaos: everything is offloaded between these "cells"
+        e.before_cell("train()", ns)
+        train()
+        e.after_cell(ns)
+    assert e.stats()["count"] > 0
+    opt.step()  # state offloaded, nothing names it: the step pre-hook restores it
+    e.close()

@@ -33,12 +33,13 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.units import format_bytes
 
 from . import policy, reach
-from .cells import cell_names
+from .cells import cell_names, expand_through_functions
 from .codec import Codec, CodecError
 from .dispatch import RestoreOnTouch
 from .safety import graph_pins, refusal
@@ -148,6 +149,7 @@ class OffloadEngine:
         self._records: list[_Record] = []
         self._last_used: dict[tuple, float] = {}
         self._mode: RestoreOnTouch | None = None
+        self._step_hook = None
         self._busy = False
         self._last: dict[str, float | None] = {
             "offload_seconds": None,
@@ -183,6 +185,8 @@ class OffloadEngine:
         with self._lock:
             self._busy = True
             names = cell_names(_shell(), raw_cell)
+            if names is not None:
+                names = expand_through_functions(names, user_ns)
             if self._records:
                 if names is None:
                     self._restore_records(list(self._records))
@@ -479,9 +483,19 @@ class OffloadEngine:
         if self._records and self._mode is None:
             self._mode = RestoreOnTouch(self._restore_tensors, self.is_offloaded)
             self._mode.__enter__()
+            # optimizers hand their state to C++ calls no torch function mode sees
+            self._step_hook = register_optimizer_step_pre_hook(self._before_step)
         elif not self._records and self._mode is not None and self._mode.is_innermost():
             self._mode.__exit__(None, None, None)
             self._mode = None
+            if self._step_hook is not None:
+                self._step_hook.remove()
+                self._step_hook = None
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        """Restore an optimizer's parameters, gradients and state before it steps."""
+        with self._lock:
+            self._restore_found(reach.walk({"optimizer": optimizer}))
 
 
 def _constant_word(src: torch.Tensor) -> torch.Tensor | None:
