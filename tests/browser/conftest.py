@@ -13,9 +13,12 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.browser)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
-    """Debian's Chromium, headless, driven by Playwright (never a downloaded browser)."""
+    """Debian's Chromium, headless, driven by Playwright (never a downloaded browser).
+
+    Package-scoped: Playwright's sync API keeps an event loop marked running in the
+    main thread while it is open, which would break later tests that run asyncio."""
     if not shutil.which(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is not installed")
     from playwright.sync_api import sync_playwright

@@ -111,16 +111,29 @@ def wait_for_kernel(page: Page, timeout_ms: float = 120_000) -> None:
 
 
 def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
-    """Type ``code`` into the active notebook's first cell and run it; wait for its prompt."""
+    """Type ``code`` into the active notebook's first cell and run it; wait for its prompt.
+
+    A notebook that has just opened may drop a run request while its kernel connection
+    settles (the prompt stays ``[ ]:``), so the cell is run again in place (Ctrl+Enter;
+    running it twice is harmless) until its prompt shows an execution count.
+    """
     editor = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
+    prompt = page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first
     editor.wait_for(timeout=timeout_ms)
     wait_for_kernel(page, timeout_ms)
     editor.click()
     page.keyboard.type(code)
-    page.keyboard.press("Shift+Enter")
-    expect(page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first).to_have_text(
-        re.compile(r"\[\d+\]:"), timeout=timeout_ms
-    )
+    expect(editor).to_have_text(code)
+    page.keyboard.press("Control+Enter")
+    for _ in range(int(timeout_ms // 10_000)):
+        try:
+            expect(prompt).to_have_text(re.compile(r"\[\d+\]:"), timeout=10_000)
+            return
+        except AssertionError:
+            editor.click()
+            page.keyboard.press("Control+Enter")
+    screenshot(page, "failed-run-cell")
+    expect(prompt).to_have_text(re.compile(r"\[\d+\]:"))
 
 
 def used_bytes(page: Page) -> int:

@@ -1,0 +1,78 @@
+"""The panel's other states in a real ``jupyter lab``: no slice, and a budget nearly full."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from jupyter_vgpu.slice import Slice
+
+from ..server_process import JupyterServer
+from .lab_page import (
+    create_notebook,
+    prepare_lab,
+    run_cell,
+    screenshot,
+    show_panel,
+    wait_for_kernel,
+    wait_for_lab,
+)
+
+MiB = 2**20
+GiB = 2**30
+# 256 MiB of tensors is 91% of this budget: above the 90% warning threshold.
+SMALL = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3", 80 * GiB, 280 * MiB, 25, simulated=True)
+
+
+def _lab(root, slice_json):
+    env = {"JUPYTERHUB_API_URL": ""}
+    if slice_json is not None:
+        env["JUPYTER_VGPU_SLICE"] = slice_json
+    return JupyterServer(root, env, app="jupyterlab", args=[f"--VGPUServer.channel_dir={root / 'channel'}"])
+
+
+@pytest.fixture
+def lab_without_slice(tmp_path, monkeypatch):
+    monkeypatch.delenv("JUPYTER_VGPU_SLICE", raising=False)
+    server = _lab(tmp_path, None)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lab_small_budget(tmp_path):
+    server = _lab(tmp_path, SMALL.to_json())
+    yield server
+    server.stop()
+
+
+def test_without_a_slice_the_panel_says_so(lab_without_slice, page):
+    lab = lab_without_slice
+    prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
+    page.goto(f"{lab.url}/lab?reset&token={lab.token}")
+    wait_for_lab(page)
+    expect(page.locator(".jp-vgpu-indicator")).to_have_text("vGPU: no slice", timeout=60_000)
+    show_panel(page)
+    expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-notice[data-state='no-slice']")).to_be_visible()
+    expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-meter")).to_have_count(0)
+
+
+def test_above_90_percent_of_the_budget_the_status_bar_warns(lab_small_budget, page):
+    lab = lab_small_budget
+    headers = {"Authorization": f"token {lab.token}"}
+    prepare_lab(lab.url, "light", headers)
+    create_notebook(lab.url, headers, "full.ipynb")
+    page.goto(f"{lab.url}/lab/tree/full.ipynb?reset&token={lab.token}")
+    wait_for_lab(page)
+    wait_for_kernel(page)
+    indicator = page.locator(".jp-vgpu-indicator")
+    expect(indicator).to_have_text(re.compile(r"^vGPU \d+\.\d / 280\.0 MiB$"), timeout=60_000)
+    expect(indicator).not_to_have_class(re.compile(r"jp-mod-warn"))
+
+    run_cell(page, "import torch; x = torch.zeros(64 * 2**20)")
+    expect(indicator).to_have_class(re.compile(r"jp-mod-warn"), timeout=60_000)
+    expect(indicator).to_have_text("vGPU 256.0 / 280.0 MiB")
+    show_panel(page)
+    expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-meter")).to_have_class(re.compile(r"jp-mod-warn"))
+    screenshot(page, "status-bar-warning", "#jp-main-statusbar")
+    screenshot(page, "panel-warning", "#jupyter-vgpu-panel")
