@@ -132,7 +132,9 @@ class OffloadEngine:
     """Offloads and restores the tensors of one kernel (see the module docstring).
 
     Thread safety: every method takes the engine's lock; :meth:`offload_idle` may be
-    called from another thread and does nothing while a cell runs.
+    called from another thread and does nothing while a cell runs. Every method also
+    runs with torch function handling off: the engine reading a placeholder's
+    properties must not count as the user touching it.
     """
 
     def __init__(self, config: EngineConfig):
@@ -182,7 +184,7 @@ class OffloadEngine:
     def before_cell(self, raw_cell: str, user_ns: dict) -> None:
         """Restore what the cell's code names (everything if it does not parse), mark
         it used, and make sure restore-on-touch is active while anything is offloaded."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             self._busy = True
             names = cell_names(_shell(), raw_cell)
             if names is not None:
@@ -200,7 +202,7 @@ class OffloadEngine:
 
     def after_cell(self, user_ns: dict) -> None:
         """Apply the policy (chaos, or the watermark) now that the cell is done."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             self._busy = False
             try:
                 self._drop_orphans()
@@ -213,14 +215,14 @@ class OffloadEngine:
 
     def offload_idle(self, user_ns: dict) -> Report | None:
         """Offload every idle storage (the server signalled pressure); no-op while a cell runs."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             if self._busy:
                 return None
             return self._offload(user_ns, None, idle_only=True)
 
     def offload(self, user_ns: dict, names: list[str] | None = None) -> Report:
         """Offload the storages reachable from ``names`` (all, if None), idle or not."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             report = self._offload(user_ns, names, idle_only=False)
             self._sync_mode()
             return report
@@ -231,7 +233,7 @@ class OffloadEngine:
         Raises:
             RestoreError: data could not be brought back (it stays on the host).
         """
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             start = time.perf_counter()
             records = list(self._records) if names is None else self._records_for(reach.walk(user_ns, names))
             report = Report("restore")
@@ -241,7 +243,7 @@ class OffloadEngine:
             return report
 
     def update_slice(self, slice_: Slice) -> None:
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             self.config.budget_bytes = slice_.memory_limit
             self.config.idle_seconds = slice_.idle_seconds
             self.config.high_watermark = slice_.high_watermark
@@ -251,7 +253,7 @@ class OffloadEngine:
 
     def stats(self) -> dict[str, Any]:
         """Offloaded bytes (raw and stored), ratio, counts, last timings, store use."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             raw = sum(r.nbytes for r in self._records)
             stored = sum(r.stored_bytes for r in self._records)
             store = self.store.stats()
@@ -273,7 +275,7 @@ class OffloadEngine:
 
     def close(self) -> None:
         """Restore everything (leaving data on the host if that fails), then free."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             try:
                 self._restore_records(list(self._records))
             finally:
@@ -403,7 +405,7 @@ class OffloadEngine:
         self._restore_records(self._records_for(found))
 
     def _restore_tensors(self, tensors: list[torch.Tensor]) -> None:
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             records = []
             for t in tensors:
                 r = self._by_tensor.get(id(t))
@@ -494,7 +496,7 @@ class OffloadEngine:
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         """Restore an optimizer's parameters, gradients and state before it steps."""
-        with self._lock:
+        with self._lock, torch._C.DisableTorchFunction():
             self._restore_found(reach.walk({"optimizer": optimizer}))
 
 

@@ -141,11 +141,15 @@ def walk(
                 visit(getattr(obj, name), f"{path}.{name}", depth + 1)
 
     roots = list(user_ns.keys()) if names is None else [n for n in names if n in user_ns]
+    # Reading a tensor's properties is a torch call: with the engine's restore-on-touch
+    # mode active it would bring back every offloaded tensor the walk passes. Looking
+    # is not touching.
     try:
-        for name in roots:
-            if names is None and _IPYTHON_NAMES.match(name):
-                continue
-            visit(user_ns[name], name, 0)
+        with torch._C.DisableTorchFunction():
+            for name in roots:
+                if names is None and _IPYTHON_NAMES.match(name):
+                    continue
+                visit(user_ns[name], name, 0)
     finally:
         visit = None  # break the closure's self-reference: `found` must not outlive us
     return found
