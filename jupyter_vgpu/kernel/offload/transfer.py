@@ -23,7 +23,7 @@ class Transfer:
         piece_bytes: bytes per piece (two pinned buffers of this size are kept).
     """
 
-    def __init__(self, device: torch.device, piece_bytes: int = 64 * MiB):
+    def __init__(self, device: torch.device, piece_bytes: int = 128 * MiB):
         self.device = torch.device(device)
         self.piece_bytes = piece_bytes
         self._buffers: list[torch.Tensor | None] = [None, None]
