@@ -1,0 +1,45 @@
+"""Live usage on a real GPU: NVML's figure for a kernel holding 1 GiB reaches the
+server's /api/vgpu/usage within 2 seconds."""
+
+import time
+
+import pytest
+
+from jupyter_vgpu import nvml
+from jupyter_vgpu.slice import Slice
+
+from ..integration.lab_client import LabClient
+from ..server_process import JupyterServer
+
+pytestmark = pytest.mark.gpu
+GiB = 2**30
+
+
+def test_nvml_usage_of_a_kernel_holding_1_gib_appears_within_2_seconds(tmp_path):
+    gpu = nvml.list_gpus()[0]
+    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 8 * GiB, 100)
+    server = JupyterServer(
+        tmp_path,
+        {"JUPYTER_VGPU_SLICE": slice_.to_json(), "CUDA_VISIBLE_DEVICES": gpu.uuid},
+        args=["--VGPUServer.sample_seconds=0.5"],
+    )
+    try:
+        lab = LabClient(server.url + "/", server.token)
+        kid = lab.start_kernel()
+        lab.execute(kid, "import torch\nx = torch.ones(GiB := 2**30, dtype=torch.uint8, device='cuda')")
+        start = time.monotonic()
+        seen = None
+        while time.monotonic() - start < 2.0:
+            doc = server.get("api/vgpu/usage").json()
+            kernel = next((k for k in doc["kernels"] if k["id"] == kid), None)
+            if kernel and (kernel["nvml_memory"] or 0) >= GiB:
+                seen = time.monotonic() - start
+                break
+            time.sleep(0.1)
+        print(f"NVML usage seen after {seen} s: {kernel}")
+        assert seen is not None, f"no NVML figure >= 1 GiB within 2 s: {kernel}"
+        assert doc["simulated"] is False
+        assert doc["gpu"]["memory_used"] >= GiB
+        assert kernel["used"] == kernel["nvml_memory"]
+    finally:
+        server.stop()
