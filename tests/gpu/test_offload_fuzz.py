@@ -57,7 +57,7 @@ def run(program, engine):
             views = [
                 lambda x: x[1:],
                 lambda x: x.t() if x.dim() == 2 else x,
-                lambda x: x.view(-1),
+                lambda x: x.view(-1) if x.is_contiguous() else x.reshape(-1),
                 lambda x: x[::2],
             ]
             tensors.append(views[op[2]](t))
