@@ -13,13 +13,11 @@ def test_views_count_once_and_modules_count_their_parameters_and_buffers():
     ns = {"x": x, "view": x[:10], "alias": x, "model": model, "n": 3}
     module_bytes = sum(t.untyped_storage().nbytes() for t in (*model.parameters(), *model.buffers()))
     assert usage.tensor_bytes(ns) == MiB + module_bytes
-    assert usage._shallow_bytes(torch, ns) == MiB + module_bytes
 
 
-def test_nested_tensors_are_found_by_the_walk_but_not_by_the_shallow_fallback():
+def test_nested_tensors_are_found_by_the_walk():
     ns = {"batch": {"inputs": [torch.ones(MiB // 4)]}}
     assert usage.tensor_bytes(ns) == MiB
-    assert usage._shallow_bytes(torch, ns) == 0
 
 
 def test_an_empty_namespace_holds_nothing():
