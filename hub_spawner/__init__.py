@@ -3,7 +3,7 @@
 In ``jupyterhub_config.py``::
 
     import hub_spawner
-    hub_spawner.setup(c)            # spawner_class = "vgpu" and the /hub/api/vgpu handlers
+    hub_spawner.setup(c)  # spawner "vgpu", the /hub/api/vgpu API, the /hub/vgpu page, metrics
     c.VGPUHub.overcommit_ratio = 1.5
     c.VGPUHub.default_memory_limit = "8G"
 
@@ -20,8 +20,31 @@ def setup(c) -> None:
     To keep another spawner, set ``c.JupyterHub.spawner_class`` afterwards to a class
     that puts :class:`hub_spawner.spawner.VGPUSpawnerMixin` first in its bases.
     """
+    from pathlib import Path
+
+    from . import metrics
     from .api import handlers
+    from .page import VGPUPageHandler
 
     c.JupyterHub.spawner_class = "vgpu"
+    ours = [*handlers, (r"/vgpu", VGPUPageHandler)]
     existing = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
-    c.JupyterHub.extra_handlers = existing + [h for h in handlers if h not in existing]
+    c.JupyterHub.extra_handlers = existing + [h for h in ours if h not in existing]
+    templates = str(Path(__file__).parent / "templates")
+    paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    c.JupyterHub.template_paths = [templates, *[p for p in paths if p != templates]]
+    metrics.register(_snapshot)
+
+
+def _snapshot():
+    """The running Hub's slices and GPUs for the metrics collector (None before it runs)."""
+    from jupyterhub.app import JupyterHub
+
+    from .config import VGPUHub
+
+    if not JupyterHub.initialized():
+        return None
+    app = JupyterHub.instance()
+    if not app.trait_has_value("users"):  # still starting: reading it would build it too early
+        return None
+    return VGPUHub.instance(config=app.config).snapshot(app.users)

@@ -27,6 +27,7 @@ from tornado import web
 from .config import VGPUHub
 from .placement import PlacementError
 from .quotas import Quota, QuotaStore, parse_quota
+from .usage import parse_report
 
 
 class VGPUAPIHandler(APIHandler):
@@ -67,12 +68,7 @@ class VGPUAPIHandler(APIHandler):
 
     def running_spawners(self, user_names=None):
         """``(user, spawner)`` for every server holding a slice."""
-        for user in list(self.users.values()):
-            if user_names is not None and user.name not in user_names:
-                continue
-            for spawner in user.spawners.values():
-                if getattr(spawner, "vgpu_slice", None) is not None:
-                    yield user, spawner
+        return self.vgpu_hub.running(self.users, user_names)
 
     def slice_model(self, user, spawner) -> dict:
         s = spawner.vgpu_slice
@@ -244,6 +240,51 @@ class UserSlicesHandler(VGPUAPIHandler):
         self.write_json([self.slice_model(u, s) for u, s in self.running_spawners({user.name})])
 
 
+class UsageHandler(VGPUAPIHandler):
+    """``GET /hub/api/vgpu/usage``: every running slice with its latest usage, and every
+    GPU (admins); a user gets their own slices only."""
+
+    def get(self):
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if self.parsed_scopes.get("read:users") == Scope.ALL:
+            rows, gpus = self.vgpu_hub.snapshot(self.users)
+            self.write_json({"slices": rows, "gpus": gpus})
+            return
+        name = self.current_user.name
+        self.require("read:users", user=name)
+        rows, _ = self.vgpu_hub.snapshot(self.users, {name})
+        self.write_json({"slices": rows})
+
+
+class UserUsageHandler(VGPUAPIHandler):
+    """``/hub/api/vgpu/usage/users/{name}``: GET that user's slices with usage; POST a
+    server's usage report (the server's own token holds ``users:activity`` on its user)."""
+
+    def get(self, user_name):
+        self.require("read:users", user=user_name)
+        if self.find_user(user_name) is None:
+            raise web.HTTPError(404, f"No such user: {user_name}")
+        rows, _ = self.vgpu_hub.snapshot(self.users, {user_name})
+        self.write_json({"slices": rows})
+
+    def post(self, user_name):
+        self.require("users:activity", user=user_name)
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"No such user: {user_name}")
+        try:
+            server_name, report = parse_report(self.get_json_body())
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        spawner = user.spawners.get(server_name)
+        if spawner is None or getattr(spawner, "vgpu_slice", None) is None:
+            raise web.HTTPError(404, f"{user_name} has no running server {server_name!r} with a vGPU slice")
+        self.vgpu_hub.usage.record(spawner.vgpu_key, report)
+        self.set_status(204)
+        self.finish()
+
+
 _name = r"([^/]+)"
 
 #: ``(pattern, handler)`` pairs relative to the Hub prefix, for ``JupyterHub.extra_handlers``.
@@ -253,4 +294,6 @@ handlers = [
     (rf"/api/vgpu/quotas/groups/{_name}", GroupQuotaHandler),
     (r"/api/vgpu/slices", SlicesHandler),
     (rf"/api/vgpu/slices/users/{_name}", UserSlicesHandler),
+    (r"/api/vgpu/usage", UsageHandler),
+    (rf"/api/vgpu/usage/users/{_name}", UserUsageHandler),
 ]

@@ -11,6 +11,7 @@ from jupyter_vgpu.slice import PLACEMENTS
 from .inventory import GPUInventory
 from .placement import Allocator
 from .quotas import Quota
+from .usage import UsageBoard, gpu_rows, slice_rows
 
 
 class VGPUHub(SingletonConfigurable):
@@ -77,6 +78,34 @@ class VGPUHub(SingletonConfigurable):
         return proposal.value
 
     _allocator: Allocator | None = None
+    _usage: UsageBoard | None = None
+
+    @property
+    def usage(self) -> UsageBoard:
+        """The servers' latest usage reports."""
+        if self._usage is None:
+            self._usage = UsageBoard()
+        return self._usage
+
+    def running(self, users, names=None) -> list[tuple]:
+        """``(user, spawner)`` for every server holding a slice (of ``names`` only, if given).
+
+        Args:
+            users: the Hub's user cache (``app.users`` / ``handler.users``).
+        """
+        return [
+            (user, spawner)
+            for user in list(users.values())
+            if names is None or user.name in names
+            for spawner in user.spawners.values()
+            if getattr(spawner, "vgpu_slice", None) is not None
+        ]
+
+    def snapshot(self, users, names=None) -> tuple[list[dict], list[dict]]:
+        """``(slice rows, GPU rows)``: every running slice with its latest usage, and
+        every GPU with the slices on it (see :mod:`hub_spawner.usage`)."""
+        rows = slice_rows(((u.name, s) for u, s in self.running(users, names)), self.usage)
+        return rows, gpu_rows(self.inventory.gpus, self.overcommit_ratio, rows)
 
     @property
     def allocator(self) -> Allocator:

@@ -1,0 +1,173 @@
+"""Usage as the single-user servers report it, joined with the slices the Hub placed.
+
+Each server POSTs its ``/api/vgpu/usage`` document about every 10 seconds
+(``jupyter_vgpu.server.hub_report``); the Hub keeps only the latest per server, in
+memory (after a Hub restart the next reports refill it). The Hub never talks to GPUs:
+everything here comes from those reports and from the allocator. One aggregation
+(:func:`slice_rows`, :func:`gpu_rows`) serves the REST API, the admin page and the
+Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+#: A report older than this is shown as stale, seconds (three missed reports).
+STALE_SECONDS = 35.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The latest usage of one server.
+
+    Attributes:
+        received: unix seconds when the Hub got it.
+        totals: ``used``, ``reserved``, ``offloaded``, ``offloaded_compressed``, bytes.
+        sm_percent: the GPU's SM utilisation, percent, or None (simulated, or unknown).
+        kernels: number of kernels the server reported.
+        simulated: the server measures a simulated GPU.
+    """
+
+    received: float
+    totals: dict[str, int]
+    sm_percent: float | None
+    kernels: int
+    simulated: bool
+
+
+def parse_report(body: object) -> tuple[str, Report]:
+    """``(server_name, Report)`` from a server's POST body
+    ``{"server_name": str, "usage": <usage document>}``.
+
+    Raises:
+        ValueError: the body is not of that shape; the message says what is wrong.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("usage"), dict):
+        raise ValueError(
+            'the body must be {"server_name": "...", "usage": {...the /api/vgpu/usage document...}}'
+        )
+    server_name = body.get("server_name", "")
+    if not isinstance(server_name, str):
+        raise ValueError("server_name must be a string")
+    usage = body["usage"]
+    totals = usage.get("totals")
+    fields = ("used", "reserved", "offloaded", "offloaded_compressed")
+    if not isinstance(totals, dict) or not all(
+        isinstance(totals.get(f), int) and not isinstance(totals.get(f), bool) and totals[f] >= 0
+        for f in fields
+    ):
+        raise ValueError(f"usage.totals must hold non-negative integer bytes for {', '.join(fields)}")
+    gpu = usage.get("gpu") or {}
+    sm = gpu.get("sm_percent") if isinstance(gpu, dict) else None
+    if sm is not None and (isinstance(sm, bool) or not isinstance(sm, (int, float)) or not 0 <= sm <= 100):
+        raise ValueError("usage.gpu.sm_percent must be a percentage or null")
+    kernels = usage.get("kernels", [])
+    if not isinstance(kernels, list):
+        raise ValueError("usage.kernels must be a list")
+    report = Report(
+        time.time(), {f: totals[f] for f in fields}, sm, len(kernels), bool(usage.get("simulated"))
+    )
+    return server_name, report
+
+
+class UsageBoard:
+    """The latest report of every server, keyed ``"user/server name"``. Thread-safe."""
+
+    def __init__(self):
+        self._reports: dict[str, Report] = {}
+        self._lock = threading.Lock()
+
+    def record(self, key: str, report: Report) -> None:
+        with self._lock:
+            self._reports[key] = report
+
+    def get(self, key: str) -> Report | None:
+        with self._lock:
+            return self._reports.get(key)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._reports.pop(key, None)
+
+
+def slice_rows(
+    spawners: Iterable[tuple[str, object]], board: UsageBoard, now: float | None = None
+) -> list[dict]:
+    """One row per running slice: the slice, and its latest reported usage.
+
+    Args:
+        spawners: ``(user name, spawner)`` for every spawner holding a slice.
+        board: the reports.
+        now: unix seconds (default: now), for report ages.
+
+    Row fields: ``user``, ``server_name``, ``gpu_uuid``, ``gpu_index``, ``gpu_name``,
+    ``memory_limit``, ``compute_share``, ``simulated``, then from the latest report (None
+    before the first): ``used``, ``reserved``, ``offloaded``, ``offloaded_compressed``
+    (bytes), ``ratio``, ``sm_percent``, ``kernels``, ``report_age`` (seconds), ``stale``.
+    """
+    now = time.time() if now is None else now
+    rows = []
+    for user, spawner in spawners:
+        s = spawner.vgpu_slice
+        report = board.get(f"{user}/{spawner.name}")
+        row: dict[str, Any] = {
+            "user": user,
+            "server_name": spawner.name,
+            "gpu_uuid": s.gpu_uuid,
+            "gpu_index": s.gpu_index,
+            "gpu_name": s.gpu_name,
+            "memory_limit": s.memory_limit,
+            "compute_share": s.compute_share,
+            "simulated": s.simulated,
+        }
+        if report is None:
+            row.update(dict.fromkeys(("used", "reserved", "offloaded", "offloaded_compressed", "ratio")))
+            row.update(sm_percent=None, kernels=None, report_age=None, stale=True)
+        else:
+            t = report.totals
+            row.update(t)
+            row["ratio"] = t["offloaded"] / t["offloaded_compressed"] if t["offloaded_compressed"] else None
+            row.update(
+                sm_percent=report.sm_percent,
+                kernels=report.kernels,
+                report_age=max(0.0, now - report.received),
+                stale=now - report.received > STALE_SECONDS,
+            )
+        rows.append(row)
+    rows.sort(key=lambda r: (r["gpu_index"], r["user"], r["server_name"]))
+    return rows
+
+
+def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[dict]:
+    """One row per GPU: its memory, the budgets placed on it, overcommit in use and the
+    usage its slices report.
+
+    Row fields: ``index``, ``uuid``, ``name``, ``memory`` (bytes), ``capacity`` (memory ×
+    overcommit ratio, bytes), ``committed`` (sum of budgets, bytes), ``overcommit``
+    (committed / memory), ``used`` and ``offloaded`` (bytes, sums of reports),
+    ``slices`` (the slice rows on it), ``simulated``.
+    """
+    out = []
+    for g in gpus:
+        mine = [r for r in rows if r["gpu_uuid"] == g.uuid]
+        committed = sum(r["memory_limit"] for r in mine)
+        out.append(
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "memory": g.memory,
+                "capacity": int(g.memory * overcommit_ratio),
+                "committed": committed,
+                "overcommit": committed / g.memory,
+                "used": sum(r["used"] or 0 for r in mine),
+                "offloaded": sum(r["offloaded"] or 0 for r in mine),
+                "slices": mine,
+                "simulated": g.simulated,
+            }
+        )
+    return out
