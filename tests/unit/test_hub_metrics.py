@@ -1,0 +1,59 @@
+"""The metrics collector, and the Grafana dashboard that reads it."""
+
+import json
+import re
+import types
+from pathlib import Path
+
+from hub_spawner.inventory import GPU
+from hub_spawner.metrics import SliceCollector
+from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
+from jupyter_vgpu.slice import Slice
+
+GiB = 2**30
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "jupyter-vgpu.json"
+
+
+def snapshot():
+    gpu = GPU(0, "GPU-sim-0", "H100", 80 * GiB, True)
+    s = Slice(gpu.uuid, 0, gpu.name, gpu.memory, 8 * GiB, 50, simulated=True)
+    board = UsageBoard()
+    totals = {"used": GiB, "reserved": GiB, "offloaded": 4 * GiB, "offloaded_compressed": 2 * GiB}
+    board.record("ada/", parse_report({"usage": {"totals": totals, "kernels": []}})[1])
+    rows = slice_rows([("ada", types.SimpleNamespace(name="", vgpu_slice=s))], board)
+    return rows, gpu_rows([gpu], 1.5, rows)
+
+
+def families():
+    return {f.name: f for f in SliceCollector(snapshot).collect()}
+
+
+def test_collector_values():
+    fams = families()
+    value = {f: fams[f].samples[0].value for f in fams if fams[f].samples}
+    assert value["jupyterhub_vgpu_slice_budget_bytes"] == 8 * GiB
+    assert value["jupyterhub_vgpu_slice_compression_ratio"] == 2.0
+    assert value["jupyterhub_vgpu_gpu_overcommit_ratio"] == 0.1
+    assert fams["jupyterhub_vgpu_slice_sm_percent"].samples == []  # unknown is absent, not 0
+    assert fams["jupyterhub_vgpu_slice_used_bytes"].samples[0].labels == {
+        "user": "ada",
+        "server": "",
+        "gpu": "0",
+    }
+
+
+def test_no_series_before_the_hub_runs():
+    assert list(SliceCollector(lambda: None).collect()) == []
+
+
+def test_the_grafana_dashboard_reads_only_series_we_export():
+    exported = set(families())
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = {
+        m
+        for p in dashboard["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"jupyterhub_vgpu_\w+", t["expr"])
+    }
+    assert used
+    assert used <= exported, used - exported
