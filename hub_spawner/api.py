@@ -27,7 +27,7 @@ from tornado import web
 from .config import VGPUHub
 from .placement import PlacementError
 from .quotas import Quota, QuotaStore, parse_quota
-from .usage import parse_report
+from .usage import parse_report, slice_summary
 
 
 class VGPUAPIHandler(APIHandler):
@@ -71,18 +71,10 @@ class VGPUAPIHandler(APIHandler):
         return self.vgpu_hub.running(self.users, user_names)
 
     def slice_model(self, user, spawner) -> dict:
-        s = spawner.vgpu_slice
         return {
-            "user": user.name,
-            "server_name": spawner.name,
-            "gpu_uuid": s.gpu_uuid,
-            "gpu_index": s.gpu_index,
-            "gpu_name": s.gpu_name,
-            "memory_limit": s.memory_limit,
-            "compute_share": s.compute_share,
-            "simulated": s.simulated,
+            **slice_summary(user.name, spawner),
             "ready": bool(spawner.ready),
-            "slice": s.to_dict(),
+            "slice": spawner.vgpu_slice.to_dict(),
         }
 
     def quota_body(self, kind: str, name: str) -> Quota:

@@ -94,6 +94,23 @@ class UsageBoard:
             self._reports.pop(key, None)
 
 
+def slice_summary(user: str, spawner) -> dict[str, Any]:
+    """The fields every listing of a running slice starts with: ``user``,
+    ``server_name``, ``gpu_uuid``, ``gpu_index``, ``gpu_name``, ``memory_limit`` (bytes),
+    ``compute_share`` (percent), ``simulated``."""
+    s = spawner.vgpu_slice
+    return {
+        "user": user,
+        "server_name": spawner.name,
+        "gpu_uuid": s.gpu_uuid,
+        "gpu_index": s.gpu_index,
+        "gpu_name": s.gpu_name,
+        "memory_limit": s.memory_limit,
+        "compute_share": s.compute_share,
+        "simulated": s.simulated,
+    }
+
+
 def slice_rows(
     spawners: Iterable[tuple[str, object]], board: UsageBoard, now: float | None = None
 ) -> list[dict]:
@@ -104,26 +121,15 @@ def slice_rows(
         board: the reports.
         now: unix seconds (default: now), for report ages.
 
-    Row fields: ``user``, ``server_name``, ``gpu_uuid``, ``gpu_index``, ``gpu_name``,
-    ``memory_limit``, ``compute_share``, ``simulated``, then from the latest report (None
+    Row fields: those of :func:`slice_summary`, then from the latest report (None
     before the first): ``used``, ``reserved``, ``offloaded``, ``offloaded_compressed``
     (bytes), ``ratio``, ``sm_percent``, ``kernels``, ``report_age`` (seconds), ``stale``.
     """
     now = time.time() if now is None else now
     rows = []
     for user, spawner in spawners:
-        s = spawner.vgpu_slice
         report = board.get(f"{user}/{spawner.name}")
-        row: dict[str, Any] = {
-            "user": user,
-            "server_name": spawner.name,
-            "gpu_uuid": s.gpu_uuid,
-            "gpu_index": s.gpu_index,
-            "gpu_name": s.gpu_name,
-            "memory_limit": s.memory_limit,
-            "compute_share": s.compute_share,
-            "simulated": s.simulated,
-        }
+        row = slice_summary(user, spawner)
         if report is None:
             row.update(dict.fromkeys(("used", "reserved", "offloaded", "offloaded_compressed", "ratio")))
             row.update(sm_percent=None, kernels=None, report_age=None, stale=True)
