@@ -1,23 +1,45 @@
 """The offload codec: bytes of a tensor's storage <-> compressed chunks (zstandard).
 
-Layout of a :class:`Packed` (the project's host format):
+Codec layout (the project's host format for offloaded and spilled data):
 
-- The input (``nbytes`` bytes, any length) is cut into chunks of ``chunk_bytes``
-  (rounded down to a multiple of the item size), each encoded on its own so chunks
-  encode and decode in parallel on a thread pool (zstandard releases the GIL) and a
-  chunk decodes straight into its own slice of the output.
-- For 2-, 4- and 8-byte floating values a chunk is first split into **byte planes**:
-  plane *k* holds byte *k* of every value. Exponent bytes of weights are nearly
-  constant and compress well once apart from the noisy mantissa bytes (measured on the
-  H100 box: bf16 weights 1.28 → 1.46 with zstd level 1; see the shared measurements).
-  Each plane is its own zstd frame (``parts`` holds their sizes): a noisy mantissa
-  plane then becomes raw zstd blocks, which decode at memory speed, instead of
-  slowing the entropy decoder of the whole chunk (measured here: 1.10 → 0.66 ms per
-  MiB of bf16 weights on one core).
-- Each chunk is one of ``ZSTD`` (a standard zstd frame with its content checksum, so
-  any host tool can read it and corruption is caught on decode), ``RAW`` (the chunk
-  did not shrink by ``min_saving``: stored as is, with a CRC-32), or ``CONST`` (every
-  item equal: the item itself, with a CRC-32 of it).
+- A :class:`Packed` describes ``nbytes`` original bytes (any length, 0 included) of
+  values ``itemsize`` bytes wide, as a tuple of :class:`Chunk` records in order. Chunk
+  *i* covers bytes ``[offset, offset + length)``; the chunks tile ``[0, nbytes)``
+  without gaps. Every chunk but the last is ``chunk_bytes`` long, rounded down to a
+  multiple of ``itemsize`` so no value straddles two chunks; the last holds the rest
+  (it may end in a partial value). Chunks encode and decode independently, on a
+  thread pool (zstandard releases the GIL), and a chunk decodes straight into its own
+  slice of the output.
+- A chunk is one of three kinds:
+
+  ``CONST``
+      every value in the chunk is the same ``itemsize``-byte pattern (zeros, or a
+      constant float such as 1.0): ``payload`` is that one value, ``checksum`` its
+      CRC-32. No codec runs; a zero chunk of 1 MiB costs 2-8 bytes.
+  ``ZSTD``
+      ``payload`` is one standard zstd frame per byte plane, concatenated; ``parts``
+      gives each frame's size (empty when ``planes == 1``: one frame). Every frame is
+      written with its content size and content checksum, so ``zstd -d`` reads it
+      and corruption or truncation is caught on decode. ``checksum`` is 0.
+  ``RAW``
+      compression did not save ``min_saving`` of the chunk: ``payload`` is the chunk
+      as is, ``checksum`` its CRC-32 (``zlib.crc32``).
+
+- **Byte planes.** For floating values of 2, 4 or 8 bytes (fp16/bf16, fp32, fp64) a
+  chunk is split before compression into ``planes == itemsize`` planes: plane *k*
+  holds byte *k* (little-endian) of every value, i.e. plane 0 is the low mantissa
+  bytes and the last plane holds sign and exponent. Exponents of weights are nearly
+  constant and compress well once apart from the noisy mantissa bytes (H100 box,
+  shared measurements: bf16 N(0, 0.02) weights 1.28 -> 1.46 with zstd level 1). Each
+  plane is its own frame: a noisy mantissa plane becomes raw zstd blocks that decode
+  at memory speed instead of slowing the entropy decoder for the whole chunk
+  (measured on this project's 2-core CI box: 1.10 -> 0.66 ms per MiB of bf16 weights,
+  one thread). A chunk whose length is not a multiple of ``itemsize`` (a tail) is
+  compressed whole (``planes == 1``).
+- Defaults, measured with ``benchmarks/codec.py`` (results in ``benchmarks/results``):
+  zstd level 1 (levels -5..-1 lose 0.25 of ratio on bf16 weights; 2 and 3 lose ratio
+  on byte planes and encode 1.5-2x slower), 1 MiB chunks (4 MiB gave the same ratio
+  and speed; smaller chunks lose ratio, larger ones starve threads on small tensors).
 
 Torch-free (numpy, zstandard, zlib): the engine hands us pinned host memory as numpy.
 """
@@ -43,6 +65,8 @@ class CodecError(RuntimeError):
 
 
 class Kind(enum.IntEnum):
+    """How a chunk's payload encodes it (see the module docstring)."""
+
     RAW = 0
     ZSTD = 1
     CONST = 2
@@ -57,7 +81,8 @@ class Chunk:
         length: its length in the original bytes.
         kind: how ``payload`` encodes it.
         planes: byte planes it was split into before compression (1: none).
-        payload: the encoded bytes (None while spilled to disk by the host store).
+        payload: the encoded bytes (bytes, or a read-only memoryview when read back
+            from a spill file; None while spilled to disk by the host store).
         checksum: CRC-32 of the raw bytes (RAW) or of the repeated item (CONST); 0 for
             ZSTD, whose frame carries its own content checksum.
         parts: with byte planes, the size of each plane's zstd frame in ``payload``.
@@ -67,7 +92,7 @@ class Chunk:
     length: int
     kind: Kind
     planes: int
-    payload: bytes | None
+    payload: bytes | memoryview | None
     checksum: int
     parts: tuple[int, ...] = ()
 
@@ -94,8 +119,10 @@ class Packed:
 
     @property
     def ratio(self) -> float:
-        """Original over stored size (inf when nothing needs storing)."""
-        return self.nbytes / self.stored_bytes if self.stored_bytes else float("inf")
+        """Original over stored size (inf when nothing needs storing; 1.0 when empty)."""
+        if self.stored_bytes:
+            return self.nbytes / self.stored_bytes
+        return float("inf") if self.nbytes else 1.0
 
 
 class Codec:
@@ -117,7 +144,11 @@ class Codec:
         min_saving: float = 0.03,
     ):
         if chunk_bytes < 64:
-            raise ValueError("chunk_bytes must be at least 64")
+            raise ValueError(f"chunk_bytes must be at least 64, got {chunk_bytes}")
+        if not 0 <= min_saving < 1:
+            raise ValueError(f"min_saving must be a fraction in [0, 1), got {min_saving}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
         self.level = level
         self.chunk_bytes = chunk_bytes
         self.threads = threads or os.cpu_count() or 1
@@ -126,7 +157,14 @@ class Codec:
         self._local = threading.local()
 
     def close(self) -> None:
+        """Stop the worker threads (after running work finishes)."""
         self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Codec:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- per-thread zstd contexts (zstandard objects are not thread-safe) ----------
 
@@ -151,13 +189,20 @@ class Codec:
 
         Args:
             data: the bytes; not modified, and not referenced once this returns.
-            itemsize: bytes per value; chunks never split a value.
-            floating: values are floating point: split them into byte planes.
+            itemsize: bytes per value (1 for plain bytes); chunks never split a value.
+            floating: values are floating point: with ``itemsize`` 2, 4 or 8, split
+                them into byte planes.
+
+        Returns:
+            The :class:`Packed` data; it shares no memory with ``data``.
 
         Raises:
-            ValueError: ``data`` is not a 1-D C-contiguous uint8 array.
+            ValueError: ``data`` is not a 1-D C-contiguous uint8 array, or ``itemsize``
+                is not a positive integer.
         """
         _check_buffer(data)
+        if not isinstance(itemsize, int) or itemsize < 1:
+            raise ValueError(f"itemsize must be a positive integer, got {itemsize!r}")
         n = data.size
         step = max(itemsize, self.chunk_bytes - self.chunk_bytes % itemsize)
         planes = itemsize if floating and itemsize in (2, 4, 8) else 1
@@ -207,7 +252,9 @@ class Codec:
         _check_buffer(out)
         if out.size != packed.nbytes:
             raise ValueError(f"out holds {out.size} bytes; the packed data is {packed.nbytes}")
-        errors = [e for e in self._pool.map(lambda c: self._decode_chunk(c, out), packed.chunks) if e]
+        _check_layout(packed)
+        work = list(enumerate(packed.chunks))
+        errors = [e for e in self._pool.map(lambda ic: self._decode_chunk(*ic, out), work) if e]
         if errors:
             raise CodecError(f"{len(errors)} of {len(packed.chunks)} chunk(s) failed to decode: {errors[0]}")
 
@@ -217,9 +264,9 @@ class Codec:
         self.decode(packed, out)
         return out.tobytes()
 
-    def _decode_chunk(self, chunk: Chunk, out: np.ndarray) -> str | None:
+    def _decode_chunk(self, index: int, chunk: Chunk, out: np.ndarray) -> str | None:
         target = out[chunk.offset : chunk.offset + chunk.length]
-        where = f"chunk at byte {chunk.offset} ({chunk.kind.name}, {chunk.length} bytes)"
+        where = f"chunk at byte {chunk.offset} (number {index}, {chunk.kind.name}, {chunk.length} bytes)"
         if chunk.payload is None:
             return f"{where}: payload missing"
         try:
@@ -229,12 +276,14 @@ class Codec:
                 target[:] = np.frombuffer(chunk.payload, dtype=np.uint8)
             elif chunk.kind == Kind.CONST:
                 item = chunk.payload
-                if zlib.crc32(item) != chunk.checksum or chunk.length % len(item):
+                if len(item) not in _UINT or chunk.length % len(item) or zlib.crc32(item) != chunk.checksum:
                     return f"{where}: checksum mismatch"
                 dtype = _UINT[len(item)]
                 target.view(dtype).fill(np.frombuffer(item, dtype=dtype)[0])
             elif chunk.planes > 1:
                 size = chunk.length // chunk.planes
+                if chunk.planes not in _UINT or chunk.length % chunk.planes:
+                    return f"{where}: {chunk.planes} byte planes do not fit its length"
                 if len(chunk.parts) != chunk.planes or sum(chunk.parts) != len(chunk.payload):
                     return f"{where}: payload size does not match its planes"
                 rows, start, payload = [], 0, memoryview(chunk.payload)
@@ -250,7 +299,7 @@ class Codec:
                 if len(raw) != chunk.length:
                     return f"{where}: decoded {len(raw)} bytes"
                 target[:] = np.frombuffer(raw, dtype=np.uint8)
-        except zstandard.ZstdError as e:
+        except (zstandard.ZstdError, ValueError) as e:
             return f"{where}: {e}"
         return None
 
@@ -276,6 +325,18 @@ def join_planes(rows, target: np.ndarray) -> None:
     for k in range(1, planes):
         np.left_shift(rows[k], 8 * k, out=tmp, dtype=dtype, casting="unsafe")
         np.bitwise_or(words, tmp, out=words)
+
+
+def _check_layout(packed: Packed) -> None:
+    """Chunks must tile ``[0, nbytes)`` in order, so no decode writes outside its slice."""
+    pos = 0
+    for i, c in enumerate(packed.chunks):
+        if c.offset != pos or c.length <= 0:
+            where = f"chunk at byte {c.offset} (number {i}, {c.length} bytes)"
+            raise CodecError(f"{where} does not follow byte {pos}")
+        pos += c.length
+    if pos != packed.nbytes:
+        raise CodecError(f"the chunks cover {pos} bytes; the packed data is {packed.nbytes}")
 
 
 def _check_buffer(a: np.ndarray) -> None:

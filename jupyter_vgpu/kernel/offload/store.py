@@ -1,10 +1,16 @@
 """Where offloaded data lives: compressed host memory, then a disk directory.
 
-Host memory is capped (default: half of what the host has available when the kernel
-starts, read from ``/proc/meminfo``'s ``MemAvailable``), so offloading can never push
-the server into the kernel's OOM killer. Past the cap, packed data spills to files in
-``spill_dir`` (tier 3); with no spill directory the offload is refused with
-:class:`HostMemoryFull` and the tensor stays on the GPU.
+Host memory is capped (default: half of what the host has available when the store
+is made, read from ``/proc/meminfo``'s ``MemAvailable``; elsewhere from
+``os.sysconf``'s free physical pages), so offloading can never push the server into
+the kernel's OOM killer. Past the cap, packed data spills to files (tier 3) in a
+private directory made under ``spill_dir``; with no spill directory the offload is
+refused with :class:`HostMemoryFull` and the tensor stays on the GPU.
+
+A spill file holds the chunk payloads of one :class:`~.codec.Packed`, back to back in
+chunk order, in the codec layout (standard zstd frames, raw bytes, constant values);
+the chunk records stay in memory with their payloads set to None, plus a CRC-32 of
+each payload, checked when the file is read back.
 """
 
 from __future__ import annotations
@@ -12,10 +18,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import shutil
+import tempfile
 import threading
+import zlib
 from pathlib import Path
 
-from .codec import Packed
+from .codec import CodecError, Packed
 
 DEFAULT_HOST_FRACTION = 0.5
 
@@ -25,8 +34,8 @@ class HostMemoryFull(RuntimeError):
 
 
 def available_host_memory() -> int:
-    """Bytes of host memory available for new allocations (Linux ``MemAvailable``;
-    elsewhere the free physical pages from ``sysconf``)."""
+    """Bytes of host memory available for new allocations (Linux ``MemAvailable`` from
+    ``/proc/meminfo``; elsewhere the free physical pages from ``os.sysconf``)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -41,35 +50,50 @@ def available_host_memory() -> int:
 class _Entry:
     packed: Packed  # payloads are None while spilled
     path: Path | None = None  # the spill file, while spilled
-    sizes: tuple[int, ...] = ()  # each chunk's payload size in the spill file
+    sizes: tuple[int, ...] = ()  # each chunk's payload size in the spill file, bytes
+    crcs: tuple[int, ...] = ()  # each chunk's payload CRC-32
 
 
 class HostStore:
-    """Holds :class:`Packed` data in host memory up to a cap, spilling to disk past it.
+    """Holds :class:`~.codec.Packed` data in host memory up to a cap, spilling to disk past it.
+
+    Thread-safe. Keys are positive integers, never reused by one store.
 
     Args:
         cap_bytes: host bytes to hold at most (default: half of ``MemAvailable``).
-        spill_dir: directory for spilled data (created on first spill), or None to
-            refuse past the cap.
+        spill_dir: directory under which a private spill directory is made on the
+            first spill (so stores of several kernels can share it), or None to refuse
+            past the cap.
+
+    Raises:
+        ValueError: ``cap_bytes`` is negative.
     """
 
     def __init__(self, cap_bytes: int | None = None, spill_dir: str | Path | None = None):
-        self.cap_bytes = int(
-            cap_bytes if cap_bytes is not None else available_host_memory() * DEFAULT_HOST_FRACTION
-        )
+        if cap_bytes is None:
+            cap_bytes = int(available_host_memory() * DEFAULT_HOST_FRACTION)
+        if cap_bytes < 0:
+            raise ValueError(f"cap_bytes must not be negative, got {cap_bytes}")
+        self.cap_bytes = int(cap_bytes)
         self.spill_dir = Path(spill_dir) if spill_dir else None
+        self._private: Path | None = None
         self._entries: dict[int, _Entry] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.host_bytes = 0
         self.disk_bytes = 0
 
+    def room(self) -> int:
+        """Bytes that can still be put in host memory before the cap."""
+        with self._lock:
+            return max(0, self.cap_bytes - self.host_bytes)
+
     def put(self, packed: Packed) -> int:
-        """Keep ``packed``; returns its key.
+        """Keep ``packed`` (in memory under the cap, else on disk); returns its key.
 
         Raises:
             HostMemoryFull: over the cap with no spill directory; nothing is kept.
-            OSError: spilling failed (disk full); nothing is kept.
+            OSError: spilling failed (disk full); nothing is kept, no file is left.
         """
         with self._lock:
             key = next(self._ids)
@@ -80,16 +104,18 @@ class HostStore:
                 return key
             if self.spill_dir is None:
                 raise HostMemoryFull(
-                    f"offloading {size} more bytes would pass the host memory cap "
-                    f"({self.host_bytes} of {self.cap_bytes} bytes held) and no spill directory is set"
+                    f"offloading {size} more bytes would pass the host memory cap: "
+                    f"{self.host_bytes} of {self.cap_bytes} bytes held, and no spill directory is set"
                 )
             self._entries[key] = self._spill(key, packed)
             self.disk_bytes += size
             return key
 
     def _spill(self, key: int, packed: Packed) -> _Entry:
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
-        path = self.spill_dir / f"{key}.chunks"
+        if self._private is None:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            self._private = Path(tempfile.mkdtemp(prefix="vgpu-spill-", dir=self.spill_dir))
+        path = self._private / f"{key}.chunks"
         tmp = path.with_suffix(".tmp")
         try:
             with open(tmp, "wb") as f:
@@ -100,29 +126,42 @@ class HostStore:
             tmp.unlink(missing_ok=True)
             raise
         chunks = tuple(dataclasses.replace(c, payload=None) for c in packed.chunks)
-        sizes = tuple(c.stored_bytes for c in packed.chunks)
-        return _Entry(dataclasses.replace(packed, chunks=chunks), path, sizes)
+        sizes = tuple(len(c.payload) for c in packed.chunks)
+        crcs = tuple(zlib.crc32(c.payload) for c in packed.chunks)
+        return _Entry(dataclasses.replace(packed, chunks=chunks), path, sizes, crcs)
 
     def get(self, key: int) -> Packed:
-        """The packed data under ``key``, read back from disk if it was spilled.
+        """The packed data under ``key``, read back from disk if it was spilled (it stays
+        spilled: the store's figures do not change; the payloads are read-only views of
+        one buffer read from the file).
 
         Raises:
             KeyError: unknown key.
             OSError: the spill file cannot be read.
+            CodecError: the spill file is shorter or longer than written, or a chunk's
+                payload fails its CRC-32 (the error names the chunk and the file).
         """
         with self._lock:
             entry = self._entries[key]
         if entry.path is None:
             return entry.packed
         data = entry.path.read_bytes()
+        written = sum(entry.sizes)
+        if len(data) != written:
+            raise CodecError(f"spill file {entry.path} holds {len(data)} bytes; {written} were written")
         chunks, pos = [], 0
-        for c, size in zip(entry.packed.chunks, entry.sizes, strict=True):
-            chunks.append(dataclasses.replace(c, payload=data[pos : pos + size]))
+        view = memoryview(data)
+        for i, (c, size, crc) in enumerate(zip(entry.packed.chunks, entry.sizes, entry.crcs, strict=True)):
+            payload = view[pos : pos + size]
+            if zlib.crc32(payload) != crc:
+                where = f"chunk at byte {c.offset} (number {i}) in spill file {entry.path}"
+                raise CodecError(f"{where}: checksum mismatch")
+            chunks.append(dataclasses.replace(c, payload=payload))
             pos += size
         return dataclasses.replace(entry.packed, chunks=tuple(chunks))
 
     def drop(self, key: int) -> None:
-        """Forget ``key`` and free its memory or file (no error when absent)."""
+        """Forget ``key`` and free its memory or spill file (no error when absent)."""
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is None:
@@ -134,11 +173,23 @@ class HostStore:
                 entry.path.unlink(missing_ok=True)
 
     def close(self) -> None:
+        """Drop everything and remove the private spill directory."""
         for key in list(self._entries):
             self.drop(key)
+        with self._lock:
+            if self._private is not None:
+                shutil.rmtree(self._private, ignore_errors=True)
+                self._private = None
+
+    def __enter__(self) -> HostStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def stats(self) -> dict[str, int]:
-        """``host_bytes``, ``disk_bytes``, ``entries``, ``cap_bytes``."""
+        """``host_bytes`` and ``disk_bytes`` held (stored, compressed bytes), ``entries``
+        (keys held) and ``cap_bytes`` (the host memory cap, bytes)."""
         with self._lock:
             return {
                 "host_bytes": self.host_bytes,
