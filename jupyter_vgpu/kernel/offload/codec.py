@@ -36,10 +36,13 @@ Codec layout (the project's host format for offloaded and spilled data):
   (measured on this project's 2-core CI box: 1.10 -> 0.66 ms per MiB of bf16 weights,
   one thread). A chunk whose length is not a multiple of ``itemsize`` (a tail) is
   compressed whole (``planes == 1``).
-- Defaults, measured with ``benchmarks/codec.py`` (results in ``benchmarks/results``):
-  zstd level 1 (levels -5..-1 lose 0.25 of ratio on bf16 weights; 2 and 3 lose ratio
-  on byte planes and encode 1.5-2x slower), 1 MiB chunks (4 MiB gave the same ratio
-  and speed; smaller chunks lose ratio, larger ones starve threads on small tensors).
+- Defaults, measured on this project's 2-core CI box (``benchmarks/codec.py``, results
+  in ``benchmarks/results/codec-*.json``): zstd level 1 with longer minimum matches
+  and a small hash table (:data:`FAST_PARAMETERS`; bf16 weights 1.49, and faster
+  both ways than zstd's own level 1; levels -5..-1 lose 0.25 of ratio on bf16
+  weights, levels 2 and 3 lose ratio on byte planes and encode 1.5-2x slower);
+  1 MiB chunks (4 MiB gave the same ratio and speed; smaller chunks lose ratio,
+  larger ones leave threads idle on small tensors).
 
 Torch-free (numpy, zstandard, zlib): the engine hands us pinned host memory as numpy.
 """
