@@ -123,6 +123,6 @@ class TorchBudget:
             return "jupyter-vgpu: this kernel has no vGPU slice."
         return (
             f"vGPU slice budget: {format_bytes(s.memory_limit)} of {s.gpu_name} (GPU {s.gpu_index}). "
-            "Free tensors (del, torch.cuda.empty_cache()), use `%vgpu offload`, "
+            "Free tensors (del, torch.cuda.empty_cache()) "
             "or ask your hub admin for a larger quota."
         )

@@ -1,9 +1,10 @@
-"""The kernel hook: one per IPython shell, tying the slice to PyTorch and to the server.
+"""The kernel hook: one per IPython shell, tying the slice, PyTorch and pausing together.
 
 It reads the slice (from the server's channel, else from ``JUPYTER_VGPU_SLICE``),
 applies the budget when torch is imported, names the budget in out-of-memory errors,
-follows live quota changes and pressure signals through a watcher thread, drives the
-offload engine around each cell, and reports usage to the server.
+wraps ipykernel's message handlers so that a paused kernel comes back before any of
+its code runs (:mod:`.dispatch`, :mod:`.pausing`), follows live quota changes through a
+watcher thread, and reports usage to the server.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice, SliceError
 
+from . import dispatch
 from .budget import TorchBudget, TorchImportHook
-from .engine_link import make_engine, wants_engine
+from .config import VGPUKernel
+from .pausing import PauseControl
 from .usage import tensor_bytes
 
 log = logging.getLogger("jupyter_vgpu")
@@ -42,41 +45,42 @@ class KernelHook:
     Attributes:
         slice: the current slice, or None (no hub, no ``JUPYTER_VGPU_SLICE``).
         budget: the PyTorch budget (:class:`TorchBudget`).
-        engine: the offload engine once torch is imported, else None.
-        busy: a cell is running.
+        pausing: pause, suspend and resume of this kernel (:class:`PauseControl`).
         simulated_used: bytes of torch tensors reachable from the namespace, counted
             after each cell when there is no real GPU to measure.
     """
 
-    def __init__(self, shell, *, poll_seconds: float = 0.5, report_seconds: float = 1.0):
+    def __init__(self, shell, config: VGPUKernel | None = None):
         self.shell = shell
-        self.poll_seconds = poll_seconds
-        self.report_seconds = report_seconds
+        self.config = config or VGPUKernel(parent=shell)
         self.channel = channel.channel_dir()
         self.kernel_id = current_kernel_id()
+        self.kernel = getattr(shell, "kernel", None)
         self.budget = TorchBudget()
-        self.engine = None
-        self.busy = False
-        self.pressure = False
         self.simulated_used = 0
+        self._torch_memory = (0, 0)
         self.slice: Slice | None = None
         self.slice_error: str | None = None
         self._server_mtime: float | None = None
         self._torch_hook = TorchImportHook(self._on_torch)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.pausing = PauseControl(
+            self.config, lambda: self.torch, lambda: self.simulated, kernel=self.kernel, say=self._say
+        )
+        self.pausing.listeners.append(lambda state: self.write_report())
         self._read_initial_slice()
 
-    # -- lifecycle -----------------------------------------------------------
+    # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        events = self.shell.events
-        events.register("pre_run_cell", self.pre_run_cell)
-        events.register("post_run_cell", self.post_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
         if "torch" in sys.modules:
             self._on_torch(sys.modules["torch"])
         else:
             self._torch_hook.install()
+        if self.kernel is not None:
+            dispatch.install(self.kernel, self.pausing.gate, after=self.pausing.after)
         if self.channel is not None:
             self._thread = threading.Thread(target=self._watch, name="jupyter-vgpu-watch", daemon=True)
             self._thread.start()
@@ -84,20 +88,21 @@ class KernelHook:
     def stop(self) -> None:
         self._stop.set()
         self._torch_hook.remove()
-        for name, fn in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
-            try:
-                self.shell.events.unregister(name, fn)
-            except ValueError:
-                pass
+        try:
+            self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        except ValueError:
+            pass
+        if self.kernel is not None:
+            dispatch.uninstall(self.kernel)
         if self._owns_custom_exc():
             self.shell.set_custom_exc((), None)
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
         if self._thread is not None:
             self._thread.join(timeout=2)
 
-    # -- slice ---------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    # -- slice ---------------------------------------------------------------------------
 
     def _read_initial_slice(self) -> None:
         if self.channel is not None and self._poll_channel():
@@ -109,7 +114,7 @@ class KernelHook:
             log.error("jupyter-vgpu: %s", self.slice_error)
 
     def set_slice(self, slice_: Slice | None) -> None:
-        """Adopt a new slice: apply its budget, tell the engine, export framework limits."""
+        """Adopt a new slice: apply its budget and export framework limits."""
         changed = slice_ != self.slice
         self.slice = slice_
         self.budget.set_slice(slice_)
@@ -117,8 +122,6 @@ class KernelHook:
             for key, value in slice_.environment().items():
                 if key != "CUDA_VISIBLE_DEVICES":  # fixed at process start; never moved
                     os.environ[key] = value
-        if self.engine is not None and slice_ is not None:
-            self.engine.update_slice(slice_)
         if changed and slice_ is not None:
             log.info(
                 "jupyter-vgpu: slice budget %d bytes, %d%% compute", slice_.memory_limit, slice_.compute_share
@@ -145,16 +148,13 @@ class KernelHook:
             return True
         self.slice_error = None
         self.set_slice(new)
-        self.pressure = bool(doc.get("pressure"))
         return True
 
-    # -- torch ---------------------------------------------------------------
+    # -- torch ---------------------------------------------------------------------------
 
     def _on_torch(self, torch) -> None:
         self.budget.attach(torch)
         self.shell.set_custom_exc((torch.OutOfMemoryError,), self._show_oom)
-        if self.engine is None and wants_engine(torch.cuda.is_available()):
-            self.engine = make_engine(self.slice)
 
     def _owns_custom_exc(self) -> bool:
         torch = self.torch
@@ -167,25 +167,15 @@ class KernelHook:
             evalue.args = (f"{message}\n{note}", *evalue.args[1:])
         shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
 
-    # -- cells ---------------------------------------------------------------
-
-    def pre_run_cell(self, info) -> None:
-        self.busy = True
-        if self.engine is not None:
-            self.engine.before_cell(info.raw_cell or "", self.shell.user_ns)
+    # -- cells ---------------------------------------------------------------------------
 
     def post_run_cell(self, result) -> None:
-        try:
-            if self.engine is not None:
-                self.engine.after_cell(self.shell.user_ns)
-            if self.simulated:
-                self.simulated_used = tensor_bytes(self.shell.user_ns)
-        finally:
-            self.busy = False
+        if self.simulated:
+            self.simulated_used = tensor_bytes(self.shell.user_ns)
         if self.channel is not None:
             self.write_report()
 
-    # -- usage ---------------------------------------------------------------
+    # -- usage ---------------------------------------------------------------------------
 
     @property
     def torch(self):
@@ -202,19 +192,16 @@ class KernelHook:
         return (self.slice is not None and self.slice.simulated) or not self.cuda
 
     def torch_memory(self) -> tuple[int, int]:
-        """``(allocated, reserved)`` bytes of PyTorch's CUDA allocator (0, 0 without CUDA)."""
+        """``(allocated, reserved)`` bytes of PyTorch's CUDA allocator (0, 0 without CUDA).
+
+        While the kernel is suspended the last figures are kept: every CUDA call of a
+        suspended process waits for its restore."""
         torch = self.torch
         if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return 0, 0
-        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
-
-    def device_index(self) -> int | None:
-        """PyTorch's current CUDA device (0 is the slice's GPU under ``CUDA_VISIBLE_DEVICES``),
-        or None without CUDA."""
-        torch = self.torch
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return None
-        return int(torch.cuda.current_device())
+        if self.pausing.state not in ("suspended", "suspending"):
+            self._torch_memory = (int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved()))
+        return self._torch_memory
 
     def nvml_memory(self) -> int | None:
         """This process's memory on the slice's GPU per NVML, bytes, or None when unknown."""
@@ -230,21 +217,21 @@ class KernelHook:
     def report(self) -> dict[str, Any]:
         """The document this kernel writes to ``kernel-<id>.json`` (see jupyter_vgpu.channel)."""
         allocated, reserved = self.torch_memory()
+        pause = self.pausing.stats()
         return {
             "kernel_id": self.kernel_id,
             "pid": os.getpid(),
             "updated": time.time(),
             "torch_imported": self.torch is not None,
             "cuda_available": self.cuda,
-            "device_index": self.device_index(),
             "torch_allocated": allocated,
             "torch_reserved": reserved,
             "budget": self.slice.memory_limit if self.slice else None,
             "budget_status": self.budget.status,
             "simulated": self.simulated,
             "simulated_used": self.simulated_used,
-            "busy": self.busy,
-            "offload": self.engine.stats() if self.engine is not None else None,
+            "busy": pause["state"] == "active",
+            "pause": pause,
         }
 
     def write_report(self) -> None:
@@ -257,13 +244,11 @@ class KernelHook:
 
     def _watch(self) -> None:
         last_report = 0.0
-        while not self._stop.wait(self.poll_seconds):
+        while not self._stop.wait(self.config.poll_seconds):
             try:
                 self._poll_channel()
-                if self.pressure and not self.busy and self.engine is not None:
-                    self.engine.offload_idle(self.shell.user_ns)
                 now = time.monotonic()
-                if now - last_report >= self.report_seconds:
+                if now - last_report >= self.config.report_seconds:
                     last_report = now
                     self.write_report()
             except Exception:  # the watcher must outlive any single failure

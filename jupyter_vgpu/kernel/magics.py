@@ -1,4 +1,4 @@
-"""The ``%vgpu`` line magic: ``status``, ``offload [names…]``, ``restore [names…]``."""
+"""The ``%vgpu`` line magic: ``status``, ``pause``, and ``offload`` / ``restore``, their old names."""
 
 from __future__ import annotations
 
@@ -19,30 +19,26 @@ class VGPUMagics(Magics):
         "action",
         nargs="?",
         default="status",
-        choices=["status", "offload", "restore"],
-        help="status (default): the slice and this kernel's usage; "
-        "offload: move tensors to compressed host memory; restore: bring them back to the GPU.",
+        choices=["status", "pause", "resume", "offload", "restore"],
+        help="status (default): the slice, this kernel's usage and its pause state; "
+        "pause (or offload): move this kernel's GPU memory to compressed host memory as soon "
+        "as the cell ends, releasing it to the card; resume (or restore): nothing to do, a "
+        "paused kernel comes back by itself before any of its code runs.",
     )
-    @argument("names", nargs="*", help="variables to offload or restore (default: every tensor).")
     @line_magic
     def vgpu(self, line: str = ""):
-        """Show this kernel's vGPU slice, or offload / restore its tensors."""
+        """Show this kernel's vGPU slice and usage, or pause the kernel after this cell."""
         args = parse_argstring(self.vgpu, line)
         if args.action == "status":
-            if args.names:
-                print("%vgpu status takes no names")
-                return
             print(format_status(self.hook))
-            return
-        engine = self.hook.engine
-        if engine is None:
-            if self.hook.torch is None:
-                print("Nothing to do: torch is not imported in this kernel.")
-            else:
-                print("Nothing to do: PyTorch has no CUDA here, so there is no GPU memory to offload.")
-            return
-        names = args.names or None
-        if args.action == "offload":
-            print(engine.offload(self.shell.user_ns, names))
+        elif args.action in ("pause", "offload"):
+            reason = self.hook.pausing.check()
+            if reason:
+                print(f"This kernel will not be paused: {reason}")
+                return
+            self.hook.pausing.pause_after_cell()
+            print(
+                "This kernel will be paused as soon as the cell ends; it resumes before its next code runs."
+            )
         else:
-            print(engine.restore(self.shell.user_ns, names))
+            print("Nothing to do: this kernel is running, so its memory is on the GPU.")

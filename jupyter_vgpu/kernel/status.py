@@ -42,24 +42,49 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
         rows.append(
             ("used (tensors)", f"{format_bytes(hook.simulated_used)} held by tensors in the namespace")
         )
-    if hook.engine is not None:
-        st = hook.engine.stats()
-        if st.get("count"):
-            ratio = f"{st['ratio']:.2f}×" if st.get("ratio") else "—"
-            rows.append(
-                (
-                    "offloaded",
-                    f"{st['count']} storages, {format_bytes(st['offloaded_bytes'])} "
-                    f"→ {format_bytes(st['compressed_bytes'])} on the host (ratio {ratio})",
-                )
-            )
-        else:
-            rows.append(("offloaded", "nothing"))
-        if st.get("last_offload_seconds") is not None:
-            rows.append(("last offload", f"{st['last_offload_seconds'] * 1e3:.1f} ms"))
-        if st.get("last_restore_seconds") is not None:
-            rows.append(("last restore", f"{st['last_restore_seconds'] * 1e3:.1f} ms"))
+    rows += _pause_rows(hook.pausing.stats())
     return rows
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.0f} ms"
+
+
+def _pause_rows(st: dict) -> list[tuple[str, str]]:
+    rows = [("state", st["state"])]
+    if st.get("stand_in"):
+        rows.append(("pause", "stand-in: the GPU is simulated, so a pause moves no memory"))
+    elif st.get("unavailable"):
+        rows.append(("pause", f"unavailable: {st['unavailable']}"))
+    elif st.get("codec"):
+        rows.append(("pause codec", st["codec"]))
+    if st.get("refused"):
+        rows.append(("not paused", st["refused"]))
+    if st.get("paused_bytes"):
+        ratio = f"{st['ratio']:.2f}×" if st.get("ratio") else "—"
+        rows.append(
+            (
+                "paused",
+                f"{format_bytes(st['paused_bytes'])} of GPU memory released; "
+                f"{format_bytes(st.get('host_bytes'))} in host memory (ratio {ratio})",
+            )
+        )
+    if st.get("last_pause_seconds") is not None or st.get("last_resume_seconds") is not None:
+        rows.append(
+            (
+                "last pause",
+                f"{_seconds(st.get('last_pause_seconds'))}, resume {_seconds(st.get('last_resume_seconds'))}",
+            )
+        )
+    rows.append(
+        (
+            "not paused",
+            "memory CuPy or JAX allocate themselves is counted in NVML's figure but stays on the GPU",
+        )
+        if not st.get("stand_in")
+        else ("", "")
+    )
+    return [r for r in rows if r[0]]
 
 
 def format_status(hook: KernelHook) -> str:

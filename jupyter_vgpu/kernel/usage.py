@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .offload.reach import unique_storage_bytes, walk
+from .tensors import unique_storage_bytes, walk
 
 
 def tensor_bytes(user_ns: Mapping[str, object]) -> int:
     """Bytes of the unique storages of the torch tensors reachable from ``user_ns``.
 
     Tensors sharing a storage (views, slices) count once, at the whole storage's size;
-    offloaded tensors count nothing. Uses the offload engine's reachability walk
-    (:func:`jupyter_vgpu.kernel.offload.reach.walk`). 0 when torch is not imported;
+    tensors on the meta device count nothing. Uses the reachability walk
+    (:func:`jupyter_vgpu.kernel.tensors.walk`). 0 when torch is not imported;
     never imports torch.
     """
     return unique_storage_bytes(walk(user_ns))

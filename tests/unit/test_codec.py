@@ -9,7 +9,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_vgpu.kernel.offload.codec import Codec, CodecError, Kind, Packed, join_planes, split_planes
+from jupyter_vgpu.kernel.codec.zstd import Codec, CodecError, Kind, Packed, join_planes, split_planes
 
 CHUNK = 64 * 1024
 rng = np.random.default_rng(4)

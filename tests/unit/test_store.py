@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from jupyter_vgpu.kernel.offload.codec import Codec, CodecError, Packed
-from jupyter_vgpu.kernel.offload.store import HostMemoryFull, HostStore, available_host_memory
+from jupyter_vgpu.kernel.codec.zstd import Codec, CodecError, Packed
+from jupyter_vgpu.kernel.pause.store import HostMemoryFull, HostStore, available_host_memory
 
 rng = np.random.default_rng(5)
 

@@ -1,10 +1,10 @@
-"""Where offloaded data lives: compressed host memory, then a disk directory.
+"""Where the host path keeps paused memory: compressed host memory, then a disk directory.
 
 Host memory is capped (default: half of what the host has available when the store
 is made, read from ``/proc/meminfo``'s ``MemAvailable``; elsewhere from
-``os.sysconf``'s free physical pages), so offloading can never push the server into
+``os.sysconf``'s free physical pages), so pausing can never push the server into
 the kernel's OOM killer. Past the cap, packed data spills to files (tier 3) in a
-private directory made under ``spill_dir``; with no spill directory the offload is
+private directory made under ``spill_dir``; with no spill directory the pause is
 refused with :class:`HostMemoryFull` and the tensor stays on the GPU.
 
 A spill file holds the chunk payloads of one :class:`~.codec.Packed`, back to back in
@@ -24,7 +24,7 @@ import threading
 import zlib
 from pathlib import Path
 
-from .codec import CodecError, Packed
+from ..codec.zstd import CodecError, Packed
 
 DEFAULT_HOST_FRACTION = 0.5
 
@@ -104,7 +104,7 @@ class HostStore:
                 return key
             if self.spill_dir is None:
                 raise HostMemoryFull(
-                    f"offloading {size} more bytes would pass the host memory cap: "
+                    f"pausing {size} more bytes would pass the host memory cap: "
                     f"{self.host_bytes} of {self.cap_bytes} bytes held, and no spill directory is set"
                 )
             self._entries[key] = self._spill(key, packed)

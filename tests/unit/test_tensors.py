@@ -2,7 +2,7 @@
 
 import torch
 
-from jupyter_vgpu.kernel.offload.reach import storage_key, unique_storage_bytes, walk
+from jupyter_vgpu.kernel.tensors import storage_key, unique_storage_bytes, walk
 
 
 class Holder:

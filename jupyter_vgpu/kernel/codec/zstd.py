@@ -1,6 +1,6 @@
-"""The offload codec: bytes of a tensor's storage <-> compressed chunks (zstandard).
+"""The host codec: bytes <-> compressed chunks (zstandard), on CPU threads.
 
-Codec layout (the project's host format for offloaded and spilled data):
+Codec layout (the host layout: paused memory on machines without nvCOMP, and spilled data):
 
 - A :class:`Packed` describes ``nbytes`` original bytes (any length, 0 included) of
   values ``itemsize`` bytes wide, as a tuple of :class:`Chunk` records in order. Chunk
@@ -44,7 +44,7 @@ Codec layout (the project's host format for offloaded and spilled data):
   1 MiB chunks (4 MiB gave the same ratio and speed; smaller chunks lose ratio,
   larger ones leave threads idle on small tensors).
 
-Torch-free (numpy, zstandard, zlib): the engine hands us pinned host memory as numpy.
+Torch-free (numpy, zstandard, zlib): the host path (``codec.host``) hands it pinned host memory as numpy.
 """
 
 from __future__ import annotations

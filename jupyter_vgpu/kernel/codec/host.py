@@ -1,0 +1,158 @@
+"""The host codec path: device ranges copied to pinned memory and compressed on CPU threads.
+
+Used where nvCOMP or a GPU is absent (CPU-only kernels, the host stand-in of the
+allocator), and on a card too full for the GPU path's scratch. It needs no device
+memory at all: pieces of a range are copied into one of two pinned buffers while the
+other is encoded by :class:`~.zstd.Codec` (the host layout: byte planes, zstd frames,
+raw and constant chunks, checksums), and the encoded pieces go to a
+:class:`~jupyter_vgpu.kernel.pause.store.HostStore` (host memory under a cap, then
+disk). Resume decodes a piece into a pinned buffer while the other is copied to the
+device.
+
+On the host stand-in (``device=None``) the "device" range is host memory: pieces are
+encoded from it and decoded into it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from .zstd import Codec
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPiece:
+    """One piece of a range, encoded in the host layout and kept by a HostStore.
+
+    Attributes:
+        offset: where the piece starts in its range, bytes.
+        length: its original length, bytes.
+        key: its key in the store.
+        stored_bytes: what the store holds for it, bytes.
+    """
+
+    offset: int
+    length: int
+    key: int
+    stored_bytes: int
+
+
+class HostPath:
+    """Stores device ranges through host memory and zstandard.
+
+    Args:
+        torch: the torch module.
+        device: CUDA ordinal, or None for the host stand-in.
+        codec: the zstd codec (its thread pool encodes and decodes).
+        piece_bytes: bytes per piece (two pinned buffers of this size are kept).
+    """
+
+    name = "zstandard (CPU)"
+
+    def __init__(self, torch, device: int | None, codec: Codec, piece_bytes: int = 32 * MiB):
+        self.torch, self.device, self.codec, self.piece_bytes = torch, device, codec, piece_bytes
+        self._buffers: list = []
+        self._events: list = []
+        self._stream = None
+
+    def _ring(self) -> tuple[list, list, object]:
+        torch = self.torch
+        if not self._buffers:
+            self._buffers = [
+                torch.empty(self.piece_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)
+            ]
+            self._events = [torch.cuda.Event() for _ in range(2)]
+            self._stream = torch.cuda.Stream(torch.device("cuda", self.device))
+        return self._buffers, self._events, self._stream
+
+    def release_buffers(self) -> None:
+        """Give the two pinned buffers back (they are made again on next use)."""
+        self._buffers, self._events = [], []
+
+    def _pieces(self, length: int) -> list[tuple[int, int]]:
+        return [(off, min(self.piece_bytes, length - off)) for off in range(0, length, self.piece_bytes)]
+
+    def pack(
+        self,
+        ranges: Sequence[tuple[object, int]],
+        store,
+        on_range: Callable[[int, list[HostPiece]], None] | None = None,
+    ) -> list[list[HostPiece]]:
+        """Encode every range into ``store``; one list of :class:`HostPiece` per range.
+
+        Args:
+            ranges: ``(uint8 tensor viewing the range, its length)`` pairs.
+            store: a :class:`~jupyter_vgpu.kernel.pause.store.HostStore`.
+            on_range: called with ``(range index, pieces)`` once a range is encoded.
+
+        Raises:
+            HostMemoryFull: the store refused (over its cap, no spill directory).
+            OSError: spilling to disk failed.
+            Whatever is raised carries ``partial``: the pieces stored so far, one list
+            per range, for the caller to drop.
+        """
+        out: list[list[HostPiece]] = [[] for _ in ranges]
+        try:
+            return self._pack(ranges, store, on_range, out)
+        except BaseException as e:
+            e.partial = out
+            raise
+
+    def _pack(self, ranges, store, on_range, out) -> list[list[HostPiece]]:
+        todo = [(r, off, n) for r, (_, length) in enumerate(ranges) for off, n in self._pieces(length)]
+        if self.device is None:
+            for r, off, n in todo:
+                self._put(out, r, off, ranges[r][0][off : off + n].numpy(), store)
+                if off + n == ranges[r][1] and on_range is not None:
+                    on_range(r, out[r])
+            return out
+        torch = self.torch
+        buffers, events, stream = self._ring()
+
+        def issue(i: int) -> None:
+            r, off, n = todo[i]
+            with torch.cuda.stream(stream):
+                buffers[i % 2][:n].copy_(ranges[r][0][off : off + n], non_blocking=True)
+                events[i % 2].record(stream)
+
+        if todo:
+            issue(0)
+        for i, (r, off, n) in enumerate(todo):
+            if i + 1 < len(todo):
+                issue(i + 1)  # the other buffer: it was encoded in the previous turn
+            events[i % 2].synchronize()
+            self._put(out, r, off, buffers[i % 2][:n].numpy(), store)
+            if off + n == ranges[r][1] and on_range is not None:
+                on_range(r, out[r])
+        return out
+
+    def _put(self, out, r: int, off: int, data, store) -> None:
+        packed = self.codec.encode(data, itemsize=4, floating=True)
+        key = store.put(packed)
+        out[r].append(HostPiece(off, data.size, key, packed.stored_bytes))
+
+    def unpack(self, items: Sequence[tuple[object, Sequence[HostPiece]]], store) -> None:
+        """Decode every range back: ``(uint8 tensor viewing the range, its pieces)`` pairs.
+
+        Raises:
+            CodecError: a piece is damaged (the store keeps it intact).
+            OSError: a spill file cannot be read.
+        """
+        work = [(dst, p) for dst, pieces in items for p in pieces]
+        if self.device is None:
+            for dst, p in work:
+                self.codec.decode(store.get(p.key), dst[p.offset : p.offset + p.length].numpy())
+            return
+        torch = self.torch
+        buffers, events, stream = self._ring()
+        for i, (dst, p) in enumerate(work):
+            events[i % 2].synchronize()  # this buffer's previous copy to the device is done
+            buf = buffers[i % 2][: p.length]
+            self.codec.decode(store.get(p.key), buf.numpy())
+            with torch.cuda.stream(stream):
+                dst[p.offset : p.offset + p.length].copy_(buf, non_blocking=True)
+                events[i % 2].record(stream)
+        stream.synchronize()

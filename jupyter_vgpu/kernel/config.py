@@ -1,0 +1,68 @@
+"""Every setting of the kernel side, in one Configurable (``c.VGPUKernel.<trait>``).
+
+Set them in an IPython kernel config file (the package ships
+``etc/ipython/ipython_kernel_config.json``; a user's ``ipython_kernel_config.py`` may
+add to it), e.g. ``c.VGPUKernel.scratch_bytes = "32M"``. None of them can raise a
+limit: the budget comes from the slice, which the kernel only reads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from traitlets import Bool, Enum, Float, Unicode, default
+from traitlets.config import Configurable
+
+from jupyter_vgpu.units import ByteSize
+
+#: Environment variable that turns chaos mode on: ``1`` or ``pause``, or ``suspend``.
+CHAOS_ENV = "JUPYTER_VGPU_CHAOS"
+
+
+class VGPUKernel(Configurable):
+    """jupyter-vgpu in an IPython kernel."""
+
+    chaos = Enum(
+        ["", "pause", "suspend"],
+        help="""Pause (or pause, then suspend) the kernel after every cell and resume it
+        before the next: proves a notebook gives the same results when its memory leaves
+        the GPU between cells. Default from JUPYTER_VGPU_CHAOS (1 or pause, suspend).""",
+    ).tag(config=True)
+
+    @default("chaos")
+    def _chaos_default(self):
+        value = os.environ.get(CHAOS_ENV, "").strip().lower()
+        return {"1": "pause", "pause": "pause", "suspend": "suspend"}.get(value, "")
+
+    pause = Bool(True, help="Let the kernel be paused (its GPU memory moved to host memory) while idle.").tag(
+        config=True
+    )
+
+    use_nvcomp = Bool(
+        True, help="Compress on the GPU with nvCOMP when it is installed (jupyter-vgpu[gpu])."
+    ).tag(config=True)
+
+    scratch_bytes = ByteSize(
+        64 * 2**20,
+        help="Device memory the pause path may use for the GPU codec, bytes or a size like '64M'.",
+    ).tag(config=True)
+
+    host_cap_bytes = ByteSize(
+        None,
+        allow_none=True,
+        help="Host memory the CPU codec path may hold for a paused kernel before spilling "
+        "(default: half of the host's available memory).",
+    ).tag(config=True)
+
+    spill_dir = Unicode("", help="Where the CPU codec path spills past its cap ('' refuses instead).").tag(
+        config=True
+    )
+
+    resume_timeout = Float(
+        600.0,
+        help="Seconds a cell waits for room on the GPU before it fails with a readable error.",
+    ).tag(config=True)
+
+    poll_seconds = Float(0.5, help="Seconds between two looks at the server's channel.").tag(config=True)
+
+    report_seconds = Float(1.0, help="Seconds between two usage reports to the server.").tag(config=True)

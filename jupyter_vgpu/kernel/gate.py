@@ -1,0 +1,128 @@
+"""The kernel's activity gate: no code of the kernel runs while its memory is away.
+
+Every message that can run code (cells, comm and widget messages, completion and
+inspection, the debugger) passes :meth:`Gate.enter` before its handler and
+:meth:`Gate.leave` after it (:mod:`.dispatch` wraps ipykernel's handlers). The gate
+moves between these states, one at a time, under one condition variable:
+
+- ``idle``: nothing runs; the kernel may be paused.
+- ``busy``: one or more handlers run (ipykernel 7 runs subshells concurrently).
+- ``pausing`` / ``paused``: the memory is leaving / has left the device.
+- ``suspending`` / ``suspended``: the whole process is checkpointed by the driver.
+- ``resuming``: the memory is coming back; every entry waits for it.
+
+A handler that finds the kernel paused or suspended brings it back first, in its own
+thread, before any of its code runs: :meth:`enter` calls the ``resume`` function it was
+given (which may wait for room on the device) and only then lets the handler run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+IDLE, BUSY = "idle", "busy"
+PAUSING, PAUSED = "pausing", "paused"
+SUSPENDING, SUSPENDED = "suspending", "suspended"
+RESUMING = "resuming"
+AWAY = (PAUSED, SUSPENDED)
+
+
+class Refused(RuntimeError):
+    """A pause or suspend was refused; the message says why (the kernel is busy, already
+    away, or runs code of its own while idle)."""
+
+
+class Gate:
+    """Orders the kernel's handlers and its pauses.
+
+    Args:
+        resume: called (in the entering thread, outside the gate's lock) with the state
+            the kernel is in (``paused`` or ``suspended``) to bring it back; may block
+            until the device has room; raises to refuse the entry (the kernel stays away).
+        on_change: called with the new state after every change (for reports); must be
+            quick and must not call the gate.
+    """
+
+    def __init__(self, resume: Callable[[str], None], on_change: Callable[[str], None] | None = None):
+        self._resume = resume
+        self._on_change = on_change or (lambda state: None)
+        self._cond = threading.Condition()
+        self.state = IDLE
+        self.busy = 0
+        #: monotonic seconds of the last handler's end (or of the gate's creation).
+        self.last_active = time.monotonic()
+
+    def _set(self, state: str) -> None:
+        self.state = state
+        self._cond.notify_all()
+        self._on_change(state)
+
+    @property
+    def idle_seconds(self) -> float:
+        """Seconds since the kernel last ran a handler (0 while one runs)."""
+        with self._cond:
+            return 0.0 if self.busy else time.monotonic() - self.last_active
+
+    def enter(self) -> None:
+        """Before a handler: wait out a pause in progress, bring the kernel back if it is
+        away, then count the handler as running.
+
+        Raises:
+            Exception: whatever ``resume`` raised; the kernel stays away and the handler
+                must not run.
+        """
+        with self._cond:
+            while self.state in (PAUSING, SUSPENDING, RESUMING):
+                self._cond.wait()
+            away = self.state if self.state in AWAY else None
+            if away:
+                self._set(RESUMING)
+        if away:
+            try:
+                self._resume(away)
+            except BaseException:
+                with self._cond:
+                    self._set(away)
+                raise
+        with self._cond:
+            self.busy += 1
+            self._set(BUSY)
+
+    def leave(self) -> None:
+        """After a handler."""
+        with self._cond:
+            self.busy = max(0, self.busy - 1)
+            self.last_active = time.monotonic()
+            if self.busy == 0:
+                self._set(IDLE)
+
+    def away(self, work: Callable[[], None], *, to: str = PAUSED) -> None:
+        """Run ``work`` (a pause, or a suspend) while the kernel is idle, holding off every
+        handler until it is done; the kernel is then ``to`` (paused or suspended).
+
+        Raises:
+            Refused: the kernel is not idle.
+            Exception: whatever ``work`` raised; the kernel is left as it was.
+        """
+        before = None
+        with self._cond:
+            if self.state == PAUSED and to == SUSPENDED:
+                before = PAUSED
+            elif self.state != IDLE:
+                raise Refused(f"the kernel is {self.state}")
+            self._set(PAUSING if to == PAUSED else SUSPENDING)
+        try:
+            work()
+        except BaseException:
+            with self._cond:
+                self._set(before or IDLE)
+            raise
+        with self._cond:
+            self._set(to)
+
+    def wait_for(self, states: tuple[str, ...], timeout: float | None = None) -> bool:
+        """Wait until the gate is in one of ``states``; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.state in states, timeout)

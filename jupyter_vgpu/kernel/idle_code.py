@@ -1,0 +1,104 @@
+"""What could run the user's code while the kernel is idle, and so touch paused memory.
+
+Pausing releases the device memory behind every pointer of the process; a user thread,
+timer, asyncio task or GUI event loop that touched it while the kernel waits for its
+next message would fault (an illegal address kills the CUDA context) or, worse, write
+into memory on its way out. Before a pause the kernel lists such code with
+:func:`idle_code`: a kernel that has any is not paused (the driver's checkpoint, which
+blocks every CUDA call of every thread until restore, still applies where available).
+
+The kernel's own machinery does not count: ipykernel's and IPython's threads and
+tasks, pyzmq's and tornado's, this package's, tqdm's monitor, and threads PyTorch
+created in C++ (``threading._DummyThread``: autograd's workers, which run only while a
+cell calls ``backward``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+
+#: Modules whose threads and tasks belong to the kernel, not to the user.
+KERNEL_MODULES = (
+    "ipykernel",
+    "IPython",
+    "jupyter_client",
+    "jupyter_core",
+    "zmq",
+    "tornado",
+    "asyncio",
+    "jupyter_vgpu",
+    "tqdm",
+    "anyio",
+)
+#: Name prefixes of this package's own threads.
+OWN_THREADS = ("jupyter-vgpu", "vgpu-codec")
+
+
+def _ours(module: str | None) -> bool:
+    return bool(module) and any(module == m or module.startswith(m + ".") for m in KERNEL_MODULES)
+
+
+def _idle_pool_worker(t: threading.Thread) -> bool:
+    """A ``ThreadPoolExecutor`` worker waiting for work (it runs nothing until a cell
+    submits some)."""
+    frame = sys._current_frames().get(t.ident)
+    if frame is not None and frame.f_code.co_name == "get" and frame.f_code.co_filename.endswith("queue.py"):
+        frame = frame.f_back  # a pure-Python queue
+    return frame is not None and frame.f_code.co_name == "_worker"
+
+
+def _user_thread(t: threading.Thread) -> bool:
+    if t is threading.main_thread() or isinstance(t, threading._DummyThread):
+        return False
+    if t.name.startswith(OWN_THREADS):
+        return False
+    if isinstance(t, threading.Timer):
+        return not t.finished.is_set()
+    target = getattr(t, "_target", None)
+    if target is not None:
+        module = getattr(target, "__module__", None)
+        if module == "concurrent.futures.thread":
+            return not _idle_pool_worker(t)
+        return not _ours(module)
+    if type(t) is threading.Thread:  # a plain Thread with no target has nothing to run
+        return False
+    return not _ours(type(t).__module__)
+
+
+def _task_module(task: asyncio.Task) -> str | None:
+    coro = task.get_coro()
+    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+    if code is None:
+        return None
+    frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+    if frame is not None:
+        return frame.f_globals.get("__name__")
+    return None
+
+
+def idle_code(loop: asyncio.AbstractEventLoop | None = None, kernel=None) -> list[str]:
+    """A readable line for each thread, task or event loop of the user's that may run
+    while the kernel is idle; empty when a pause is safe.
+
+    Args:
+        loop: the kernel's asyncio loop (its tasks are checked), or None.
+        kernel: the ipykernel ``Kernel`` (its GUI event loop is checked), or None.
+    """
+    found = [
+        f"thread {t.name!r} ({getattr(getattr(t, '_target', None), '__qualname__', type(t).__name__)})"
+        for t in threading.enumerate()
+        if t.is_alive() and _user_thread(t)
+    ]
+    if loop is not None:
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+        except RuntimeError:
+            tasks = []
+        for task in tasks:
+            if not task.done() and not _ours(_task_module(task)):
+                found.append(f"asyncio task {task.get_coro().__qualname__}")
+    if kernel is not None and getattr(kernel, "eventloop", None) is not None:
+        found.append(f"the GUI event loop {getattr(kernel.eventloop, '__name__', kernel.eventloop)}")
+    return found

@@ -1,0 +1,401 @@
+"""Pause and resume: all the GPU memory of a kernel into compressed host memory and back.
+
+The pausable allocator (``vmm.c``, loaded with LD_PRELOAD) gives every ``cudaMalloc``
+of the process its own segment of reserved addresses. A pause (of an idle kernel:
+the caller guarantees that nothing runs) does, in order:
+
+1. wait for the device, and release PyTorch's cached free segments
+   (``torch.cuda.empty_cache()``): they hold nothing worth keeping;
+2. find the live bytes of every remaining segment (:mod:`.ranges`);
+3. store them: on the GPU through nvCOMP (:mod:`..codec.device`) when it is installed
+   and a scratch area of ``scratch_bytes`` can be had, else through zstandard on CPU
+   threads (:mod:`..codec.host`); on a card too full for the scratch, the smallest
+   segments go through the host path first until the scratch fits;
+4. release each segment's physical memory as soon as its bytes are on the host.
+
+NVML then shows the process at its CUDA context alone. A resume maps new physical
+memory at the same addresses, writes every byte back, and checks every chunk's
+checksum before the kernel may run: every holder of a pointer (tensors, autograd's
+saved tensors, CUDA graphs, DLPack consumers, other threads) sees its bytes again.
+
+Failures leave nothing half done: a pause that fails resumes what it had paused; a
+resume that finds no room (:class:`~.vmm.DeviceFull`) or a damaged chunk
+(:class:`ResumeError`) releases what it mapped and stays paused, the host copy intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from ..codec.device import DeviceCodec, DeviceCodecError, PinnedArena
+from ..codec.host import HostPath
+from ..codec.zstd import Codec, CodecError
+from . import devmem, vmm
+from .ranges import live_ranges
+from .store import HostStore
+
+log = logging.getLogger("jupyter_vgpu")
+MiB = 1 << 20
+
+
+class PauseError(RuntimeError):
+    """A pause failed; the kernel was resumed and runs on as before."""
+
+
+class ResumeError(RuntimeError):
+    """A resume failed on damaged or unreadable host data; the kernel stays paused and
+    its host copy is untouched (the message names the damaged chunk)."""
+
+
+@dataclasses.dataclass
+class _Range:
+    offset: int  # in the segment, bytes
+    length: int
+    path: str  # "device" or "host"
+    pieces: list
+
+
+@dataclasses.dataclass
+class _Paused:
+    segment: vmm.Segment
+    ranges: list[_Range]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one pause or resume did.
+
+    Attributes:
+        seconds: how long it took, wall clock.
+        segment_bytes: device memory released (pause) or taken back (resume), bytes.
+        live_bytes: bytes that held data and were saved or written back.
+        host_bytes: bytes the host holds for them (compressed).
+        codecs: the codec paths used, e.g. ``("nvCOMP 6.0.0 ANS (GPU)",)``.
+    """
+
+    seconds: float
+    segment_bytes: int
+    live_bytes: int
+    host_bytes: int
+    codecs: tuple[str, ...]
+
+    @property
+    def ratio(self) -> float | None:
+        """Live bytes over host bytes (None when nothing was stored)."""
+        return self.live_bytes / self.host_bytes if self.host_bytes else None
+
+
+class PauseEngine:
+    """Pauses and resumes every segment of the process's pausable allocator.
+
+    Args:
+        torch: the torch module.
+        allocator: the process's :class:`~.vmm.VMM` (backend chosen).
+        device: CUDA ordinal, or None for the host stand-in (segments are host memory).
+        use_nvcomp: store through nvCOMP on the GPU when it is installed.
+        scratch_bytes: device scratch of the GPU path, bytes (the pause path's only
+            device memory; default 64 MiB).
+        host_cap_bytes: host memory the host path may hold before spilling or refusing
+            (default: half of MemAvailable).
+        spill_dir: where the host path spills past its cap (None: refuse instead).
+        threads: CPU threads of the host path (default: one per core).
+    """
+
+    def __init__(
+        self,
+        torch,
+        allocator: vmm.VMM,
+        device: int | None,
+        *,
+        use_nvcomp: bool = True,
+        scratch_bytes: int = 64 * MiB,
+        host_cap_bytes: int | None = None,
+        spill_dir=None,
+        threads: int | None = None,
+    ):
+        self.torch, self.vmm, self.device = torch, allocator, device
+        self.scratch_bytes = scratch_bytes
+        self.store = HostStore(host_cap_bytes, spill_dir)
+        self.zstd = Codec(threads=threads)
+        self.host_path = HostPath(torch, device, self.zstd)
+        self.arena = PinnedArena(torch)
+        self.device_codec: DeviceCodec | None = None
+        self.nvcomp_reason: str | None = None
+        if device is None:
+            self.nvcomp_reason = "no GPU"
+        elif not use_nvcomp:
+            self.nvcomp_reason = "turned off"
+        else:
+            try:
+                self.device_codec = self._make_device_codec()
+            except Exception as e:  # not installed, or an nvCOMP that refuses our settings
+                self.nvcomp_reason = str(e)
+        self.state = "active"
+        self.last_pause: Outcome | None = None
+        self.last_resume: Outcome | None = None
+        self._paused: list[_Paused] = []
+        self._lock = threading.Lock()
+
+    def _make_device_codec(self) -> DeviceCodec:
+        piece = 8 * MiB
+        while piece > MiB:
+            codec = DeviceCodec(self.torch, self.device, chunk_bytes=MiB, piece_bytes=piece)
+            if codec.scratch_bytes() <= self.scratch_bytes:
+                return codec
+            piece //= 2
+        return DeviceCodec(self.torch, self.device, chunk_bytes=256 * 1024, piece_bytes=MiB)
+
+    @property
+    def codec_name(self) -> str:
+        """The codec a pause uses first, for ``%vgpu status``."""
+        if self.device_codec is not None:
+            return self.device_codec.name
+        return f"{self.host_path.name}; nvCOMP not used: {self.nvcomp_reason}"
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _view(self, ptr: int, nbytes: int):
+        return devmem.view(self.torch, ptr, nbytes, self.device)
+
+    def _scratch(self):
+        """``(pointer, tensor)`` of a fresh scratch segment, or None when the device is full."""
+        if self.device_codec is None:
+            return None
+        nbytes = self.device_codec.scratch_bytes()
+        try:
+            ptr = self.vmm.malloc(nbytes, self.device)
+        except vmm.DeviceFull:
+            return None
+        tensor = self._view(ptr, nbytes)
+        self.device_codec.bind(tensor)
+        return ptr, tensor
+
+    def _free_scratch(self, scratch) -> None:
+        if scratch is not None:
+            if self.device is not None:
+                self.torch.cuda.synchronize(self.device)
+            self.vmm.free(scratch[0], self.device or 0)
+
+    def _synchronize(self) -> None:
+        if self.device is not None:
+            self.torch.cuda.synchronize(self.device)
+
+    # -- pause -------------------------------------------------------------------------
+
+    def pause(self) -> Outcome:
+        """Move every live byte to the host and release the device memory.
+
+        The caller guarantees the kernel is idle: no code of it runs until
+        :meth:`resume` returns.
+
+        Raises:
+            PauseError: the pause failed and was undone (the kernel runs on as before).
+        """
+        with self._lock:
+            if self.state != "active":
+                raise PauseError(f"the kernel is {self.state}, not active")
+            t0 = time.perf_counter()
+            self._synchronize()
+            if self.device is not None:
+                self.torch.cuda.empty_cache()
+            segments = sorted((s for s in self.vmm.segments() if s.mapped), key=lambda s: s.size)
+            snapshot = self.torch.cuda.memory_snapshot() if self.device is not None else None
+            live = live_ranges(snapshot, ((s.ptr, s.size) for s in segments))
+            paused: list[_Paused] = []
+            used: set[str] = set()
+            scratch = self._scratch()
+            try:
+                todo = list(segments)
+                while todo:
+                    if scratch is None and self.device_codec is not None and paused:
+                        scratch = self._scratch()  # what was released may make room for it now
+                    batch = todo if scratch is not None else todo[:1]
+                    todo = todo[len(batch) :]
+                    paused += self._pause_batch(batch, live, scratch is not None, used)
+            except BaseException as e:
+                self._free_scratch(scratch)
+                self._paused = paused + getattr(e, "done", [])
+                self.state = "paused"
+                try:
+                    self._resume()
+                except Exception as again:
+                    log.error("jupyter-vgpu: undoing a failed pause failed too (%s); still paused", again)
+                    raise PauseError(f"pausing failed ({e}) and so did undoing it ({again})") from e
+                raise PauseError(f"pausing failed and was undone: {e}") from e
+            self._free_scratch(scratch)
+            self._paused = paused
+            self.state = "paused"
+            live_bytes = sum(r.length for p in paused for r in p.ranges)
+            host = sum(piece.stored_bytes for p in paused for r in p.ranges for piece in r.pieces)
+            self.last_pause = Outcome(
+                time.perf_counter() - t0,
+                sum(p.segment.size for p in paused),
+                live_bytes,
+                host,
+                tuple(sorted(used)),
+            )
+            return self.last_pause
+
+    def _pause_batch(self, batch, live, on_device: bool, used: set[str]) -> list[_Paused]:
+        ranges, owners = [], []
+        for seg in batch:
+            for off, length in live[seg.ptr]:
+                ranges.append((self._view(seg.ptr + off, length), length))
+                owners.append((seg, off, length))
+        pending = {seg.ptr: len(live[seg.ptr]) for seg in batch}
+        kept: dict[int, list[_Range]] = {seg.ptr: [] for seg in batch}
+        done: list[_Paused] = []
+        path = "device" if on_device else "host"
+
+        def release(seg) -> None:
+            self.vmm.unmap(seg.ptr)
+            done.append(_Paused(seg, kept[seg.ptr]))
+
+        for seg in batch:  # nothing live in it: nothing to save
+            if not pending[seg.ptr]:
+                release(seg)
+
+        def on_range(i: int, pieces: list) -> None:
+            seg, off, length = owners[i]
+            kept[seg.ptr].append(_Range(off, length, path, list(pieces)))
+            pending[seg.ptr] -= 1
+            if pending[seg.ptr] == 0:
+                release(seg)
+
+        if not ranges:
+            return done
+        try:
+            if on_device:
+                used.add(self.device_codec.name)
+                self.device_codec.pack(ranges, self.arena, on_range)
+            else:
+                used.add(self.host_path.name)
+                self.host_path.pack(ranges, self.store, on_range)
+        except BaseException as e:
+            released = {p.segment.ptr for p in done}
+            if path == "host":  # pieces of ranges whose segment is still mapped: not needed
+                for i, pieces in enumerate(getattr(e, "partial", ())):
+                    if owners[i][0].ptr not in released:
+                        for piece in pieces:
+                            self.store.drop(piece.key)
+            e.done = done
+            raise
+        return done
+
+    # -- resume ------------------------------------------------------------------------
+
+    @property
+    def paused_bytes(self) -> int:
+        """Device memory a resume needs (the paused segments), bytes."""
+        return sum(p.segment.size for p in self._paused)
+
+    def room_needed(self) -> int:
+        """Free device memory a resume needs: the segments plus the GPU path's scratch, bytes."""
+        if not self._paused:
+            return 0
+        extra = self.device_codec.scratch_bytes() if self.device_codec is not None else 0
+        return self.paused_bytes + extra
+
+    def resume(self) -> Outcome:
+        """Bring every paused byte back to its device address.
+
+        Raises:
+            vmm.DeviceFull: the device has no room yet (:meth:`room_needed`); still paused.
+            ResumeError: host data is damaged or unreadable; still paused, host copy intact.
+        """
+        with self._lock:
+            return self._resume()
+
+    def _resume(self) -> Outcome:
+        if self.state != "paused":
+            return Outcome(0.0, 0, 0, 0, ())
+        t0 = time.perf_counter()
+        mapped: list[_Paused] = []
+        try:
+            for p in self._paused:
+                self.vmm.map(p.segment.ptr)
+                mapped.append(p)
+        except vmm.DeviceFull:
+            self._unmap(mapped)
+            raise
+        needs_device = any(r.path == "device" for p in self._paused for r in p.ranges)
+        scratch = self._scratch() if needs_device else None
+        if needs_device and scratch is None:
+            self._unmap(mapped)
+            raise vmm.DeviceFull(2, f"resuming needs {self.room_needed()} free bytes on the device")
+        used = set()
+        try:
+            on_device = [
+                (self._view(p.segment.ptr + r.offset, r.length), r.pieces)
+                for p in self._paused
+                for r in p.ranges
+                if r.path == "device"
+            ]
+            on_host = [
+                (self._view(p.segment.ptr + r.offset, r.length), r.pieces)
+                for p in self._paused
+                for r in p.ranges
+                if r.path == "host"
+            ]
+            if on_device:
+                used.add(self.device_codec.name)
+                self.device_codec.unpack(on_device, self.arena)
+            if on_host:
+                used.add(self.host_path.name)
+                self.host_path.unpack(on_host, self.store)
+            self._synchronize()
+        except BaseException as e:  # an interrupt too: whatever was written is not trusted
+            self._synchronize()
+            self._free_scratch(scratch)
+            self._unmap(mapped)
+            if isinstance(e, (DeviceCodecError, CodecError, OSError)):
+                raise ResumeError(f"resuming failed; still paused, the host copy is kept: {e}") from e
+            raise
+        self._free_scratch(scratch)
+        live_bytes = sum(r.length for p in self._paused for r in p.ranges)
+        host = 0
+        for p in self._paused:
+            for r in p.ranges:
+                for piece in r.pieces:
+                    host += piece.stored_bytes
+                    if r.path == "host":
+                        self.store.drop(piece.key)
+        self.arena.clear()
+        self.last_resume = Outcome(
+            time.perf_counter() - t0, self.paused_bytes, live_bytes, host, tuple(sorted(used))
+        )
+        self._paused = []
+        self.state = "active"
+        return self.last_resume
+
+    def _unmap(self, mapped: list[_Paused]) -> None:
+        for p in mapped:
+            self.vmm.unmap(p.segment.ptr)
+
+    # -- figures -----------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """``state``, ``paused_bytes`` (device memory released), ``host_bytes`` (held on the
+        host for it), ``live_bytes``, ``ratio``, ``codec``, and the last pause's and
+        resume's ``seconds`` (None before the first)."""
+        live = sum(r.length for p in self._paused for r in p.ranges)
+        host = sum(piece.stored_bytes for p in self._paused for r in p.ranges for piece in r.pieces)
+        return {
+            "state": self.state,
+            "paused_bytes": self.paused_bytes,
+            "live_bytes": live,
+            "host_bytes": host,
+            "ratio": live / host if host else None,
+            "codec": self.codec_name,
+            "last_pause_seconds": self.last_pause.seconds if self.last_pause else None,
+            "last_resume_seconds": self.last_resume.seconds if self.last_resume else None,
+            "pinned_bytes": self.arena.held_bytes,
+        }
+
+    def close(self) -> None:
+        """Stop the host path's threads (the engine cannot pause afterwards)."""
+        self.zstd.close()
+        self.store.close()

@@ -1,0 +1,252 @@
+"""The pausable allocator's library (``vmm.c``), loaded with ctypes.
+
+The library is built with the package (``hatch_build.py``) next to this module as
+``libjupyter_vgpu_vmm.so``. A checkout or an install whose build had no C compiler
+builds it on first use into the user's cache directory with the system ``cc``; where
+neither works, :func:`load` raises :class:`VMMUnavailable` with the reason, and
+kernels run without pause (``%vgpu status`` says why).
+
+Torch-free: the engine hands segment addresses to the codec itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("vmm.c")
+LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
+
+#: Backends of :meth:`VMM.init`.
+CUDA, HOST = 1, 2
+#: ``vgpu_map`` found no room on the device (``CUDA_ERROR_OUT_OF_MEMORY``).
+OUT_OF_MEMORY = 2
+
+_ERRORS = {
+    900: "the allocator is not initialised",
+    901: "no segment starts at that address",
+    902: "the segment is not in the state the call needs",
+    903: "the CUDA driver (libcuda.so.1) cannot be opened or initialised",
+    904: "a host memory call failed",
+}
+
+
+class VMMUnavailable(RuntimeError):
+    """The library is missing and cannot be built here; the message says why."""
+
+
+class VMMError(RuntimeError):
+    """A call of the library failed.
+
+    Attributes:
+        code: the CUDA driver error (``CUresult``) or one of the library's own (900-904).
+    """
+
+    def __init__(self, code: int, what: str):
+        reason = _ERRORS.get(code, f"CUDA driver error {code}")
+        super().__init__(f"{what}: {reason}")
+        self.code = code
+
+
+class DeviceFull(VMMError):
+    """The device has no room for the segment's physical memory; nothing changed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One reserved address range of the allocator.
+
+    Attributes:
+        ptr: first address.
+        size: bytes (a multiple of the allocation granularity, 2 MiB on current GPUs).
+        device: CUDA ordinal.
+        mapped: physical memory is behind it (False: paused).
+    """
+
+    ptr: int
+    size: int
+    device: int
+    mapped: bool
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "jupyter-vgpu"
+
+
+def build(target: Path, source: Path = SOURCE) -> Path:
+    """Compile ``source`` into the shared library ``target`` with the system C compiler.
+
+    Raises:
+        VMMUnavailable: no compiler (``$CC``, ``cc``, ``gcc``) or the build failed.
+    """
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise VMMUnavailable("no C compiler (cc) to build the pausable allocator")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(source), "-ldl", "-lpthread"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        raise VMMUnavailable(f"building the pausable allocator failed: {result.stderr.strip()[:500]}")
+    os.replace(tmp, target)  # atomic: concurrent kernels never load a half-written file
+    return target
+
+
+def library_path() -> Path:
+    """The built library: next to this module, else in the cache (built now if needed).
+
+    Raises:
+        VMMUnavailable: see :func:`build`.
+    """
+    packaged = Path(__file__).with_name(LIBRARY_NAME)
+    if packaged.exists() and packaged.stat().st_mtime >= SOURCE.stat().st_mtime:
+        return packaged
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    cached = _cache_dir() / f"vmm-{digest}.so"
+    return cached if cached.exists() else build(cached)
+
+
+class VMM:
+    """The process's pausable allocator (one per process: the C library keeps one table).
+
+    Args:
+        path: the shared library.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        lib = self._lib = ctypes.CDLL(str(path))
+        u64, i32, sz = ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t
+        lib.vgpu_init.argtypes, lib.vgpu_init.restype = [i32], i32
+        lib.vgpu_set_limit.argtypes, lib.vgpu_set_limit.restype = [u64], None
+        lib.vgpu_malloc.argtypes = [ctypes.c_ssize_t, i32, ctypes.c_void_p]
+        lib.vgpu_malloc.restype = ctypes.c_void_p
+        lib.vgpu_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, i32, ctypes.c_void_p]
+        lib.vgpu_free.restype = None
+        lib.vgpu_unmap.argtypes, lib.vgpu_unmap.restype = [u64], i32
+        lib.vgpu_map.argtypes, lib.vgpu_map.restype = [u64], i32
+        lib.vgpu_segments.argtypes = [
+            ctypes.POINTER(u64),
+            ctypes.POINTER(u64),
+            ctypes.POINTER(i32),
+            ctypes.POINTER(i32),
+            sz,
+        ]
+        lib.vgpu_segments.restype = sz
+        for name in ("vgpu_mapped_bytes", "vgpu_paused_bytes"):
+            getattr(lib, name).restype = u64
+        lib.vgpu_backend.restype = i32
+        lib.vgpu_preloaded.restype = i32
+        lib.vgpu_last_error.restype = i32
+        lib.vgpu_last_message.restype = ctypes.c_char_p
+
+    def init(self, backend: int) -> None:
+        """Choose the backend once per process: :data:`CUDA` or :data:`HOST`.
+
+        Raises:
+            VMMError: no CUDA driver, or another backend was chosen before.
+        """
+        rc = self._lib.vgpu_init(backend)
+        if rc:
+            raise VMMError(rc, "choosing the allocator's backend")
+
+    @property
+    def preloaded(self) -> bool:
+        """True when this library's ``cudaMalloc`` is the process's (it was loaded with
+        LD_PRELOAD): only then is every allocation of the process pausable."""
+        return bool(self._lib.vgpu_preloaded())
+
+    @property
+    def backend(self) -> int:
+        """:data:`CUDA`, :data:`HOST`, or 0 before :meth:`init`."""
+        return self._lib.vgpu_backend()
+
+    def set_limit(self, nbytes: int) -> None:
+        """Refuse new segments past ``nbytes`` mapped bytes (0: no limit)."""
+        self._lib.vgpu_set_limit(nbytes)
+
+    def malloc(self, nbytes: int, device: int = 0) -> int:
+        """A new mapped segment of at least ``nbytes``; its address.
+
+        Raises:
+            VMMError: the allocation failed (``DeviceFull`` when out of memory).
+        """
+        ptr = self._lib.vgpu_malloc(nbytes, device, None)
+        if not ptr:
+            self._raise(self._lib.vgpu_last_error(), f"allocating {nbytes} bytes")
+        return ptr
+
+    def free(self, ptr: int, device: int = 0) -> None:
+        """Free the segment at ``ptr`` (mapped or paused)."""
+        self._lib.vgpu_free(ptr, 0, device, None)
+
+    def unmap(self, ptr: int) -> None:
+        """Release the physical memory of the segment at ``ptr``; its addresses stay reserved.
+
+        Raises:
+            VMMError: unknown segment, already paused, or the driver refused.
+        """
+        rc = self._lib.vgpu_unmap(ptr)
+        if rc:
+            self._raise(rc, f"pausing the segment at {ptr:#x}")
+
+    def map(self, ptr: int) -> None:
+        """Put new physical memory behind the paused segment at ``ptr``, same addresses.
+
+        Raises:
+            DeviceFull: no room on the device; the segment stays paused.
+            VMMError: unknown segment, not paused, or the driver refused.
+        """
+        rc = self._lib.vgpu_map(ptr)
+        if rc:
+            self._raise(rc, f"resuming the segment at {ptr:#x}")
+
+    def segments(self) -> list[Segment]:
+        """Every segment, in no particular order."""
+        while True:
+            n = self._lib.vgpu_segments(None, None, None, None, 0) + 16
+            ptrs, sizes = (ctypes.c_uint64 * n)(), (ctypes.c_uint64 * n)()
+            devices, mapped = (ctypes.c_int * n)(), (ctypes.c_int * n)()
+            count = self._lib.vgpu_segments(ptrs, sizes, devices, mapped, n)
+            if count <= n:
+                return [Segment(ptrs[i], sizes[i], devices[i], bool(mapped[i])) for i in range(count)]
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes with physical memory behind them."""
+        return self._lib.vgpu_mapped_bytes()
+
+    @property
+    def paused_bytes(self) -> int:
+        """Bytes of paused segments (reserved addresses, no physical memory)."""
+        return self._lib.vgpu_paused_bytes()
+
+    def _raise(self, code: int, what: str):
+        raise (DeviceFull if code == OUT_OF_MEMORY else VMMError)(code, what)
+
+
+_instance: VMM | None = None
+_lock = threading.Lock()
+
+
+def load() -> VMM:
+    """The process's :class:`VMM` (loaded, and built if needed, on first call).
+
+    Raises:
+        VMMUnavailable: the library cannot be found or built here.
+    """
+    global _instance
+    with _lock:
+        if _instance is None:
+            _instance = VMM(library_path())
+        return _instance

@@ -1,0 +1,88 @@
+"""Pausing in real kernels, on a simulated GPU (the stand-in: states, gate and reports
+run for real, no memory moves): the kernel comes back before any of its code runs,
+messages that run no code leave it paused, and code of the user's that could run
+while the kernel is idle prevents the pause."""
+
+import pytest
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.slice import Slice
+
+from ..kernel_runner import Kernel
+from ..waiting import wait_for
+
+GiB = 2**30
+SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3 (simulated)", 80 * GiB, 8 * GiB, 50, simulated=True)
+
+
+@pytest.fixture
+def channel_dir(tmp_path):
+    d = tmp_path / "channel"
+    d.mkdir()
+    channel.write_json(channel.server_path(d), {"slice": SLICE.to_dict()})
+    return d
+
+
+def start(tmp_path, channel_dir, **env) -> Kernel:
+    return Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(channel_dir), "JUPYTER_VGPU_SLICE": "", **env})
+
+
+def state(kernel: Kernel, channel_dir) -> str | None:
+    report = channel.read_json(channel.kernel_path(channel_dir, kernel.id)) or {}
+    return (report.get("pause") or {}).get("state")
+
+
+def test_chaos_pauses_after_every_cell_and_resumes_before_the_next(tmp_path, channel_dir):
+    k = start(tmp_path, channel_dir, JUPYTER_VGPU_CHAOS="1")
+    try:
+        k.run("import torch\nx = torch.arange(10.0)")
+        wait_for(lambda: state(k, channel_dir) == "paused", what="the kernel paused after the cell")
+        k.client.kernel_info(reply=True, timeout=30)  # runs no code: the kernel stays paused
+        assert state(k, channel_dir) == "paused"
+        assert k.run("print(x.sum().item())").strip() == "45.0"
+        wait_for(lambda: state(k, channel_dir) == "paused", what="paused again after the second cell")
+        status = k.run("%vgpu status")
+        assert "state" in status and "active" in status
+        assert "stand-in" in status
+    finally:
+        k.shutdown()
+
+
+def test_pause_magic_pauses_once_the_cell_ends(tmp_path, channel_dir):
+    k = start(tmp_path, channel_dir)
+    try:
+        assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        wait_for(lambda: state(k, channel_dir) == "paused", what="the kernel paused after %vgpu pause")
+        k.run("1 + 1")
+        wait_for(lambda: state(k, channel_dir) == "idle", what="the kernel idle, not paused, after a cell")
+    finally:
+        k.shutdown()
+
+
+def test_completion_and_comm_messages_resume_the_kernel_first(tmp_path, channel_dir):
+    k = start(tmp_path, channel_dir, JUPYTER_VGPU_CHAOS="1")
+    try:
+        k.run("import torch\nweights = torch.ones(3)")
+        wait_for(lambda: state(k, channel_dir) == "paused", what="paused after the cell")
+        reply = k.client.complete("weig", 4, reply=True, timeout=30)
+        assert "weights" in reply["content"]["matches"]
+        wait_for(lambda: state(k, channel_dir) == "idle", what="idle after the completion ran")
+    finally:
+        k.shutdown()
+
+
+def test_a_user_thread_keeps_the_kernel_on_the_gpu_and_says_why(tmp_path, channel_dir):
+    k = start(tmp_path, channel_dir, JUPYTER_VGPU_CHAOS="1")
+    try:
+        k.run(
+            "import threading, torch\nacc = torch.zeros(1)\nstop = threading.Event()\n"
+            "def work():\n    while not stop.is_set():\n        acc.add_(1); stop.wait(0.01)\n"
+            "t = threading.Thread(target=work, name='adder'); t.start()"
+        )
+        out = k.run("%vgpu status")
+        assert "adder" in out and "not paused" in out
+        assert state(k, channel_dir) != "paused"
+        k.run("stop.set(); t.join()")
+        wait_for(lambda: state(k, channel_dir) == "paused", what="paused once the thread ended")
+    finally:
+        k.shutdown()

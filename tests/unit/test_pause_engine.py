@@ -1,0 +1,157 @@
+"""The pause engine on the allocator's host stand-in: every live byte leaves and comes
+back bit-exact at the same addresses, the memory really goes back to the system, and
+failures leave nothing half done."""
+
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from jupyter_vgpu.kernel.pause import vmm
+from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError
+from jupyter_vgpu.kernel.pause.ranges import live_ranges
+
+MiB = 1 << 20
+rng = np.random.default_rng(11)
+
+
+@pytest.fixture(scope="module")
+def allocator():
+    lib = vmm.load()
+    if lib.backend == 0:
+        lib.init(vmm.HOST)
+    if lib.backend != vmm.HOST:
+        pytest.skip("this process's allocator runs on CUDA")
+    return lib
+
+
+def array(ptr: int, nbytes: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+
+
+@pytest.fixture
+def segments(allocator):
+    """Three segments: bf16-like weights, random bytes, zeros; freed afterwards."""
+    made = []
+    for fill in ("weights", "random", "zeros"):
+        ptr = allocator.malloc(6 * MiB)
+        data = array(ptr, 6 * MiB)
+        if fill == "weights":
+            f32 = (rng.standard_normal(3 * MiB, dtype=np.float32) * 0.02).view(np.uint32)
+            data[:] = (f32 >> 16).astype(np.uint16).view(np.uint8)
+        elif fill == "random":
+            data[:] = rng.integers(0, 256, data.size, dtype=np.uint8)
+        else:
+            data[:] = 0
+        made.append((ptr, data.copy()))
+    yield made
+    for ptr, _ in made:
+        allocator.free(ptr)
+
+
+def resident(ptr: int, nbytes: int) -> int:
+    """Bytes of [ptr, ptr + nbytes) backed by memory, from /proc/self/smaps."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < ptr + nbytes and ptr < hi
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.fixture
+def engine(allocator):
+    e = PauseEngine(torch, allocator, None, threads=2)
+    yield e
+    e.close()
+
+
+def test_pause_releases_the_memory_and_resume_brings_every_byte_back(engine, allocator, segments):
+    assert all(resident(ptr, data.size) >= data.size for ptr, data in segments)
+    out = engine.pause()
+    assert engine.state == "paused"
+    assert allocator.mapped_bytes == 0
+    assert out.segment_bytes == out.live_bytes == 18 * MiB
+    assert out.host_bytes < 0.75 * out.live_bytes  # weights compress, zeros cost nothing
+    assert all(resident(ptr, data.size) == 0 for ptr, data in segments)  # back to the system
+    assert engine.stats()["state"] == "paused"
+    back = engine.resume()
+    assert engine.state == "active"
+    assert back.live_bytes == out.live_bytes
+    for ptr, data in segments:
+        assert np.array_equal(array(ptr, data.size), data)
+
+
+def test_a_damaged_chunk_keeps_the_kernel_paused_with_its_host_copy(engine, segments):
+    engine.pause()
+    store = engine.store
+    key, packed = next(
+        (k, e.packed) for k, e in store._entries.items() if any(c.kind.name == "ZSTD" for c in e.packed.chunks)
+    )
+    chunk = next(c for c in packed.chunks if c.kind.name == "ZSTD")
+    bad = bytearray(chunk.payload)
+    bad[len(bad) // 2] ^= 0xFF
+    chunks = tuple(dataclasses.replace(c, payload=bytes(bad)) if c is chunk else c for c in packed.chunks)
+    store._entries[key].packed = dataclasses.replace(packed, chunks=chunks)
+    with pytest.raises(ResumeError, match="still paused"):
+        engine.resume()
+    assert engine.state == "paused"
+    store._entries[key].packed = packed  # the intact copy
+    engine.resume()
+    for ptr, data in segments:
+        assert np.array_equal(array(ptr, data.size), data)
+
+
+def test_a_refused_pause_is_undone(allocator, segments):
+    small = PauseEngine(torch, allocator, None, host_cap_bytes=MiB, threads=2)
+    try:
+        with pytest.raises(PauseError, match="undone"):
+            small.pause()
+        assert small.state == "active"
+        assert allocator.mapped_bytes >= 18 * MiB
+        for ptr, data in segments:
+            assert np.array_equal(array(ptr, data.size), data)
+        assert small.store.stats()["host_bytes"] == 0
+    finally:
+        small.close()
+
+
+def test_past_the_cap_the_host_path_spills_to_disk_and_reads_back(allocator, segments, tmp_path):
+    spilling = PauseEngine(torch, allocator, None, host_cap_bytes=MiB, spill_dir=tmp_path, threads=2)
+    try:
+        spilling.pause()
+        assert spilling.store.stats()["disk_bytes"] > 0
+        spilling.resume()
+        for ptr, data in segments:
+            assert np.array_equal(array(ptr, data.size), data)
+    finally:
+        spilling.close()
+
+
+def test_live_ranges_keep_only_blocks_that_hold_data():
+    base = 1 << 40
+    snapshot = [
+        {
+            "address": base,
+            "total_size": 8 * MiB,
+            "blocks": [
+                {"address": base, "size": MiB, "state": "active_allocated"},
+                {"address": base + MiB, "size": MiB, "state": "active_pending_free"},
+                {"address": base + 2 * MiB, "size": 4 * MiB, "state": "inactive"},
+                {"address": base + 6 * MiB, "size": 2 * MiB, "state": "active_allocated"},
+            ],
+        },
+        {"address": base + 8 * MiB, "total_size": 2 * MiB, "blocks": [{"size": 2 * MiB, "state": "inactive"}]},
+    ]
+    unknown = base + 64 * MiB
+    got = live_ranges(snapshot, [(base, 8 * MiB), (base + 8 * MiB, 2 * MiB), (unknown, 4 * MiB)])
+    assert got[base] == [(0, 2 * MiB), (6 * MiB, 2 * MiB)]
+    assert got[base + 8 * MiB] == []
+    assert got[unknown] == [(0, 4 * MiB)]  # another library's memory: live as a whole
+    assert live_ranges(None, [(base, MiB)]) == {base: [(0, MiB)]}
