@@ -1,4 +1,4 @@
-"""Offload codec speed and ratio on tensor-like data (host CPU only, no GPU needed).
+"""The host codec's speed and ratio on tensor-like data (CPU only, no GPU needed).
 
 Workloads (each ``--size`` bytes):
 
@@ -34,7 +34,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
-from jupyter_vgpu.kernel.offload.codec import Codec
+from jupyter_vgpu.kernel.codec.zstd import Codec
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -13,12 +13,16 @@ from jupyter_client import KernelManager
 class Kernel:
     """A real ipykernel in its own process; ``run`` executes code and returns its text."""
 
-    def __init__(self, runtime: Path, env: dict[str, str]):
+    def __init__(self, runtime: Path, env: dict[str, str], *, load_extension: bool = False):
+        """``load_extension`` loads the kernel hook explicitly (``--ext``), for checkouts
+        run without installing the package (whose IPython config loads it)."""
         self.id = str(uuid.uuid4())
         self.manager = KernelManager(
             kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
         )
         self.manager.kernel_spec.argv[0] = sys.executable
+        if load_extension:
+            self.manager.kernel_spec.argv.append("--ext=jupyter_vgpu")
         self.manager.start_kernel(env={**os.environ, **env})
         self.client = self.manager.client()
         self.client.start_channels()

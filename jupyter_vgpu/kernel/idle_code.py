@@ -8,9 +8,10 @@ into memory on its way out. Before a pause the kernel lists such code with
 blocks every CUDA call of every thread until restore, still applies where available).
 
 The kernel's own machinery does not count: ipykernel's and IPython's threads and
-tasks, pyzmq's and tornado's, this package's, tqdm's monitor, and threads PyTorch
-created in C++ (``threading._DummyThread``: autograd's workers, which run only while a
-cell calls ``backward``).
+tasks, pyzmq's and tornado's, this package's, tqdm's monitor, ``torch.compile``'s
+worker-pool reader (it reads compiled code from a pipe), and threads PyTorch created in
+C++ (``threading._DummyThread``: autograd's workers, which run only while a cell calls
+``backward``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ KERNEL_MODULES = (
     "jupyter_vgpu",
     "tqdm",
     "anyio",
+    "torch._inductor.compile_worker",  # torch.compile's pool: reads results from a pipe
 )
 #: Name prefixes of this package's own threads.
 OWN_THREADS = ("jupyter-vgpu", "vgpu-codec")

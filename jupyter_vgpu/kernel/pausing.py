@@ -58,6 +58,7 @@ class PauseControl:
         self.engine = None
         self.unavailable: str | None = None  # why memory cannot be paused here
         self.last_refusal: str | None = None
+        self.last_error: str | None = None  # why the last pause after a cell failed
         #: asks the node arbiter for room: (bytes needed) -> None, blocking; set by the client.
         self.ask_room: Callable[[int], None] | None = None
         #: restores a suspended kernel from outside (the arbiter); set by the client.
@@ -247,8 +248,12 @@ class PauseControl:
             self.pause()
             if self.config.chaos == "suspend":
                 self.suspend_with_helper()
-        except Exception as e:
+            self.last_error = None
+        except g.Refused as e:
             log.info("jupyter-vgpu: no pause after this cell: %s", e)
+        except Exception as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.warning("jupyter-vgpu: the pause after this cell failed: %s", self.last_error)
 
     # -- figures -------------------------------------------------------------------------
 
@@ -272,6 +277,7 @@ class PauseControl:
             stand_in=self.stand_in,
             unavailable=self.unavailable,
             refused=self.last_refusal,
+            error=self.last_error,
             last_suspend_seconds=self.last_suspend_seconds,
             last_restore_seconds=self.last_restore_seconds,
         )

@@ -60,6 +60,8 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
         rows.append(("pause codec", st["codec"]))
     if st.get("refused"):
         rows.append(("not paused", st["refused"]))
+    if st.get("error"):
+        rows.append(("pause failed", st["error"]))
     if st.get("paused_bytes"):
         ratio = f"{st['ratio']:.2f}×" if st.get("ratio") else "—"
         rows.append(

@@ -108,8 +108,9 @@ def test_bad_arguments_get_a_usage_line_and_loading_twice_is_harmless(kernel):
         ).strip()
         == "1"
     )
-    wrapped = "h = get_ipython().kernel.shell_handlers['execute_request']\nprint(h.__name__, h._jupyter_vgpu_original.__name__)"
-    assert kernel.run(wrapped).split() == ["wrapper", "execute_request"]
+    handler = "h = get_ipython().kernel.shell_handlers['execute_request']\n"
+    wrapped = kernel.run(handler + "print(h.__name__, h._jupyter_vgpu_original.__name__)")
+    assert wrapped.split() == ["wrapper", "execute_request"]
 
 
 def test_no_slice_outside_a_hub(tmp_path):

@@ -42,7 +42,7 @@ def test_chaos_pauses_after_every_cell_and_resumes_before_the_next(tmp_path, cha
         assert k.run("print(x.sum().item())").strip() == "45.0"
         wait_for(lambda: state(k, channel_dir) == "paused", what="paused again after the second cell")
         status = k.run("%vgpu status")
-        assert "state" in status and "active" in status
+        assert "active" in status
         assert "stand-in" in status
     finally:
         k.shutdown()
@@ -80,7 +80,8 @@ def test_a_user_thread_keeps_the_kernel_on_the_gpu_and_says_why(tmp_path, channe
             "t = threading.Thread(target=work, name='adder'); t.start()"
         )
         out = k.run("%vgpu status")
-        assert "adder" in out and "not paused" in out
+        assert "not paused" in out
+        assert "adder" in out
         assert state(k, channel_dir) != "paused"
         k.run("stop.set(); t.join()")
         wait_for(lambda: state(k, channel_dir) == "paused", what="paused once the thread ended")

@@ -91,9 +91,12 @@ def test_pause_releases_the_memory_and_resume_brings_every_byte_back(engine, all
 def test_a_damaged_chunk_keeps_the_kernel_paused_with_its_host_copy(engine, segments):
     engine.pause()
     store = engine.store
-    key, packed = next(
-        (k, e.packed) for k, e in store._entries.items() if any(c.kind.name == "ZSTD" for c in e.packed.chunks)
-    )
+    compressed = [
+        (k, e.packed)
+        for k, e in store._entries.items()
+        if any(c.kind.name == "ZSTD" for c in e.packed.chunks)
+    ]
+    key, packed = compressed[0]
     chunk = next(c for c in packed.chunks if c.kind.name == "ZSTD")
     bad = bytearray(chunk.payload)
     bad[len(bad) // 2] ^= 0xFF
@@ -147,7 +150,11 @@ def test_live_ranges_keep_only_blocks_that_hold_data():
                 {"address": base + 6 * MiB, "size": 2 * MiB, "state": "active_allocated"},
             ],
         },
-        {"address": base + 8 * MiB, "total_size": 2 * MiB, "blocks": [{"size": 2 * MiB, "state": "inactive"}]},
+        {
+            "address": base + 8 * MiB,
+            "total_size": 2 * MiB,
+            "blocks": [{"size": 2 * MiB, "state": "inactive"}],
+        },
     ]
     unknown = base + 64 * MiB
     got = live_ranges(snapshot, [(base, 8 * MiB), (base + 8 * MiB, 2 * MiB), (unknown, 4 * MiB)])

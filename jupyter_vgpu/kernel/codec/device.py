@@ -10,33 +10,39 @@ Layout of what it writes (the "device" layout; the host layout is ``codec.zstd``
   (``benchmarks/results/probe-h100.jsonl``): bf16 N(0, 0.02) weights 1.28 unsplit ->
   1.50, fp32 Adam second moment 1.09 -> 1.20, bf16 ReLU activations 2.06 -> 2.35.
 - The planar bytes are cut into **chunks** of ``chunk_bytes``. Each chunk is stored as
-  nvCOMP ANS (kind :data:`ANS`) or, when that does not save ``min_saving`` of it, as
-  the planar bytes themselves (:data:`RAW`). Stored chunks of a piece lie back to back
-  in pinned host memory, each at an offset rounded up to 16 bytes (nvCOMP's
-  alignment), so a piece moves to the device in one copy.
-- Every stored chunk carries its CRC-32 (zlib's polynomial; nvCOMP computes it on the
-  GPU). Resume recomputes it on the GPU after the copy and refuses to use a piece
-  whose checksum, nvCOMP status or decoded size disagrees; the host copy is untouched.
+  nvCOMP ANS (kind :data:`ANS`) or, when ANS makes it more than 1/64 larger, as the
+  planar bytes themselves (:data:`RAW`; random mantissa bytes come out of ANS only
+  0.5% larger, so they stay ANS: one decoder call per piece). Stored chunks of a piece lie back to
+  back in pinned host memory, each at an offset rounded up to 16 bytes (nvCOMP's
+  alignment): a piece is gathered on the GPU and crosses the bus in one copy each way.
+- Every stored chunk carries its CRC-32 (zlib's polynomial, so ``zlib.crc32`` checks
+  it too), computed by nvCOMP on the GPU before the copy out. Resume recomputes it on
+  the GPU after the copy in and refuses a piece whose checksum, nvCOMP status or
+  decoded size disagrees; the host copy is untouched.
 
 Everything runs in one scratch area of device memory the caller owns (``scratch`` of
-:meth:`DeviceCodec.scratch_bytes` bytes): two slots, so that compression of one piece
-overlaps the copy of the other over two CUDA streams. Nothing is allocated through
-PyTorch on the way: the pause path must run on a card with almost no free memory and
-must never be handed a block of memory it is releasing.
+:meth:`DeviceCodec.scratch_bytes` bytes, 54 MiB with the defaults): two slots, so that
+compression of one piece overlaps the copy of the other over two CUDA streams.
+Nothing is allocated through PyTorch on the way: the pause path must run on a card with
+almost no free memory and must never be handed a block of memory it is releasing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import nvcomp
+from .cuda_driver import Driver
 
 MiB = 1 << 20
 ANS, RAW = 3, 0
+#: A chunk stays ANS while ANS makes it at most 1/SLACK larger: random mantissa bytes
+#: come out 0.5% larger, and keeping them ANS keeps one decoder call and no host work
+#: per piece.
+SLACK = 64
 _ALIGN = nvcomp.ALIGNMENT
 
 
@@ -62,6 +68,8 @@ class Piece:
         crcs: per chunk, CRC-32 of the stored bytes.
         slab: index of the pinned slab holding the stored chunks.
         start: offset in that slab of the first chunk, bytes.
+        offsets: per chunk, its offset from ``start`` (16-byte aligned), bytes.
+        span: bytes the piece takes in its slab.
     """
 
     offset: int
@@ -72,23 +80,12 @@ class Piece:
     crcs: tuple[int, ...]
     slab: int
     start: int
+    offsets: tuple[int, ...]
+    span: int
 
     @property
     def stored_bytes(self) -> int:
         return sum(self.sizes)
-
-    @property
-    def span(self) -> int:
-        """Bytes the piece takes in its slab (chunks at 16-byte offsets)."""
-        return sum(_round(s) for s in self.sizes)
-
-    def chunk_offsets(self) -> list[int]:
-        """Offset of each stored chunk from :attr:`start`, bytes."""
-        out, pos = [], 0
-        for s in self.sizes:
-            out.append(pos)
-            pos += _round(s)
-        return out
 
 
 class PinnedArena:
@@ -134,23 +131,27 @@ class PinnedArena:
         self._used = 0
 
 
-# Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the
-# device and mirrored in pinned host memory. Pause uses IN_PTRS..OUT_PTRS (uploaded),
-# OUT_SIZES and STATUS_CRC (downloaded: int32 statuses, then uint32 CRCs); resume uses
-# IN_PTRS..OUT_PTRS and CRC_PTRS, CRC_SIZES (uploaded; the ANS chunks' rows compacted,
-# the CRC rows for every chunk), OUT_SIZES and STATUS_CRC (downloaded).
+# Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the device
+# and mirrored in pinned host memory. Pause uploads IN_PTRS (planar chunks), IN_SIZES
+# and OUT_PTRS (compressed outputs), and downloads OUT_SIZES, STATUS_CRC (int32
+# statuses, then uint32 CRCs of the compressed chunks) and RAW_CRC. Resume uploads IN_PTRS,
+# IN_SIZES, CAPACITY and OUT_PTRS of the ANS chunks, and CRC_PTRS, CRC_SIZES of every
+# chunk; it downloads OUT_SIZES and STATUS_CRC.
 IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS, OUT_SIZES, STATUS_CRC, CRC_PTRS, CRC_SIZES = range(8)
+RAW_CRC = CRC_PTRS  # pause: uint32 CRCs of the planar chunks, for those stored raw
 ROWS = 8
 
 
 @dataclasses.dataclass
 class _Slot:
     planar: object  # device, piece_bytes: the piece as byte planes
-    comp: object  # device: compressed chunks at max_compressed_bytes strides (pause) or packed (resume)
+    comp: object  # device, max_chunks * max_compressed_bytes: compressed chunks at fixed strides
+    packed: object  # device: a piece's stored chunks back to back, as they cross the bus
     meta: object  # device int64 (ROWS, max_chunks)
     host_meta: object  # pinned int64 (ROWS, max_chunks)
-    ready: object  # event: the slot's compute work is done (pause: compressed; resume: uploaded)
-    done: object  # event: the slot may be reused
+    ready: object  # driver event: pause: compressed; resume: uploaded
+    done: object  # driver event: the slot may be reused
+    shape: tuple = ()  # the chunk lengths whose pause pointers are uploaded
 
 
 class DeviceCodec:
@@ -159,33 +160,28 @@ class DeviceCodec:
     Args:
         torch: the torch module.
         device: CUDA ordinal.
-        chunk_bytes: planar bytes per chunk (default 1 MiB: bf16 weights 1.50 at 454 GB/s
-            encode, 810 GB/s decode on the H100; 256 KiB gave 1.48 with four times the
-            per-chunk copies).
+        chunk_bytes: planar bytes per chunk (default 128 KiB). nvCOMP decodes a chunk with
+            one thread block, so a call needs many chunks to fill the GPU: on the H100 an
+            8 MiB piece in 1 MiB chunks took 330 µs to decode, in 32 KiB chunks 16 µs;
+            smaller chunks lose ratio (bf16 weights: 1.50 at 1 MiB, 1.485 at 256 KiB,
+            1.38 at 32 KiB).
         piece_bytes: bytes per piece (a multiple of ``chunk_bytes``; default 8 MiB).
-        min_saving: a chunk is stored raw unless ANS saves this fraction of it.
 
     Raises:
         nvcomp.NvcompUnavailable: nvCOMP cannot be loaded.
+        DriverUnavailable: cuda-bindings cannot be imported.
         ValueError: ``piece_bytes`` is not a multiple of ``chunk_bytes``.
     """
 
-    def __init__(
-        self,
-        torch,
-        device: int,
-        *,
-        chunk_bytes: int = 1 * MiB,
-        piece_bytes: int = 8 * MiB,
-        min_saving: float = 0.03,
-    ):
+    def __init__(self, torch, device: int, *, chunk_bytes: int = 128 << 10, piece_bytes: int = 8 * MiB):
         if piece_bytes % chunk_bytes or piece_bytes <= 0:
             raise ValueError(f"piece_bytes ({piece_bytes}) must be a multiple of chunk_bytes ({chunk_bytes})")
         self.torch, self.device = torch, device
-        self.chunk_bytes, self.piece_bytes, self.min_saving = chunk_bytes, piece_bytes, min_saving
+        self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
         self.max_chunks = piece_bytes // chunk_bytes
         self.ans = nvcomp.ANS(chunk_bytes, self.max_chunks)
         self.crc = nvcomp.CRC32(self.max_chunks, max(chunk_bytes, self.ans.max_compressed_bytes))
+        self.cu = Driver()
         self._slots: list[_Slot] = []
         self._streams = None
 
@@ -193,9 +189,14 @@ class DeviceCodec:
     def name(self) -> str:
         return f"nvCOMP {self.ans.lib.version} ANS (GPU)"
 
-    def _parts(self) -> tuple[int, int, int]:
-        comp = self.max_chunks * self.ans.max_compressed_bytes
-        return _round(self.piece_bytes, 256), _round(comp, 256), _round(ROWS * 8 * self.max_chunks, 256)
+    def _parts(self) -> tuple[int, int, int, int]:
+        n = self.max_chunks
+        return (
+            _round(self.piece_bytes, 256),
+            _round(n * self.ans.max_compressed_bytes, 256),
+            _round(self.piece_bytes + self.piece_bytes // SLACK + _ALIGN * n, 256),
+            _round(ROWS * 8 * n, 256),
+        )
 
     def scratch_bytes(self) -> int:
         """Device scratch :meth:`bind` needs, bytes (two slots)."""
@@ -208,23 +209,43 @@ class DeviceCodec:
         if self._streams is None:
             dev = torch.device("cuda", self.device)
             self._streams = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
-        planar, comp, meta = self._parts()
+            self._cu_streams = tuple(self.cu.stream(s.cuda_stream) for s in self._streams)
+            self._events = [(self.cu.event(), self.cu.event()) for _ in range(2)]
+        planar, comp, packed, meta = self._parts()
+        n = self.max_chunks
         self._slots, pos = [], 0
-        for _ in range(2):
-            n = self.max_chunks
+        for i in range(2):
+            views = []
+            for size in (planar, comp, packed, meta):
+                views.append(scratch[pos : pos + size])
+                pos += size
             self._slots.append(
                 _Slot(
-                    scratch[pos : pos + planar],
-                    scratch[pos + planar : pos + planar + comp],
-                    scratch[pos + planar + comp : pos + planar + comp + ROWS * 8 * n]
-                    .view(torch.int64)
-                    .view(ROWS, n),
+                    views[0],
+                    views[1],
+                    views[2],
+                    views[3][: ROWS * 8 * n].view(torch.int64).view(ROWS, n),
                     torch.empty((ROWS, n), dtype=torch.int64, pin_memory=True),
-                    torch.cuda.Event(),
-                    torch.cuda.Event(),
+                    *self._events[i],
                 )
             )
-            pos += planar + comp + meta
+        # (waiting on an event never recorded returns at once: a fresh slot is free)
+        if not self.crc.tuned:
+            slot = self._slots[0]
+            host = slot.host_meta.numpy()
+            k = np.arange(n, dtype=np.int64)
+            host[CRC_PTRS] = slot.planar.data_ptr() + k * self.chunk_bytes
+            host[CRC_SIZES] = self.chunk_bytes
+            stream = self._cu_streams[0]
+            self.cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), ROWS * 8 * n, stream)
+            self.crc.tune(
+                n,
+                self._row(slot, CRC_PTRS),
+                self._row(slot, CRC_SIZES),
+                self._row(slot, STATUS_CRC),
+                int(stream),
+            )
+            self._streams[0].synchronize()
 
     def _split(self, planar, src, length: int) -> int:
         if length % 4:
@@ -239,18 +260,25 @@ class DeviceCodec:
         else:
             dst.view(length // 4, 4).copy_(planar[:length].view(4, length // 4).t())
 
-    def _lengths(self, length: int) -> list[int]:
+    def _lengths(self, length: int) -> np.ndarray:
         c = self.chunk_bytes
-        return [min(c, length - start) for start in range(0, length, c)]
+        lengths = np.full(-(-length // c), c, dtype=np.int64)
+        lengths[-1] = length - c * (len(lengths) - 1)
+        return lengths
 
-    def _row_ptr(self, slot: _Slot, row: int) -> int:
+    def _row(self, slot: _Slot, row: int) -> int:
         return slot.meta.data_ptr() + row * 8 * self.max_chunks
 
-    def _statuses_crcs(self, host_meta, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``n`` statuses (int32) and ``m`` CRCs (uint32) in a STATUS_CRC row."""
-        words = host_meta.numpy()[STATUS_CRC].view(np.int32)
-        half = self.max_chunks
-        return words[:n], words[half : half + m].view(np.uint32)
+    def _host_row(self, slot: _Slot, row: int) -> int:
+        return slot.host_meta.data_ptr() + row * 8 * self.max_chunks
+
+    def _halves(self, slot: _Slot, row: int) -> np.ndarray:
+        """A host meta row as int32 words: the first ``max_chunks`` and the second."""
+        return slot.host_meta.numpy()[row].view(np.int32)
+
+    def _on(self, stream):
+        """Make ``stream`` PyTorch's current stream (for the split, gather and join kernels)."""
+        return self.torch.cuda.stream(stream)
 
     # -- pause direction ----------------------------------------------------------------
 
@@ -276,14 +304,15 @@ class DeviceCodec:
         """
         out: list[list[Piece]] = [[] for _ in ranges]
         try:
-            return self._pack(ranges, arena, on_range, out)
+            with self._on(self._streams[0]):
+                return self._pack(ranges, arena, on_range, out)
         except BaseException as e:
             e.partial = out
             raise
 
     def _pack(self, ranges, arena, on_range, out) -> list[list[Piece]]:
-        torch = self.torch
-        compute, copier = self._streams
+        cu = self.cu
+        compute = self._cu_streams[0]
         todo = [
             (r, off, min(self.piece_bytes, length - off))
             for r, (_, length) in enumerate(ranges)
@@ -292,105 +321,97 @@ class DeviceCodec:
         left = [0] * len(ranges)
         for r, _, _ in todo:
             left[r] += 1
-        raw: list[tuple[int, int, int]] = []  # (range, piece, chunk) stored raw: checksummed on the host
-        finished: list[int] = []  # ranges whose last piece is being copied out
-
-        def flush_finished() -> None:
-            if finished and on_range is not None:
-                copier.synchronize()
-                self._checksum_raw(out, raw, arena)
-                for r in finished:
-                    on_range(r, out[r])
-            finished.clear()
-
+        finished: list[int] = []
         pending = None
-        mc = self.ans.max_compressed_bytes
+        half = 4 * self.max_chunks
+        rows = (RAW_CRC + 1 - OUT_SIZES) * 8 * self.max_chunks
         for i, (r, off, length) in enumerate(todo):
             slot = self._slots[i % 2]
-            slot.done.synchronize()
+            cu.synchronize(slot.done)
             lengths = self._lengths(length)
             n = len(lengths)
-            host = slot.host_meta.numpy()
-            host[IN_PTRS, :n] = [slot.planar.data_ptr() + k * self.chunk_bytes for k in range(n)]
-            host[IN_SIZES, :n] = lengths
-            host[CAPACITY, :n] = [slot.comp.data_ptr() + k * mc for k in range(n)]  # output pointers
-            with torch.cuda.stream(compute):
-                slot.meta[:3].copy_(slot.host_meta[:3], non_blocking=True)
-                planes = self._split(slot.planar, ranges[r][0][off : off + length], length)
-                s = compute.cuda_stream
-                ptr = self._row_ptr
-                self.ans.compress(
-                    n,
-                    ptr(slot, IN_PTRS),
-                    ptr(slot, IN_SIZES),
-                    ptr(slot, CAPACITY),
-                    ptr(slot, OUT_SIZES),
-                    ptr(slot, STATUS_CRC),
-                    0,
-                    s,
-                )
-                crc_out = ptr(slot, STATUS_CRC) + 4 * self.max_chunks
-                self.crc.compute(n, ptr(slot, CAPACITY), ptr(slot, OUT_SIZES), crc_out, s)
-                slot.host_meta[OUT_SIZES:CRC_PTRS].copy_(slot.meta[OUT_SIZES:CRC_PTRS], non_blocking=True)
-                slot.ready.record(compute)
+            shape = tuple(lengths)
+            if slot.shape != shape:
+                host = slot.host_meta.numpy()
+                k = np.arange(n, dtype=np.int64)
+                host[IN_PTRS, :n] = slot.planar.data_ptr() + k * self.chunk_bytes
+                host[IN_SIZES, :n] = lengths
+                host[OUT_PTRS, :n] = slot.comp.data_ptr() + k * self.ans.max_compressed_bytes
+                cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), ROWS * 8 * self.max_chunks, compute)
+                slot.shape = shape
+            planes = self._split(slot.planar, ranges[r][0][off : off + length], length)
+            row = self._row
+            self.ans.compress(
+                n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, OUT_PTRS), row(slot, OUT_SIZES),
+                row(slot, STATUS_CRC), 0, int(compute),
+            )  # fmt: skip
+            self.crc.compute(
+                n, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC) + half, int(compute)
+            )
+            self.crc.compute(n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, RAW_CRC), int(compute))
+            cu.copy(self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), rows, compute)
+            cu.record(slot.ready, compute)
             if pending is not None:
-                self._store(pending, arena, out, raw)
+                self._store(pending, arena, out)
                 left[pending[1]] -= 1
                 if left[pending[1]] == 0:
                     finished.append(pending[1])
-            flush_finished()
+                if finished and on_range is not None:
+                    cu.synchronize(pending[0].done)
+                    for done in finished:
+                        on_range(done, out[done])
+                    finished.clear()
             pending = (slot, r, off, length, lengths, planes)
         if pending is not None:
-            self._store(pending, arena, out, raw)
+            self._store(pending, arena, out)
             finished.append(pending[1])
-        copier.synchronize()
-        self._checksum_raw(out, raw, arena)
-        flush_finished()
+        self._streams[1].synchronize()  # every piece is on the host
+        if on_range is not None:
+            for done in finished:
+                on_range(done, out[done])
         return out
 
-    def _store(self, pending, arena: PinnedArena, out, raw) -> None:
-        torch = self.torch
+    def _store(self, pending, arena: PinnedArena, out) -> None:
+        torch, cu = self.torch, self.cu
+        compute, copier = self._cu_streams
         slot, r, off, length, lengths, planes = pending
-        slot.ready.synchronize()
+        cu.synchronize(slot.ready)
         n = len(lengths)
-        sizes = slot.host_meta.numpy()[OUT_SIZES, :n]
-        statuses, crcs = self._statuses_crcs(slot.host_meta, n, n)
+        host = slot.host_meta.numpy()
+        sizes = host[OUT_SIZES, :n]
+        words = self._halves(slot, STATUS_CRC)
+        statuses = words[:n]
         if statuses.any():
             k = int(np.flatnonzero(statuses)[0])
             raise DeviceCodecError(
                 f"nvCOMP could not compress chunk {k} of the piece at byte {off} of range {r} "
                 f"(status {int(statuses[k])})"
             )
-        kinds, stored = [], []
-        for k, size in enumerate(sizes.tolist()):
-            ans = size <= lengths[k] * (1 - self.min_saving)
-            kinds.append(ANS if ans else RAW)
-            stored.append(size if ans else lengths[k])
-        span = sum(_round(s) for s in stored)
+        ans = sizes <= lengths + lengths // SLACK
+        stored = np.where(ans, sizes, lengths)
+        raw_crcs = self._halves(slot, RAW_CRC)[:n]
+        crcs = np.where(ans, words[self.max_chunks : self.max_chunks + n], raw_crcs).view(np.uint32)
+        padded = (stored + _ALIGN - 1) // _ALIGN * _ALIGN
+        offsets = np.concatenate(([0], np.cumsum(padded[:-1])))
+        span = int(padded.sum())
         slab, start = arena.reserve(span)
-        _, copier = self._streams
-        mc = self.ans.max_compressed_bytes
-        with torch.cuda.stream(copier):
-            copier.wait_event(slot.ready)
-            pos = start
-            for k, kind in enumerate(kinds):
-                src = slot.comp[k * mc :] if kind == ANS else slot.planar[k * self.chunk_bytes :]
-                arena.view(slab, pos, stored[k]).copy_(src[: stored[k]], non_blocking=True)
-                pos += _round(stored[k])
-            slot.done.record(copier)
-        raw.extend((r, len(out[r]), k) for k, kind in enumerate(kinds) if kind == RAW)
-        piece = Piece(off, length, planes, tuple(kinds), tuple(stored), tuple(crcs.tolist()), slab, start)
-        out[r].append(piece)
-
-    def _checksum_raw(self, out, raw, arena: PinnedArena) -> None:
-        """CRC-32 of chunks stored raw (the GPU checksummed the compressed form only)."""
-        for r, p, k in raw:
-            piece = out[r][p]
-            where = piece.start + piece.chunk_offsets()[k]
-            crcs = list(piece.crcs)
-            crcs[k] = zlib.crc32(arena.view(piece.slab, where, piece.sizes[k]).numpy())
-            out[r][p] = dataclasses.replace(piece, crcs=tuple(crcs))
-        raw.clear()
+        mc, c = self.ans.max_compressed_bytes, self.chunk_bytes
+        parts = [
+            slot.comp[k * mc : k * mc + int(padded[k])]
+            if ans[k]
+            else slot.planar[k * c : k * c + int(padded[k])]
+            for k in range(n)
+        ]
+        torch.cat(parts, out=slot.packed[:span])  # gathered on the compute stream, after what follows it
+        cu.record(slot.ready, compute)
+        cu.wait(copier, slot.ready)
+        cu.copy(arena.view(slab, start, span).data_ptr(), slot.packed.data_ptr(), span, copier)
+        cu.record(slot.done, copier)
+        kinds = tuple(ANS if a else RAW for a in ans.tolist())
+        out[r].append(
+            Piece(off, length, planes, kinds, tuple(stored.tolist()), tuple(crcs.tolist()),
+                  slab, start, tuple(offsets.tolist()), span)
+        )  # fmt: skip
 
     # -- resume direction ----------------------------------------------------------------
 
@@ -402,83 +423,77 @@ class DeviceCodec:
                 decoded size; the message names it. The arena is not modified; the device
                 ranges hold garbage and must not be used.
         """
-        torch = self.torch
-        compute, copier = self._streams
+        torch, cu = self.torch, self.cu
+        compute, copier = self._cu_streams
         work = [(r, dst, piece) for r, (dst, pieces) in enumerate(items) for piece in pieces]
         results = torch.empty((max(1, len(work)), 2, self.max_chunks), dtype=torch.int64, pin_memory=True)
-        for i, (_, dst, piece) in enumerate(work):
-            slot = self._slots[i % 2]
-            slot.done.synchronize()
-            n = len(piece.sizes)
-            lengths = self._lengths(piece.length)
-            offsets = piece.chunk_offsets()
-            ans = [k for k in range(n) if piece.kinds[k] == ANS]
-            comp, planar = slot.comp.data_ptr(), slot.planar.data_ptr()
-            host = slot.host_meta.numpy()
-            host[IN_PTRS, : len(ans)] = [comp + offsets[k] for k in ans]
-            host[IN_SIZES, : len(ans)] = [piece.sizes[k] for k in ans]
-            host[CAPACITY, : len(ans)] = [lengths[k] for k in ans]
-            host[OUT_PTRS, : len(ans)] = [planar + k * self.chunk_bytes for k in ans]
-            host[CRC_PTRS, :n] = [comp + o for o in offsets]
-            host[CRC_SIZES, :n] = piece.sizes
-            span = piece.span
-            with torch.cuda.stream(copier):
-                copier.wait_event(slot.done)
-                slot.meta.copy_(slot.host_meta, non_blocking=True)
-                slot.comp[:span].copy_(arena.view(piece.slab, piece.start, span), non_blocking=True)
-                slot.ready.record(copier)
-            with torch.cuda.stream(compute):
-                compute.wait_event(slot.ready)
-                s = compute.cuda_stream
-                ptr = self._row_ptr
-                self.crc.compute(
-                    n,
-                    ptr(slot, CRC_PTRS),
-                    ptr(slot, CRC_SIZES),
-                    ptr(slot, STATUS_CRC) + 4 * self.max_chunks,
-                    s,
+        c = self.chunk_bytes
+        half = 4 * self.max_chunks
+        meta_bytes = ROWS * 8 * self.max_chunks
+        result_bytes = 2 * 8 * self.max_chunks
+        with self._on(self._streams[0]):
+            for i, (_, dst, piece) in enumerate(work):
+                slot = self._slots[i % 2]
+                cu.synchronize(slot.done)
+                n = len(piece.sizes)
+                lengths = self._lengths(piece.length)
+                offsets = np.asarray(piece.offsets, dtype=np.int64)
+                sizes = np.asarray(piece.sizes, dtype=np.int64)
+                ans = np.asarray(piece.kinds) == ANS
+                m = int(ans.sum())
+                packed, planar = slot.packed.data_ptr(), slot.planar.data_ptr()
+                host = slot.host_meta.numpy()
+                host[IN_PTRS, :m] = packed + offsets[ans]
+                host[IN_SIZES, :m] = sizes[ans]
+                host[CAPACITY, :m] = lengths[ans]
+                host[OUT_PTRS, :m] = planar + np.flatnonzero(ans) * c
+                host[CRC_PTRS, :n] = packed + offsets
+                host[CRC_SIZES, :n] = sizes
+                cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), meta_bytes, copier)
+                cu.copy(
+                    packed, arena.view(piece.slab, piece.start, piece.span).data_ptr(), piece.span, copier
                 )
-                if ans:
+                cu.record(slot.ready, copier)
+                cu.wait(compute, slot.ready)
+                row = self._row
+                self.crc.compute(
+                    n, row(slot, CRC_PTRS), row(slot, CRC_SIZES), row(slot, STATUS_CRC) + half, int(compute)
+                )
+                if m:
                     self.ans.decompress(
-                        len(ans),
-                        ptr(slot, IN_PTRS),
-                        ptr(slot, IN_SIZES),
-                        ptr(slot, CAPACITY),
-                        ptr(slot, OUT_SIZES),
-                        ptr(slot, OUT_PTRS),
-                        ptr(slot, STATUS_CRC),
-                        0,
-                        s,
-                    )
-                for k in range(n):
-                    if piece.kinds[k] == RAW:
-                        c = k * self.chunk_bytes
-                        slot.planar[c : c + lengths[k]].copy_(slot.comp[offsets[k] : offsets[k] + lengths[k]])
-                results[i].copy_(slot.meta[OUT_SIZES:CRC_PTRS], non_blocking=True)
+                        m, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, CAPACITY), row(slot, OUT_SIZES),
+                        row(slot, OUT_PTRS), row(slot, STATUS_CRC), 0, int(compute),
+                    )  # fmt: skip
+                for k in np.flatnonzero(~ans).tolist():
+                    at, size = int(offsets[k]), int(lengths[k])
+                    slot.planar[k * c : k * c + size].copy_(slot.packed[at : at + size])
+                cu.copy(results[i].data_ptr(), row(slot, OUT_SIZES), result_bytes, compute)
                 self._join(
                     dst[piece.offset : piece.offset + piece.length], slot.planar, piece.length, piece.planes
                 )
-                slot.done.record(compute)
-        compute.synchronize()
+                cu.record(slot.done, compute)
+            self._streams[0].synchronize()
         for i, (r, _, piece) in enumerate(work):
             self._verify(r, piece, results[i].numpy())
 
     def _verify(self, r: int, piece: Piece, row: np.ndarray) -> None:
         n = len(piece.sizes)
         lengths = self._lengths(piece.length)
-        ans = [k for k in range(n) if piece.kinds[k] == ANS]
+        ans = np.flatnonzero(np.asarray(piece.kinds) == ANS)
         words = row[1].view(np.int32)
-        statuses, crcs = words[: len(ans)], words[self.max_chunks : self.max_chunks + n].view(np.uint32)
+        statuses = words[: len(ans)]
+        crcs = words[self.max_chunks : self.max_chunks + n].view(np.uint32)
         where = f"the piece at byte {piece.offset} of range {r}"
-        for k in range(n):
-            if int(crcs[k]) != piece.crcs[k]:
-                raise DeviceCodecError(f"chunk {k} of {where} fails its CRC-32: the stored copy is damaged")
-        for j, k in enumerate(ans):
-            if statuses[j] != 0:
-                raise DeviceCodecError(
-                    f"nvCOMP could not decode chunk {k} of {where} (status {int(statuses[j])})"
-                )
-            if int(row[0, j]) != lengths[k]:
-                raise DeviceCodecError(
-                    f"chunk {k} of {where} decoded to {int(row[0, j])} bytes, not {lengths[k]}"
-                )
+        bad = np.flatnonzero(crcs != np.asarray(piece.crcs, dtype=np.uint32))
+        if bad.size:
+            raise DeviceCodecError(f"chunk {bad[0]} of {where} fails its CRC-32: the stored copy is damaged")
+        bad = np.flatnonzero(statuses)
+        if bad.size:
+            k = ans[bad[0]]
+            raise DeviceCodecError(
+                f"nvCOMP could not decode chunk {k} of {where} (status {statuses[bad[0]]})"
+            )
+        bad = np.flatnonzero(row[0, : len(ans)] != lengths[ans])
+        if bad.size:
+            k, got = ans[bad[0]], int(row[0, bad[0]])
+            raise DeviceCodecError(f"chunk {k} of {where} decoded to {got} bytes, not {lengths[k]}")

@@ -121,6 +121,7 @@ class _Library:
             self.decompress = lib.nvcompBatchedANSDecompressAsync
             self.crc32 = lib.nvcompBatchedCRC32Async
             self.crc32_conf = lib.nvcompBatchedCRC32GetHeuristicConf
+            self.crc32_search = lib.nvcompBatchedCRC32SearchConf
         except AttributeError as e:
             raise NvcompUnavailable(f"this nvCOMP lacks the ANS and CRC32 API of nvCOMP 6 ({e})") from None
         for fn in (self.compress_temp, self.decompress_temp):
@@ -133,6 +134,8 @@ class _Library:
         self.crc32.argtypes, self.crc32.restype = [vp, vp, size_t, vp, _CRC32Opts, ctypes.c_int, vp, vp], st
         self.crc32_conf.argtypes = [vp, size_t, ctypes.POINTER(_CRC32Conf), size_t, vp]
         self.crc32_conf.restype = st
+        self.crc32_search.argtypes = [vp, vp, size_t, vp, _CRC32Spec, ctypes.POINTER(_CRC32Conf), vp]
+        self.crc32_search.restype = st
         self.version = "unknown"
         props = (ctypes.c_uint32 * 2)()
         if hasattr(lib, "nvcompGetProperties") and lib.nvcompGetProperties(props) == 0:
@@ -300,6 +303,21 @@ class CRC32:
             self.lib.crc32_conf(None, max_chunks, ctypes.byref(self.opts.conf), max_chunk_bytes, None),
             "CRC32 configuration",
         )
+
+    tuned = False
+
+    def tune(self, n: int, ptrs: int, sizes: int, out: int, stream: int) -> None:
+        """Replace the heuristic kernel configuration with the fastest nvCOMP finds by
+        running on ``n`` sample chunks (device arrays as in :meth:`compute`; synchronous).
+        The heuristic's choice checksummed one 8 MiB piece of 128 KiB chunks far slower
+        than the bus moves it; the search runs once per process."""
+        conf = _CRC32Conf()
+        status = self.lib.crc32_search(
+            ptrs, sizes, n, out, self.opts.spec, ctypes.byref(conf), stream or None
+        )
+        if status == 0:
+            self.opts.conf = conf
+        CRC32.tuned = True
 
     def compute(self, n: int, ptrs: int, sizes: int, out: int, stream: int) -> None:
         """Enqueue the CRC-32 of ``n`` chunks on ``stream``: device arrays of pointers

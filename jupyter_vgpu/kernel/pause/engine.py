@@ -25,6 +25,7 @@ resume that finds no room (:class:`~.vmm.DeviceFull`) or a damaged chunk
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -117,6 +118,8 @@ class PauseEngine:
         threads: int | None = None,
     ):
         self.torch, self.vmm, self.device = torch, allocator, device
+        if allocator.backend == 0:
+            allocator.init(vmm.HOST if device is None else vmm.CUDA)
         self.scratch_bytes = scratch_bytes
         self.store = HostStore(host_cap_bytes, spill_dir)
         self.zstd = Codec(threads=threads)
@@ -142,11 +145,11 @@ class PauseEngine:
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
         while piece > MiB:
-            codec = DeviceCodec(self.torch, self.device, chunk_bytes=MiB, piece_bytes=piece)
+            codec = DeviceCodec(self.torch, self.device, piece_bytes=piece)
             if codec.scratch_bytes() <= self.scratch_bytes:
                 return codec
             piece //= 2
-        return DeviceCodec(self.torch, self.device, chunk_bytes=256 * 1024, piece_bytes=MiB)
+        return DeviceCodec(self.torch, self.device, piece_bytes=MiB)
 
     @property
     def codec_name(self) -> str:
@@ -156,6 +159,15 @@ class PauseEngine:
         return f"{self.host_path.name}; nvCOMP not used: {self.nvcomp_reason}"
 
     # -- helpers -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _plain_torch(self):
+        """Run PyTorch calls as plain kernels: a user's TorchFunctionMode or dispatch mode
+        left entered across cells must not see (or change) the engine's copies."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with self.torch._C.DisableTorchFunction(), _disable_current_modes():
+            yield
 
     def _view(self, ptr: int, nbytes: int):
         return devmem.view(self.torch, ptr, nbytes, self.device)
@@ -194,7 +206,7 @@ class PauseEngine:
         Raises:
             PauseError: the pause failed and was undone (the kernel runs on as before).
         """
-        with self._lock:
+        with self._lock, self._plain_torch():
             if self.state != "active":
                 raise PauseError(f"the kernel is {self.state}, not active")
             t0 = time.perf_counter()
@@ -202,6 +214,7 @@ class PauseEngine:
             if self.device is not None:
                 self.torch.cuda.empty_cache()
             segments = sorted((s for s in self.vmm.segments() if s.mapped), key=lambda s: s.size)
+            self._check_coverage(segments)
             snapshot = self.torch.cuda.memory_snapshot() if self.device is not None else None
             live = live_ranges(snapshot, ((s.ptr, s.size) for s in segments))
             paused: list[_Paused] = []
@@ -238,6 +251,20 @@ class PauseEngine:
                 tuple(sorted(used)),
             )
             return self.last_pause
+
+    def _check_coverage(self, segments) -> None:
+        """Refuse to pause when PyTorch holds device memory the pausable allocator does not
+        know (the process was not started with it): releasing only part of the memory
+        would report a pause that did not happen."""
+        if self.device is None:
+            return
+        reserved = self.torch.cuda.memory_reserved(self.device)
+        known = sum(s.size for s in segments if s.device == self.device)
+        if reserved > known:
+            raise PauseError(
+                f"PyTorch holds {reserved} bytes on the device and the pausable allocator knows "
+                f"{known}: this process's cudaMalloc is not the pausable allocator's (LD_PRELOAD)"
+            )
 
     def _pause_batch(self, batch, live, on_device: bool, used: set[str]) -> list[_Paused]:
         ranges, owners = [], []
@@ -306,7 +333,7 @@ class PauseEngine:
             vmm.DeviceFull: the device has no room yet (:meth:`room_needed`); still paused.
             ResumeError: host data is damaged or unreadable; still paused, host copy intact.
         """
-        with self._lock:
+        with self._lock, self._plain_torch():
             return self._resume()
 
     def _resume(self) -> Outcome:

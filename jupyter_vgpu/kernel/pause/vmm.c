@@ -421,5 +421,12 @@ int cudaFree(void *ptr) {
   return real_free ? real_free(ptr) : 35;
 }
 
-/* 1 when this process's cudaMalloc is this library's (it was loaded with LD_PRELOAD). */
-int vgpu_preloaded(void) { return dlsym(RTLD_DEFAULT, "cudaMalloc") == (void *)cudaMalloc; }
+/* 1 when this process's cudaMalloc is this library's (it was loaded with LD_PRELOAD).
+ * The lookup goes through the main program's handle, which sees the global scope only:
+ * RTLD_DEFAULT would also search this library's own scope when it was loaded with
+ * RTLD_LOCAL (ctypes), and so always find its own cudaMalloc. */
+int vgpu_preloaded(void) {
+  void *main_program = dlopen(NULL, RTLD_NOW);
+  void *found = main_program ? dlsym(main_program, "cudaMalloc") : NULL;
+  return found == (void *)cudaMalloc;
+}

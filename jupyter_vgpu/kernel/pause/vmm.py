@@ -250,3 +250,15 @@ def load() -> VMM:
         if _instance is None:
             _instance = VMM(library_path())
         return _instance
+
+
+def preload_environment(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with the library first in ``LD_PRELOAD``, so that a process started
+    with it routes every ``cudaMalloc`` through the pausable allocator.
+
+    Raises:
+        VMMUnavailable: the library cannot be found or built here.
+    """
+    path = str(library_path())
+    others = [p for p in environ.get("LD_PRELOAD", "").split(":") if p and p != path]
+    return {**environ, "LD_PRELOAD": ":".join([path, *others])}

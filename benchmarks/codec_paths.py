@@ -1,0 +1,80 @@
+"""Both codec paths on the GPU machine, per workload, beside the raw pinned copy.
+
+For each workload (bf16 weights N(0, 0.02), fp32 Adam second moment, bf16 ReLU
+activations, zeros; ``--size`` each) and each path (nvCOMP ANS on the GPU, zstandard on
+the CPU threads): the ratio (live bytes over host bytes), the offload speed (a pause of
+the process holding just that tensor, in GB/s of uncompressed bytes, 1 GB = 1e9 bytes)
+and the resume speed (until usable on the GPU, checksums verified), after one warm
+cycle. The raw pinned copy of the same bytes is measured in the same run.
+
+Usage (GPU machine): ``python benchmarks/codec_paths.py --out benchmarks/results/codec-h100.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gpu_common import GiB, make, preloaded_or_reexec, raw_copies
+
+WORKLOADS = ("bf16_weights", "fp32_adam_v", "bf16_relu_act", "zeros")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=float, default=2.0, help="GiB per workload")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    preloaded_or_reexec()
+    import torch
+
+    from jupyter_vgpu.kernel.pause import vmm
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+
+    engines = {
+        "nvcomp": PauseEngine(torch, vmm.load(), 0, use_nvcomp=True),
+        "zstd": PauseEngine(torch, vmm.load(), 0, use_nvcomp=False),
+    }
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name in WORKLOADS:
+        t = make(torch, name, int(args.size * GiB), gen)
+        nbytes = t.numel() * t.element_size()
+        check = t.view(torch.uint8)[:: 1 << 16].cpu()
+        d2h, h2d = raw_copies(torch, [t])
+        for path, engine in engines.items():
+            engine.pause()
+            engine.resume()  # warm: pinned memory from the cache, as from a kernel's second pause on
+            out = engine.pause()
+            back = engine.resume()
+            assert torch.equal(check, t.view(torch.uint8)[:: 1 << 16].cpu()), (name, path)
+            row = {
+                "name": name,
+                "path": path,
+                "codec": list(out.codecs),
+                "ratio": out.ratio,
+                "offload_gbps": nbytes / out.seconds / 1e9,
+                "resume_gbps": nbytes / back.seconds / 1e9,
+                "raw_d2h_gbps": nbytes / d2h / 1e9,
+                "raw_h2d_gbps": nbytes / h2d / 1e9,
+                "host_bytes": out.host_bytes,
+                "gpu_bytes": nbytes,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del t
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(
+            {"workloads": rows, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}, f, indent=2
+        )
+    for r in rows:
+        print(
+            f"{r['name']:>14} {r['path']:>6}: ratio {r['ratio'] or 0:8.2f}  "
+            f"offload {r['offload_gbps']:6.1f}  "
+            f"resume {r['resume_gbps']:6.1f}  raw {r['raw_d2h_gbps']:.1f}/{r['raw_h2d_gbps']:.1f} GB/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

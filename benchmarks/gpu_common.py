@@ -1,0 +1,80 @@
+"""What the GPU benchmarks share: running preloaded, workloads, timing, NVML.
+
+A process measures the pause path only if its ``cudaMalloc`` is the pausable
+allocator's, as a kernel's is: :func:`preloaded_or_reexec` starts the script again
+under ``LD_PRELOAD`` when it is not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
+
+GiB = 1 << 30
+
+
+def preloaded_or_reexec() -> None:
+    """Return in a preloaded process; otherwise replace this one with a preloaded copy."""
+    from jupyter_vgpu.kernel.pause import vmm
+
+    if vmm.load().preloaded:
+        return
+    env = vmm.preload_environment(dict(os.environ))
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def nvml_bytes(pid: int | None = None) -> int:
+    """This process's (or ``pid``'s) memory on GPU 0 per NVML, bytes."""
+    from jupyter_vgpu import nvml
+
+    return nvml.process_memory(nvml.list_gpus()[0].uuid).get(pid or os.getpid(), 0)
+
+
+def make(torch, name: str, nbytes: int, gen):
+    """A workload tensor of ``nbytes``: ``bf16_weights`` (N(0, 0.02)), ``fp32_adam_m``
+    (N(0, 1e-3)), ``fp32_adam_v`` (its square), ``bf16_relu_act`` (ReLU of N(0, 1)),
+    ``zeros``."""
+    if name == "bf16_weights":
+        return (torch.randn(nbytes // 2, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    if name == "fp32_adam_m":
+        return torch.randn(nbytes // 4, device="cuda", generator=gen) * 1e-3
+    if name == "fp32_adam_v":
+        return (torch.randn(nbytes // 4, device="cuda", generator=gen) * 1e-3).square()
+    if name == "bf16_relu_act":
+        return torch.relu(torch.randn(nbytes // 2, device="cuda", generator=gen)).to(torch.bfloat16)
+    if name == "zeros":
+        return torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+    raise ValueError(name)
+
+
+def _copy_all(torch, flat, slab, target, to_host: bool) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for t in flat:
+        for off in range(0, t.numel(), slab.numel()):
+            n = min(slab.numel(), t.numel() - off)
+            if to_host:
+                slab[:n].copy_(t[off : off + n], non_blocking=True)
+            else:
+                target[:n].copy_(slab[:n], non_blocking=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def raw_copies(torch, tensors, slab_bytes: int = 4 * GiB) -> tuple[float, float]:
+    """Seconds to copy every tensor's bytes to pinned host memory, and as many bytes back
+    to the device, through one reused pinned buffer (the bus's speed, as a kernel's own
+    ``non_blocking`` copies get it). The tensors are not written."""
+    slab = torch.empty(slab_bytes, dtype=torch.uint8, pin_memory=True)
+    target = torch.empty(slab_bytes, dtype=torch.uint8, device="cuda")
+    flat = [t.view(torch.uint8).view(-1) for t in tensors]
+    for to_host in (True, False):  # warm
+        _copy_all(torch, flat, slab, target, to_host)
+    times = _copy_all(torch, flat, slab, target, True), _copy_all(torch, flat, slab, target, False)
+    del target
+    torch.cuda.empty_cache()
+    return times

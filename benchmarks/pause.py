@@ -1,0 +1,190 @@
+"""Pause and resume of a kernel's GPU memory, beside the raw pinned copy of the same bytes.
+
+Workloads of 1, 8 and 32 GiB on the GPU: bf16 weights (N(0, 0.02)) and their fp32 Adam
+state (first and second moment), so the weights are a fifth of the bytes. For each:
+``pause_s`` and ``resume_s`` (until the next cell may run: every byte back and its
+checksum verified), a warm cycle first so pinned host memory comes from PyTorch's cache
+as it does from a kernel's second pause on (the cold first pause is ``cold_pause_s``),
+``host_bytes``, NVML's figure for the process while paused and while suspended (the
+driver's checkpoint, after the pause), and the raw pinned copies. Then the cost of the
+pausable allocator with nothing paused: a training step of a small transformer
+(>= 10 ms) in a preloaded process against one without the allocator.
+
+Usage (GPU machine): ``python benchmarks/pause.py --out benchmarks/results/pause-h100.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+
+from gpu_common import GiB, make, nvml_bytes, preloaded_or_reexec, raw_copies
+
+STEP = r"""
+import json, statistics, time, torch
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True)
+model = torch.nn.TransformerEncoder(layer, 6).cuda()
+opt = torch.optim.AdamW(model.parameters(), 1e-4)
+x = torch.randn(16, 256, 1024, device="cuda")
+def step():
+    opt.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    opt.step()
+for _ in range(10):
+    step()
+times = []
+for _ in range(%d):
+    torch.cuda.synchronize(); t = time.perf_counter(); step(); torch.cuda.synchronize()
+    times.append(time.perf_counter() - t)
+print(json.dumps(times))
+"""
+
+
+def step_times(preloaded: bool, steps: int) -> list[float]:
+    from jupyter_vgpu.kernel.pause import vmm
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preloaded:
+        env = vmm.preload_environment(env)
+    out = subprocess.run(
+        [sys.executable, "-c", STEP % steps], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def nvml_bytes_elsewhere(pid: int) -> int:
+    """NVML's figure for ``pid``, read by a fresh process."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import gpu_common; print(gpu_common.nvml_bytes({pid}))"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return int(
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
+
+
+def workload(torch, gib: float, gen) -> list:
+    nbytes = int(gib * GiB)
+    w = nbytes // 5 // 2 * 2
+    return [
+        make(torch, "bf16_weights", w, gen),
+        make(torch, "fp32_adam_m", 2 * w, gen),
+        make(torch, "fp32_adam_v", 2 * w, gen),
+    ]
+
+
+def measure(torch, gib: float) -> dict:
+    from jupyter_vgpu.kernel.pause import vmm
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+
+    def mark(what: str) -> None:
+        print(f"  {gib:g} GiB: {what} at {time.perf_counter() - t0:.1f} s", flush=True)
+
+    t0 = time.perf_counter()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tensors = workload(torch, gib, gen)
+    torch.cuda.synchronize()
+    gpu_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    check = [t.view(torch.uint8)[:: 1 << 20].cpu() for t in tensors]
+    raw_d2h, raw_h2d = raw_copies(torch, tensors)
+    mark("raw copies")
+    engine = PauseEngine(torch, vmm.load(), 0)
+    cold = engine.pause()
+    engine.resume()
+    mark("cold cycle")
+    out = engine.pause()
+    paused = nvml_bytes()
+    mark("pause")
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ready, _, _ = select.select([helper.stdout], [], [], 120)
+    line = helper.stdout.readline().split() if ready else ["no answer in 120 s"]
+    mark(" ".join(line))
+    # NVML is asked from another process: a locked process's own NVML calls wait for it
+    suspended = nvml_bytes_elsewhere(os.getpid()) if line[:1] == ["suspended"] else None
+    helper.stdin.write("\n")
+    helper.stdin.flush()
+    ready, _, _ = select.select([helper.stdout], [], [], 120)
+    restored = helper.stdout.readline().split() if ready else ["no answer in 120 s"]
+    helper.kill()
+    mark(" ".join(restored))
+    t = time.perf_counter()
+    back = engine.resume()
+    resume_s = time.perf_counter() - t
+    exact = all(
+        torch.equal(c, x.view(torch.uint8)[:: 1 << 20].cpu()) for c, x in zip(check, tensors, strict=True)
+    )
+    engine.close()
+    del tensors
+    torch.cuda.empty_cache()
+    return {
+        "name": f"{gib:g} GiB: bf16 weights + fp32 Adam state",
+        "gpu_bytes": gpu_bytes,
+        "host_bytes": out.host_bytes,
+        "pause_s": out.seconds,
+        "resume_s": resume_s,
+        "raw_d2h_s": raw_d2h,
+        "raw_h2d_s": raw_h2d,
+        "nvml_paused_bytes": paused,
+        "nvml_suspended_bytes": suspended,
+        "cold_pause_s": cold.seconds,
+        "suspend_s": float(line[1]) if line[:1] == ["suspended"] else None,
+        "restore_s": float(restored[1]) if restored[:1] == ["restored"] else None,
+        "codecs": list(out.codecs),
+        "resume_vs_raw_h2d": raw_h2d / resume_s,
+        "pause_vs_raw_d2h": raw_d2h / out.seconds,
+        "bit_exact": exact,
+        "resume_inner_s": back.seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,8,32", help="workload sizes, GiB")
+    parser.add_argument("--steps", type=int, default=60, help="timed training steps per run")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    preloaded_or_reexec()
+    import torch
+
+    result = {"workloads": [], "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    for gib in (float(s) for s in args.sizes.split(",")):
+        row = measure(torch, gib)
+        result["workloads"].append(row)
+        print(json.dumps(row), flush=True)
+    plain, pre = [], []
+    for _ in range(2):  # alternate, so drift hits both
+        plain += step_times(False, args.steps)
+        pre += step_times(True, args.steps)
+    result["step_s_plain"] = statistics.median(plain)
+    result["step_s_preloaded"] = statistics.median(pre)
+    result["step_overhead_idle"] = result["step_s_preloaded"] / result["step_s_plain"] - 1
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(
+        f"step {result['step_s_plain'] * 1e3:.2f} ms plain, {result['step_s_preloaded'] * 1e3:.2f} ms "
+        f"preloaded: overhead {result['step_overhead_idle']:+.4f}"
+    )
+    for r in result["workloads"]:
+        print(
+            f"{r['name']}: pause {r['pause_s']:.3f} s (raw {r['raw_d2h_s']:.3f}), "
+            f"resume {r['resume_s']:.3f} s "
+            f"(raw {r['raw_h2d_s']:.3f}), host/gpu {r['host_bytes'] / r['gpu_bytes']:.3f}, "
+            f"NVML paused {r['nvml_paused_bytes'] / GiB:.2f} GiB, suspended {r['nvml_suspended_bytes']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
