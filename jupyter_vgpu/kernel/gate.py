@@ -11,9 +11,11 @@ moves between these states, one at a time, under one condition variable:
 - ``suspending`` / ``suspended``: the whole process is checkpointed by the driver.
 - ``resuming``: the memory is coming back; every entry waits for it.
 
-A handler that finds the kernel paused or suspended brings it back first, in its own
-thread, before any of its code runs: :meth:`enter` calls the ``resume`` function it was
-given (which may wait for room on the device) and only then lets the handler run.
+The first handler to enter (while none runs) is admitted, in its own thread, before
+any of its code runs: :meth:`enter` calls the ``resume`` function it was given with the
+state the kernel is in (``idle``, ``paused`` or ``suspended``); it asks the node arbiter
+for room (when there is one) and brings the memory back if it was away, and may block
+until the card has room. Handlers entering while one runs are already admitted.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ class Gate:
 
     Args:
         resume: called (in the entering thread, outside the gate's lock) with the state
-            the kernel is in (``paused`` or ``suspended``) to bring it back; may block
-            until the device has room; raises to refuse the entry (the kernel stays away).
+            the kernel is in (``idle``, ``paused`` or ``suspended``) before the first
+            handler runs; may block until the card has room; raises to refuse the entry
+            (the kernel stays as it was).
         on_change: called with the new state after every change (for reports); must be
             quick and must not call the gate.
     """
@@ -66,26 +69,28 @@ class Gate:
             return 0.0 if self.busy else time.monotonic() - self.last_active
 
     def enter(self) -> None:
-        """Before a handler: wait out a pause in progress, bring the kernel back if it is
-        away, then count the handler as running.
+        """Before a handler: wait out a pause in progress, admit the kernel (room, and
+        its memory back if it was away) unless a handler already runs, then count the
+        handler as running.
 
         Raises:
-            Exception: whatever ``resume`` raised; the kernel stays away and the handler
-                must not run.
+            Exception: whatever ``resume`` raised; the kernel stays as it was and the
+                handler must not run.
         """
         with self._cond:
             while self.state in (PAUSING, SUSPENDING, RESUMING):
                 self._cond.wait()
-            away = self.state if self.state in AWAY else None
-            if away:
-                self._set(RESUMING)
-        if away:
-            try:
-                self._resume(away)
-            except BaseException:
-                with self._cond:
-                    self._set(away)
-                raise
+            if self.busy:
+                self.busy += 1
+                return
+            prior = self.state
+            self._set(RESUMING)
+        try:
+            self._resume(prior)
+        except BaseException:
+            with self._cond:
+                self._set(prior)
+            raise
         with self._cond:
             self.busy += 1
             self._set(BUSY)

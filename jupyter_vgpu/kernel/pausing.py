@@ -59,10 +59,9 @@ class PauseControl:
         self.unavailable: str | None = None  # why memory cannot be paused here
         self.last_refusal: str | None = None
         self.last_error: str | None = None  # why the last pause after a cell failed
-        #: asks the node arbiter for room: (bytes needed) -> None, blocking; set by the client.
-        self.ask_room: Callable[[int], None] | None = None
-        #: restores a suspended kernel from outside (the arbiter); set by the client.
-        self.ask_restore: Callable[[], None] | None = None
+        #: asks the node arbiter for room, blocking: ("run" | "resume" | "restore") -> None;
+        #: raises MemoryError when it refuses. Set by the arbiter client.
+        self.ask_room: Callable[[str], None] | None = None
         self.listeners: list[Callable[[str], None]] = []
         self._helper: subprocess.Popen | None = None
         self._pause_after_cell = False
@@ -188,8 +187,11 @@ class PauseControl:
     # -- coming back ---------------------------------------------------------------------
 
     def _come_back(self, state: str) -> None:
-        """Called by the gate, in the thread of the message that needs the kernel."""
-        if state == g.SUSPENDED:
+        """Called by the gate, in the thread of the first message that needs the kernel:
+        room from the arbiter (which restores a suspended kernel), then the memory back."""
+        if self.ask_room is not None:
+            self.ask_room({g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run"))
+        elif state == g.SUSPENDED:
             self._restore()
         engine = self.engine
         if engine is None or engine.state != "paused":
@@ -205,7 +207,7 @@ class PauseControl:
             except vmm.DeviceFull:
                 need = engine.room_needed()
                 if self.ask_room is not None:
-                    self.ask_room(need)  # the arbiter makes room (it may queue us)
+                    self.ask_room("resume")  # room the arbiter saw was taken meanwhile: ask again
                     continue
                 if time.monotonic() > deadline:
                     raise MemoryError(
@@ -227,8 +229,26 @@ class PauseControl:
             if not line.startswith("restored"):
                 raise RuntimeError(f"restoring through the driver failed: {line or 'no answer'}")
             self.last_restore_seconds = float(line.split()[1])
-        elif self.ask_restore is not None:
-            self.ask_restore()
+
+    def prepare_suspend(self) -> None:
+        """For the arbiter: pause (if not paused yet) and hold every message; the arbiter
+        then checkpoints the process from outside and restores it when a message comes.
+
+        Raises:
+            gate.Refused: the kernel is busy, or code of its own may run while idle.
+        """
+        if self.gate.state == g.IDLE:
+            reason = self.check()
+            if reason:
+                self.last_refusal = reason
+                raise g.Refused(reason)
+
+        def work():
+            engine = self._engine()
+            if engine is not None and engine.state == "active":
+                engine.pause()
+
+        self.gate.away(work, to=g.SUSPENDED)
 
     # -- cells ---------------------------------------------------------------------------
 

@@ -1,0 +1,184 @@
+"""The node arbiter's program: ``jupyter-vgpu-arbiter`` (or ``python -m jupyter_vgpu.node``).
+
+One per GPU host. ``hub_spawner.setup(c)`` runs it as a JupyterHub-managed service
+(the Hub starts and restarts it and gives it a token); on Kubernetes the same program
+runs as a DaemonSet. Settings are traits of ``c.ArbiterApp`` in a config file
+(``--config``) or on the command line (``--ArbiterApp.queue_timeout=120``).
+
+Where slices come from: a Hub-managed arbiter reads the Hub's running slices
+(``GET /hub/api/vgpu/slices``, with its service token) every ``hub_poll_seconds`` and
+whenever an unknown process connects; any other program running as the arbiter's own
+user (or root) may register a process tree with a slice over the socket (benchmarks,
+tests). Nothing a kernel sends is an authority on limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+from jupyter_core.paths import jupyter_runtime_dir
+from traitlets import Float, Int, Unicode, default
+from traitlets.config import Application
+
+from jupyter_vgpu.slice import Slice, SliceError
+
+from .arbiter import Arbiter
+
+#: Environment variable naming the arbiter's socket to servers and kernels.
+SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
+
+
+def default_socket() -> str:
+    """``$JUPYTER_VGPU_ARBITER``, else ``/run/jupyter-vgpu/arbiter.sock`` for root, else a
+    path in the user's Jupyter runtime directory."""
+    if os.environ.get(SOCKET_ENV):
+        return os.environ[SOCKET_ENV]
+    if os.getuid() == 0:
+        return "/run/jupyter-vgpu/arbiter.sock"
+    return str(Path(jupyter_runtime_dir()) / "jupyter-vgpu" / "arbiter.sock")
+
+
+class HubLink:
+    """Reads the running slices from the Hub with the service's token.
+
+    Each entry of ``GET {JUPYTERHUB_API_URL}/vgpu/slices`` with a ``pid`` (the server's
+    process on this host) and a ``slice`` registers that process tree.
+    """
+
+    def __init__(self, arbiter: Arbiter, api_url: str, token: str):
+        self.arbiter = arbiter
+        self.url = api_url.rstrip("/") + "/vgpu/slices"
+        self.token = token
+        self.log = logging.getLogger("jupyter_vgpu.node")
+        self._warned = False
+
+    async def refresh(self) -> None:
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+        try:
+            response = await AsyncHTTPClient().fetch(
+                self.url, headers={"Authorization": f"token {self.token}"}, request_timeout=10
+            )
+            entries = json.loads(response.body)
+        except (HTTPClientError, OSError, ValueError) as e:
+            if not self._warned:
+                self.log.warning("cannot read the Hub's slices at %s: %s", self.url, e)
+                self._warned = True
+            return
+        self._warned = False
+        if isinstance(entries, dict):
+            entries = entries.get("slices", [])
+        seen = set()
+        for entry in entries if isinstance(entries, list) else []:
+            pid = entry.get("pid") if isinstance(entry, dict) else None
+            if not isinstance(pid, int) or pid <= 0:
+                continue
+            try:
+                slice_ = Slice.from_dict(entry["slice"])
+            except (SliceError, KeyError, TypeError) as e:
+                self.log.error("the Hub sent an unusable slice for pid %s: %s", pid, e)
+                continue
+            self.arbiter.register(pid, str(entry.get("user", "")), str(entry.get("server_name", "")), slice_)
+            seen.add(pid)
+        for pid in [p for p in self.arbiter.servers if p not in seen]:
+            del self.arbiter.servers[pid]  # stopped on the Hub
+
+
+class ArbiterApp(Application):
+    """The node arbiter of one GPU host."""
+
+    name = "jupyter-vgpu-arbiter"
+    description = "Owns this host's GPUs: makes room for whoever runs a cell by pausing idle kernels."
+
+    socket_path = Unicode(
+        help="Unix socket kernels and servers connect to; its directory is made writable by "
+        "the arbiter's user alone. Default: $JUPYTER_VGPU_ARBITER, /run/jupyter-vgpu/arbiter.sock "
+        "for root, else under the Jupyter runtime directory."
+    ).tag(config=True)
+
+    @default("socket_path")
+    def _socket_default(self):
+        return default_socket()
+
+    queue_timeout = Float(
+        600.0, help="Seconds a cell waits for room on its GPU before it fails with a readable error."
+    ).tag(config=True)
+
+    pause_timeout = Float(120.0, help="Seconds to wait for a kernel to acknowledge a pause or suspend.").tag(
+        config=True
+    )
+
+    watermark = Float(
+        0.9,
+        help="Above this fraction of a card's memory in use, kernels idle longer than their "
+        "slice's idle_seconds are paused in the background.",
+    ).tag(config=True)
+
+    suspend_after = Float(
+        1800.0,
+        help="Paused kernels idle longer than this (seconds) are suspended (the driver's checkpoint: "
+        "their CUDA context leaves the card too); 0 never suspends.",
+    ).tag(config=True)
+
+    poll_seconds = Float(1.0, help="Seconds between two background looks at the cards.").tag(config=True)
+
+    hub_poll_seconds = Float(5.0, help="Seconds between two reads of the Hub's slices.").tag(config=True)
+
+    metrics_port = Int(0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: not served).").tag(config=True)
+
+    aliases = {
+        "socket": "ArbiterApp.socket_path",
+        "queue-timeout": "ArbiterApp.queue_timeout",
+        "metrics-port": "ArbiterApp.metrics_port",
+        "config": "ArbiterApp.config_file",
+    }
+
+    config_file = Unicode("", help="A Python or JSON config file to load.").tag(config=True)
+
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+        logging.basicConfig(level=logging.INFO, format="[%(name)s %(asctime)s] %(message)s")
+
+    async def serve(self) -> None:
+        from . import checkpoint
+
+        reason = checkpoint.unavailable()
+        if reason:
+            self.log.info("suspend unavailable here (%s): kernels are paused, never suspended", reason)
+        arbiter = Arbiter(self, checkpoint=None if reason else checkpoint)
+        url, token = os.environ.get("JUPYTERHUB_API_URL"), os.environ.get("JUPYTERHUB_API_TOKEN")
+        hub = HubLink(arbiter, url, token) if url and token else None
+        if hub is not None:
+            arbiter.refresh_servers = hub.refresh
+            await hub.refresh()
+        if self.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(self.metrics_port, addr="127.0.0.1", registry=arbiter.metrics.registry)
+        await arbiter.start(self.socket_path)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.hub_poll_seconds)
+            if hub is not None and not stop.is_set():
+                await hub.refresh()
+        await arbiter.stop()
+
+    def start(self):
+        asyncio.run(self.serve())
+
+
+def main(argv=None) -> None:
+    """The ``jupyter-vgpu-arbiter`` command."""
+    ArbiterApp.launch_instance(argv)

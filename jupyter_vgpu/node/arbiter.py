@@ -1,0 +1,442 @@
+"""The node arbiter: owns the host's cards and makes room for whoever runs a cell.
+
+Kernels connect to its Unix socket (:mod:`.protocol`); the arbiter knows each by its
+peer credentials and the registered process tree it descends from (:mod:`.peers`),
+never by what it says. Before a kernel runs code it asks for room; the arbiter pauses
+or suspends idle kernels on that card (:func:`.books.victims`), waiting for each one's
+acknowledgement and for the memory to show up free, and grants the request, or queues
+it with a message the user sees until room appears or the timeout passes. In the
+background it pauses kernels idle longer than ``idle_seconds`` while a card is above its
+watermark, and suspends kernels idle longer than ``suspend_after``.
+
+All of it runs on one asyncio loop; NVML readings and the driver's checkpoint calls
+run in a thread pool so the loop never waits on the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from jupyter_vgpu.slice import Slice, SliceError
+from jupyter_vgpu.units import format_bytes
+
+from . import books, cards, peers, protocol
+from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
+from .cards import Reading
+from .metrics import Metrics
+
+log = logging.getLogger("jupyter_vgpu.node")
+
+
+class _Conn:
+    """One connected client."""
+
+    def __init__(self, reader, writer, pid: int, uid: int, trusted: bool):
+        self.reader, self.writer = reader, writer
+        self.pid, self.uid, self.trusted = pid, uid, trusted
+        self.kernel: Kernel | None = None
+        self.pending: dict[int, asyncio.Future] = {}
+        self.next_id = 1
+
+    async def send(self, msg: dict) -> None:
+        self.writer.write(protocol.encode(msg))
+        await self.writer.drain()
+
+    async def ask(self, msg: dict, timeout: float) -> dict:
+        """Send a request and wait for its reply (``{"ok": False}`` on timeout or hang-up)."""
+        rid = self.next_id
+        self.next_id += 1
+        future = asyncio.get_running_loop().create_future()
+        self.pending[rid] = future
+        try:
+            await self.send({**msg, "id": rid})
+            return await asyncio.wait_for(future, timeout)
+        except (TimeoutError, ConnectionError):
+            return {"ok": False, "message": f"no answer within {timeout:.0f} s"}
+        finally:
+            self.pending.pop(rid, None)
+
+
+class Arbiter:
+    """The books and decisions of one host.
+
+    Args:
+        config: the :class:`~.app.ArbiterApp` (its settings: ``suspend_after``,
+            ``watermark``, ``queue_timeout``, ``poll_seconds``, ``pause_timeout``).
+        checkpoint: the module suspending and restoring processes
+            (:mod:`.checkpoint`), or None where the driver lacks it.
+    """
+
+    def __init__(self, config, checkpoint=None):
+        self.config = config
+        self.checkpoint = checkpoint
+        self.servers: dict[int, Server] = {}
+        self.conns: dict[int, _Conn] = {}  # kernel pid -> its connection
+        self.metrics = Metrics()
+        self.decisions: collections.deque = collections.deque(maxlen=200)
+        self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._changed: asyncio.Condition | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._inflight: set[asyncio.Task] = set()
+        self.refresh_servers = None  # async callable re-reading registrations (the Hub link)
+
+    # -- the books -------------------------------------------------------------------
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [c.kernel for c in self.conns.values() if c.kernel is not None]
+
+    def on_card(self, uuid: str) -> list[Kernel]:
+        return [k for k in self.kernels if k.slice.gpu_uuid == uuid]
+
+    def server_of(self, pid: int) -> Server | None:
+        root = peers.root_in(pid, self.servers)
+        return self.servers.get(root) if root is not None else None
+
+    def register(self, pid: int, user: str, name: str, slice_: Slice) -> Server:
+        """Give the process tree rooted at ``pid`` a slice (from the Hub or a trusted client)."""
+        server = Server(pid, user, name, slice_)
+        old = self.servers.get(pid)
+        self.servers[pid] = server
+        for kernel in self.kernels:
+            if kernel.server.pid == pid:
+                kernel.server = server
+        if old is None or old.slice != slice_:
+            log.info("registered %s: pid %d, %s budget", server.key, pid, format_bytes(slice_.memory_limit))
+            for conn in self.conns.values():
+                if conn.kernel is not None and conn.kernel.server is server:
+                    self._spawn(self._send(conn, {"type": "slice", "slice": slice_.to_dict()}))
+        return server
+
+    def _simulated_total(self, uuid: str) -> int | None:
+        for server in self.servers.values():
+            if server.slice.gpu_uuid == uuid:
+                return server.slice.gpu_memory if server.slice.simulated else None
+        return None
+
+    async def read(self, uuid: str) -> Reading:
+        """The card now; on a real card every kernel's ``resident`` is updated from NVML."""
+        kernels = self.on_card(uuid)
+        reported = {k.pid: k.resident for k in kernels}
+        total = self._simulated_total(uuid)
+        reading = await asyncio.get_running_loop().run_in_executor(None, cards.read, uuid, total, reported)
+        if total is None:
+            for k in kernels:
+                k.resident = reading.processes.get(k.pid, 0)
+        return reading
+
+    def snapshot(self) -> dict:
+        """The arbiter's view: servers, kernels and recent decisions (``books`` requests)."""
+        now = time.monotonic()
+        return {
+            "servers": [
+                {"pid": s.pid, "user": s.user, "server": s.name, "gpu_uuid": s.slice.gpu_uuid}
+                for s in self.servers.values()
+            ],
+            "kernels": [
+                {
+                    "pid": k.pid,
+                    "server": k.server.key,
+                    "kernel_id": k.kernel_id,
+                    "state": k.state,
+                    "idle_seconds": k.idle_for(now),
+                    "resident": k.resident,
+                    "paused_bytes": k.paused_bytes,
+                    "host_bytes": k.host_bytes,
+                    "budget": k.budget,
+                    "gpu_uuid": k.slice.gpu_uuid,
+                }
+                for k in self.kernels
+            ],
+            "decisions": list(self.decisions),
+        }
+
+    def _spawn(self, coro) -> None:
+        """Run ``coro`` as a task the arbiter keeps a reference to until it ends."""
+        task = asyncio.ensure_future(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    def _decide(self, what: str, **fields) -> None:
+        entry = {"time": time.time(), "what": what, **fields}
+        self.decisions.append(entry)
+        log.info("%s %s", what, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+    async def _notify(self) -> None:
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
+    # -- the socket ------------------------------------------------------------------
+
+    async def start(self, path: str | Path) -> None:
+        """Listen on ``path`` (its directory is made, owned by us, writable by us alone)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o755)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self._changed = asyncio.Condition()
+        self._server = await asyncio.start_unix_server(self._serve, str(path), limit=protocol.MAX_LINE)
+        os.chmod(path, 0o666)  # anyone may connect; who they are comes from the kernel
+        self._tasks.append(asyncio.ensure_future(self._background()))
+        log.info("listening on %s", path)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for conn in list(self.conns.values()):
+            conn.writer.close()
+
+    async def _send(self, conn: _Conn, msg: dict) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await conn.send(msg)
+
+    async def _serve(self, reader, writer) -> None:
+        pid, uid, _ = peers.peer_credentials(writer.get_extra_info("socket"))
+        conn = _Conn(reader, writer, pid, uid, trusted=uid in (0, os.getuid()))
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (asyncio.LimitOverrunError, ValueError):
+                    await self._send(conn, {"type": "error", "message": "line too long"})
+                    return
+                if not line:
+                    return
+                try:
+                    msg = protocol.decode(line)
+                except protocol.ProtocolError as e:
+                    await self._send(conn, {"type": "error", "message": str(e)})
+                    continue
+                await self._dispatch(conn, msg)
+        except ConnectionError:
+            pass
+        finally:
+            if conn.kernel is not None and self.conns.get(conn.pid) is conn:
+                del self.conns[conn.pid]
+                self._decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
+                await self._notify()
+            for future in conn.pending.values():
+                if not future.done():
+                    future.set_result({"ok": False, "message": "the kernel hung up"})
+            writer.close()
+
+    async def _dispatch(self, conn: _Conn, msg: dict) -> None:
+        kind = msg["type"]
+        if kind in protocol.TRUSTED:
+            if not conn.trusted:
+                await self._send(conn, {"type": "error", "message": f"{kind} is for the arbiter's own user"})
+                return
+            await self._trusted(conn, msg)
+        elif kind == "hello":
+            await self._hello(conn, msg)
+        elif conn.kernel is None:
+            await self._send(conn, {"type": "error", "message": "say hello first"})
+        elif kind == "state":
+            self._state(conn.kernel, msg)
+            await self._notify()
+        elif kind == "room":
+            self._spawn(self._room(conn, msg["id"], msg["for"]))
+        elif kind == "reply":
+            future = conn.pending.get(msg["id"])
+            if future is not None and not future.done():
+                future.set_result(msg)
+
+    async def _trusted(self, conn: _Conn, msg: dict) -> None:
+        kind = msg["type"]
+        if kind == "register":
+            try:
+                slice_ = Slice.from_dict(msg["slice"])
+            except SliceError as e:
+                await self._send(conn, {"type": "error", "message": f"register: {e}"})
+                return
+            self.register(msg["pid"], msg["user"], msg["server"], slice_)
+            await self._send(conn, {"type": "ok"})
+        elif kind == "unregister":
+            self.servers.pop(msg["pid"], None)
+            await self._send(conn, {"type": "ok"})
+        else:
+            await self._send(conn, {"type": "ok", "books": self.snapshot()})
+
+    async def _hello(self, conn: _Conn, msg: dict) -> None:
+        server = self.server_of(conn.pid)
+        if server is None and self.refresh_servers is not None:
+            await self.refresh_servers()
+            server = self.server_of(conn.pid)
+        if server is None:
+            await self._send(conn, {"type": "welcome", "slice": None, "server": None})
+            return
+        old = self.conns.get(conn.pid)
+        if old is not None and old is not conn:
+            old.writer.close()
+        conn.kernel = Kernel(conn.pid, server, msg["kernel_id"])
+        self.conns[conn.pid] = conn
+        self._decide("kernel joined", server=server.key, pid=conn.pid)
+        await self._send(conn, {"type": "welcome", "slice": server.slice.to_dict(), "server": server.key})
+
+    def _state(self, kernel: Kernel, msg: dict) -> None:
+        if msg["state"] != kernel.state:
+            kernel.state, kernel.since = msg["state"], time.monotonic()
+            if kernel.state != ACTIVE:
+                kernel.granted = 0
+        if kernel.slice.simulated:  # no counters: the kernel's figure is all there is
+            kernel.resident = msg["resident"]
+        kernel.paused_bytes, kernel.host_bytes = msg["paused_bytes"], msg["host_bytes"]
+        if msg["resume_seconds"] is not None:
+            self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="pause").observe(
+                msg["resume_seconds"]
+            )
+
+    # -- room ------------------------------------------------------------------------
+
+    async def _room(self, conn: _Conn, rid: int, purpose: str) -> None:
+        kernel = conn.kernel
+        uuid = kernel.slice.gpu_uuid
+        t0 = time.monotonic()
+        deadline = t0 + self.config.queue_timeout
+        told = False
+        while True:
+            async with self._locks[uuid]:
+                short, reading = await self._make_room(kernel, uuid)
+                if short <= 0:
+                    if purpose == "restore" and kernel.state == SUSPENDED:
+                        ok, why = await self._restore(kernel)
+                        if not ok:
+                            await self._send(conn, {"type": "deny", "id": rid, "message": why})
+                            return
+                    kernel.state, kernel.since, kernel.granted = ACTIVE, time.monotonic(), kernel.budget
+                    waited = time.monotonic() - t0
+                    self.metrics.queue_wait.labels(gpu=uuid).observe(waited)
+                    await self._send(conn, {"type": "grant", "id": rid})
+                    return
+            running = [k for k in self.on_card(uuid) if k.state == ACTIVE and k is not kernel]
+            message = (
+                f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) running, "
+                f"{format_bytes(short + reading.free)} needed, {format_bytes(reading.free)} free"
+            )
+            if time.monotonic() >= deadline:
+                self._decide("denied", server=kernel.server.key, gpu=uuid, message=message)
+                await self._send(
+                    conn,
+                    {
+                        "type": "deny",
+                        "id": rid,
+                        "message": f"no room on the GPU after {self.config.queue_timeout:.0f} s ({message})",
+                    },
+                )
+                return
+            if not told:
+                self._decide("queued", server=kernel.server.key, gpu=uuid, message=message)
+                await self._send(conn, {"type": "wait", "id": rid, "message": message})
+                told = True
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 1.0)
+
+    async def _make_room(self, kernel: Kernel, uuid: str) -> tuple[int, Reading]:
+        """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short."""
+        reading = await self.read(uuid)
+        others = [k for k in self.on_card(uuid) if k is not kernel]
+        short = books.shortfall(kernel, reading.free, others)
+        if short <= 0:
+            return short, reading
+        for victim, action in books.victims(others, kernel, self.config.suspend_after):
+            if action == "suspend" and self.checkpoint is None:
+                continue
+            ok = await self._take_off(victim, action, reason=f"room for {kernel.server.key}")
+            if not ok:
+                continue
+            reading = await self.read(uuid)
+            short = books.shortfall(kernel, reading.free, [k for k in self.on_card(uuid) if k is not kernel])
+            if short <= 0:
+                break
+        return short, reading
+
+    async def _take_off(self, kernel: Kernel, action: str, reason: str) -> bool:
+        """Pause (or pause, then suspend) ``kernel``; True when its memory left the card."""
+        conn = self.conns.get(kernel.pid)
+        if conn is None:
+            return False
+        uuid = kernel.slice.gpu_uuid
+        t0 = time.monotonic()
+        before = (await self.read(uuid)).used
+        answer = await conn.ask({"type": action}, self.config.pause_timeout)
+        if not answer.get("ok"):
+            self._decide(f"{action} refused", server=kernel.server.key, message=answer.get("message", ""))
+            return False
+        if action == "suspend":
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.checkpoint.suspend, kernel.pid)
+            except Exception as e:
+                self._decide("suspend failed", server=kernel.server.key, message=str(e))
+                return False
+            kernel.state, kernel.since = SUSPENDED, time.monotonic()
+            self.metrics.suspends.labels(gpu=uuid).inc()
+        else:
+            kernel.state = PAUSED
+            self.metrics.pauses.labels(gpu=uuid, reason="room" if reason.startswith("room") else "idle").inc()
+        await self._settle(uuid, before)
+        took = time.monotonic() - t0
+        self._decide(action, server=kernel.server.key, pid=kernel.pid, reason=reason, seconds=round(took, 3))
+        return True
+
+    async def _settle(self, uuid: str, before: int, timeout: float = 2.0) -> None:
+        """Wait (briefly) for NVML to show the memory a pause released."""
+        if self._simulated_total(uuid) is not None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (await self.read(uuid)).used < before:
+                return
+            await asyncio.sleep(0.02)
+
+    async def _restore(self, kernel: Kernel) -> tuple[bool, str]:
+        try:
+            seconds = await asyncio.get_running_loop().run_in_executor(
+                None, self.checkpoint.restore, kernel.pid
+            )
+        except Exception as e:
+            return False, f"restoring the kernel failed: {e}"
+        self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
+        self._decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
+        return True, ""
+
+    # -- in the background -----------------------------------------------------------
+
+    async def _background(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_seconds)
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("background step failed")
+
+    async def tick(self) -> None:
+        """One background step: pause idle kernels on full cards, suspend long-idle ones."""
+        now = time.monotonic()
+        for uuid in {k.slice.gpu_uuid for k in self.kernels}:
+            if self._locks[uuid].locked():
+                continue  # a room request is deciding on this card
+            async with self._locks[uuid]:
+                reading = await self.read(uuid)
+                kernels = self.on_card(uuid)
+                todo = books.ahead_of_time(kernels, reading.used, reading.total, self.config.watermark, now)
+                if self.checkpoint is not None and self.config.suspend_after > 0:
+                    todo += [
+                        (k, "suspend")
+                        for k in kernels
+                        if k.state == PAUSED and k.idle_for(now) >= self.config.suspend_after
+                    ]
+                for kernel, action in todo:
+                    await self._take_off(kernel, action, reason="idle")

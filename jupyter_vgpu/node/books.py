@@ -1,0 +1,151 @@
+"""The arbiter's books: every card, server and kernel of the host, and whom to pause for whom.
+
+Pure bookkeeping, no I/O: :mod:`.arbiter` feeds it what kernels report and what NVML
+measures, and asks it two questions. :func:`shortfall`: how many bytes must be freed on
+a card before a kernel may run (its budget, less what it already holds, against the
+card's free memory and the growth other running kernels are entitled to).
+:func:`victims`: which idle kernels to pause or suspend for it, in the order the design
+map gives (see DESIGN.md, "Room on demand"): kernels eligible for suspension first
+(idle longer than ``suspend_after`` and already paused), then the longest idle, the
+lowest priority, and the most above their guaranteed request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from jupyter_vgpu.slice import Slice
+
+#: Kernel states, as kernels report them.
+ACTIVE, IDLE, PAUSED, SUSPENDED = "active", "idle", "paused", "suspended"
+
+
+@dataclasses.dataclass
+class Server:
+    """A user's single-user server (or any process tree with a slice).
+
+    Attributes:
+        pid: the root of its process tree; every descendant belongs to it.
+        user: the user's name.
+        name: the server's name ("" for the default server).
+        slice: its slice (the budget is per kernel, as everywhere).
+    """
+
+    pid: int
+    user: str
+    name: str
+    slice: Slice
+
+    @property
+    def key(self) -> str:
+        return f"{self.user}/{self.name}"
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One kernel connected to the arbiter.
+
+    Attributes:
+        pid: its process (from the socket's peer credentials, not from what it says).
+        server: the server it belongs to.
+        kernel_id: the id it gave (a figure for display, not an identity).
+        state: one of ACTIVE, IDLE, PAUSED, SUSPENDED.
+        since: monotonic seconds when it entered that state.
+        resident: bytes it holds on the card (NVML, or its own figure on a simulated GPU).
+        paused_bytes: bytes released by its pause (what a resume needs back).
+        host_bytes: bytes its paused memory takes in host memory.
+        granted: bytes of growth it was promised for the cell it runs.
+    """
+
+    pid: int
+    server: Server
+    kernel_id: str = ""
+    state: str = IDLE
+    since: float = dataclasses.field(default_factory=time.monotonic)
+    resident: int = 0
+    paused_bytes: int = 0
+    host_bytes: int = 0
+    granted: int = 0
+
+    @property
+    def slice(self) -> Slice:
+        return self.server.slice
+
+    @property
+    def budget(self) -> int:
+        return self.slice.memory_limit
+
+    @property
+    def request(self) -> int:
+        """The guaranteed part of the budget, bytes (the whole budget for slices without one)."""
+        return getattr(self.slice, "memory_request", None) or self.budget
+
+    @property
+    def priority(self) -> int:
+        return getattr(self.slice, "priority", 0) or 0
+
+    def idle_for(self, now: float | None = None) -> float:
+        """Seconds since it last ran code (0 while it runs)."""
+        if self.state == ACTIVE:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.since
+
+    def describe(self) -> str:
+        return f"{self.server.key} (pid {self.pid}, {self.state})"
+
+
+def shortfall(kernel: Kernel, free: int, others: list[Kernel]) -> int:
+    """Bytes that must still be freed on the card before ``kernel`` may run.
+
+    ``kernel`` may grow to its budget; it holds ``resident`` already, and a paused or
+    suspended kernel needs its paused bytes back first. Every other running kernel keeps
+    the growth it was granted. Free memory is the card's, as measured.
+
+    Args:
+        kernel: the kernel that wants to run.
+        free: free bytes on its card now.
+        others: the card's other kernels.
+    """
+    need = max(0, kernel.budget - kernel.resident)
+    promised = sum(max(0, k.granted - k.resident) for k in others if k.state == ACTIVE)
+    return max(0, need + promised - free)
+
+
+def victims(
+    card_kernels: list[Kernel], asking: Kernel, suspend_after: float, now: float | None = None
+) -> list:
+    """Kernels to take off the card for ``asking``, in order, with what to do to each:
+    ``[(kernel, "pause" | "suspend")]``. Only idle or paused kernels qualify (never a
+    running one, never ``asking``); a paused kernel can still give its CUDA context back
+    by being suspended.
+
+    Order: suspensions due (paused longer than ``suspend_after``), then pauses by
+    longest idle, lowest priority, most above request; then the remaining suspensions.
+    """
+    now = time.monotonic() if now is None else now
+    idle = [k for k in card_kernels if k is not asking and k.state == IDLE]
+    paused = [k for k in card_kernels if k is not asking and k.state == PAUSED]
+    due = [k for k in paused if k.idle_for(now) >= suspend_after]
+    rest = [k for k in paused if k not in due]
+    idle.sort(key=lambda k: (-k.idle_for(now), k.priority, -(k.resident - k.request)))
+    due.sort(key=lambda k: -k.idle_for(now))
+    rest.sort(key=lambda k: -k.idle_for(now))
+    return [(k, "suspend") for k in due] + [(k, "pause") for k in idle] + [(k, "suspend") for k in rest]
+
+
+def ahead_of_time(card_kernels: list[Kernel], used: int, total: int, watermark: float, now: float) -> list:
+    """Kernels to pause in the background on a card above ``watermark`` (a fraction of
+    its memory in use): idle longer than their slice's ``idle_seconds``, longest idle
+    first, until the card would be under the watermark; ``[(kernel, "pause")]``."""
+    if used <= watermark * total:
+        return []
+    out, freed = [], 0
+    for k in sorted(card_kernels, key=lambda k: -k.idle_for(now)):
+        if k.state != IDLE or k.idle_for(now) < k.slice.idle_seconds:
+            continue
+        out.append((k, "pause"))
+        freed += k.resident
+        if used - freed <= watermark * total:
+            break
+    return out

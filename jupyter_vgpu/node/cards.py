@@ -1,0 +1,50 @@
+"""The cards of this host as the arbiter sees them: measured by NVML, or simulated.
+
+A simulated card (the slices on it say ``simulated``: CI, laptops, the demo) has no
+counters: its memory is the slice's ``gpu_memory`` and its memory in use the sum of
+what the kernels on it report holding, so the arbiter keeps the same books and makes
+the same decisions, and tests exercise them for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """One look at a card.
+
+    Attributes:
+        total: memory, bytes.
+        used: memory in use by every process, bytes.
+        processes: bytes per PID (the kernels' own figures on a simulated card).
+    """
+
+    total: int
+    used: int
+    processes: dict[int, int]
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+
+def read(uuid: str, simulated_total: int | None, reported: dict[int, int]) -> Reading:
+    """The card ``uuid`` now.
+
+    Args:
+        uuid: the card's NVML UUID.
+        simulated_total: its memory when it is simulated (None: ask NVML).
+        reported: bytes per PID as the kernels report them; the whole truth on a
+            simulated card, ignored on a real one.
+
+    Raises:
+        jupyter_vgpu.nvml.NVMLUnavailable: the driver does not answer.
+    """
+    if simulated_total is not None:
+        return Reading(simulated_total, sum(reported.values()), dict(reported))
+    from jupyter_vgpu import nvml
+
+    used, total, _ = nvml.device_usage(uuid)
+    return Reading(total, used, nvml.process_memory(uuid))
