@@ -192,8 +192,8 @@ def _explain(error) -> str:
 def _validator(name: str):
     import jsonschema
     from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
 
-    registry = Registry().with_resources((f"{URN}{n}", Resource.from_contents(schema(n))) for n in names())
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many(
         {
@@ -205,5 +205,11 @@ def _validator(name: str):
         }
     )
     cls = jsonschema.validators.extend(base, type_checker=checker)
+    # Without "$schema", a schema reached through $ref keeps these strict types:
+    # jsonschema picks the validator class of a resource that names its dialect.
+    contents = {n: {k: v for k, v in schema(n).items() if k != "$schema"} for n in names()}
+    registry = Registry().with_resources(
+        (f"{URN}{n}", Resource(contents=c, specification=DRAFT202012)) for n, c in contents.items()
+    )
     cls.check_schema(schema(name))
-    return cls(schema(name), registry=registry)
+    return cls(contents[name], registry=registry)

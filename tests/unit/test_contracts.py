@@ -3,6 +3,7 @@ the TypeScript types derived from them, and the kernel's own slice checks in ste
 
 import json
 import math
+import re
 
 import jsonschema
 import pytest
@@ -145,3 +146,29 @@ def test_a_valid_slice_passes_both_and_round_trips():
     s = Slice("MIG-1", 1, "H100 MIG 1g.10gb", 10 * GiB, 10 * GiB, 14, isolation="mig", priority=70)
     contracts.validate("slice", json.loads(s.to_json()))
     assert Slice.from_json(s.to_json()) == s
+
+
+def test_documents_reached_through_a_reference_keep_the_strict_types():
+    usage = {
+        "version": 1,
+        "slice": {**SLICE, "idle_seconds": math.inf},
+        "simulated": True,
+        "pressure": False,
+        "timestamp": math.nan,
+        "gpu": None,
+        "totals": {"used": 1.0, "reserved": 0, "offloaded": 0, "offloaded_compressed": 0},
+        "kernels": [],
+    }
+    for path, message in [
+        ("timestamp", "usage.timestamp: must be a number, not NaN"),
+        ("totals", "usage.totals.used: must be an integer"),
+        ("slice", "usage.slice.idle_seconds: must be a number, not NaN or infinite"),
+    ]:
+        good = {
+            "timestamp": 1.0,
+            "totals": {"used": 0, "reserved": 0, "offloaded": 0, "offloaded_compressed": 0},
+            "slice": SLICE,
+        }
+        bad = {**usage, **{k: v for k, v in good.items() if k != path}}
+        with pytest.raises(contracts.ContractError, match=re.escape(message)):
+            contracts.validate("usage-report", {"server_name": "", "usage": bad})
