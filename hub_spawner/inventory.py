@@ -15,12 +15,11 @@ shared with the backend ``VGPUHub.isolation`` or its per-GPU override.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Mapping
 
 from jupyterhub.traitlets import ByteSpecification
-from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu import nvml
@@ -121,10 +120,6 @@ class GPUInventory(LoggingConfigurable):
 
     _cards: list[Card] | None = None
     _error: str | None = None
-
-    @default("log")
-    def _log_default(self):
-        return logging.getLogger("jupyterhub")
 
     @property
     def cards(self) -> list[Card]:

@@ -18,19 +18,17 @@ it (the id does not change), and a new user of an old name starts with none.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jupyterhub import orm
 from sqlalchemy import BigInteger, Column, ForeignKey, Integer, MetaData, Table, delete, inspect, select, text
 from sqlalchemy.orm import Session
+from traitlets.log import get_logger
 
 from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY
 
 from .sizes import format_size, parse_size
-
-log = logging.getLogger("jupyterhub")
 
 KINDS = ("user", "group")
 FIELDS = ("memory_limit", "memory_request", "compute_share", "priority")
@@ -305,6 +303,7 @@ def _migrate_named_rows(db: Session) -> None:
     dropped, and logged."""
     if not inspect(db.get_bind()).has_table("vgpu_quotas"):
         return
+    log = get_logger()  # the Hub's own log
     rows = db.execute(text("SELECT kind, name, memory_limit, compute_share FROM vgpu_quotas")).all()
     for kind, name, memory_limit, compute_share in rows:
         owner = OWNERS.get(kind)

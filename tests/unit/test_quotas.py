@@ -6,6 +6,7 @@ import logging
 import pytest
 from jupyterhub import orm
 from sqlalchemy import text
+from traitlets.log import get_logger
 
 from hub_spawner.quotas import Quota, QuotaStore, parse_quota, resolve
 
@@ -97,11 +98,12 @@ def test_rows_of_the_name_keyed_table_move_and_orphans_are_dropped(tmp_path):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("jupyterhub").addHandler(handler)  # alembic replaced the root's handlers
+    hub_log = get_logger()  # the Hub's log in a Hub; alembic replaced the root's handlers
+    hub_log.addHandler(handler)
     try:
         store = QuotaStore(db)
     finally:
-        logging.getLogger("jupyterhub").removeHandler(handler)
+        hub_log.removeHandler(handler)
     assert store.all("user") == {"ada": Quota(4 * GiB, 30)}
     assert any("dropping the quota of user 'gone'" in r.getMessage() for r in records)
     assert not db.execute(text("SELECT name FROM sqlite_master WHERE name = 'vgpu_quotas'")).all()
