@@ -1,6 +1,7 @@
-"""MIG through the real demo hub: simulated GPU 1 is in MIG mode (3g.40gb, 2g.20gb and two
-1g.10gb instances); slices get whole instances by their MIG UUID, users pick a profile
-that fits their quota on the spawn form, and nothing is overcommitted."""
+"""MIG and MPS through the real demo hub: simulated GPU 1 is in MIG mode (3g.40gb, 2g.20gb
+and two 1g.10gb instances) and GPU 0 is shared through MPS; slices get whole instances by
+their MIG UUID, users pick a profile that fits their quota on the spawn form, nothing on
+an instance is overcommitted, and MPS slices carry MPS's client limits."""
 
 import re
 
@@ -16,7 +17,7 @@ PROFILES = "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
 
 @pytest.fixture(scope="module")
 def hub():
-    process = HubProcess("mig-hub", {"JUPYTER_VGPU_DEMO_MIG": PROFILES})
+    process = HubProcess("mig-hub", {"JUPYTER_VGPU_DEMO_MIG": PROFILES, "JUPYTER_VGPU_DEMO_ISOLATION": "mps"})
     try:
         process.start()
         for name in ("mia", "max", "moe", "sam"):
@@ -47,7 +48,7 @@ def test_the_inventory_lists_the_instances(hub):
         "GPU 1 MIG 1g.10gb",
         "GPU 1 MIG 1g.10gb",
     ]
-    assert [g["isolation"] for g in gpus] == ["time-slicing"] + ["mig"] * 4
+    assert [g["isolation"] for g in gpus] == ["mps"] + ["mig"] * 4
     assert all(g["uuid"].startswith("MIG-sim-") for g in gpus[1:])
     assert all(g["capacity"] == g["memory"] for g in gpus[1:])  # no overcommit
 
@@ -57,7 +58,7 @@ def test_the_spawn_form_offers_the_profiles_that_fit_the_quota(hub):
     page = session.get(f"{hub.url}/hub/spawn/mia")
     assert page.status_code == 200
     assert 'value="shared"' in page.text
-    assert "Shared GPU: up to 16.00 GiB, compute share not enforced (time-sliced)" in page.text
+    assert "Shared GPU: up to 16.00 GiB, compute share 50% (enforced by MPS)" in page.text
     assert 'value="mig:1g.10gb"' in page.text
     assert (
         "MIG 1g.10gb: 10.00 GiB, 14% of the GPU&#x27;s SMs, a hardware partition (2 of 2 free)" in page.text
@@ -110,10 +111,21 @@ def test_the_rest_api_takes_a_profile_and_says_why_it_cannot(hub):
     assert "mig_profile must be a MIG profile name like '1g.10gb'" in events[-1]["message"]
 
 
-def test_without_a_profile_the_slice_goes_to_a_shared_gpu(hub):
-    hub.spawn("sam", options={})
+def test_without_a_profile_the_slice_goes_to_a_shared_gpu_with_mps_limits(hub):
+    token = hub.user_token("sam")
+    url = hub.spawn("sam", options={})
     s = slice_of(hub, "sam")
-    assert (s["isolation"], s["gpu_index"], s["memory_limit"]) == ("time-slicing", 0, 16 * GiB)
+    assert (s["isolation"], s["gpu_index"], s["memory_limit"]) == ("mps", 0, 16 * GiB)
+    assert s["compute_share_text"] == "50% (enforced by MPS)"
+    lab = LabClient(url, token=token)
+    kernel = lab.start_kernel()
+    env = lab.execute(
+        kernel,
+        "import os; print(os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
+        "os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'])",
+    )
+    assert env.split() == ["50", "0=16384M"]
+    lab.shutdown_kernel(kernel)
 
 
 def test_a_quota_change_keeps_the_instance_and_follows_the_priority(hub):
