@@ -7,8 +7,27 @@ In ``jupyterhub_config.py``::
     c.VGPUHub.overcommit_ratio = 1.5
     c.VGPUHub.default_memory_limit = "8G"
 
-Never imports torch.
+``python -m hub_spawner.config`` prints every setting (JupyterHub's and ours). Never
+imports torch.
 """
+
+import logging
+
+#: The one line logged instead of JupyterHub's deprecation warning for extra_handlers.
+EXTRA_HANDLERS_NOTE = (
+    "jupyter-vgpu serves /hub/api/vgpu and /hub/vgpu through JupyterHub.extra_handlers, deprecated "
+    "since JupyterHub 3.1 but kept on purpose (docs/design.md: 'The Hub API lives in the Hub process')"
+)
+
+
+class _ExtraHandlersNote(logging.Filter):
+    """Turns JupyterHub's warning about ``extra_handlers`` into one info line of ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and "extra_handlers is deprecated" in str(record.msg):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = EXTRA_HANDLERS_NOTE, ()
+        return True
 
 
 def setup(c) -> None:
@@ -30,6 +49,9 @@ def setup(c) -> None:
     ours = [*handlers, (r"/vgpu", VGPUPageHandler)]
     existing = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
     c.JupyterHub.extra_handlers = existing + [h for h in ours if h not in existing]
+    hub_log = logging.getLogger("JupyterHub")  # the JupyterHub application's logger
+    if not any(isinstance(f, _ExtraHandlersNote) for f in hub_log.filters):
+        hub_log.addFilter(_ExtraHandlersNote())
     templates = str(Path(__file__).parent / "templates")
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [templates, *[p for p in paths if p != templates]]

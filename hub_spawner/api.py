@@ -1,14 +1,17 @@
 """The Hub REST API for quotas and slices, served at ``/hub/api/vgpu/...``.
 
 Handlers subclass JupyterHub's ``APIHandler``: tokens, cookies, RBAC, JSON errors
-(``{"status": N, "message": "..."}``) and the database session are the Hub's own.
+(``{"status": N, "message": "..."}``, the message never null) and the database session
+are the Hub's own.
 
 Permissions use JupyterHub's built-in scopes, so the admin role already holds them:
 
 - reading a user's quota or slices: ``read:users`` on that user (every user holds it
   for themselves; so does the server's own API token, see the spawner);
 - reading every quota or slice: ``read:users`` unfiltered (admins);
-- writing a user's quota: ``admin:users`` on that user; a group's: ``admin:groups``.
+- writing a user's quota: ``admin:users`` on that user; a group's: ``admin:groups``;
+- reporting a server's usage: that server's own API token, and nothing else (not the
+  user's own tokens, not an admin's).
 
 Every write is validated in full, and checked against the running slices it would
 change, before anything is stored: bad input answers 400/404 and a change that no
@@ -18,16 +21,21 @@ longer fits on a GPU answers 409, with nothing written.
 from __future__ import annotations
 
 import json
+from http.client import responses
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import Scope, has_scope
+from jupyterhub.utils import compare_token
 from tornado import web
+
+from jupyter_vgpu import contracts
+from jupyter_vgpu.slice import compute_share_text
 
 from .config import VGPUHub
 from .placement import PlacementError
 from .quotas import Quota, QuotaStore, parse_quota
-from .usage import parse_report, slice_summary
+from .usage import MAX_REPORT_BYTES, parse_report, slice_summary
 
 
 class VGPUAPIHandler(APIHandler):
@@ -38,6 +46,30 @@ class VGPUAPIHandler(APIHandler):
     @property
     def store(self) -> QuotaStore:
         return QuotaStore(self.db)
+
+    def write_error(self, status_code, **kwargs):
+        """JupyterHub's JSON error, with a message even where tornado gives none
+        (405, a 404 without text): ``{"status": N, "message": "..."}``."""
+        exception = (kwargs.get("exc_info") or (None, None, None))[1]
+        if isinstance(exception, web.HTTPError) and not exception.log_message:
+            if status_code == 405:
+                message = (
+                    f"{self.request.method} is not allowed on {self.request.path}; "
+                    f"allowed: {', '.join(self.allowed_methods())}"
+                )
+            else:
+                message = responses.get(status_code, "Error")
+            exception.jupyterhub_message = message
+        super().write_error(status_code, **kwargs)
+
+    def allowed_methods(self) -> list[str]:
+        """The HTTP methods this handler answers (for 405 messages)."""
+        base = web.RequestHandler
+        return [
+            m
+            for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+            if getattr(type(self), m.lower()) is not getattr(base, m.lower())
+        ]
 
     def require(self, scope: str, *, user: str | None = None, group: str | None = None) -> None:
         """403 unless the request holds ``scope`` on that user or group (on every
@@ -83,8 +115,15 @@ class VGPUAPIHandler(APIHandler):
         base = None
         if self.request.method == "PATCH":
             base = self.store.get(kind, name) or Quota()
+        allocator = self.vgpu_hub.allocator
         try:
-            return parse_quota(body, max_memory=self.vgpu_hub.allocator.largest_budget(), base=base)
+            return parse_quota(
+                body,
+                max_memory=allocator.largest_budget(),
+                max_request=allocator.largest_request(),
+                min_memory=int(self.vgpu_hub.min_memory_limit),
+                base=base,
+            )
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
 
@@ -105,7 +144,7 @@ class VGPUAPIHandler(APIHandler):
             groups = [g.name for g in user.groups]
             effective = self.store.resolve(user.name, groups, hub.default_quota, override=(kind, name, quota))
             try:
-                hub.allocator.check_resize(spawner.vgpu_key, effective.memory_limit)
+                hub.allocator.check_resize(spawner.vgpu_key, effective.memory_limit, effective.memory_request)
             except PlacementError as e:
                 raise web.HTTPError(409, str(e)) from None
             changes.append((spawner, effective))
@@ -114,13 +153,8 @@ class VGPUAPIHandler(APIHandler):
         else:
             self.store.put(kind, name, quota)
         for spawner, effective in changes:
-            spawner.vgpu_update(effective.memory_limit, effective.compute_share)
-            self.log.info(
-                "vGPU slice of %s now %d bytes, %d%% compute",
-                spawner._log_name,
-                effective.memory_limit,
-                effective.compute_share,
-            )
+            spawner.vgpu_update(effective)
+            self.log.info("vGPU slice of %s now %s", spawner._log_name, spawner.vgpu_describe())
 
 
 class QuotasHandler(VGPUAPIHandler):
@@ -129,12 +163,20 @@ class QuotasHandler(VGPUAPIHandler):
     def get(self):
         self.require("read:users")
         hub = self.vgpu_hub
+        allocator = hub.allocator
+        default = hub.default_quota
         self.write_json(
             {
-                "default": hub.default_quota.to_dict(),
+                "default": default.to_dict(),
                 "placement": hub.placement,
                 "overcommit_ratio": hub.overcommit_ratio,
-                "max_memory_limit": hub.allocator.largest_budget(),
+                "isolation": hub.isolation,
+                "compute_share_text": compute_share_text(hub.isolation, default.compute_share),
+                "min_memory_limit": int(hub.min_memory_limit),
+                "max_memory_limit": allocator.largest_budget(),
+                "max_memory_request": allocator.largest_request(),
+                "mig_profiles": allocator.profiles(allocator.largest_budget()),
+                "problems": hub.problems,
                 "groups": {n: q.to_dict() for n, q in self.store.all("group").items()},
                 "users": {n: q.to_dict() for n, q in self.store.all("user").items()},
             }
@@ -148,7 +190,15 @@ class UserQuotaHandler(VGPUAPIHandler):
         stored = self.store.get("user", user.name) or Quota()
         groups = [g.name for g in user.groups]
         effective = self.store.resolve(user.name, groups, self.vgpu_hub.default_quota)
-        return {"kind": "user", "name": user.name, **stored.to_dict(), "effective": effective.to_dict()}
+        return {
+            "kind": "user",
+            "name": user.name,
+            **stored.to_dict(),
+            "effective": {
+                **effective.to_dict(),
+                "compute_share_text": compute_share_text(self.vgpu_hub.isolation, effective.compute_share),
+            },
+        }
 
     def find(self, user_name):
         user = self.find_user(user_name)
@@ -170,10 +220,10 @@ class UserQuotaHandler(VGPUAPIHandler):
 
     def delete(self, user_name):
         self.require("admin:users", user=user_name)
-        user = self.find(user_name)
-        if self.store.get("user", user.name) is None:
+        if self.store.get("user", user_name) is None:
+            self.find(user_name)  # 404 "No such user" first, when it is that
             raise web.HTTPError(404, f"User {user_name} has no vGPU quota")
-        self.apply_to_running("user", user.name, None)
+        self.apply_to_running("user", user_name, None)
         self.set_status(204)
         self.finish()
 
@@ -205,10 +255,10 @@ class GroupQuotaHandler(VGPUAPIHandler):
 
     def delete(self, group_name):
         self.require("admin:groups", group=group_name)
-        group = self.find(group_name)
-        if self.store.get("group", group.name) is None:
+        if self.store.get("group", group_name) is None:
+            self.find(group_name)
             raise web.HTTPError(404, f"Group {group_name} has no vGPU quota")
-        self.apply_to_running("group", group.name, None)
+        self.apply_to_running("group", group_name, None)
         self.set_status(204)
         self.finish()
 
@@ -241,7 +291,7 @@ class UsageHandler(VGPUAPIHandler):
             raise web.HTTPError(403, "Missing or invalid credentials.")
         if self.parsed_scopes.get("read:users") == Scope.ALL:
             rows, gpus = self.vgpu_hub.snapshot(self.users)
-            self.write_json({"slices": rows, "gpus": gpus})
+            self.write_json({"slices": rows, "gpus": gpus, "problems": self.vgpu_hub.problems})
             return
         name = self.current_user.name
         self.require("read:users", user=name)
@@ -251,7 +301,7 @@ class UsageHandler(VGPUAPIHandler):
 
 class UserUsageHandler(VGPUAPIHandler):
     """``/hub/api/vgpu/usage/users/{name}``: GET that user's slices with usage; POST a
-    server's usage report (the server's own token holds ``users:activity`` on its user)."""
+    server's usage report, with that server's own API token only."""
 
     def get(self, user_name):
         self.require("read:users", user=user_name)
@@ -260,21 +310,55 @@ class UserUsageHandler(VGPUAPIHandler):
         rows, _ = self.vgpu_hub.snapshot(self.users, {user_name})
         self.write_json({"slices": rows})
 
+    def reporting_spawner(self, user):
+        """The spawner whose own API token made this request, or None.
+
+        A server's API token is also the secret of its OAuth client, which the Hub keeps
+        hashed in its database; no other token (the user's own, an admin's) matches it.
+        """
+        token = self.get_auth_token()
+        if not token:
+            return None
+        for spawner in user.spawners.values():
+            client = self.db.query(orm.OAuthClient).filter_by(identifier=spawner.oauth_client_id).first()
+            if client is not None and client.secret and compare_token(client.secret, token):
+                return spawner
+        return None
+
     def post(self, user_name):
         self.require("users:activity", user=user_name)
         user = self.find_user(user_name)
         if user is None:
             raise web.HTTPError(404, f"No such user: {user_name}")
+        reporter = self.reporting_spawner(user)
+        if reporter is None:
+            raise web.HTTPError(
+                403, f"Only the API token of one of {user_name}'s servers may report that server's usage"
+            )
+        if len(self.request.body) > MAX_REPORT_BYTES:
+            raise web.HTTPError(400, f"the report is larger than {MAX_REPORT_BYTES} bytes")
         try:
             server_name, report = parse_report(self.get_json_body())
-        except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        spawner = user.spawners.get(server_name)
-        if spawner is None or getattr(spawner, "vgpu_slice", None) is None:
+        except contracts.ContractError as e:
+            raise web.HTTPError(400, f"the usage report breaks its contract: {e}") from None
+        if server_name != reporter.name:
+            raise web.HTTPError(
+                403, f"this token belongs to server {reporter.name!r}, which may only report for itself"
+            )
+        if getattr(reporter, "vgpu_slice", None) is None:
             raise web.HTTPError(404, f"{user_name} has no running server {server_name!r} with a vGPU slice")
-        self.vgpu_hub.usage.record(spawner.vgpu_key, report)
+        self.vgpu_hub.usage.record(reporter.vgpu_key, report)
         self.set_status(204)
         self.finish()
+
+
+class NotFoundHandler(VGPUAPIHandler):
+    """Anything else under ``/hub/api/vgpu``: 404 with a message, whatever the method."""
+
+    def _not_found(self, *args):
+        raise web.HTTPError(404, f"No vGPU API at {self.request.path}; the API is described in the README")
+
+    get = post = put = patch = delete = head = _not_found
 
 
 _name = r"([^/]+)"
@@ -288,4 +372,5 @@ handlers = [
     (rf"/api/vgpu/slices/users/{_name}", UserSlicesHandler),
     (r"/api/vgpu/usage", UsageHandler),
     (rf"/api/vgpu/usage/users/{_name}", UserUsageHandler),
+    (r"/api/vgpu(?:/.*)?", NotFoundHandler),
 ]

@@ -1,12 +1,20 @@
-"""Hub-wide vGPU settings, and the one allocator every spawner and API handler shares."""
+"""Hub-wide vGPU settings, and the one allocator every spawner and API handler shares.
+
+``python -m hub_spawner.config`` prints JupyterHub's whole default configuration with
+this package's sections (``VGPUHub``, ``GPUInventory``) added, as
+``jupyterhub --generate-config`` would if it knew them: JupyterHub lists only its own
+classes and those behind its spawner, authenticator and proxy entry points.
+"""
 
 from __future__ import annotations
 
+import sys
+
 from jupyterhub.traitlets import ByteSpecification
-from traitlets import Enum, Float, Instance, Integer, default, validate
+from traitlets import Dict, Enum, Float, Instance, Integer, Unicode, default, validate
 from traitlets.config import SingletonConfigurable
 
-from jupyter_vgpu.slice import PLACEMENTS
+from jupyter_vgpu.slice import DEFAULT_PRIORITY, ISOLATIONS, MAX_PRIORITY, MIN_PRIORITY, PLACEMENTS
 
 from .inventory import GPUInventory
 from .placement import Allocator
@@ -15,7 +23,7 @@ from .usage import UsageBoard, gpu_rows, slice_rows
 
 
 class VGPUHub(SingletonConfigurable):
-    """Placement policy, overcommit, default quota and kernel policy for the whole Hub.
+    """Placement policy, overcommit, isolation, default quota and kernel policy for the whole Hub.
 
     Configure as ``c.VGPUHub.<trait>`` in ``jupyterhub_config.py``. One instance per Hub
     process (``VGPUHub.instance(config=...)``), shared by spawners and API handlers.
@@ -30,17 +38,55 @@ class VGPUHub(SingletonConfigurable):
 
     overcommit_ratio = Float(
         1.0,
-        help="""Budgets on one GPU may sum to this multiple of its memory (>= 1.0).
-        Above 1.0 the Hub relies on kernels offloading idle tensors to host memory.""",
+        help="""Memory limits on one shared GPU may sum to this multiple of its memory
+        (>= 1.0); memory requests always sum to at most its memory. Above 1.0 the Hub
+        relies on idle kernels leaving the card. MIG instances are never overcommitted.""",
+    ).tag(config=True)
+
+    isolation = Enum(
+        list(ISOLATIONS),
+        default_value="time-slicing",
+        help="""How GPUs are shared. 'time-slicing': the memory budget is watched, the
+        compute share is not enforced (shown as "not enforced (time-sliced)").
+        'mps': NVIDIA MPS enforces the compute share and a pinned memory limit (the node
+        arbiter runs the MPS daemons). 'mig': GPUs are partitioned by the admin into MIG
+        instances and each slice gets one whole instance. A GPU in MIG mode is always
+        'mig'. Override per GPU with `gpu_isolation`.""",
+    ).tag(config=True)
+
+    gpu_isolation = Dict(
+        key_trait=Unicode(),
+        value_trait=Enum(list(ISOLATIONS)),
+        help="""Isolation per GPU, by NVML index ("0") or UUID, overriding `isolation`,
+        e.g. {"1": "mps"}.""",
+    ).tag(config=True)
+
+    min_memory_limit = ByteSpecification(
+        256 * 2**20,
+        help="""The smallest memory limit or request a quota may set, bytes or a size like
+        '256M'. Smaller budgets leave no room for a CUDA context and are refused with 400.""",
     ).tag(config=True)
 
     default_memory_limit = ByteSpecification(
         8 * 2**30,
-        help="Budget of a user with no user or group quota, bytes or a size like '8G'.",
+        help="Memory limit (budget) of a user with no user or group quota, bytes or a size like '8G'.",
+    ).tag(config=True)
+
+    default_memory_request = ByteSpecification(
+        None,
+        allow_none=True,
+        help="""Guaranteed memory of a user with no user or group quota, bytes or a size
+        like '4G'; None (default): the whole memory limit.""",
     ).tag(config=True)
 
     default_compute_share = Integer(
         100, help="Compute share of a user with no user or group quota, percent (1-100)."
+    ).tag(config=True)
+
+    default_priority = Integer(
+        DEFAULT_PRIORITY,
+        help=f"""Priority of a user with no user or group quota, {MIN_PRIORITY}-{MAX_PRIORITY};
+        higher wins when a card is short of memory.""",
     ).tag(config=True)
 
     idle_seconds = Float(
@@ -61,8 +107,8 @@ class VGPUHub(SingletonConfigurable):
 
     @validate("overcommit_ratio")
     def _check_ratio(self, proposal):
-        if not proposal.value >= 1.0:
-            raise ValueError(f"VGPUHub.overcommit_ratio must be >= 1.0, not {proposal.value}")
+        if not 1.0 <= proposal.value <= 1000:
+            raise ValueError(f"VGPUHub.overcommit_ratio must be from 1.0 to 1000, not {proposal.value}")
         return proposal.value
 
     @validate("default_compute_share")
@@ -71,14 +117,30 @@ class VGPUHub(SingletonConfigurable):
             raise ValueError(f"VGPUHub.default_compute_share must be 1-100, not {proposal.value}")
         return proposal.value
 
+    @validate("default_priority")
+    def _check_priority(self, proposal):
+        if not MIN_PRIORITY <= proposal.value <= MAX_PRIORITY:
+            raise ValueError(
+                f"VGPUHub.default_priority must be {MIN_PRIORITY}-{MAX_PRIORITY}, not {proposal.value}"
+            )
+        return proposal.value
+
     @validate("high_watermark")
     def _check_watermark(self, proposal):
         if not 0 < proposal.value <= 1:
             raise ValueError(f"VGPUHub.high_watermark must be in (0, 1], not {proposal.value}")
         return proposal.value
 
+    @validate("min_memory_limit", "default_memory_limit", "default_memory_request")
+    def _check_sizes(self, proposal):
+        value = proposal.value
+        if value is not None and value < 1:
+            raise ValueError(f"VGPUHub.{proposal.trait.name} must be a positive size, not {value}")
+        return value
+
     _allocator: Allocator | None = None
     _usage: UsageBoard | None = None
+    _problems: list[str] | None = None
 
     @property
     def usage(self) -> UsageBoard:
@@ -102,19 +164,46 @@ class VGPUHub(SingletonConfigurable):
         ]
 
     def snapshot(self, users, names=None) -> tuple[list[dict], list[dict]]:
-        """``(slice rows, GPU rows)``: every running slice with its latest usage, and
-        every GPU with the slices on it (see :mod:`hub_spawner.usage`)."""
+        """``(slice rows, device rows)``: every running slice with its latest usage, and
+        every device with the slices on it (see :mod:`hub_spawner.usage`)."""
         rows = slice_rows(((u.name, s) for u, s in self.running(users, names)), self.usage)
-        return rows, gpu_rows(self.inventory.gpus, self.overcommit_ratio, rows)
+        return rows, gpu_rows(self.allocator.gpus, self.overcommit_ratio, rows)
+
+    @property
+    def problems(self) -> list[str]:
+        """Why some GPU (or every GPU) takes no slice: NVML failures, MIG settings."""
+        self.allocator  # noqa: B018 - building it fills the problems
+        return list(self._problems or [])
 
     @property
     def allocator(self) -> Allocator:
-        """The allocator over :attr:`inventory`'s GPUs (created on first use)."""
+        """The allocator over the inventory's devices (created on first use)."""
         if self._allocator is None:
-            self._allocator = Allocator(self.inventory.gpus, self.overcommit_ratio)
+            devices, problems = self.inventory.devices(self.isolation, self.gpu_isolation)
+            for p in problems:
+                self.log.error("vGPU: %s", p)
+            self._problems = problems
+            self._allocator = Allocator(devices, self.overcommit_ratio, "; ".join(problems) or None)
         return self._allocator
 
     @property
     def default_quota(self) -> Quota:
-        """The quota of a user with no user or group quota."""
-        return Quota(int(self.default_memory_limit), self.default_compute_share)
+        """The quota of a user with no user or group quota (every field set but the request)."""
+        return Quota(
+            memory_limit=int(self.default_memory_limit),
+            compute_share=self.default_compute_share,
+            memory_request=None if self.default_memory_request is None else int(self.default_memory_request),
+            priority=self.default_priority,
+        )
+
+
+def generate_config() -> str:
+    """JupyterHub's default configuration file with ``VGPUHub`` and ``GPUInventory`` added."""
+    from jupyterhub.app import JupyterHub
+
+    app = JupyterHub()
+    return app.generate_config_file(classes=[*app.classes, VGPUHub, GPUInventory])
+
+
+if __name__ == "__main__":  # python -m hub_spawner.config > jupyterhub_config.py
+    sys.stdout.write(generate_config())

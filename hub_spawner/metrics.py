@@ -32,7 +32,9 @@ class SliceCollector:
         rows, gpus = data
         labels = ["user", "server", "gpu"]
         per_slice = {
-            "budget_bytes": ("Memory budget of the slice, bytes.", lambda r: r["memory_limit"]),
+            "budget_bytes": ("Memory budget (limit) of the slice, bytes.", lambda r: r["memory_limit"]),
+            "request_bytes": ("Guaranteed memory of the slice, bytes.", lambda r: r["memory_request"]),
+            "priority": ("Priority of the slice (0-100, higher wins).", lambda r: r["priority"]),
             "compute_share_percent": ("Compute share of the slice, percent.", lambda r: r["compute_share"]),
             "used_bytes": ("GPU memory the slice's kernels use, bytes (last report).", lambda r: r["used"]),
             "offloaded_bytes": (
@@ -54,23 +56,30 @@ class SliceCollector:
             yield family
         per_gpu = {
             "memory_bytes": ("Total memory of the GPU, bytes.", "memory"),
-            "committed_bytes": ("Sum of the budgets placed on the GPU, bytes.", "committed"),
+            "committed_bytes": ("Sum of the budgets (limits) placed on the GPU, bytes.", "committed"),
+            "requested_bytes": ("Sum of the requests (guaranteed) placed on the GPU, bytes.", "requested"),
             "overcommit_ratio": ("Committed budgets over the GPU's memory.", "overcommit"),
             "used_bytes": ("Sum of the memory its slices report using, bytes.", "used"),
             "offloaded_bytes": ("Sum of the bytes its slices hold offloaded.", "offloaded"),
         }
         gpu_labels = ["gpu", "uuid"]
+        # a MIG instance is its own series: label gpu "1/3g.40gb" (parent index / profile)
         for name, (doc, key) in per_gpu.items():
             family = GaugeMetricFamily(f"{PREFIX}_gpu_{name}", doc, labels=gpu_labels)
             for g in gpus:
-                family.add_metric([str(g["index"]), g["uuid"]], float(g[key]))
+                family.add_metric([_gpu_label(g), g["uuid"]], float(g[key]))
             yield family
         family = GaugeMetricFamily(
             f"{PREFIX}_gpu_slices", "Slices placed on the GPU.", labels=["gpu", "uuid"]
         )
         for g in gpus:
-            family.add_metric([str(g["index"]), g["uuid"]], float(len(g["slices"])))
+            family.add_metric([_gpu_label(g), g["uuid"]], float(len(g["slices"])))
         yield family
+
+
+def _gpu_label(row: dict) -> str:
+    """The ``gpu`` label of a device row: its index, and ``/profile`` for a MIG instance."""
+    return f"{row['index']}/{row['mig_profile']}" if row.get("mig_profile") else str(row["index"])
 
 
 _registered: SliceCollector | None = None

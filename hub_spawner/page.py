@@ -1,4 +1,5 @@
-"""The admin page ``/hub/vgpu``: every GPU, its slices, budgets against usage, overcommit.
+"""The admin page ``/hub/vgpu``: every GPU and MIG instance, its slices, limits and
+requests against usage, overcommit, and why a GPU takes no slice (NVML failures).
 
 Rendered with the Hub's own templates (``templates/vgpu.html`` extends the Hub's
 ``page.html``); ``templates/page.html`` adds a "vGPU" link to the Hub's navigation bar
@@ -30,8 +31,10 @@ class VGPUPageHandler(BaseHandler):
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
+            problems=hub.problems,
             placement=hub.placement,
             overcommit_ratio=hub.overcommit_ratio,
+            isolation=hub.isolation,
             size=format_bytes,
         )
         self.finish(html)

@@ -1,18 +1,21 @@
-"""Slice placement: which GPU a new slice goes on, and whether a change still fits.
+"""Slice placement: which device a new slice goes on, and whether a change still fits.
 
-Pure bookkeeping, no I/O. Each GPU may hold slices whose budgets sum to at most
-``overcommit_ratio × memory`` (ratio 1.0: never more than the card; 1.5: budgets may
-sum to 120 GiB on an 80 GiB card, relying on idle tensors being offloaded). Compute
-shares are caps on each client (as NVIDIA MPS's active-thread percentage is), not
-reservations, so they do not constrain placement.
+Pure bookkeeping, no I/O. On a shared GPU (time-slicing or MPS) each slice has a
+guaranteed *memory request* and a burstable *memory limit*; the GPU may hold slices
+whose requests sum to at most its memory and whose limits sum to at most
+``overcommit_ratio × memory`` (ratio 1.5: limits may sum to 120 GiB on an 80 GiB card,
+relying on idle kernels leaving the card). A MIG instance holds one slice, whole,
+with no overcommit. Compute shares are caps on each client (as NVIDIA MPS's
+active-thread percentage is), not reservations, so they do not constrain placement.
 
-Policies:
+Policies for shared GPUs:
 
 - ``binpack``: the fullest GPU that still fits, so whole cards stay free for big jobs.
 - ``spread``: the emptiest GPU, so users contend less.
 
-Ties go to the lower index. The allocator is used from the Hub's single event-loop
-thread only; it is not thread-safe.
+"Fullest" compares the guarantees left first, then the budget left. Ties go to the
+lower index. The allocator is used from the Hub's single event-loop thread only; it is
+not thread-safe.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .sizes import format_size
 
 
 class PlacementError(Exception):
-    """No GPU can take the slice; the message says, for each GPU, what was left.
+    """No device can take the slice; the message says, for each device, what was left.
 
     JupyterHub shows ``jupyterhub_message`` on the spawn page instead of a traceback.
     """
@@ -39,132 +42,271 @@ class PlacementError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """One running slice on one GPU.
+    """One running slice on one device.
 
     Attributes:
         key: who holds it, ``"user/server name"`` (``"ada/"`` for a default server).
-        gpu_uuid: the GPU.
+        gpu_uuid: the device (GPU or MIG instance).
         memory_limit: the slice's budget, bytes.
         compute_share: the slice's compute share, percent.
+        memory_request: the slice's guaranteed bytes; None means the whole limit.
     """
 
     key: str
     gpu_uuid: str
     memory_limit: int
     compute_share: int
+    memory_request: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_request is None:
+            object.__setattr__(self, "memory_request", self.memory_limit)
 
 
 class Allocator:
-    """Tracks the slices on each GPU and places new ones.
+    """Tracks the slices on each device and places new ones.
 
     Args:
-        gpus: the GPUs to place on (from :class:`hub_spawner.inventory.GPUInventory`).
-        overcommit_ratio: budgets on a GPU may sum to this multiple of its memory (>= 1).
+        gpus: the devices to place on (``GPUInventory.devices``); may be empty, and
+            then every placement is refused with ``unavailable``.
+        overcommit_ratio: limits on a shared GPU may sum to this multiple of its
+            memory (>= 1).
+        unavailable: why there is no device (shown when a placement is refused).
 
     Raises:
-        ValueError: ``overcommit_ratio`` < 1 or no GPU given.
+        ValueError: ``overcommit_ratio`` < 1.
     """
 
-    def __init__(self, gpus: Iterable[GPU], overcommit_ratio: float = 1.0):
+    def __init__(self, gpus: Iterable[GPU], overcommit_ratio: float = 1.0, unavailable: str | None = None):
         self.gpus = list(gpus)
-        if not self.gpus:
-            raise ValueError("an allocator needs at least one GPU")
         if not overcommit_ratio >= 1.0:
             raise ValueError(f"overcommit_ratio must be >= 1.0, not {overcommit_ratio!r}")
         self.overcommit_ratio = float(overcommit_ratio)
+        self.unavailable = unavailable or "no GPU was found"
         self.placements: dict[str, Placement] = {}
 
+    @property
+    def shared(self) -> list[GPU]:
+        """The GPUs several slices share (time-slicing, MPS)."""
+        return [g for g in self.gpus if not g.exclusive]
+
+    @property
+    def instances(self) -> list[GPU]:
+        """The MIG instances (one slice each)."""
+        return [g for g in self.gpus if g.exclusive]
+
     def gpu(self, uuid: str) -> GPU:
-        """The GPU with this UUID. Raises KeyError when unknown."""
+        """The device with this UUID.
+
+        Raises:
+            KeyError: no such device.
+        """
         for g in self.gpus:
             if g.uuid == uuid:
                 return g
         raise KeyError(uuid)
 
     def capacity(self, gpu: GPU) -> int:
-        """Sum of budgets ``gpu`` may hold, bytes: memory × overcommit ratio."""
-        return int(gpu.memory * self.overcommit_ratio)
+        """Sum of limits ``gpu`` may hold, bytes: memory × overcommit ratio (× 1 for MIG)."""
+        return gpu.memory if gpu.exclusive else int(gpu.memory * self.overcommit_ratio)
+
+    def _on(self, gpu: GPU, excluding: str | None) -> list[Placement]:
+        return [p for p in self.placements.values() if p.gpu_uuid == gpu.uuid and p.key != excluding]
 
     def committed(self, gpu: GPU, *, excluding: str | None = None) -> int:
-        """Sum of the budgets placed on ``gpu``, bytes (leaving out slice ``excluding``)."""
-        return sum(
-            p.memory_limit for p in self.placements.values() if p.gpu_uuid == gpu.uuid and p.key != excluding
-        )
+        """Sum of the limits placed on ``gpu``, bytes (leaving out slice ``excluding``)."""
+        return sum(p.memory_limit for p in self._on(gpu, excluding))
+
+    def requested(self, gpu: GPU, *, excluding: str | None = None) -> int:
+        """Sum of the requests placed on ``gpu``, bytes (leaving out slice ``excluding``)."""
+        return sum(p.memory_request for p in self._on(gpu, excluding))
 
     def free(self, gpu: GPU, *, excluding: str | None = None) -> int:
-        """Budget still placeable on ``gpu``, bytes (may be negative after a restart
+        """Limit still placeable on ``gpu``, bytes (may be negative after a restart
         that restored more than fits)."""
         return self.capacity(gpu) - self.committed(gpu, excluding=excluding)
 
-    def largest_budget(self) -> int:
-        """The largest budget any single slice may ever have: the biggest card × ratio."""
-        return max(self.capacity(g) for g in self.gpus)
+    def free_request(self, gpu: GPU, *, excluding: str | None = None) -> int:
+        """Guarantee still placeable on ``gpu``, bytes: memory − requests."""
+        return gpu.memory - self.requested(gpu, excluding=excluding)
 
-    def place(self, key: str, memory_limit: int, compute_share: int, policy: str = "binpack") -> GPU:
-        """Place a new slice (replacing any earlier placement under ``key``).
+    def largest_budget(self) -> int:
+        """The largest limit any single slice may ever have, bytes: the biggest shared
+        card × ratio, or the biggest MIG instance; 0 without devices."""
+        return max((self.capacity(g) for g in self.gpus), default=0)
+
+    def largest_request(self) -> int:
+        """The largest request any single slice may ever have, bytes (the biggest device)."""
+        return max((g.memory for g in self.gpus), default=0)
+
+    def place(
+        self,
+        key: str,
+        memory_limit: int,
+        compute_share: int,
+        policy: str = "binpack",
+        memory_request: int | None = None,
+    ) -> GPU:
+        """Place a new slice on a shared GPU (replacing any earlier placement of ``key``).
 
         Args:
             key: ``"user/server name"``.
             memory_limit: budget, bytes (> 0).
             compute_share: percent, 1-100.
             policy: ``"binpack"`` or ``"spread"``.
+            memory_request: guaranteed bytes (default: the whole limit).
 
         Returns:
             The GPU chosen.
 
         Raises:
-            ValueError: unknown policy.
-            PlacementError: no GPU has ``memory_limit`` free.
+            ValueError: unknown policy, or a request above the limit.
+            PlacementError: no shared GPU has the limit and the request free.
         """
         if policy not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, not {policy!r}")
-        fits = [g for g in self.gpus if self.free(g, excluding=key) >= memory_limit]
+        request = memory_limit if memory_request is None else memory_request
+        if request > memory_limit:
+            raise ValueError(f"memory_request {request} is more than memory_limit {memory_limit}")
+        if not self.gpus:
+            raise PlacementError(
+                f"This hub cannot place vGPU slices: {self.unavailable}. "
+                "Ask an admin to check the NVIDIA driver on the Hub's host."
+            )
+        if not self.shared:
+            raise PlacementError(
+                "This hub has no shared GPU, only MIG instances: choose a MIG profile on the spawn page."
+            )
+        fits = [
+            g
+            for g in self.shared
+            if self.free(g, excluding=key) >= memory_limit and self.free_request(g, excluding=key) >= request
+        ]
         if not fits:
-            raise PlacementError(self._refusal(key, memory_limit))
-        if policy == "binpack":
-            chosen = min(fits, key=lambda g: (self.free(g, excluding=key), g.index))
-        else:
-            chosen = min(fits, key=lambda g: (-self.free(g, excluding=key), g.index))
-        self.placements[key] = Placement(key, chosen.uuid, memory_limit, compute_share)
+            raise PlacementError(self._refusal(key, memory_limit, request))
+        sign = 1 if policy == "binpack" else -1
+        chosen = min(
+            fits,
+            key=lambda g: (
+                sign * self.free_request(g, excluding=key),
+                sign * self.free(g, excluding=key),
+                g.index,
+            ),
+        )
+        self.placements[key] = Placement(key, chosen.uuid, memory_limit, compute_share, request)
+        return chosen
+
+    def profiles(self, max_memory: int, *, excluding: str | None = None) -> list[dict]:
+        """The MIG profiles of this hub: ``{"profile", "memory", "compute_percent",
+        "total", "free", "fits"}`` each (``fits``: its memory is within ``max_memory``),
+        smallest first."""
+        out: dict[str, dict] = {}
+        taken = {p.gpu_uuid for p in self.placements.values() if p.key != excluding}
+        for g in self.instances:
+            row = out.setdefault(
+                g.mig_profile,
+                {
+                    "profile": g.mig_profile,
+                    "memory": g.memory,
+                    "compute_percent": g.compute_percent,
+                    "total": 0,
+                    "free": 0,
+                    "fits": g.memory <= max_memory,
+                },
+            )
+            row["total"] += 1
+            row["free"] += g.uuid not in taken
+        return sorted(out.values(), key=lambda r: (r["memory"], r["profile"]))
+
+    def place_instance(self, key: str, profile: str | None, max_memory: int) -> GPU:
+        """Give slice ``key`` a whole free MIG instance.
+
+        Args:
+            key: ``"user/server name"``.
+            profile: the MIG profile asked for (``"3g.40gb"``), or None for the largest
+                free instance within ``max_memory``.
+            max_memory: the user's memory limit, bytes: no instance above it.
+
+        Returns:
+            The instance chosen (its memory is the slice's limit and request).
+
+        Raises:
+            PlacementError: no such profile, the profile is above ``max_memory``, or every
+                instance that would do is taken.
+        """
+        known = {g.mig_profile for g in self.instances}
+        if profile is not None and profile not in known:
+            offered = ", ".join(sorted(known)) or "none"
+            raise PlacementError(f"This hub has no MIG profile {profile!r}; its MIG profiles: {offered}.")
+        candidates = [g for g in self.instances if profile is None or g.mig_profile == profile]
+        if profile is not None and candidates[0].memory > max_memory:
+            raise PlacementError(
+                f"MIG profile {profile} ({format_size(candidates[0].memory)}) is more than your vGPU "
+                f"quota of {format_size(max_memory)}; choose a smaller profile or ask an admin."
+            )
+        taken = {p.gpu_uuid for p in self.placements.values() if p.key != key}
+        free = [g for g in candidates if g.memory <= max_memory and g.uuid not in taken]
+        if not free:
+            what = f"of profile {profile}" if profile else f"within your quota of {format_size(max_memory)}"
+            raise PlacementError(
+                f"Every MIG instance {what} is taken ({len(candidates)} on this hub). "
+                "Try again when others stop their servers, or choose another profile."
+            )
+        chosen = min(free, key=lambda g: (-g.memory if profile is None else 0, g.index, g.uuid))
+        self.placements[key] = Placement(key, chosen.uuid, chosen.memory, chosen.compute_percent or 100)
         return chosen
 
     def restore(self, placement: Placement) -> None:
         """Record a slice that is already running (after a Hub restart), unchecked:
-        it is on the GPU whether it fits or not.
+        it is on the device whether it fits or not.
 
         Raises:
-            KeyError: the GPU is not in this inventory.
+            KeyError: the device is not in this inventory.
         """
         self.gpu(placement.gpu_uuid)
         self.placements[placement.key] = placement
 
-    def check_resize(self, key: str, memory_limit: int) -> None:
-        """Check that slice ``key`` may change to ``memory_limit`` bytes on its GPU.
+    def check_resize(self, key: str, memory_limit: int, memory_request: int | None = None) -> None:
+        """Check that slice ``key`` may change to these sizes on its device.
+
+        A MIG instance keeps its size whatever the quota says, so any change fits.
 
         Raises:
             KeyError: no slice under ``key``.
-            PlacementError: the new budget does not fit next to the others.
+            PlacementError: the new limit or request does not fit next to the others.
         """
         current = self.placements[key]
         gpu = self.gpu(current.gpu_uuid)
+        if gpu.exclusive:
+            return
+        request = memory_limit if memory_request is None else memory_request
         if memory_limit > current.memory_limit and self.free(gpu, excluding=key) < memory_limit:
             raise PlacementError(
                 f"GPU {gpu.index} ({gpu.name}) cannot grow {key}'s slice to {format_size(memory_limit)}: "
                 f"{format_size(max(self.free(gpu, excluding=key), 0))} is left of "
                 f"{format_size(gpu.memory)} × overcommit {self.overcommit_ratio:g}"
             )
+        if request > current.memory_request and self.free_request(gpu, excluding=key) < request:
+            raise PlacementError(
+                f"GPU {gpu.index} ({gpu.name}) cannot guarantee {key}'s slice {format_size(request)}: "
+                f"{format_size(max(self.free_request(gpu, excluding=key), 0))} of its "
+                f"{format_size(gpu.memory)} is not yet guaranteed to others"
+            )
 
-    def resize(self, key: str, memory_limit: int, compute_share: int) -> Placement:
-        """Change slice ``key`` in place (same GPU).
+    def resize(
+        self, key: str, memory_limit: int, compute_share: int, memory_request: int | None = None
+    ) -> Placement:
+        """Change slice ``key`` in place (same device; a MIG instance keeps its size).
 
         Raises:
             KeyError: no slice under ``key``.
             PlacementError: see :meth:`check_resize`; nothing changes then.
         """
-        self.check_resize(key, memory_limit)
-        placement = dataclasses.replace(
-            self.placements[key], memory_limit=memory_limit, compute_share=compute_share
-        )
+        self.check_resize(key, memory_limit, memory_request)
+        current = self.placements[key]
+        if self.gpu(current.gpu_uuid).exclusive:
+            return current
+        placement = Placement(key, current.gpu_uuid, memory_limit, compute_share, memory_request)
         self.placements[key] = placement
         return placement
 
@@ -172,14 +314,22 @@ class Allocator:
         """Forget slice ``key`` (no error when absent)."""
         self.placements.pop(key, None)
 
-    def _refusal(self, key: str, memory_limit: int) -> str:
-        lines = [f"No GPU has room for a {format_size(memory_limit)} vGPU slice:"]
-        for g in self.gpus:
+    def _refusal(self, key: str, memory_limit: int, request: int) -> str:
+        guaranteed = f" ({format_size(request)} guaranteed)" if request != memory_limit else ""
+        lines = [f"No GPU has room for a {format_size(memory_limit)} vGPU slice{guaranteed}:"]
+        for g in self.shared:
             lines.append(
                 f"GPU {g.index} ({g.name}) has {format_size(max(self.free(g, excluding=key), 0))} left of "
-                f"{format_size(g.memory)} × overcommit {self.overcommit_ratio:g}"
-                f" ({sum(1 for p in self.placements.values() if p.gpu_uuid == g.uuid and p.key != key)}"
-                " slices placed)."
+                f"{format_size(g.memory)} × overcommit {self.overcommit_ratio:g}, "
+                f"{format_size(max(self.free_request(g, excluding=key), 0))} of it not yet guaranteed"
+                f" ({len(self._on(g, key))} slices placed)."
             )
-        lines.append("Ask an admin for a smaller quota, or try again when others stop their servers.")
+        largest = max((g.memory for g in self.shared), default=0)
+        if request > largest:
+            lines.append(
+                f"A guarantee of {format_size(request)} is more than any GPU's memory "
+                f"({format_size(largest)}): ask an admin to set a memory_request below it."
+            )
+        else:
+            lines.append("Ask an admin for a smaller quota, or try again when others stop their servers.")
         return " ".join(lines)

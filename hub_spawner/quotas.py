@@ -1,13 +1,18 @@
 """Quotas: stored in the Hub's own database, resolved per user at spawn time.
 
-A quota names a memory budget (bytes) and/or a compute share (percent) for one user
-or one group; a field left unset (None) is inherited. Resolution, field by field: the
-user's own quota, else the largest value among the user's groups' quotas, else the
-hub-wide default.
+A quota names a memory limit and a memory request (bytes), a compute share (percent)
+and a priority for one user or one group; a field left unset (None) is inherited.
+Resolution, field by field: the user's own quota, else the largest value among the
+user's groups' quotas, else the hub-wide default. The request then defaults to the
+limit and never exceeds it.
 
-The rows live in our own table, ``vgpu_quotas``, created on the Hub's SQLAlchemy
-engine (so they share its database, its backups and its transactions) with our own
-metadata, leaving JupyterHub's schema and migrations untouched.
+The rows live in two tables of our own, ``vgpu_user_quotas`` and
+``vgpu_group_quotas``, created on the Hub's SQLAlchemy engine (so they share its
+database, its backups and its transactions) with our own metadata, leaving
+JupyterHub's schema and migrations untouched. Each row points at the Hub's own
+``users.id`` / ``groups.id`` with ``ON DELETE CASCADE``: deleting a user or group
+through any path of the Hub deletes its quota in the same transaction, renaming keeps
+it (the id does not change), and a new user of an old name starts with none.
 """
 
 from __future__ import annotations
@@ -16,23 +21,47 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Integer, Unicode
-from sqlalchemy.orm import Session, declarative_base
+from jupyterhub import orm
+from sqlalchemy import BigInteger, Column, ForeignKey, Integer, MetaData, Table, delete, inspect, select, text
+from sqlalchemy.orm import Session
+from traitlets.log import get_logger
+
+from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY
 
 from .sizes import format_size, parse_size
 
-Base = declarative_base()
-
 KINDS = ("user", "group")
-FIELDS = ("memory_limit", "compute_share")
+FIELDS = ("memory_limit", "memory_request", "compute_share", "priority")
+
+metadata = MetaData()
 
 
-class QuotaRow(Base):
-    __tablename__ = "vgpu_quotas"
-    kind = Column(Unicode(16), primary_key=True)
-    name = Column(Unicode(255), primary_key=True)
-    memory_limit = Column(BigInteger, nullable=True)
-    compute_share = Column(Integer, nullable=True)
+def _columns() -> list[Column]:
+    return [
+        Column("memory_limit", BigInteger, nullable=True),
+        Column("memory_request", BigInteger, nullable=True),
+        Column("compute_share", Integer, nullable=True),
+        Column("priority", Integer, nullable=True),
+    ]
+
+
+TABLES = {
+    "user": Table(
+        "vgpu_user_quotas",
+        metadata,
+        Column("user_id", Integer, ForeignKey(orm.User.__table__.c.id, ondelete="CASCADE"), primary_key=True),
+        *_columns(),
+    ),
+    "group": Table(
+        "vgpu_group_quotas",
+        metadata,
+        Column(
+            "group_id", Integer, ForeignKey(orm.Group.__table__.c.id, ondelete="CASCADE"), primary_key=True
+        ),
+        *_columns(),
+    ),
+}
+OWNERS = {"user": orm.User, "group": orm.Group}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +71,17 @@ class Quota:
     Attributes:
         memory_limit: budget, bytes, or None.
         compute_share: percent 1-100, or None.
+        memory_request: guaranteed bytes, or None (the default: the whole limit).
+        priority: 0-100, higher wins, or None.
     """
 
     memory_limit: int | None = None
     compute_share: int | None = None
+    memory_request: int | None = None
+    priority: int | None = None
 
     def to_dict(self) -> dict[str, int | None]:
-        return dataclasses.asdict(self)
+        return {f: getattr(self, f) for f in FIELDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,59 +91,96 @@ class Effective:
     Attributes:
         memory_limit: budget, bytes.
         compute_share: percent.
-        source: per field, ``"user"``, ``"group:<name>"`` or ``"default"``.
+        memory_request: guaranteed bytes (at most ``memory_limit``).
+        priority: 0-100.
+        source: per field, ``"user"``, ``"group:<name>"``, ``"default"``, or for the
+            request ``"memory_limit"`` (none set: the whole limit) and
+            ``"<source>, capped at memory_limit"``.
     """
 
     memory_limit: int
     compute_share: int
+    memory_request: int
+    priority: int
     source: Mapping[str, str]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "memory_limit": self.memory_limit,
-            "compute_share": self.compute_share,
-            "source": dict(self.source),
-        }
+        return {**{f: getattr(self, f) for f in FIELDS}, "source": dict(self.source)}
 
 
-def parse_quota(body: object, *, max_memory: int, base: Quota | None = None) -> Quota:
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _integer(body: Mapping, field: str, low: int, high: int, what: str) -> int:
+    value = body[field]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{field} must be {what} from {low} to {high}; got {_shown(value)}")
+    return value
+
+
+def parse_quota(
+    body: object,
+    *,
+    max_memory: int,
+    min_memory: int = 1,
+    max_request: int | None = None,
+    base: Quota | None = None,
+) -> Quota:
     """Validate a REST body into a :class:`Quota`.
 
     Args:
         body: the decoded JSON, ``{"memory_limit": 4294967296 | "4G" | null,
-            "compute_share": 1-100 | null}``.
-        max_memory: the largest budget allowed, bytes (biggest card × overcommit ratio).
+            "memory_request": ... | null, "compute_share": 1-100 | null,
+            "priority": 0-100 | null}``.
+        max_memory: the largest limit allowed, bytes (biggest card × overcommit ratio);
+            0 when the Hub has no GPU (then not checked).
+        min_memory: the smallest limit or request allowed, bytes.
+        max_request: the largest request allowed, bytes (the biggest card); default
+            ``max_memory``.
         base: for PATCH, the stored quota the body is merged into; None for PUT.
 
     Raises:
-        ValueError: not an object, no field, an unknown field, or a value out of range;
-            the message says which and why.
+        ValueError: not an object, no field, an unknown field, a value out of range, or
+            a request above the limit; the message names the field and says why.
     """
     if not isinstance(body, dict):
         raise ValueError('the body must be a JSON object like {"memory_limit": "4G", "compute_share": 50}')
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(unknown)}; a quota has {', '.join(FIELDS)}")
+        raise ValueError(
+            f"unknown field(s) {', '.join(_shown(u) for u in unknown)}; a quota has {', '.join(FIELDS)}"
+        )
     if not body:
         raise ValueError(f"the body names no field; a quota has {', '.join(FIELDS)}")
-    values = base.to_dict() if base is not None else {f: None for f in FIELDS}
-    if body.get("memory_limit") is not None:
-        size = parse_size(body["memory_limit"], field="memory_limit")
-        if size > max_memory:
-            raise ValueError(
-                f"memory_limit {format_size(size)} is more than the largest GPU allows "
-                f"({format_size(max_memory)}, card memory × overcommit ratio)"
-            )
-        values["memory_limit"] = size
-    elif "memory_limit" in body:
-        values["memory_limit"] = None
-    if body.get("compute_share") is not None:
-        share = body["compute_share"]
-        if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100:
-            raise ValueError(f"compute_share must be an integer percentage from 1 to 100; got {share!r}")
-        values["compute_share"] = share
-    elif "compute_share" in body:
-        values["compute_share"] = None
+    max_request = max_memory if max_request is None else max_request
+    values = base.to_dict() if base is not None else dict.fromkeys(FIELDS)
+    for field in FIELDS:
+        if field not in body:
+            continue
+        if body[field] is None:
+            values[field] = None
+        elif field in ("memory_limit", "memory_request"):
+            size = parse_size(body[field], field=field, minimum=min_memory)
+            largest = max_memory if field == "memory_limit" else max_request
+            if largest and size > largest:
+                why = "card memory × overcommit ratio" if field == "memory_limit" else "the card's memory"
+                raise ValueError(
+                    f"{field} {format_size(size)} is more than the largest GPU allows "
+                    f"({format_size(largest)}, {why})"
+                )
+            values[field] = size
+        elif field == "compute_share":
+            values[field] = _integer(body, field, 1, 100, "an integer percentage")
+        else:
+            values[field] = _integer(body, field, MIN_PRIORITY, MAX_PRIORITY, "an integer")
+    limit, request = values["memory_limit"], values["memory_request"]
+    if limit is not None and request is not None and request > limit:
+        raise ValueError(
+            f"memory_request {format_size(request)} is more than memory_limit {format_size(limit)}: "
+            "the guaranteed part of a budget cannot exceed it"
+        )
     return Quota(**values)
 
 
@@ -118,8 +188,9 @@ class QuotaStore:
     """Quota rows in the Hub database, through the Hub's own session.
 
     Args:
-        db: the Hub's SQLAlchemy session (``handler.db`` / ``app.db``). The table is
-            created on its engine if missing.
+        db: the Hub's SQLAlchemy session (``handler.db`` / ``app.db``). The tables are
+            created on its engine if missing (and rows of the older name-keyed
+            ``vgpu_quotas`` table moved into them).
     """
 
     _created_on: set[int] = set()
@@ -128,41 +199,55 @@ class QuotaStore:
         self.db = db
         bind = db.get_bind()
         if id(bind) not in self._created_on:
-            Base.metadata.create_all(bind)
+            metadata.create_all(bind)
+            _migrate_named_rows(db)
             self._created_on.add(id(bind))
 
-    def get(self, kind: str, name: str) -> Quota | None:
-        """The stored quota of a user or group, or None."""
-        row = self.db.get(QuotaRow, (kind, name))
-        return None if row is None else Quota(row.memory_limit, row.compute_share)
+    def _owner_id(self, kind: str, name: str) -> int | None:
+        owner = OWNERS[kind]
+        return self.db.execute(select(owner.id).where(owner.name == name)).scalar()
 
-    def all(self, kind: str) -> dict[str, Quota]:
-        """Every stored quota of one kind, by name."""
-        rows = self.db.query(QuotaRow).filter(QuotaRow.kind == kind).order_by(QuotaRow.name)
-        return {r.name: Quota(r.memory_limit, r.compute_share) for r in rows}
+    def get(self, kind: str, name: str) -> Quota | None:
+        """The stored quota of a user or group, or None (also when it does not exist)."""
+        return self.all(kind, name).get(name)
+
+    def all(self, kind: str, name: str | None = None) -> dict[str, Quota]:
+        """Every stored quota of one kind (or the one of ``name``), by name, sorted."""
+        table, owner = TABLES[kind], OWNERS[kind]
+        key = table.c[f"{kind}_id"]
+        query = select(owner.name, *(table.c[f] for f in FIELDS)).join(owner, owner.id == key)
+        if name is not None:
+            query = query.where(owner.name == name)
+        rows = self.db.execute(query.order_by(owner.name)).all()
+        return {r[0]: Quota(**dict(zip(FIELDS, r[1:], strict=True))) for r in rows}
 
     def put(self, kind: str, name: str, quota: Quota) -> None:
         """Store (replace) a quota and commit.
 
         Raises:
             ValueError: ``kind`` is not ``"user"`` or ``"group"``.
+            LookupError: no such user or group.
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}")
-        row = self.db.get(QuotaRow, (kind, name)) or QuotaRow(kind=kind, name=name)
-        row.memory_limit = quota.memory_limit
-        row.compute_share = quota.compute_share
-        self.db.add(row)
+        owner_id = self._owner_id(kind, name)
+        if owner_id is None:
+            raise LookupError(f"No such {kind}: {name}")
+        table = TABLES[kind]
+        key = table.c[f"{kind}_id"]
+        self.db.execute(delete(table).where(key == owner_id))
+        self.db.execute(table.insert().values({f"{kind}_id": owner_id, **quota.to_dict()}))
         self.db.commit()
 
     def delete(self, kind: str, name: str) -> bool:
         """Remove a quota and commit; False when there was none."""
-        row = self.db.get(QuotaRow, (kind, name))
-        if row is None:
+        owner_id = self._owner_id(kind, name)
+        if owner_id is None:
             return False
-        self.db.delete(row)
+        table = TABLES[kind]
+        removed = self.db.execute(delete(table).where(table.c[f"{kind}_id"] == owner_id)).rowcount
         self.db.commit()
-        return True
+        return bool(removed)
 
     def resolve(self, user: str, groups: Iterable[str], default: Quota, *, override: tuple = ()) -> Effective:
         """The effective quota of ``user`` in ``groups``.
@@ -170,11 +255,11 @@ class QuotaStore:
         Args:
             user: user name.
             groups: names of the user's groups.
-            default: the hub-wide default; both fields must be set.
+            default: the hub-wide default; every field but ``memory_request`` set.
             override: ``(kind, name, quota)`` to use instead of the stored one, to see
                 the effect of a write before committing it.
         """
-        stored = {("user", user): self.get("user", user)}
+        stored: dict[tuple[str, str], Quota | None] = {("user", user): self.get("user", user)}
         for g in groups:
             stored[("group", g)] = self.get("group", g)
         if override:
@@ -186,7 +271,7 @@ class QuotaStore:
 
 def resolve(stored: Mapping[tuple[str, str], Quota | None], user: str, default: Quota) -> Effective:
     """Field-by-field resolution over ``stored`` quotas (keys ``(kind, name)``)."""
-    values: dict[str, int] = {}
+    values: dict[str, int | None] = {}
     source: dict[str, str] = {}
     for field in FIELDS:
         own = stored.get(("user", user))
@@ -202,4 +287,35 @@ def resolve(stored: Mapping[tuple[str, str], Quota | None], user: str, default: 
             values[field], source[field] = best
         else:
             values[field], source[field] = getattr(default, field), "default"
-    return Effective(values["memory_limit"], values["compute_share"], source)
+    if values["memory_request"] is None:
+        values["memory_request"], source["memory_request"] = values["memory_limit"], "memory_limit"
+    elif values["memory_request"] > values["memory_limit"]:
+        values["memory_request"] = values["memory_limit"]
+        source["memory_request"] += ", capped at memory_limit"
+    return Effective(
+        values["memory_limit"], values["compute_share"], values["memory_request"], values["priority"], source
+    )
+
+
+def _migrate_named_rows(db: Session) -> None:
+    """Move rows of the name-keyed ``vgpu_quotas`` table (before quotas followed users
+    and groups by id) into the id-keyed tables; rows whose user or group is gone are
+    dropped, and logged."""
+    if not inspect(db.get_bind()).has_table("vgpu_quotas"):
+        return
+    log = get_logger()  # the Hub's own log
+    rows = db.execute(text("SELECT kind, name, memory_limit, compute_share FROM vgpu_quotas")).all()
+    for kind, name, memory_limit, compute_share in rows:
+        owner = OWNERS.get(kind)
+        owner_id = db.execute(select(owner.id).where(owner.name == name)).scalar() if owner else None
+        if owner_id is None:
+            log.warning("vGPU: dropping the quota of %s %r, who no longer exists", kind, name)
+            continue
+        db.execute(
+            TABLES[kind]
+            .insert()
+            .values({f"{kind}_id": owner_id, "memory_limit": memory_limit, "compute_share": compute_share})
+        )
+    db.execute(text("DROP TABLE vgpu_quotas"))
+    db.commit()
+    log.info("vGPU: moved %d quota row(s) to vgpu_user_quotas / vgpu_group_quotas", len(rows))

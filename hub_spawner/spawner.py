@@ -5,10 +5,11 @@ bases, e.g. ``class MySpawner(VGPUSpawnerMixin, DockerSpawner)``. :class:`VGPUSp
 is the mixin on JupyterHub's ``LocalProcessSpawner``, registered as ``vgpu``:
 ``c.JupyterHub.spawner_class = "vgpu"``.
 
-At start the mixin resolves the user's quota, asks the shared allocator for a GPU, and
-passes the slice to the server in its environment (``Slice.environment()``). The slice
-is saved in the spawner's state, so the Hub's database keeps it across restarts and
-``load_state`` puts it back on its GPU.
+At start the mixin resolves the user's quota, asks the shared allocator for a device
+(a shared GPU, or the MIG instance the user picked on the spawn form), and passes the
+slice to the server in its environment (``Slice.environment()``). The slice is saved
+in the spawner's state, so the Hub's database keeps it across restarts and
+``load_state`` puts it back on its device.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import HasTraits, default
 
-from jupyter_vgpu.slice import Slice, SliceError
+from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
+from . import options
 from .config import VGPUHub
-from .placement import Placement
+from .placement import Placement, PlacementError
 from .quotas import QuotaStore
 from .sizes import format_size
 
@@ -40,6 +42,10 @@ class VGPUSpawnerMixin(HasTraits):
         # extension needs to poll GET /hub/api/vgpu/slices/users/{name}.
         return ["users:activity!user", "access:servers!server", "read:users!user"]
 
+    @default("options_form")
+    def _vgpu_options_form(self):
+        return VGPUSpawnerMixin.vgpu_options_form
+
     @property
     def vgpu_hub(self) -> VGPUHub:
         return VGPUHub.instance(config=self.config)
@@ -53,51 +59,127 @@ class VGPUSpawnerMixin(HasTraits):
         groups = [g.name for g in self.user.groups]
         return QuotaStore(self.user.db).resolve(self.user.name, groups, self.vgpu_hub.default_quota)
 
+    def vgpu_options_form(self) -> str:
+        """The spawn form: on hubs with MIG instances, a shared slice or a MIG profile
+        that fits the user's quota; "" (no form) elsewhere."""
+        allocator = self.vgpu_hub.allocator
+        effective = self.vgpu_resolve()
+        return options.render_form(
+            shared=bool(allocator.shared),
+            isolation=self.vgpu_hub.isolation,
+            effective=effective,
+            profiles=allocator.profiles(effective.memory_limit, excluding=self.vgpu_key),
+        )
+
+    def options_from_form(self, formdata):
+        return options.options_from_form(formdata)
+
     def vgpu_place(self) -> Slice:
         """Place this server's slice and remember it.
 
         Raises:
-            hub_spawner.placement.PlacementError: no GPU has room; its message is shown
-                on the spawn page.
+            hub_spawner.placement.PlacementError: no device has room, the MIG profile
+                asked for is unknown, taken or above the quota; its message is shown on
+                the spawn page.
         """
         hub = self.vgpu_hub
+        allocator = hub.allocator
         quota = self.vgpu_resolve()
-        gpu = hub.allocator.place(self.vgpu_key, quota.memory_limit, quota.compute_share, hub.placement)
-        self.vgpu_slice = Slice(
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
-            gpu_name=gpu.name,
-            gpu_memory=gpu.memory,
-            memory_limit=quota.memory_limit,
-            compute_share=quota.compute_share,
-            placement=hub.placement,
-            overcommit_ratio=hub.overcommit_ratio,
-            simulated=gpu.simulated,
-            idle_seconds=hub.idle_seconds,
-            high_watermark=hub.high_watermark,
-        )
-        self.log.info(
-            "vGPU slice for %s: GPU %d (%s), %s, %d%% compute",
-            self._log_name,
-            gpu.index,
-            gpu.name,
-            format_size(quota.memory_limit),
-            quota.compute_share,
-        )
+        try:
+            profile = options.requested_profile(self.user_options)
+        except ValueError as e:
+            raise PlacementError(str(e)) from None
+        if profile is not None or (allocator.gpus and not allocator.shared):
+            gpu = allocator.place_instance(self.vgpu_key, profile, quota.memory_limit)
+            self.vgpu_slice = Slice(
+                gpu_uuid=gpu.uuid,
+                gpu_index=gpu.index,
+                gpu_name=gpu.name,
+                gpu_memory=gpu.memory,
+                memory_limit=gpu.memory,
+                memory_request=gpu.memory,
+                compute_share=gpu.compute_percent or 100,
+                priority=quota.priority,
+                isolation="mig",
+                placement=hub.placement,
+                overcommit_ratio=1.0,
+                simulated=gpu.simulated,
+                idle_seconds=hub.idle_seconds,
+                high_watermark=hub.high_watermark,
+            )
+        else:
+            gpu = allocator.place(
+                self.vgpu_key, quota.memory_limit, quota.compute_share, hub.placement, quota.memory_request
+            )
+            self.vgpu_slice = Slice(
+                gpu_uuid=gpu.uuid,
+                gpu_index=gpu.index,
+                gpu_name=gpu.name,
+                gpu_memory=gpu.memory,
+                memory_limit=quota.memory_limit,
+                memory_request=quota.memory_request,
+                compute_share=quota.compute_share,
+                priority=quota.priority,
+                isolation=gpu.isolation,
+                placement=hub.placement,
+                overcommit_ratio=hub.overcommit_ratio,
+                simulated=gpu.simulated,
+                idle_seconds=hub.idle_seconds,
+                high_watermark=hub.high_watermark,
+            )
+        self.log.info("vGPU slice for %s: %s", self._log_name, self.vgpu_describe())
         return self.vgpu_slice
 
+    def vgpu_describe(self) -> str:
+        """The running slice in one sentence, as the spawn page shows it."""
+        s = self.vgpu_slice
+        kind = "simulated " if s.simulated else ""
+        if s.isolation == "mig":
+            return (
+                f"MIG instance {mig_profile(s.gpu_name)} of {kind}GPU {s.gpu_index} "
+                f"({s.gpu_name}): {format_size(s.memory_limit)}, guaranteed, a hardware partition "
+                f"with {s.compute_share}% of the GPU's SMs; priority {s.priority}"
+            )
+        guaranteed = (
+            "all of it guaranteed"
+            if s.memory_request == s.memory_limit
+            else f"{format_size(s.memory_request)} guaranteed"
+        )
+        return (
+            f"{kind}GPU {s.gpu_index} ({s.gpu_name}): {format_size(s.memory_limit)} budget, {guaranteed}; "
+            f"compute share {s.compute_share_text}; priority {s.priority}"
+        )
+
     def vgpu_release(self) -> None:
+        """Give the slice's room back and forget the server's last usage report."""
         self.vgpu_hub.allocator.release(self.vgpu_key)
+        self.vgpu_hub.usage.forget(self.vgpu_key)
         self.vgpu_slice = None
 
-    def vgpu_update(self, memory_limit: int, compute_share: int) -> Slice:
-        """Apply a quota change to the running slice (same GPU) and save the state.
+    def vgpu_update(self, effective) -> Slice:
+        """Apply a quota change to the running slice (same device) and save the state.
+
+        A MIG instance keeps its size and share; only its priority follows the quota.
+
+        Args:
+            effective: the user's new effective quota (:class:`hub_spawner.quotas.Effective`).
 
         Raises:
-            hub_spawner.placement.PlacementError: the new budget does not fit on its GPU.
+            hub_spawner.placement.PlacementError: the new sizes do not fit on its GPU.
         """
-        self.vgpu_hub.allocator.resize(self.vgpu_key, memory_limit, compute_share)
-        self.vgpu_slice = self.vgpu_slice.replace(memory_limit=memory_limit, compute_share=compute_share)
+        s = self.vgpu_slice
+        if s.isolation == "mig":
+            self.vgpu_slice = s.replace(priority=effective.priority)
+        else:
+            self.vgpu_hub.allocator.resize(
+                self.vgpu_key, effective.memory_limit, effective.compute_share, effective.memory_request
+            )
+            self.vgpu_slice = s.replace(
+                memory_limit=effective.memory_limit,
+                memory_request=effective.memory_request,
+                compute_share=effective.compute_share,
+                priority=effective.priority,
+            )
         self.orm_spawner.state = self.get_state()
         self.user.db.commit()
         return self.vgpu_slice
@@ -124,15 +206,7 @@ class VGPUSpawnerMixin(HasTraits):
 
     async def progress(self):
         if self.vgpu_slice is not None:
-            s = self.vgpu_slice
-            kind = "simulated " if s.simulated else ""
-            yield {
-                "progress": 40,
-                "message": (
-                    f"Placed your vGPU slice on {kind}GPU {s.gpu_index} ({s.gpu_name}): "
-                    f"{format_size(s.memory_limit)} budget, {s.compute_share}% compute share"
-                ),
-            }
+            yield {"progress": 40, "message": f"Placed your vGPU slice on {self.vgpu_describe()}"}
         async for event in super().progress():
             yield event
 
@@ -155,6 +229,7 @@ class VGPUSpawnerMixin(HasTraits):
                     self.vgpu_slice.gpu_uuid,
                     self.vgpu_slice.memory_limit,
                     self.vgpu_slice.compute_share,
+                    self.vgpu_slice.memory_request,
                 )
             )
         except (SliceError, KeyError) as e:

@@ -16,6 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from jupyter_vgpu import contracts
+from jupyter_vgpu.slice import mig_profile
+
 #: A report older than this is shown as stale, seconds (three missed reports).
 STALE_SECONDS = 35.0
 
@@ -39,39 +42,33 @@ class Report:
     simulated: bool
 
 
+#: The largest usage report the Hub reads, bytes of JSON (a server with 1,000 kernels
+#: sends about 1 MB).
+MAX_REPORT_BYTES = 2 * 2**20
+
+
 def parse_report(body: object) -> tuple[str, Report]:
-    """``(server_name, Report)`` from a server's POST body
-    ``{"server_name": str, "usage": <usage document>}``.
+    """``(server_name, Report)`` from a server's POST body, the contract ``usage-report``:
+    ``{"server_name": str, "usage": <the server's usage document>}``.
+
+    Every field is checked against the contract (types, ranges, sizes) before anything
+    is kept, so no report can make a later aggregation or the metrics fail.
 
     Raises:
-        ValueError: the body is not of that shape; the message says what is wrong.
+        jupyter_vgpu.contracts.ContractError: the body breaks the contract; the message
+            names the field (``usage.totals.used: must be at most …``).
     """
-    if not isinstance(body, dict) or not isinstance(body.get("usage"), dict):
-        raise ValueError(
-            'the body must be {"server_name": "...", "usage": {...the /api/vgpu/usage document...}}'
-        )
-    server_name = body.get("server_name", "")
-    if not isinstance(server_name, str):
-        raise ValueError("server_name must be a string")
+    contracts.validate("usage-report", body)
     usage = body["usage"]
-    totals = usage.get("totals")
     fields = ("used", "reserved", "offloaded", "offloaded_compressed")
-    if not isinstance(totals, dict) or not all(
-        isinstance(totals.get(f), int) and not isinstance(totals.get(f), bool) and totals[f] >= 0
-        for f in fields
-    ):
-        raise ValueError(f"usage.totals must hold non-negative integer bytes for {', '.join(fields)}")
-    gpu = usage.get("gpu") or {}
-    sm = gpu.get("sm_percent") if isinstance(gpu, dict) else None
-    if sm is not None and (isinstance(sm, bool) or not isinstance(sm, (int, float)) or not 0 <= sm <= 100):
-        raise ValueError("usage.gpu.sm_percent must be a percentage or null")
-    kernels = usage.get("kernels", [])
-    if not isinstance(kernels, list):
-        raise ValueError("usage.kernels must be a list")
     report = Report(
-        time.time(), {f: totals[f] for f in fields}, sm, len(kernels), bool(usage.get("simulated"))
+        time.time(),
+        {f: usage["totals"][f] for f in fields},
+        usage["gpu"]["sm_percent"] if usage["gpu"] else None,
+        len(usage["kernels"]),
+        usage["simulated"],
     )
-    return server_name, report
+    return body["server_name"], report
 
 
 class UsageBoard:
@@ -96,8 +93,11 @@ class UsageBoard:
 
 def slice_summary(user: str, spawner) -> dict[str, Any]:
     """The fields every listing of a running slice starts with: ``user``,
-    ``server_name``, ``gpu_uuid``, ``gpu_index``, ``gpu_name``, ``memory_limit`` (bytes),
-    ``compute_share`` (percent), ``simulated``."""
+    ``server_name``, ``gpu_uuid``, ``gpu_index``, ``gpu_name``, ``memory_limit`` and
+    ``memory_request`` (bytes), ``compute_share`` (percent), ``compute_share_text``
+    (what the share means under the slice's backend: "not enforced (time-sliced)"
+    under time-slicing), ``priority``, ``isolation``, ``mig_profile`` (or None),
+    ``simulated``."""
     s = spawner.vgpu_slice
     return {
         "user": user,
@@ -106,7 +106,12 @@ def slice_summary(user: str, spawner) -> dict[str, Any]:
         "gpu_index": s.gpu_index,
         "gpu_name": s.gpu_name,
         "memory_limit": s.memory_limit,
+        "memory_request": s.memory_request,
         "compute_share": s.compute_share,
+        "compute_share_text": s.compute_share_text,
+        "priority": s.priority,
+        "isolation": s.isolation,
+        "mig_profile": mig_profile(s.gpu_name) if s.isolation == "mig" else None,
         "simulated": s.simulated,
     }
 
@@ -149,13 +154,15 @@ def slice_rows(
 
 
 def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[dict]:
-    """One row per GPU: its memory, the budgets placed on it, overcommit in use and the
-    usage its slices report.
+    """One row per device (GPU or MIG instance): its memory, the limits and requests
+    placed on it, overcommit in use and the usage its slices report.
 
-    Row fields: ``index``, ``uuid``, ``name``, ``memory`` (bytes), ``capacity`` (memory ×
-    overcommit ratio, bytes), ``committed`` (sum of budgets, bytes), ``overcommit``
-    (committed / memory), ``used`` and ``offloaded`` (bytes, sums of reports),
-    ``slices`` (the slice rows on it), ``simulated``.
+    Row fields: ``index`` (a MIG instance's parent GPU), ``uuid``, ``name``, ``label``
+    (``"GPU 1 MIG 3g.40gb"``), ``isolation``, ``mig_profile``, ``memory`` (bytes),
+    ``capacity`` (memory × overcommit ratio; memory for MIG, bytes), ``committed`` (sum
+    of limits, bytes), ``requested`` (sum of requests, bytes), ``overcommit`` (committed
+    / memory), ``used`` and ``offloaded`` (bytes, sums of reports), ``slices`` (the
+    slice rows on it), ``simulated``.
     """
     out = []
     for g in gpus:
@@ -166,9 +173,13 @@ def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[
                 "index": g.index,
                 "uuid": g.uuid,
                 "name": g.name,
+                "label": g.label,
+                "isolation": g.isolation,
+                "mig_profile": g.mig_profile,
                 "memory": g.memory,
-                "capacity": int(g.memory * overcommit_ratio),
+                "capacity": g.memory if g.exclusive else int(g.memory * overcommit_ratio),
                 "committed": committed,
+                "requested": sum(r["memory_request"] for r in mine),
                 "overcommit": committed / g.memory,
                 "used": sum(r["used"] or 0 for r in mine),
                 "offloaded": sum(r["offloaded"] or 0 for r in mine),

@@ -35,6 +35,8 @@ class GPUInfo:
         name: product name, e.g. ``"NVIDIA H100 80GB HBM3"``.
         memory_total: total memory, bytes.
         memory_used: memory in use by all processes when listed, bytes, or None.
+        mig_enabled: the GPU is in MIG mode: CUDA sees only its MIG instances
+            (:func:`mig_devices`), not the whole card.
     """
 
     index: int
@@ -42,6 +44,31 @@ class GPUInfo:
     name: str
     memory_total: int
     memory_used: int | None = None
+    mig_enabled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MIGInfo:
+    """One MIG instance (a GPU instance with its compute instance) as NVML reports it.
+
+    Attributes:
+        parent_index: NVML index of the GPU it is carved from.
+        parent_uuid: ``GPU-…`` UUID of that GPU.
+        uuid: ``MIG-…`` UUID, what ``CUDA_VISIBLE_DEVICES`` takes.
+        name: device name, e.g. ``"NVIDIA H100 80GB HBM3 MIG 3g.40gb"``.
+        profile: the MIG profile, e.g. ``"3g.40gb"``.
+        memory_total: the instance's memory, bytes.
+        compute_percent: its share of the GPU's streaming multiprocessors, percent
+            (1-100), or None when NVML does not say.
+    """
+
+    parent_index: int
+    parent_uuid: str
+    uuid: str
+    name: str
+    profile: str
+    memory_total: int
+    compute_percent: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +142,77 @@ def list_gpus() -> list[GPUInfo]:
                     name=_text(nv.nvmlDeviceGetName(handle)),
                     memory_total=int(memory.total),
                     memory_used=int(memory.used),
+                    mig_enabled=_mig_enabled(nv, handle),
                 )
             )
     except nv.NVMLError as e:
         raise NVMLUnavailable(f"NVML query failed: {e}") from None
     return gpus
+
+
+def _mig_enabled(nv, handle) -> bool:
+    try:
+        current, _pending = nv.nvmlDeviceGetMigMode(handle)
+    except nv.NVMLError:  # not MIG-capable (NotSupported), or an older driver
+        return False
+    return current == nv.NVML_DEVICE_MIG_ENABLE
+
+
+def mig_devices(gpu: str | int) -> list[MIGInfo]:
+    """The MIG instances of one GPU, in NVML's order; empty when MIG mode is off.
+
+    Args:
+        gpu: the GPU's UUID (``GPU-…``) or NVML index.
+
+    Raises:
+        NVMLUnavailable: no NVIDIA driver, no such GPU, or NVML failed listing them.
+    """
+    nv = _nvml()
+    handle = _handle(nv, gpu)
+    if not _mig_enabled(nv, handle):
+        return []
+    try:
+        parent_index = int(nv.nvmlDeviceGetIndex(handle))
+        parent_uuid = _text(nv.nvmlDeviceGetUUID(handle))
+        count = int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except nv.NVMLError as e:
+        raise NVMLUnavailable(f"NVML query failed: {e}") from None
+    total_sms = _full_gpu_sms(nv, handle)
+    found = []
+    for i in range(count):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except nv.NVMLError:  # an empty slot (NVML_ERROR_NOT_FOUND)
+            continue
+        try:
+            name = _text(nv.nvmlDeviceGetName(mig))
+            memory = int(nv.nvmlDeviceGetMemoryInfo(mig).total)
+            uuid = _text(nv.nvmlDeviceGetUUID(mig))
+        except nv.NVMLError as e:
+            raise NVMLUnavailable(f"NVML query of MIG device {i} on GPU {gpu!r} failed: {e}") from None
+        try:
+            attributes = nv.nvmlDeviceGetAttributes(mig)
+        except nv.NVMLError:
+            attributes = None
+        profile = name.rpartition(" MIG ")[2].strip() if " MIG " in name else None
+        if not profile and attributes is not None:
+            profile = f"{attributes.gpuInstanceSliceCount}g.{round(attributes.memorySizeMB / 1000)}gb"
+        percent = None
+        if attributes is not None and total_sms:
+            percent = max(1, min(100, round(100 * attributes.multiprocessorCount / total_sms)))
+        found.append(MIGInfo(parent_index, parent_uuid, uuid, name, profile or "unknown", memory, percent))
+    return found
+
+
+def _full_gpu_sms(nv, handle) -> int | None:
+    """SMs of the whole GPU in MIG mode: those of its largest GPU-instance profile."""
+    for profile in ("NVML_GPU_INSTANCE_PROFILE_8_SLICE", "NVML_GPU_INSTANCE_PROFILE_7_SLICE"):
+        try:
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, getattr(nv, profile))
+            return int(info.multiprocessorCount)
+        except (nv.NVMLError, AttributeError):
+            continue
+    return None
 
 
 def _handle(nv, gpu: str | int):
@@ -194,18 +287,6 @@ def utilization(gpu: str | int) -> Utilization:
     nv = _nvml()
     handle = _handle(nv, gpu)
     return Utilization(device=_device_sm(nv, handle), processes=_process_sm(nv, handle))
-
-
-def process_utilization(gpu: str | int) -> dict[int, float]:
-    """SM utilisation of each process on one GPU over NVML's last sample window, percent.
-
-    Returns an empty dict where the driver gives no per-process figures.
-
-    Raises:
-        NVMLUnavailable: no NVIDIA driver, or no such GPU.
-    """
-    nv = _nvml()
-    return _process_sm(nv, _handle(nv, gpu))
 
 
 def _process_sm(nv, handle) -> dict[int, float]:

@@ -1,12 +1,20 @@
 """The vGPU slice: the one contract between the Hub, the user's server and its kernels.
 
 A :class:`Slice` is a small frozen record: which GPU, how many bytes of its memory the
-user may hold (the *budget*), which percentage of its compute (the *compute share*),
-and the policy the kernel follows when the card is short of memory. The Hub creates
-it at spawn time, serialises it once with :meth:`Slice.to_json`, and hands it to the
-single-user server in the ``JUPYTER_VGPU_SLICE`` environment variable. The server
-and the kernels parse it with :meth:`Slice.from_json` and nothing else: nothing
-downstream re-derives a slice.
+user may hold (the *budget*, or memory limit) and how many are guaranteed (the *memory
+request*), which percentage of its compute (the *compute share*), the user's
+*priority*, the *isolation backend*, and the policy the kernel follows when the card is
+short of memory. The Hub creates it at spawn time, serialises it once with
+:meth:`Slice.to_json`, and hands it to the single-user server in the
+``JUPYTER_VGPU_SLICE`` environment variable. The server and the kernels parse it with
+:meth:`Slice.from_json` and nothing else: nothing downstream re-derives a slice.
+
+The serialised form is the contract ``slice`` (``jupyter_vgpu/contracts/slice.schema.json``,
+version 2). Version-1 documents (no request, priority or isolation) are still read:
+their request is their limit, their priority :data:`DEFAULT_PRIORITY`, their isolation
+``"time-slicing"``. Kernels parse slices without jsonschema (importing it costs about a
+second), so :meth:`Slice.__post_init__` checks every field the way the schema does;
+``tests/unit/test_contracts.py`` proves that the two agree.
 
 This module is pure Python (no torch, no jupyterhub) so that every side may import it.
 """
@@ -26,12 +34,54 @@ SLICE_ENV = "JUPYTER_VGPU_SLICE"
 #: Placement policies the Hub knows (see ``hub_spawner.placement``).
 PLACEMENTS = ("binpack", "spread")
 
+#: Isolation backends: how the GPU is shared (see :func:`compute_share_text`).
+ISOLATIONS = ("time-slicing", "mps", "mig")
+
+#: Priorities run from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`; higher wins.
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 50
+
 #: Version of the serialised form; bumped when a field changes meaning.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: Largest byte count any contract carries (a signed 64-bit integer).
+MAX_BYTES = 2**63 - 1
+
+_V1_FIELDS = (
+    "gpu_uuid",
+    "gpu_index",
+    "gpu_name",
+    "gpu_memory",
+    "memory_limit",
+    "compute_share",
+    "placement",
+    "overcommit_ratio",
+    "simulated",
+    "idle_seconds",
+    "high_watermark",
+)
 
 
 class SliceError(ValueError):
     """A serialised slice is malformed or one of its fields is out of range."""
+
+
+def compute_share_text(isolation: str, compute_share: int, mig_profile: str | None = None) -> str:
+    """What a compute share means under ``isolation``, for people to read.
+
+    ``"not enforced (time-sliced)"`` under time-slicing (nothing holds a kernel to
+    its share), ``"50% (enforced by MPS)"`` under MPS, ``"MIG instance 3g.40gb
+    (hardware partition)"`` under MIG.
+
+    Raises:
+        SliceError: unknown ``isolation``.
+    """
+    if isolation == "time-slicing":
+        return "not enforced (time-sliced)"
+    if isolation == "mps":
+        return f"{compute_share}% (enforced by MPS)"
+    if isolation == "mig":
+        return f"MIG instance{f' {mig_profile}' if mig_profile else ''} (hardware partition)"
+    raise SliceError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,25 +89,36 @@ class Slice:
     """A user's share of one GPU.
 
     Attributes:
-        gpu_uuid: NVML UUID of the GPU (``GPU-…`` or ``MIG-…``); simulated GPUs use
-            ``GPU-sim-…``.
-        gpu_index: NVML index of the GPU on the host (0-based). Inside the user's
-            server ``CUDA_VISIBLE_DEVICES`` names only this GPU, so frameworks see it
-            as device 0.
+        gpu_uuid: NVML UUID of the GPU (``GPU-…``) or MIG instance (``MIG-…``);
+            simulated devices use ``GPU-sim-…`` and ``MIG-sim-…``.
+        gpu_index: NVML index of the GPU on the host (0-based; a MIG instance's parent
+            GPU). Inside the user's server ``CUDA_VISIBLE_DEVICES`` names only this
+            device, so frameworks see it as device 0.
         gpu_name: Product name as NVML reports it (``"NVIDIA H100 80GB HBM3"``).
-        gpu_memory: Total memory of the GPU, bytes.
+        gpu_memory: Total memory of the GPU (of the MIG instance), bytes.
         memory_limit: The budget: bytes of GPU memory this server's kernels may hold,
             each. ``0 < memory_limit``; may exceed what is free on the card when the
             Hub overcommits.
-        compute_share: Percent of the GPU's streaming multiprocessors, 1-100.
+        compute_share: Percent of the GPU's streaming multiprocessors, 1-100. Only the
+            ``mps`` and ``mig`` backends enforce it.
         placement: Policy the Hub used to pick the GPU, one of :data:`PLACEMENTS`.
         overcommit_ratio: Sum of budgets the Hub allows per GPU, as a multiple of
-            ``gpu_memory`` (``>= 1.0``).
+            ``gpu_memory`` (``>= 1.0``; exactly 1.0 for MIG instances).
         simulated: True when the GPU is simulated (no NVML device behind it).
         idle_seconds: A tensor no cell has referenced for this many seconds is idle
             and may be offloaded, seconds (``> 0``).
         high_watermark: Fraction of the budget (0-1] above which the kernel offloads
             idle tensors.
+        memory_request: Guaranteed bytes, ``0 < memory_request <= memory_limit``;
+            None (the default) means the whole limit. Requests placed on one GPU sum
+            to at most its memory.
+        priority: Higher wins when the card is short of memory, an integer from
+            :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY` (default
+            :data:`DEFAULT_PRIORITY`).
+        isolation: How the GPU is shared, one of :data:`ISOLATIONS`.
+
+    Raises:
+        SliceError: a field is out of range (on construction).
     """
 
     gpu_uuid: str
@@ -71,29 +132,53 @@ class Slice:
     simulated: bool = False
     idle_seconds: float = 300.0
     high_watermark: float = 0.9
+    memory_request: int | None = None
+    priority: int = DEFAULT_PRIORITY
+    isolation: str = "time-slicing"
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.gpu_uuid, str) and self.gpu_uuid, "gpu_uuid must be a non-empty string")
-        _check(_is_int(self.gpu_index) and self.gpu_index >= 0, "gpu_index must be an integer >= 0")
-        _check(isinstance(self.gpu_name, str), "gpu_name must be a string")
+        if self.memory_request is None and _is_int(self.memory_limit):
+            object.__setattr__(self, "memory_request", self.memory_limit)
         _check(
-            _is_int(self.gpu_memory) and self.gpu_memory > 0, "gpu_memory must be a positive number of bytes"
+            isinstance(self.gpu_uuid, str) and 0 < len(self.gpu_uuid) <= 128,
+            "gpu_uuid must be a non-empty string of at most 128 characters",
         )
+        _check(_is_int(self.gpu_index) and 0 <= self.gpu_index <= 4096, "gpu_index must be an integer 0-4096")
         _check(
-            _is_int(self.memory_limit) and self.memory_limit > 0,
-            "memory_limit must be a positive number of bytes",
+            isinstance(self.gpu_name, str) and len(self.gpu_name) <= 256,
+            "gpu_name must be a string of at most 256 characters",
+        )
+        for name in ("gpu_memory", "memory_limit", "memory_request"):
+            value = getattr(self, name)
+            _check(_is_int(value) and 0 < value <= MAX_BYTES, f"{name} must be a positive number of bytes")
+        _check(
+            self.memory_request <= self.memory_limit,
+            f"memory_request ({self.memory_request} bytes) must not exceed memory_limit "
+            f"({self.memory_limit} bytes)",
         )
         _check(
             _is_int(self.compute_share) and 1 <= self.compute_share <= 100,
             "compute_share must be an integer percentage between 1 and 100",
         )
+        _check(
+            _is_int(self.priority) and MIN_PRIORITY <= self.priority <= MAX_PRIORITY,
+            f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}",
+        )
+        _check(self.isolation in ISOLATIONS, f"isolation must be one of {', '.join(ISOLATIONS)}")
         _check(self.placement in PLACEMENTS, f"placement must be one of {', '.join(PLACEMENTS)}")
         _check(
-            _is_number(self.overcommit_ratio) and self.overcommit_ratio >= 1.0,
-            "overcommit_ratio must be >= 1.0",
+            _is_number(self.overcommit_ratio) and 1.0 <= self.overcommit_ratio <= 1000,
+            "overcommit_ratio must be >= 1.0 (and at most 1000)",
+        )
+        _check(
+            self.isolation != "mig" or self.overcommit_ratio == 1.0,
+            "overcommit_ratio must be 1.0 for a MIG instance (no overcommit)",
         )
         _check(isinstance(self.simulated, bool), "simulated must be true or false")
-        _check(_is_number(self.idle_seconds) and self.idle_seconds > 0, "idle_seconds must be > 0")
+        _check(
+            _is_number(self.idle_seconds) and 0 < self.idle_seconds <= 31536000,
+            "idle_seconds must be > 0 (and at most a year)",
+        )
         _check(
             _is_number(self.high_watermark) and 0 < self.high_watermark <= 1,
             "high_watermark must be in (0, 1]",
@@ -105,12 +190,26 @@ class Slice:
         ``torch.cuda.set_per_process_memory_fraction``."""
         return min(1.0, self.memory_limit / self.gpu_memory)
 
+    @property
+    def compute_share_text(self) -> str:
+        """The compute share as people should read it (see :func:`compute_share_text`)."""
+        return compute_share_text(self.isolation, self.compute_share, mig_profile(self.gpu_name))
+
     def replace(self, **changes: Any) -> Slice:
         """A copy with ``changes`` applied (validated like a new slice).
+
+        A slice whose request is its whole limit keeps it so when only the limit
+        changes (``replace(memory_limit=...)``); name ``memory_request`` to set it.
 
         Raises:
             SliceError: a changed field is out of range.
         """
+        if (
+            "memory_limit" in changes
+            and "memory_request" not in changes
+            and self.memory_request == self.memory_limit
+        ):
+            changes["memory_request"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,28 +224,35 @@ class Slice:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Slice:
-        """Parse the dict form written by :meth:`to_dict`.
+        """Parse the dict form written by :meth:`to_dict` (version 2), or a version-1 one.
 
-        Unknown fields are refused so that a typo never silently drops a limit.
+        Every field of the version is required and unknown fields are refused, so that
+        a typo never silently drops a limit. A version-1 document may leave out the
+        fields that had defaults then; it is read with ``memory_request`` equal to
+        ``memory_limit``, :data:`DEFAULT_PRIORITY` and ``"time-slicing"``.
 
         Raises:
-            SliceError: not a mapping, a field is missing, unknown or out of range, or
-                the version is not :data:`SCHEMA_VERSION`.
+            SliceError: not a mapping, no or an unknown version, a field missing,
+                unknown or out of range.
         """
         if not isinstance(data, Mapping):
             raise SliceError(f"a slice must be a JSON object, not {type(data).__name__}")
         data = dict(data)
-        version = data.pop("version", SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:
-            raise SliceError(f"slice version {version!r} is not supported (expected {SCHEMA_VERSION})")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        version = data.pop("version", None)
+        if _is_int(version) and version == 1:
+            names, required = _V1_FIELDS, _V1_FIELDS[:6]
+        elif _is_int(version) and version == SCHEMA_VERSION:
+            names = required = tuple(f.name for f in dataclasses.fields(cls))
+        else:
+            raise SliceError(f"slice version {version!r} is not supported (expected 1 or {SCHEMA_VERSION})")
+        unknown = sorted(set(data) - set(names))
         if unknown:
-            raise SliceError(f"unknown slice field(s): {', '.join(unknown)}")
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(data))
+            raise SliceError(f"unknown slice field(s) for version {version}: {', '.join(unknown)}")
+        missing = [n for n in required if n not in data]
         if missing:
             raise SliceError(f"missing slice field(s): {', '.join(missing)}")
+        if version == SCHEMA_VERSION and data["memory_request"] is None:
+            raise SliceError("memory_request must be a positive number of bytes")
         return cls(**data)
 
     @classmethod
@@ -178,11 +284,16 @@ class Slice:
     def environment(self) -> dict[str, str]:
         """Environment variables that carry this slice into the user's server.
 
-        ``JUPYTER_VGPU_SLICE`` (this slice), ``CUDA_VISIBLE_DEVICES`` (the GPU's UUID,
-        real GPUs only), and the limits other frameworks read at start-up: JAX's
-        ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (fraction of the card, two decimals,
-        rounded down) and CuPy's ``CUPY_GPU_MEMORY_LIMIT`` (bytes). Sources: JAX "GPU
-        memory allocation" docs; CuPy "Environment variables" docs.
+        ``JUPYTER_VGPU_SLICE`` (this slice), ``CUDA_VISIBLE_DEVICES`` (the GPU's or MIG
+        instance's UUID, real devices only), and the limits other frameworks read at
+        start-up: JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (fraction of the card, two
+        decimals, rounded down) and CuPy's ``CUPY_GPU_MEMORY_LIMIT`` (bytes). Under the
+        ``mps`` backend also MPS's client limits: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+        (the compute share) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``, the
+        budget rounded down to MiB, for the one visible device); they take effect only
+        for clients of an MPS control daemon, which the node arbiter runs. Sources:
+        JAX "GPU memory allocation", CuPy "Environment variables", NVIDIA MPS
+        documentation.
         """
         env = {
             SLICE_ENV: self.to_json(),
@@ -191,7 +302,17 @@ class Slice:
         }
         if not self.simulated:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_uuid
+        if self.isolation == "mps":
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(self.compute_share)
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, self.memory_limit // 2**20)}M"
         return env
+
+
+def mig_profile(gpu_name: str) -> str | None:
+    """The MIG profile in a device name (``"NVIDIA H100 80GB HBM3 MIG 3g.40gb"`` ->
+    ``"3g.40gb"``), or None when the name is not a MIG instance's."""
+    head, sep, tail = gpu_name.rpartition(" MIG ")
+    return tail.strip() or None if sep and head else None
 
 
 def _check(ok: object, message: str) -> None:
@@ -204,4 +325,6 @@ def _is_int(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

@@ -7,10 +7,11 @@ import secrets
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
+
+from .waiting import wait_for
 
 
 def free_port() -> int:
@@ -48,17 +49,15 @@ class JupyterServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def started():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter server exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if self.get("api/status").status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"jupyter server did not start:\n{self.log_path.read_text()[-3000:]}")
+                raise AssertionError(f"jupyter server exited:\n{self.log_path.read_text()[-3000:]}")
+            return self.get("api/status").status_code == 200
+
+        wait_for(
+            started, 60, f"jupyter server on port {self.port} to answer /api/status (log: {self.log_path})"
+        )
 
     def request(self, method: str, path: str, **kwargs) -> requests.Response:
         headers = {"Authorization": f"token {self.token}", **kwargs.pop("headers", {})}

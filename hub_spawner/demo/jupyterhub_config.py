@@ -3,21 +3,40 @@
 #
 #   jupyterhub -f hub_spawner/demo/jupyterhub_config.py
 #
+# It listens on 127.0.0.1 only: anyone who can reach it and knows the shared password
+# runs code on this machine. Run as root, it runs every user's server as the
+# unprivileged system account `vgpu-demo` (created here when missing).
+#
 # Environment (all optional):
 #   JUPYTER_VGPU_DEMO_PASSWORD  shared password of every demo user (default: vgpu-demo)
-#   JUPYTER_VGPU_DEMO_DIR       state directory: database, cookie secret, logs (default: ./.vgpu-demo)
+#   JUPYTER_VGPU_DEMO_DIR       state directory: database, cookie secret, homes (default: ./.vgpu-demo)
 #   JUPYTER_VGPU_DEMO_PORT      public port on 127.0.0.1 (default: 8000)
-#   JUPYTER_VGPU_DEMO_SIMULATE  "1": always simulate GPUs; "0": real GPUs only
+#   JUPYTER_VGPU_DEMO_SIMULATE  "1": simulate GPUs; "0": real GPUs only; unset: simulate
+#                               when no NVIDIA driver answers (said in the log)
+#   JUPYTER_VGPU_DEMO_MIG       simulated GPU 1 in MIG mode with these instances,
+#                               e.g. "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
+#   JUPYTER_VGPU_DEMO_ISOLATION isolation backend of shared GPUs: time-slicing (default) or mps
+import logging
 import os
 import sys
 from pathlib import Path
 
 import hub_spawner
+from hub_spawner.demo import system_user
+from jupyter_vgpu import nvml
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
+log = logging.getLogger("JupyterHub")
 
+os.umask(0o077)  # the Hub's database, cookie secret and logs are readable by the Hub only
 state = Path(os.environ.get("JUPYTER_VGPU_DEMO_DIR", ".vgpu-demo")).resolve()
-state.mkdir(parents=True, exist_ok=True)
+homes = state / "users"
+homes.mkdir(parents=True, exist_ok=True)
+for directory in (state, homes):
+    directory.chmod(0o711)  # servers may pass through to their homes, not list or read
+for private in ("jupyterhub.sqlite", "jupyterhub_cookie_secret"):
+    if (state / private).exists():
+        (state / private).chmod(0o600)
 port = int(os.environ.get("JUPYTER_VGPU_DEMO_PORT", "8000"))
 
 hub_spawner.setup(c)
@@ -40,20 +59,41 @@ c.DemoAuthenticator.password = os.environ.get("JUPYTER_VGPU_DEMO_PASSWORD", "vgp
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"admin"}
 
-# Demo users are not system users: run every server as the user running the Hub, in
-# this very Python, with JupyterLab.
-c.JupyterHub.spawner_class = "hub_spawner.spawner.VGPUSimpleSpawner"
-c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
+# Demo users are not system users: every server runs as one account, in this very
+# Python, with JupyterLab. As root, that account is the unprivileged `vgpu-demo`.
+c.JupyterHub.spawner_class = "hub_spawner.demo.spawner.DemoSpawner"
+c.SimpleLocalProcessSpawner.home_dir_template = str(homes / "{username}")
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
 c.Spawner.default_url = "/lab"
-if os.geteuid() == 0:  # containers and CI machines often run everything as root
-    c.Spawner.args = ["--ServerApp.allow_root=True"]
+# Show the spawn page (with where the vGPU slice went) at once instead of a blank wait.
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 c.Spawner.http_timeout = 60
 c.Spawner.start_timeout = 120
+if os.geteuid() == 0:
+    account = system_user.ensure()
+    why_not = "it could not be created" if account is None else system_user.cannot_run_servers(account, homes)
+    if why_not is None:
+        c.DemoSpawner.run_as = account.pw_name
+        log.info("jupyter-vgpu demo: users' servers run as the unprivileged account %s", account.pw_name)
+    else:
+        c.Spawner.args = ["--ServerApp.allow_root=True"]
+        log.warning(
+            "jupyter-vgpu demo: servers run as root, because the account %s cannot run them: %s. "
+            "Anyone with the demo password can then act as root on this machine.",
+            system_user.NAME,
+            why_not,
+        )
 
 simulate = os.environ.get("JUPYTER_VGPU_DEMO_SIMULATE")
-if simulate is not None:
-    c.GPUInventory.simulate = simulate == "1"
+if simulate is None:
+    simulate = "0" if nvml.available() else "1"
+    if simulate == "1":
+        log.info("jupyter-vgpu demo: no NVIDIA driver answers; simulating two 80 GiB GPUs")
+c.GPUInventory.simulate = simulate == "1"
+mig = os.environ.get("JUPYTER_VGPU_DEMO_MIG")
+if mig:
+    c.GPUInventory.simulated_mig_profiles = {"1": [p.strip() for p in mig.split(",") if p.strip()]}
+c.VGPUHub.isolation = os.environ.get("JUPYTER_VGPU_DEMO_ISOLATION", "time-slicing")
 c.VGPUHub.default_memory_limit = "8G"
 c.VGPUHub.default_compute_share = 50
 c.VGPUHub.overcommit_ratio = 1.5

@@ -1,11 +1,13 @@
 """REST and streaming endpoints of the server extension, under ``/api/vgpu``.
 
-- ``GET /api/vgpu/status`` and ``GET /api/vgpu/usage``: one usage document (the slice,
-  the GPU, per-kernel usage and totals; see :mod:`jupyter_vgpu.server.sampler`).
-- ``GET /api/vgpu/usage/stream``: Server-Sent Events, one ``data: <document>`` per
-  sample, for the JupyterLab panel.
+- ``GET /api/vgpu/usage``: the usage document (contract ``usage``: the slice, the GPU,
+  per-kernel usage and totals; see :mod:`jupyter_vgpu.server.sampler`).
+- ``GET /api/vgpu/usage/stream``: the same documents as Server-Sent Events, one
+  ``data: <document>`` per sample, for the JupyterLab panel.
 
-Authenticated and authorised like every jupyter_server API (token or cookie).
+Authenticated and authorised like every jupyter_server API: the token in the
+``Authorization`` header, or the session cookie with its XSRF header (what JupyterLab
+sends; the panel reads the stream with ``fetch``, so no credential travels in a URL).
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ def handlers(base_url: str, sampler: Sampler) -> list[tuple]:
     """Tornado handler specs for the extension's endpoints under ``base_url``."""
     kwargs = {"sampler": sampler}
     return [
-        (url_path_join(base_url, "api/vgpu/status"), UsageHandler, kwargs),
         (url_path_join(base_url, "api/vgpu/usage"), UsageHandler, kwargs),
         (url_path_join(base_url, "api/vgpu/usage/stream"), UsageStreamHandler, kwargs),
     ]

@@ -1,8 +1,11 @@
 """Usage sampling: the kernels' own reports, joined with NVML's per-process figures.
 
 One sample at most every ``VGPUServer.sample_seconds``; NVML calls run in a thread so
-the server's event loop never waits on the driver. The document is the payload of
-``/api/vgpu/status``, ``/api/vgpu/usage`` and the usage stream.
+the server's event loop never waits on the driver. The document is the contract
+``usage`` (``jupyter_vgpu/contracts/usage.schema.json``): the payload of
+``/api/vgpu/usage``, of the usage stream and of the reports to the Hub. Each kernel's
+report is checked against the contract ``kernel-report`` before any figure of it is
+used; a kernel whose report breaks it is listed as not reported, with the reason.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from jupyter_vgpu import channel
+from jupyter_vgpu import channel, contracts
 
 from .config import VGPUServer
 from .state import ServerState
@@ -32,6 +35,22 @@ def _nvml_sample(gpu_uuid: str) -> dict[str, Any]:
         "processes": nvml.process_memory(gpu_uuid),
         "process_sm": sm.processes,
     }
+
+
+def read_kernel_report(directory, kernel_id: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(report, None)`` for a kernel's valid report (contract ``kernel-report``),
+    ``(None, None)`` when it has written none yet, ``(None, why)`` when it breaks the
+    contract. Never raises for what a kernel wrote."""
+    path = channel.kernel_path(directory, kernel_id)
+    report = channel.read_json(path)
+    if report is None:
+        return None, None if not path.exists() else "the report is not a JSON object"
+    try:
+        contracts.validate("kernel-report", report)
+    except contracts.ContractError as e:
+        log.debug("jupyter-vgpu: kernel %s: report refused: %s", kernel_id, e)
+        return None, f"report refused: {e}"
+    return report, None
 
 
 class Sampler:
@@ -71,6 +90,47 @@ class Sampler:
             return {}
         return {s["kernel"]["id"]: s.get("path") or s.get("name") or "" for s in sessions if s.get("kernel")}
 
+    def _kernel_row(self, kid, kernel, names, report, error, nv, now) -> dict[str, Any]:
+        """One kernel's entry of the usage document (``kernels[]`` of the contract)."""
+        report = report or {}
+        pid = report.get("pid")
+        nvml_memory = nv["processes"].get(pid) if nv is not None and pid else None
+        offload = report.get("offload") or {}
+        reserved = report.get("torch_reserved", 0)
+        simulated_used = report.get("simulated_used", 0)
+        if nvml_memory is not None:
+            used = nvml_memory
+        elif report.get("cuda_available") and not report.get("simulated"):
+            used = reserved
+        else:
+            used = simulated_used
+        sm = nv["process_sm"].get(pid) if nv is not None and pid else None
+        return {
+            "id": kid,
+            "name": names.get(kid) or getattr(kernel, "kernel_name", "") or kid,
+            "pid": pid,
+            "execution_state": getattr(kernel, "execution_state", "unknown"),
+            "used": used,
+            "torch_allocated": report.get("torch_allocated", 0),
+            "torch_reserved": reserved,
+            "nvml_memory": nvml_memory,
+            "simulated_used": simulated_used,
+            "sm_percent": None if sm is None else min(100.0, max(0.0, float(sm))),
+            "offloaded": offload.get("offloaded_bytes", 0),
+            "offloaded_compressed": offload.get("compressed_bytes", 0),
+            "ratio": offload.get("ratio"),
+            "budget_status": report.get("budget_status"),
+            "reported": bool(report),
+            "stale": bool(report) and now - report["updated"] > self.config.stale_seconds,
+            "updated": report.get("updated"),
+            "report_error": error,
+            "state": report.get("state"),
+            "host_bytes": offload.get("host_bytes"),
+            "last_pause_seconds": report.get("last_pause_seconds"),
+            "last_resume_seconds": report.get("last_resume_seconds"),
+            "codec": report.get("codec"),
+        }
+
     async def sample(self) -> dict[str, Any]:
         """Take one sample (see the module docstring for where each figure comes from)."""
         s = self.state.slice
@@ -86,45 +146,13 @@ class Sampler:
         names = await self._names()
         kernels = []
         now = time.time()
-        stale = self.config.stale_seconds
         for kid in list(km.list_kernel_ids()):
             try:
                 kernel = km.get_kernel(kid)
             except KeyError:
                 continue
-            report = channel.read_json(channel.kernel_path(self.state.directory, kid)) or {}
-            pid = report.get("pid")
-            nvml_memory = nv["processes"].get(pid) if nv is not None and pid else None
-            offload = report.get("offload") or {}
-            reserved = int(report.get("torch_reserved") or 0)
-            simulated_used = int(report.get("simulated_used") or 0)
-            if nvml_memory is not None:
-                used = nvml_memory
-            elif report.get("cuda_available") and not report.get("simulated"):
-                used = reserved
-            else:
-                used = simulated_used
-            kernels.append(
-                {
-                    "id": kid,
-                    "name": names.get(kid) or getattr(kernel, "kernel_name", "") or kid,
-                    "pid": pid,
-                    "execution_state": getattr(kernel, "execution_state", "unknown"),
-                    "used": used,
-                    "torch_allocated": int(report.get("torch_allocated") or 0),
-                    "torch_reserved": reserved,
-                    "nvml_memory": nvml_memory,
-                    "simulated_used": simulated_used,
-                    "sm_percent": nv["process_sm"].get(pid) if nv is not None and pid else None,
-                    "offloaded": int(offload.get("offloaded_bytes") or 0),
-                    "offloaded_compressed": int(offload.get("compressed_bytes") or 0),
-                    "ratio": offload.get("ratio"),
-                    "budget_status": report.get("budget_status"),
-                    "reported": bool(report),
-                    "stale": bool(report) and now - float(report.get("updated", 0)) > stale,
-                    "updated": report.get("updated"),
-                }
-            )
+            report, error = read_kernel_report(self.state.directory, kid)
+            kernels.append(self._kernel_row(kid, kernel, names, report, error, nv, now))
         totals = {
             key: sum(k[field] for k in kernels)
             for key, field in (
@@ -145,6 +173,7 @@ class Sampler:
                 "sm_percent": nv["sm_percent"] if nv else None,
             }
         return {
+            "version": contracts.version("usage"),
             "slice": s.to_dict() if s else None,
             "simulated": s is None or s.simulated,
             "pressure": self.state.pressure,

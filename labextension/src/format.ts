@@ -1,3 +1,5 @@
+import { ISlice } from './contracts';
+
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
 
 /**
@@ -47,4 +49,29 @@ export function formatRatio(ratio: number | null | undefined): string {
     return '—';
   }
   return `${ratio.toFixed(2)}×`;
+}
+
+/** Seconds as "0.42 s" (two decimals below 10 s, one above); null gives "—". */
+export function formatSeconds(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {
+    return '—';
+  }
+  return `${seconds < 10 ? seconds.toFixed(2) : seconds.toFixed(1)} s`;
+}
+
+/**
+ * What a slice's compute share means under its isolation backend, worded as the Hub
+ * words it (`jupyter_vgpu.slice.compute_share_text`): time-slicing enforces nothing.
+ */
+export function computeShareText(slice: ISlice): string {
+  switch (slice.isolation) {
+    case 'time-slicing':
+      return 'not enforced (time-sliced)';
+    case 'mps':
+      return `${slice.compute_share}% (enforced by MPS)`;
+    case 'mig': {
+      const profile = slice.gpu_name.split(' MIG ')[1];
+      return `MIG instance${profile ? ` ${profile.trim()}` : ''} (hardware partition)`;
+    }
+  }
 }

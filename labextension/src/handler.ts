@@ -28,33 +28,68 @@ export async function requestAPI<T>(endPoint = '', init: RequestInit = {}): Prom
   return (text ? JSON.parse(text) : null) as T;
 }
 
-/** The value of cookie `name`, or undefined. */
-function getCookie(name: string): string | undefined {
-  for (const part of document.cookie.split(';')) {
-    const [key, ...value] = part.trim().split('=');
-    if (key === name) {
-      return decodeURIComponent(value.join('='));
-    }
-  }
-  return undefined;
-}
-
 /**
- * URL of a server-sent-events endpoint below `/api/vgpu`. EventSource cannot send
- * headers, so the credentials JupyterLab sends as headers go in the query: the token
- * when the settings have one, and the `_xsrf` cookie's value, which cookie-authenticated
- * servers (such as JupyterHub's single-user servers) require of script-made requests.
+ * Read a server-sent-events endpoint below `/api/vgpu`, calling `onData` with the
+ * `data` of each event, until the server ends the stream or `signal` aborts it.
+ *
+ * The request is made with `fetch` through `ServerConnection.makeRequest`, so it
+ * carries JupyterLab's own credentials (the token in the `Authorization` header, or
+ * the session cookie with its `X-XSRFToken` header) and none travels in the URL, as it
+ * would with `EventSource`, which cannot send headers.
+ *
+ * @throws ServerConnection.NetworkError when the server cannot be reached,
+ *   ServerConnection.ResponseError on a non-2xx answer; an abort ends it quietly.
  */
-export function eventStreamURL(endPoint: string): string {
+export async function streamAPI(
+  endPoint: string,
+  onData: (data: string) => void,
+  signal: AbortSignal
+): Promise<void> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, API_NAMESPACE, endPoint);
-  const query: Record<string, string> = {};
-  if (settings.token) {
-    query.token = settings.token;
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(
+      url,
+      { signal, headers: { Accept: 'text/event-stream' } },
+      settings
+    );
+  } catch (error) {
+    if (signal.aborted) {
+      return;
+    }
+    throw new ServerConnection.NetworkError(error as TypeError);
   }
-  const xsrf = getCookie('_xsrf');
-  if (xsrf) {
-    query._xsrf = xsrf;
+  if (!response.ok || !response.body) {
+    throw new ServerConnection.ResponseError(response, await response.text());
   }
-  return url + URLExt.objectToQueryString(query);
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) {
+        return;
+      }
+      buffer += decoder.decode(value, { stream: true });
+      let end: number;
+      while ((end = buffer.indexOf('\n\n')) >= 0) {
+        const event = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const data = event
+          .split('\n')
+          .filter(line => line.startsWith('data:'))
+          .map(line => line.slice(5).replace(/^ /, ''))
+          .join('\n');
+        if (data) {
+          onData(data);
+        }
+      }
+    }
+  } catch (error) {
+    if (!signal.aborted) {
+      throw error;
+    }
+  }
 }

@@ -1,7 +1,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { eventStreamURL, requestAPI } from './handler';
-import { IUsage } from './types';
+import { CONTRACT_VERSIONS, IUsage } from './contracts';
+import { requestAPI, streamAPI } from './handler';
 
 /** One point of the usage history, in bytes; `time` in Unix seconds. */
 export interface ISample {
@@ -18,8 +18,10 @@ export type Connection = 'connecting' | 'stream' | 'polling' | 'error';
 /**
  * The latest usage document and the history of the last `historySeconds`.
  *
- * Samples arrive on the server-sent-events stream `/api/vgpu/usage/stream`; when the
- * stream fails the model polls `/api/vgpu/usage` every `pollSeconds` instead.
+ * Samples arrive on the server-sent-events stream `/api/vgpu/usage/stream` (read with
+ * `fetch`, credentials in headers); when the stream fails the model polls
+ * `/api/vgpu/usage` every `pollSeconds` instead. A document of another layout version
+ * than this panel reads (`CONTRACT_VERSIONS.usage`) is refused with an error.
  */
 export class UsageModel {
   constructor(options: UsageModel.IOptions = {}) {
@@ -72,16 +74,25 @@ export class UsageModel {
   /** Stop the stream and the polling. */
   dispose(): void {
     this._started = false;
-    this._source?.close();
-    this._source = null;
+    this._stream?.abort();
+    this._stream = null;
     if (this._timer !== null) {
       window.clearTimeout(this._timer);
       this._timer = null;
     }
   }
 
-  /** Add one usage document (from the stream or a poll). */
+  /**
+   * Add one usage document (from the stream or a poll).
+   *
+   * @throws Error when the document has another layout version than this panel reads.
+   */
   push(usage: IUsage): void {
+    if (usage.version !== CONTRACT_VERSIONS.usage) {
+      throw new Error(
+        `the server sends usage documents of version ${usage.version}; this panel reads version ${CONTRACT_VERSIONS.usage}`
+      );
+    }
     this._usage = usage;
     this._error = null;
     this._history.push({
@@ -99,26 +110,32 @@ export class UsageModel {
   }
 
   private _openStream(): void {
-    if (typeof EventSource === 'undefined') {
+    if (typeof ReadableStream === 'undefined' || typeof AbortController === 'undefined') {
       this._startPolling();
       return;
     }
-    const source = new EventSource(eventStreamURL('usage/stream'));
-    this._source = source;
+    const stream = new AbortController();
+    this._stream = stream;
     this._setConnection('connecting');
-    source.onmessage = event => {
+    const onData = (data: string) => {
       this._setConnection('stream');
       try {
-        this.push(JSON.parse(event.data) as IUsage);
+        this.push(JSON.parse(data) as IUsage);
       } catch (error) {
         this._error = `Bad usage sample: ${error}`;
+        this._changed.emit();
       }
     };
-    source.onerror = () => {
-      source.close();
-      this._source = null;
-      this._startPolling();
-    };
+    streamAPI('usage/stream', onData, stream.signal)
+      .catch(error => {
+        this._error = `${error}`;
+      })
+      .finally(() => {
+        if (this._stream === stream) {
+          this._stream = null;
+          this._startPolling();
+        }
+      });
   }
 
   private _startPolling(): void {
@@ -157,7 +174,7 @@ export class UsageModel {
   private _connection: Connection = 'connecting';
   private _error: string | null = null;
   private _started = false;
-  private _source: EventSource | null = null;
+  private _stream: AbortController | null = null;
   private _timer: number | null = null;
   private _changed = new Signal<this, void>(this);
 }

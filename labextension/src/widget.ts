@@ -2,10 +2,17 @@ import { Widget } from '@lumino/widgets';
 
 import { renderChart, SERIES } from './chart';
 import { h } from './dom';
-import { formatBytes, formatPair, formatPercent, formatRatio } from './format';
+import { IKernelUsage, IUsage } from './contracts';
+import {
+  computeShareText,
+  formatBytes,
+  formatPair,
+  formatPercent,
+  formatRatio,
+  formatSeconds
+} from './format';
 import { vgpuIcon } from './icon';
 import { UsageModel } from './model';
-import { IKernelUsage, IUsage } from './types';
 
 /** Above this fraction of the budget the usage is shown as a warning. */
 export const WARN_FRACTION = 0.9;
@@ -78,10 +85,12 @@ export class UsagePanel extends Widget {
   }
 
   private _waiting(): HTMLElement {
-    const text =
-      this.model.connection === 'error'
-        ? `The vGPU server extension does not answer (${this.model.error ?? 'no answer'}).`
-        : 'Waiting for the first usage sample…';
+    let text = 'Waiting for the first usage sample…';
+    if (this.model.connection === 'error') {
+      text = `The vGPU server extension does not answer (${this.model.error ?? 'no answer'}).`;
+    } else if (this.model.error) {
+      text = `Cannot show vGPU usage: ${this.model.error}.`;
+    }
     return h('div', { class: 'jp-vgpu-notice', 'data-state': this.model.connection }, text);
   }
 
@@ -89,8 +98,11 @@ export class UsagePanel extends Widget {
     const s = usage.slice!;
     const rows: [string, string][] = [
       ['GPU', `${s.gpu_index}: ${s.gpu_name}${s.simulated && !/simulated/i.test(s.gpu_name) ? ' (simulated)' : ''}`],
-      ['Budget', formatBytes(s.memory_limit)],
-      ['Compute share', `${s.compute_share}%`],
+      ['Isolation', s.isolation],
+      ['Memory limit', formatBytes(s.memory_limit)],
+      ['Guaranteed', formatBytes(s.memory_request)],
+      ['Compute share', computeShareText(s)],
+      ['Priority', String(s.priority)],
       ['Placement', s.placement],
       ['Overcommit', `${s.overcommit_ratio}×`]
     ];
@@ -123,7 +135,12 @@ export class UsagePanel extends Widget {
         'div',
         { class: 'jp-vgpu-meter-track', role: 'meter', 'aria-valuenow': String(t.used) },
         h('div', { class: 'jp-vgpu-meter-reserved', style: `width: ${width(t.reserved)}` }),
-        h('div', { class: 'jp-vgpu-meter-used', style: `width: ${width(t.used)}` })
+        h('div', { class: 'jp-vgpu-meter-used', style: `width: ${width(t.used)}` }),
+        h('div', {
+          class: 'jp-vgpu-meter-request',
+          title: `${formatBytes(usage.slice!.memory_request)} guaranteed`,
+          style: `left: calc(${width(usage.slice!.memory_request)} - 1px)`
+        })
       ),
       h(
         'div',
@@ -190,11 +207,43 @@ export class UsagePanel extends Widget {
           h('td', { class: 'jp-vgpu-num jp-vgpu-kernel-used', 'data-bytes': String(k.used) }, formatBytes(k.used)),
           h('td', { class: 'jp-vgpu-num' }, formatBytes(k.offloaded)),
           h('td', { class: 'jp-vgpu-num' }, formatRatio(k.ratio))
-        )
+        ),
+        this._kernelDetails(k)
       )
     );
     section.appendChild(h('table', { class: 'jp-vgpu-table' }, h('thead', {}, head), ...bodies));
     return section;
+  }
+
+  /** The arbiter's figures of a kernel, when it reports them (null fields are left out). */
+  private _kernelDetails(k: IKernelUsage): HTMLElement | null {
+    const parts: string[] = [];
+    if (k.state) {
+      parts.push(k.state);
+    }
+    if (k.host_bytes !== null && k.host_bytes !== undefined && k.host_bytes > 0) {
+      parts.push(`${formatBytes(k.host_bytes)} in host memory`);
+    }
+    if (k.last_pause_seconds !== null && k.last_pause_seconds !== undefined) {
+      parts.push(`pause ${formatSeconds(k.last_pause_seconds)}`);
+    }
+    if (k.last_resume_seconds !== null && k.last_resume_seconds !== undefined) {
+      parts.push(`resume ${formatSeconds(k.last_resume_seconds)}`);
+    }
+    if (k.codec) {
+      parts.push(k.codec);
+    }
+    if (k.report_error) {
+      parts.push(k.report_error);
+    }
+    if (!parts.length) {
+      return null;
+    }
+    return h(
+      'tr',
+      { class: 'jp-vgpu-kernel-details', 'data-state': k.state ?? undefined },
+      h('td', { colspan: '3' }, parts.join(' · '))
+    );
   }
 
   private _footer(): HTMLElement {

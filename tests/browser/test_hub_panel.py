@@ -15,14 +15,15 @@ from .lab_page import (
     show_panel,
     used_bytes,
     wait_for_kernel,
+    watch_usage_requests,
 )
 
 MiB = 2**20
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    process = HubProcess(tmp_path_factory.mktemp("hub"))
+def hub():
+    process = HubProcess("browser-hub")
     try:
         process.start()
         yield process
@@ -46,6 +47,7 @@ def test_user_logs_in_and_sees_the_panel_follow_a_cell(hub, page):
     create_notebook(server, headers, "hub.ipynb")
 
     login(page, hub, "ada")
+    requests_made = watch_usage_requests(page)
     page.goto(f"{server}lab/tree/hub.ipynb?reset")
     wait_for_kernel(page)
     indicator = page.locator(".jp-vgpu-indicator")
@@ -63,6 +65,12 @@ def test_user_logs_in_and_sees_the_panel_follow_a_cell(hub, page):
     assert used_bytes(page) >= before + 256 * MiB
     expect(indicator).not_to_have_text("vGPU 0.0 / 8.0 GiB")
     expect(panel.locator(".jp-vgpu-footer")).to_have_text("Live")
+    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("Compute sharenot enforced (time-sliced)")
+    # through the Hub the stream authenticates with the session cookie and its XSRF
+    # header, and nothing in the URL
+    streams = [u for u in requests_made if "/api/vgpu/usage/stream" in u]
+    assert streams
+    assert not [u for u in streams if "token=" in u or "_xsrf=" in u], streams
     screenshot(page, "hub-lab")
 
 
@@ -74,4 +82,8 @@ def test_admin_page_lists_both_users(hub, page):
     page.goto(f"{hub.url}/hub/vgpu")
     for user in ("ada", "bob"):
         expect(page.get_by_text(user, exact=True).first).to_be_visible(timeout=60_000)
+    expect(page.locator("tr.vgpu-slice[data-user='ada'] .vgpu-compute")).to_have_text(
+        "not enforced (time-sliced)"
+    )
+    expect(page.locator("tr.vgpu-slice[data-user='ada'] .vgpu-request")).to_have_text("8.00 GiB")
     screenshot(page, "hub-admin")

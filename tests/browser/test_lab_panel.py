@@ -17,11 +17,24 @@ from .lab_page import (
     used_bytes,
     wait_for_kernel,
     wait_for_lab,
+    watch_usage_requests,
 )
 
 GiB = 2**30
 MiB = 2**20
-SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3", 80 * GiB, 8 * GiB, 50, "binpack", 1.5, simulated=True)
+SLICE = Slice(
+    "GPU-sim-0",
+    0,
+    "NVIDIA H100 80GB HBM3",
+    80 * GiB,
+    8 * GiB,
+    50,
+    "binpack",
+    1.5,
+    simulated=True,
+    memory_request=2 * GiB,
+    priority=70,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +63,7 @@ def test_panel_shows_the_slice_and_a_cell_changes_the_usage_live(lab, page, them
     prepare_lab(lab.url, theme, _headers(lab))
     notebook = f"usage-{theme}.ipynb"
     create_notebook(lab.url, _headers(lab), notebook)
+    requests_made = watch_usage_requests(page)
     page.goto(f"{lab.url}/lab/tree/{notebook}?reset&token={lab.token}")
     wait_for_lab(page)
     wait_for_kernel(page)
@@ -61,8 +75,12 @@ def test_panel_shows_the_slice_and_a_cell_changes_the_usage_live(lab, page, them
     expect(panel.locator(".jp-vgpu-notice[data-state='simulated']")).to_have_text(
         "Simulated GPU: usage counts the kernels' tensors."
     )
-    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("8.0 GiB")
-    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("50%")
+    slice_rows = panel.locator(".jp-vgpu-slice")
+    expect(slice_rows).to_contain_text("Memory limit8.0 GiB")
+    expect(slice_rows).to_contain_text("Guaranteed2.0 GiB")
+    expect(slice_rows).to_contain_text("Compute sharenot enforced (time-sliced)")
+    expect(slice_rows).to_contain_text("Priority70")
+    expect(slice_rows).to_contain_text("Isolationtime-slicing")
     expect(panel.locator(f"tbody:has-text('{notebook}')")).to_be_visible(timeout=60_000)
     before = used_bytes(page)
 
@@ -75,6 +93,10 @@ def test_panel_shows_the_slice_and_a_cell_changes_the_usage_live(lab, page, them
     expect(indicator).to_have_text(re.compile(r"^vGPU 0\.[2-9] / 8\.0 GiB$"), timeout=60_000)
     expect(panel.locator(".jp-vgpu-chart polyline")).to_have_count(3)
     expect(panel.locator(".jp-vgpu-footer")).to_have_text("Live")
+    # the stream is read with fetch: no credential travels in its URL
+    streams = [u for u in requests_made if "/api/vgpu/usage/stream" in u]
+    assert streams
+    assert not [u for u in streams if "token=" in u or "_xsrf=" in u], streams
 
     screenshot(page, f"panel-{theme}", "#jupyter-vgpu-panel")
     screenshot(page, f"lab-{theme}")

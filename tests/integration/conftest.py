@@ -4,9 +4,9 @@ from .hub_process import HubProcess
 
 
 @pytest.fixture(scope="session")
-def hub(tmp_path_factory):
+def hub():
     """The real demo Hub, proxy and servers, shared by the integration tests."""
-    process = HubProcess(tmp_path_factory.mktemp("hub"))
+    process = HubProcess("hub")
     try:
         process.start()
         yield process

@@ -1,25 +1,33 @@
 """A real JupyterHub for the tests: the demo config, the real proxy, real servers.
 
 The Hub runs as a subprocess on loopback with its own state directory; everything is
-reached over HTTP exactly as a browser or an admin script would.
+reached over HTTP exactly as a browser or an admin script would. The state directory
+is a new one under the system's temporary directory (pytest's own is private to its
+user, and demo servers run as the unprivileged ``vgpu-demo`` when the tests run as
+root); the Hub's log is kept in ``test-artifacts/``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import psutil
 import requests
 
+from ..waiting import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "hub_spawner" / "demo" / "jupyterhub_config.py"
+ARTIFACTS = ROOT / "test-artifacts"
 PASSWORD = "test-password"
 
 
@@ -30,10 +38,16 @@ def free_port() -> int:
 
 
 class HubProcess:
-    """The demo Hub with two simulated 80 GiB GPUs, in ``state_dir``."""
+    """The demo Hub with two simulated 80 GiB GPUs, in a new state directory.
 
-    def __init__(self, state_dir: Path, extra_env: dict[str, str] | None = None):
-        self.state_dir = Path(state_dir)
+    Args:
+        name: names the Hub's log in ``test-artifacts/``.
+        extra_env: more of the demo config's environment (``JUPYTER_VGPU_DEMO_MIG``...).
+    """
+
+    def __init__(self, name: str = "hub", extra_env: dict[str, str] | None = None):
+        self.name = name
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"vgpu-{name}-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.state_dir / "hub.log"
@@ -63,18 +77,12 @@ class HubProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the Hub exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(f"{self.url}/hub/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.3)
-        else:
-            raise RuntimeError(f"the Hub did not answer within {timeout} s:\n{self.log_tail()}")
+
+        def healthy():
+            assert self.proc.poll() is None, f"the Hub exited with {self.proc.returncode}:\n{self.log_tail()}"
+            return requests.get(f"{self.url}/hub/health", timeout=2).status_code == 200
+
+        wait_for(healthy, timeout, f"the Hub at {self.url} to answer /hub/health (log: {self.log_path})")
         if not self.admin_token:
             self.admin_token = self.create_token(self.login("admin"), "admin")
 
@@ -93,7 +101,8 @@ class HubProcess:
         self.start()
 
     def shutdown(self) -> None:
-        """Stop the Hub and kill every process it left (servers, kernels, proxy)."""
+        """Stop the Hub, kill every process it left (servers, kernels, proxy), keep its
+        log in ``test-artifacts/`` and remove its state."""
         self.stop_hub()
         state = str(self.state_dir)
         victims = []
@@ -110,6 +119,10 @@ class HubProcess:
             except psutil.Error:
                 pass
         psutil.wait_procs(victims, timeout=10)
+        ARTIFACTS.mkdir(exist_ok=True)
+        if self.log_path.exists():
+            shutil.copy(self.log_path, ARTIFACTS / f"{self.name}-{self.port}.log")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -156,8 +169,11 @@ class HubProcess:
         """An API token for ``username`` (who exists once this returns)."""
         return self.create_token(self.login(username), username)
 
-    def spawn(self, username: str, timeout: float = 90) -> str:
+    def spawn(self, username: str, timeout: float = 90, options: dict | None = None) -> str:
         """Start ``username``'s default server through the REST API and wait until ready.
+
+        Args:
+            options: the spawner's ``user_options`` (``{"mig_profile": "1g.10gb"}``).
 
         Returns:
             The server's URL, ``{url}/user/{name}/``.
@@ -165,26 +181,51 @@ class HubProcess:
         Raises:
             AssertionError: the spawn failed (with the Hub's message) or timed out.
         """
-        r = self.api("POST", f"/users/{username}/server")
+        r = self.api("POST", f"/users/{username}/server", json=options or {})
         assert r.status_code in (201, 202, 400), f"spawn {username}: {r.status_code} {r.text}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def ready():
             model = self.api("GET", f"/users/{username}").json()
             server = model.get("servers", {}).get("")
-            if server and server.get("ready"):
-                return f"{self.url}/user/{username}/"
             if not server and not model.get("pending"):
                 progress = self.api("GET", f"/users/{username}/server/progress")
                 raise AssertionError(f"spawn of {username} failed: {progress.text[-500:]}\n{self.log_tail()}")
-            time.sleep(0.5)
-        raise AssertionError(f"spawn of {username} timed out\n{self.log_tail()}")
+            return bool(server and server.get("ready"))
+
+        wait_for(ready, timeout, f"{username}'s server to be ready (log: {self.log_path})", interval=0.5)
+        return f"{self.url}/user/{username}/"
+
+    def spawn_events(self, username: str, options: dict | None = None, timeout: float = 90) -> list[dict]:
+        """Start ``username``'s default server and follow its progress as the spawn page
+        does (``/hub/api/users/{name}/server/progress``, server-sent events) until it is
+        ready or failed.
+
+        Returns:
+            The progress events, in order; the last one has ``ready`` or ``failed``.
+        """
+        r = self.api("POST", f"/users/{username}/server", json=options or {})
+        assert r.status_code in (201, 202, 400), f"spawn {username}: {r.status_code} {r.text}"
+        events = []
+        with self.api("GET", f"/users/{username}/server/progress", stream=True) as stream:
+            for line in stream.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    events.append(json.loads(line[len("data:") :]))
+                    if events[-1].get("ready") or events[-1].get("failed"):
+                        break
+        if events and events[-1].get("ready"):
+            self.spawn(username, timeout)  # and ready to use through the proxy
+        return events
 
     def stop_server(self, username: str, timeout: float = 30) -> None:
         r = self.api("DELETE", f"/users/{username}/server")
         assert r.status_code in (202, 204), f"stop {username}: {r.status_code} {r.text}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.api("GET", f"/users/{username}").json().get("servers"):
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"server of {username} did not stop")
+        wait_for(
+            lambda: not self.api("GET", f"/users/{username}").json().get("servers"),
+            timeout,
+            f"{username}'s server to stop",
+        )
+
+    def server_token(self, lab, kernel_id: str) -> str:
+        """The API token of a user's server, read where the user can read it: in the
+        environment of a kernel of that server (``lab`` is a ``LabClient``)."""
+        return lab.execute(kernel_id, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()

@@ -10,16 +10,20 @@ from hub_spawner.metrics import SliceCollector
 from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
 from jupyter_vgpu.slice import Slice
 
+from ..documents import report
+
 GiB = 2**30
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "jupyter-vgpu.json"
 
 
 def snapshot():
     gpu = GPU(0, "GPU-sim-0", "H100", 80 * GiB, True)
-    s = Slice(gpu.uuid, 0, gpu.name, gpu.memory, 8 * GiB, 50, simulated=True)
+    s = Slice(
+        gpu.uuid, 0, gpu.name, gpu.memory, 8 * GiB, 50, simulated=True, memory_request=2 * GiB, priority=70
+    )
     board = UsageBoard()
     totals = {"used": GiB, "reserved": GiB, "offloaded": 4 * GiB, "offloaded_compressed": 2 * GiB}
-    board.record("ada/", parse_report({"usage": {"totals": totals, "kernels": []}})[1])
+    board.record("ada/", parse_report(report(s, totals=totals))[1])
     rows = slice_rows([("ada", types.SimpleNamespace(name="", vgpu_slice=s))], board)
     return rows, gpu_rows([gpu], 1.5, rows)
 
@@ -32,6 +36,9 @@ def test_collector_values():
     fams = families()
     value = {f: fams[f].samples[0].value for f in fams if fams[f].samples}
     assert value["jupyterhub_vgpu_slice_budget_bytes"] == 8 * GiB
+    assert value["jupyterhub_vgpu_slice_request_bytes"] == 2 * GiB
+    assert value["jupyterhub_vgpu_slice_priority"] == 70
+    assert value["jupyterhub_vgpu_gpu_requested_bytes"] == 2 * GiB
     assert value["jupyterhub_vgpu_slice_compression_ratio"] == 2.0
     assert value["jupyterhub_vgpu_gpu_overcommit_ratio"] == 0.1
     assert fams["jupyterhub_vgpu_slice_sm_percent"].samples == []  # unknown is absent, not 0

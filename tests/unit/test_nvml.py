@@ -17,7 +17,7 @@ def test_every_call_raises_nvml_unavailable_without_a_driver():
         lambda: nvml.process_memory("GPU-00000000-0000-0000-0000-000000000000"),
         lambda: nvml.utilization(0),
         lambda: nvml.device_usage(0),
-        lambda: nvml.process_utilization(0),
+        lambda: nvml.mig_devices(0),
     ]
     for call in calls:
         with pytest.raises(nvml.NVMLUnavailable, match="NVML"):
@@ -63,3 +63,19 @@ def test_real_gpus_by_index_and_uuid():
     assert all(0 <= v <= 100 for v in u.processes.values())
     with pytest.raises(nvml.NVMLUnavailable, match="no GPU"):
         nvml.process_memory("GPU-00000000-0000-0000-0000-000000000000")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_NVML, reason="needs an NVIDIA driver")
+def test_mig_instances_are_listed_only_in_mig_mode():
+    for g in nvml.list_gpus():
+        instances = nvml.mig_devices(g.index)
+        print(g.index, g.name, "MIG mode" if g.mig_enabled else "no MIG", instances)
+        if not g.mig_enabled:
+            assert instances == []
+        for m in instances:
+            assert m.uuid.startswith("MIG-")
+            assert m.parent_uuid == g.uuid
+            assert 0 < m.memory_total < g.memory_total
+            assert m.profile[0].isdigit()
+            assert m.compute_percent is None or 1 <= m.compute_percent <= 100

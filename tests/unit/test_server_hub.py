@@ -4,20 +4,21 @@ import asyncio
 import json
 import logging
 import threading
-import time
 
 import pytest
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from jupyter_vgpu import channel
+from jupyter_vgpu import channel, contracts
 from jupyter_vgpu.server.hub_report import HubReport
 from jupyter_vgpu.server.hub_sync import HubSync, find_slice
 from jupyter_vgpu.server.state import ServerState
 from jupyter_vgpu.slice import Slice, SliceError
 
+from ..documents import usage
 from ..server_process import JupyterServer
+from ..waiting import wait_for
 
 GiB = 2**30
 TOKEN = "server-token"
@@ -136,8 +137,12 @@ async def test_refusals_and_bad_answers_keep_the_last_slice_and_say_why(hub, tmp
         hub.document = [{"server_name": "", "slice": {"gpu_uuid": "GPU-sim-0"}}]
         await HubSync.from_env(state, env_for(hub)).poll()
         assert "unusable slice" in caplog.text
+        assert "missing field(s)" in caplog.text
+        hub.document = [{"server_name": "", "slice": {**SLICE.to_dict(), "memory_limit": 10**400}}]
+        await HubSync.from_env(state, env_for(hub)).poll()
+        assert "slice.memory_limit: must be at most" in caplog.text
     assert published(tmp_path) == SLICE
-    assert hub.requests == 3
+    assert hub.requests == 4
 
 
 def test_find_slice_accepts_both_forms_and_refuses_others():
@@ -147,8 +152,10 @@ def test_find_slice_accepts_both_forms_and_refuses_others():
     assert find_slice(models, "other") is None
     with pytest.raises(TypeError):
         find_slice("nope", "")
-    with pytest.raises(SliceError):
+    with pytest.raises(ValueError, match=r"slice\.memory_limit: must be at least 1"):
         find_slice([{"server_name": "", "slice": {"memory_limit": -1}}], "")
+    with pytest.raises(SliceError, match="must not exceed memory_limit"):
+        find_slice([{"server_name": "", "slice": {**SLICE.to_dict(), "memory_request": 7 * GiB}}], "")
 
 
 def test_no_hub_sync_outside_jupyterhub(tmp_path):
@@ -165,34 +172,37 @@ def test_a_quota_change_on_the_hub_reaches_a_running_kernel(hub, tmp_path):
     try:
         kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
         report = channel.kernel_path(tmp_path / "channel", kid)
-        deadline = time.monotonic() + 60
-        while (channel.read_json(report) or {}).get("budget") != 6 * GiB and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert channel.read_json(report)["budget"] == 6 * GiB
+
+        def budget():
+            return (channel.read_json(report) or {}).get("budget")
+
+        wait_for(lambda: budget() == 6 * GiB, 60, "the kernel to report its 6 GiB budget")
         hub.serve_slices(("", SLICE.replace(memory_limit=3 * GiB)))
-        deadline = time.monotonic() + 5  # the bound for a quota change to reach kernels
-        while (channel.read_json(report) or {}).get("budget") != 3 * GiB and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert channel.read_json(report)["budget"] == 3 * GiB
-        assert server.get("api/vgpu/status").json()["slice"]["memory_limit"] == 3 * GiB
+        # the bound for a quota change to reach kernels
+        wait_for(
+            lambda: budget() == 3 * GiB, 5, "the kernel to adopt the Hub's new 3 GiB budget", interval=0.1
+        )
+        assert server.get("api/vgpu/usage").json()["slice"]["memory_limit"] == 3 * GiB
     finally:
         server.stop()
 
 
 @pytest.mark.asyncio
 async def test_usage_reports_reach_the_hub_and_a_missing_endpoint_is_tolerated(hub, caplog):
-    async def usage():
-        return {"slice": SLICE.to_dict(), "kernels": [], "totals": {"used": 5}}
+    document = usage(SLICE, totals={"used": 5})
 
-    reporter = HubReport.from_env(usage, environ=env_for(hub, server_name="gpu"))
+    async def source():
+        return document
+
+    reporter = HubReport.from_env(source, environ=env_for(hub, server_name="gpu"))
     assert await reporter.report()
-    assert hub.reports == [{"server_name": "gpu", "usage": await usage()}]
+    assert hub.reports == [{"server_name": "gpu", "usage": document}]
     hub.report_status = 404
     with caplog.at_level(logging.WARNING, logger="jupyter_vgpu"):
         assert not await reporter.report()
         assert not await reporter.report()
     assert caplog.text.count("no usage endpoint") == 1
-    assert not await HubReport.from_env(usage, environ=env_for(hub, token="wrong")).report()
+    assert not await HubReport.from_env(source, environ=env_for(hub, token="wrong")).report()
     assert len(hub.reports) == 1
 
 
@@ -213,12 +223,9 @@ def test_a_running_server_reports_its_kernels_to_the_hub(hub, tmp_path):
                         return r
             return None
 
-        deadline = time.monotonic() + 60
-        while reported_kernel() is None and time.monotonic() < deadline:
-            time.sleep(0.3)
-        report = reported_kernel()
-        assert report is not None
+        report = wait_for(reported_kernel, 60, f"a usage report to the Hub listing kernel {kid}")
         assert report["server_name"] == ""
+        contracts.validate("usage-report", report)
         assert Slice.from_dict(report["usage"]["slice"]) == SLICE
     finally:
         server.stop()

@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from jupyter_vgpu.slice import SLICE_ENV, Slice, SliceError
+from jupyter_vgpu.slice import (
+    DEFAULT_PRIORITY,
+    SLICE_ENV,
+    Slice,
+    SliceError,
+    compute_share_text,
+    mig_profile,
+)
 
 GiB = 2**30
 
@@ -24,10 +31,62 @@ def make(**changes):
 
 
 def test_round_trip_through_json_and_env():
-    s = make(placement="spread", overcommit_ratio=1.5, idle_seconds=30.0, high_watermark=0.8)
+    s = make(
+        placement="spread",
+        overcommit_ratio=1.5,
+        idle_seconds=30.0,
+        high_watermark=0.8,
+        memory_request=2 * GiB,
+        priority=80,
+        isolation="mps",
+    )
     assert Slice.from_json(s.to_json()) == s
     assert Slice.from_env(s.environment()) == s
-    assert json.loads(s.to_json())["version"] == 1
+    assert json.loads(s.to_json())["version"] == 2
+
+
+def test_request_defaults_to_the_limit_and_follows_it_when_it_was_the_whole_limit():
+    s = make()
+    assert (s.memory_request, s.priority, s.isolation) == (8 * GiB, DEFAULT_PRIORITY, "time-slicing")
+    assert s.replace(memory_limit=4 * GiB).memory_request == 4 * GiB
+    burst = make(memory_request=2 * GiB)
+    assert burst.replace(memory_limit=4 * GiB).memory_request == 2 * GiB
+    with pytest.raises(SliceError, match="must not exceed memory_limit"):
+        burst.replace(memory_limit=GiB)
+    assert burst.replace(memory_limit=GiB, memory_request=GiB).memory_request == GiB
+
+
+def test_version_1_documents_are_still_read():
+    v1 = {
+        "version": 1,
+        "gpu_uuid": "GPU-sim-0",
+        "gpu_index": 0,
+        "gpu_name": "H100",
+        "gpu_memory": 80 * GiB,
+        "memory_limit": 6 * GiB,
+        "compute_share": 30,
+        "placement": "binpack",
+        "overcommit_ratio": 1.5,
+        "simulated": True,
+        "idle_seconds": 300.0,
+        "high_watermark": 0.9,
+    }
+    s = Slice.from_dict(v1)
+    assert (s.memory_request, s.priority, s.isolation) == (6 * GiB, DEFAULT_PRIORITY, "time-slicing")
+    short = {k: v1[k] for k in ("version", "gpu_uuid", "gpu_index", "gpu_name", "gpu_memory", "memory_limit")}
+    assert Slice.from_dict({**short, "compute_share": 30}).overcommit_ratio == 1.0
+    with pytest.raises(SliceError, match="unknown slice field"):
+        Slice.from_dict({**v1, "priority": 10})  # a version-1 document has no priority
+
+
+def test_version_2_documents_name_every_field():
+    data = make().to_dict()
+    for name in ("memory_request", "priority", "isolation", "placement"):
+        partial = {k: v for k, v in data.items() if k != name}
+        with pytest.raises(SliceError, match=f"missing slice field.*{name}"):
+            Slice.from_dict(partial)
+    with pytest.raises(SliceError, match="memory_request"):
+        Slice.from_dict({**data, "memory_request": None})
 
 
 def test_from_env_absent_is_none():
@@ -45,7 +104,31 @@ def test_environment_for_frameworks():
     assert env["CUPY_GPU_MEMORY_LIMIT"] == str(20 * GiB)
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1234"
     assert "CUDA_VISIBLE_DEVICES" not in make().environment()
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
     assert SLICE_ENV in env
+
+
+def test_mps_slices_carry_the_mps_client_limits():
+    env = make(isolation="mps", compute_share=25, memory_limit=2 * GiB).environment()
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+
+
+def test_mig_slices_are_whole_instances_without_overcommit():
+    name = "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    s = make(gpu_uuid="MIG-1234", gpu_name=name, gpu_memory=40 * GiB, memory_limit=40 * GiB, isolation="mig")
+    assert mig_profile(s.gpu_name) == "3g.40gb"
+    assert s.compute_share_text == "MIG instance 3g.40gb (hardware partition)"
+    with pytest.raises(SliceError, match="MIG instance"):
+        s.replace(overcommit_ratio=1.5)
+    assert mig_profile("NVIDIA H100 80GB HBM3") is None
+
+
+def test_compute_share_reads_as_what_each_backend_enforces():
+    assert make().compute_share_text == "not enforced (time-sliced)"
+    assert make(isolation="mps", compute_share=25).compute_share_text == "25% (enforced by MPS)"
+    with pytest.raises(SliceError, match="isolation"):
+        compute_share_text("vmware", 10)
 
 
 @pytest.mark.parametrize(
@@ -55,11 +138,19 @@ def test_environment_for_frameworks():
         ({"memory_limit": -1}, "memory_limit"),
         ({"memory_limit": 1.5}, "memory_limit"),
         ({"memory_limit": True}, "memory_limit"),
+        ({"memory_limit": 10**400}, "memory_limit"),
+        ({"memory_request": 0}, "memory_request"),
+        ({"memory_request": 9 * GiB}, "must not exceed memory_limit"),
         ({"compute_share": 0}, "compute_share"),
         ({"compute_share": 101}, "compute_share"),
+        ({"priority": -1}, "priority"),
+        ({"priority": 101}, "priority"),
+        ({"priority": 5.0}, "priority"),
+        ({"isolation": "vmware"}, "isolation"),
         ({"placement": "random"}, "placement"),
         ({"overcommit_ratio": 0.5}, "overcommit_ratio"),
         ({"overcommit_ratio": float("nan")}, "overcommit_ratio"),
+        ({"overcommit_ratio": 10**400}, "overcommit_ratio"),
         ({"gpu_uuid": ""}, "gpu_uuid"),
         ({"idle_seconds": 0}, "idle_seconds"),
         ({"high_watermark": 1.5}, "high_watermark"),
@@ -75,7 +166,10 @@ def test_out_of_range_fields_are_refused(changes, message):
     [
         ("not json", "not valid JSON"),
         ("[1, 2]", "JSON object"),
-        ('{"gpu_uuid": "x"}', "missing"),
+        ('{"gpu_uuid": "x"}', "version None is not supported"),
+        ('{"version": 2, "gpu_uuid": "x"}', "missing"),
+        ('{"version": 3}', "version 3 is not supported"),
+        ('{"version": true}', "version True is not supported"),
     ],
 )
 def test_malformed_text_is_refused(text, message):
@@ -83,12 +177,10 @@ def test_malformed_text_is_refused(text, message):
         Slice.from_json(text)
 
 
-def test_unknown_field_and_version_are_refused():
+def test_unknown_field_is_refused():
     data = make().to_dict()
     with pytest.raises(SliceError, match="unknown slice field"):
         Slice.from_dict({**data, "memory_limt": 1})
-    with pytest.raises(SliceError, match="version"):
-        Slice.from_dict({**data, "version": 2})
 
 
 def test_replace_validates():

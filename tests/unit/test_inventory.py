@@ -1,0 +1,87 @@
+"""The inventory: simulation only when asked, a clear failure without a driver, MIG
+instances (simulated here; real ones through NVML on a GPU host), isolation per GPU."""
+
+import logging
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
+
+from hub_spawner.config import VGPUHub
+from hub_spawner.inventory import GPUInventory
+from hub_spawner.placement import PlacementError
+from jupyter_vgpu import nvml
+
+GiB = 2**30
+MIG = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+
+
+def inventory(**traits):
+    return GPUInventory(config=Config({"GPUInventory": traits}))
+
+
+@pytest.mark.skipif(nvml.available(), reason="this host has an NVIDIA driver")
+def test_without_a_driver_nothing_is_invented_and_the_reason_is_logged(caplog):
+    inv = inventory()
+    assert inv.simulate is False
+    with caplog.at_level(logging.ERROR):
+        assert inv.cards == []
+    assert inv.error.startswith("NVML failed on this host")
+    assert "spawns will be refused" in caplog.text
+    devices, problems = inv.devices()
+    assert devices == []
+    assert problems == [inv.error]
+
+
+@pytest.mark.skipif(nvml.available(), reason="this host has an NVIDIA driver")
+def test_a_hub_without_gpus_refuses_spawns_with_the_reason():
+    hub = VGPUHub(config=Config())
+    with pytest.raises(PlacementError, match="cannot place vGPU slices: NVML failed on this host"):
+        hub.allocator.place("ada/", 8 * GiB, 50)
+
+
+def test_simulation_when_asked():
+    inv = inventory(simulate=True, simulated_count=3, simulated_memory="40G")
+    devices, problems = inv.devices()
+    assert problems == []
+    assert [(g.index, g.memory, g.simulated, g.isolation) for g in devices] == [
+        (i, 40 * GiB, True, "time-slicing") for i in range(3)
+    ]
+    assert inv.error is None
+    with pytest.raises(TraitError):
+        inventory(simulate=None)
+
+
+def test_simulated_mig_instances():
+    inv = inventory(simulate=True, simulated_mig_profiles={"1": MIG})
+    devices, problems = inv.devices("time-slicing")
+    assert problems == []
+    assert [g.label for g in devices] == [
+        "GPU 0",
+        "GPU 1 MIG 3g.40gb",
+        "GPU 1 MIG 2g.20gb",
+        "GPU 1 MIG 1g.10gb",
+        "GPU 1 MIG 1g.10gb",
+    ]
+    mig = devices[1]
+    assert mig.uuid.startswith("MIG-sim-")
+    assert (mig.memory, mig.isolation, mig.compute_percent, mig.exclusive) == (40 * GiB, "mig", 43, True)
+    assert mig.name.endswith(" MIG 3g.40gb")
+    assert len({g.uuid for g in devices}) == 5
+
+
+def test_isolation_per_hub_and_per_gpu():
+    inv = inventory(simulate=True, simulated_count=3)
+    third = "GPU-sim-00000002-0000-4000-8000-000000000000"
+    devices, _ = inv.devices("mps", {"1": "time-slicing", third: "mps"})
+    assert [g.isolation for g in devices] == ["mps", "time-slicing", "mps"]
+    devices, problems = inv.devices("time-slicing", {"2": "mig"})
+    assert [g.index for g in devices] == [0, 1]
+    assert "GPU 2" in problems[0]
+    assert "not in MIG mode" in problems[0]
+
+
+@pytest.mark.parametrize("bad", [{"x": MIG}, {"1": ["3g"]}, {"1": ["40gb"]}, {"١": MIG}])
+def test_bad_simulated_profiles_are_refused(bad):
+    with pytest.raises(TraitError):
+        inventory(simulate=True, simulated_mig_profiles=bad)
