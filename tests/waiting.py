@@ -9,7 +9,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout: float = 30.0, what: str = "a condition", interval: float = 0.2) -> T:
+def wait_for(
+    condition: Callable[[], T], timeout: float = 30.0, what: str = "a condition", interval: float = 0.2
+) -> T:
     """Call ``condition`` until it returns something truthy, and return that.
 
     Args:

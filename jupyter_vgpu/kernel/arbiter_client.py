@@ -120,7 +120,9 @@ class ArbiterClient:
         """
         if not (self.connected.is_set() and self.managed):
             if purpose == "restore":
-                raise MemoryError("the kernel is suspended and the node arbiter cannot be reached to restore it")
+                raise MemoryError(
+                    "the kernel is suspended and the node arbiter cannot be reached to restore it"
+                )
             return
         with self._room_cond:
             rid = self._next

@@ -28,6 +28,10 @@ from .usage import tensor_bytes
 
 log = logging.getLogger("jupyter_vgpu")
 
+#: The gate's states, transitions folded into where the memory is.
+KERNEL_STATES = {"pausing": "idle", "suspending": "paused", "resuming": "active"}
+KERNEL_STATES.update({s: s for s in ("active", "idle", "paused", "suspended")})
+
 
 def current_kernel_id() -> str | None:
     """This kernel's id, from its connection file's name (``kernel-<id>.json``), or None."""
@@ -219,6 +223,7 @@ class KernelHook:
         allocated, reserved = self.torch_memory()
         pause = self.pausing.stats()
         return {
+            "version": 2,
             "kernel_id": self.kernel_id,
             "pid": os.getpid(),
             "updated": time.time(),
@@ -231,6 +236,7 @@ class KernelHook:
             "simulated": self.simulated,
             "simulated_used": self.simulated_used,
             "busy": pause["state"] == "active",
+            "state": KERNEL_STATES.get(pause["state"], "idle"),
             "pause": pause,
         }
 

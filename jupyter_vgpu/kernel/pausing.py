@@ -284,11 +284,14 @@ class PauseControl:
         out = {
             "state": self.state,
             "paused_bytes": 0,
+            "live_bytes": 0,
             "host_bytes": 0,
             "ratio": None,
             "codec": None,
+            "codec_name": None,
             "last_pause_seconds": None,
             "last_resume_seconds": None,
+            "pinned_bytes": 0,
         }
         if self.engine is not None:
             out.update(self.engine.stats())

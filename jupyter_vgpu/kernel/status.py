@@ -23,7 +23,9 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
                 "budget",
                 f"{format_bytes(s.memory_limit)} ({s.memory_fraction:.1%} of {format_bytes(s.gpu_memory)})",
             ),
-            ("compute share", f"{s.compute_share}%"),
+            ("budget request", f"{format_bytes(s.memory_request)} guaranteed, priority {s.priority}"),
+            ("compute share", s.compute_share_text),
+            ("isolation", s.isolation),
             ("placement", f"{s.placement}, overcommit ratio {s.overcommit_ratio:g}"),
         ]
     torch = hook.torch
@@ -56,8 +58,8 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
         rows.append(("pause", "stand-in: the GPU is simulated, so a pause moves no memory"))
     elif st.get("unavailable"):
         rows.append(("pause", f"unavailable: {st['unavailable']}"))
-    elif st.get("codec"):
-        rows.append(("pause codec", st["codec"]))
+    elif st.get("codec_name"):
+        rows.append(("pause codec", st["codec_name"]))
     if st.get("refused"):
         rows.append(("not paused", st["refused"]))
     if st.get("error"):

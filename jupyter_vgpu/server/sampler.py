@@ -95,7 +95,7 @@ class Sampler:
         report = report or {}
         pid = report.get("pid")
         nvml_memory = nv["processes"].get(pid) if nv is not None and pid else None
-        offload = report.get("offload") or {}
+        pause = report.get("pause") or {}
         reserved = report.get("torch_reserved", 0)
         simulated_used = report.get("simulated_used", 0)
         if nvml_memory is not None:
@@ -116,19 +116,19 @@ class Sampler:
             "nvml_memory": nvml_memory,
             "simulated_used": simulated_used,
             "sm_percent": None if sm is None else min(100.0, max(0.0, float(sm))),
-            "offloaded": offload.get("offloaded_bytes", 0),
-            "offloaded_compressed": offload.get("compressed_bytes", 0),
-            "ratio": offload.get("ratio"),
+            "offloaded": pause.get("live_bytes", 0),
+            "offloaded_compressed": pause.get("host_bytes", 0),
+            "ratio": pause.get("ratio"),
             "budget_status": report.get("budget_status"),
             "reported": bool(report),
             "stale": bool(report) and now - report["updated"] > self.config.stale_seconds,
             "updated": report.get("updated"),
             "report_error": error,
             "state": report.get("state"),
-            "host_bytes": offload.get("host_bytes"),
-            "last_pause_seconds": report.get("last_pause_seconds"),
-            "last_resume_seconds": report.get("last_resume_seconds"),
-            "codec": report.get("codec"),
+            "host_bytes": pause.get("host_bytes"),
+            "last_pause_seconds": pause.get("last_pause_seconds"),
+            "last_resume_seconds": pause.get("last_resume_seconds"),
+            "codec": pause.get("codec"),
         }
 
     async def sample(self) -> dict[str, Any]:

@@ -8,35 +8,46 @@
  */
 export type KernelState = 'active' | 'idle' | 'paused' | 'suspended';
 
-export interface IOffloadStats {
-  /** Bytes held off the GPU, uncompressed. */
-  offloaded_bytes: number;
-  /** The same bytes as stored, compressed. */
-  compressed_bytes: number;
-  /** offloaded_bytes / compressed_bytes, or null. */
+/** The kernel's pause figures. */
+export interface IPauseStats {
+  /** The gate's state, transitions included. */
+  state: 'active' | 'idle' | 'paused' | 'suspended' | 'pausing' | 'suspending' | 'resuming';
+  /** GPU memory released by the pause (what a resume takes back). */
+  paused_bytes: number;
+  /** Bytes that held data and were saved. */
+  live_bytes: number;
+  /** Host memory holding them, compressed. */
+  host_bytes: number;
+  /** live_bytes / host_bytes, or null. */
   ratio: number | null;
-  count?: number;
-  tensors?: number;
-  last_offload_seconds?: number | null;
-  last_restore_seconds?: number | null;
-  last_offload_gbps?: number | null;
-  last_restore_gbps?: number | null;
-  /** Compressed bytes held in host memory. */
-  host_bytes?: number;
-  /** Compressed bytes spilled to disk. */
-  disk_bytes?: number;
-  skipped?: { path: string; reason: string; }[];
-  dispatch_mode?: boolean;
+  /** The codec path a pause uses first. */
+  codec: 'nvcomp-ans' | 'zstd' | null;
+  /** The same, in words (version, or why nvCOMP is not used). */
+  codec_name: string | null;
+  last_pause_seconds: number | null;
+  last_resume_seconds: number | null;
+  last_suspend_seconds: number | null;
+  last_restore_seconds: number | null;
+  /** Pinned host memory the GPU codec path holds. */
+  pinned_bytes: number;
+  /** A simulated GPU or PyTorch without CUDA: pauses move no memory. */
+  stand_in: boolean;
+  /** Why memory cannot be paused here, or null. */
+  unavailable: string | null;
+  /** Why the last pause was refused (code that may run while idle), or null. */
+  refused: string | null;
+  /** Why the last pause after a cell failed, or null. */
+  error: string | null;
 }
 
 /**
- * What a kernel writes about itself about once a second (kernel-<id>.json in the server's channel
- * directory), read by the server's sampler. Figures, never an authority on limits. Sizes in bytes,
- * times in Unix seconds.
+ * What a kernel writes about itself about once a second and on every change of its state
+ * (kernel-<id>.json in the server's channel directory), read by the server's sampler. Figures,
+ * never an authority on limits. Sizes in bytes, times in Unix seconds, durations in seconds.
  */
 export interface IKernelReport {
-  /** Version of this document's layout (absent means 1). */
-  version?: 1;
+  /** Version of this document's layout. */
+  version: 2;
   kernel_id: string | null;
   /** The kernel's process id on the host. */
   pid: number;
@@ -44,7 +55,6 @@ export interface IKernelReport {
   updated: number;
   torch_imported: boolean;
   cuda_available: boolean;
-  device_index: number | null;
   /** Bytes PyTorch's CUDA allocator hands out. */
   torch_allocated: number;
   /** Bytes PyTorch's CUDA allocator holds from the driver. */
@@ -57,18 +67,10 @@ export interface IKernelReport {
   simulated: boolean;
   /** Bytes of torch tensors reachable from the namespace (the used figure without a real GPU). */
   simulated_used: number;
-  /** A cell is running. */
+  /** A message that runs code is being handled. */
   busy: boolean;
-  /** The kernel's state as the node arbiter knows it. */
-  state?: KernelState | null;
-  /** How long the last pause took, seconds. */
-  last_pause_seconds?: number | null;
-  /** How long the last resume took, seconds. */
-  last_resume_seconds?: number | null;
-  /** Codec of the paused memory (e.g. nvcomp-ans, zstd). */
-  codec?: string | null;
-  /** The offload engine's figures, or null without an engine. */
-  offload: IOffloadStats | null;
+  state: KernelState;
+  pause: IPauseStats;
 }
 
 /**
@@ -201,7 +203,7 @@ export interface IUsageReport {
 
 /** The layout version of each contract; documents carry theirs in `version`. */
 export const CONTRACT_VERSIONS = {
-  'kernel-report': 1,
+  'kernel-report': 2,
   'slice': 2,
   'usage': 1,
   'usage-report': 1

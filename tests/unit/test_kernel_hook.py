@@ -51,7 +51,7 @@ def wait_for(predicate, timeout=10.0, what="condition"):
 def test_status_shows_the_slice_without_any_user_action(kernel):
     out = kernel.run("%vgpu status")
     assert "8.00 GiB" in out
-    assert "40%" in out
+    assert "not enforced (time-sliced)" in out  # a 40% share promises nothing under time-slicing
     assert "simulated" in out
     assert "index 1" in out
     assert "not imported yet" in out
@@ -67,7 +67,10 @@ def test_live_change_reaches_the_running_kernel(kernel, channel_dir):
     assert "8.00 GiB" in kernel.run("%vgpu status")
     channel.write_json(
         channel.server_path(channel_dir),
-        {"slice": SLICE.replace(memory_limit=2 * GiB, compute_share=10).to_dict(), "pressure": False},
+        {
+            "slice": SLICE.replace(memory_limit=2 * GiB, compute_share=10, isolation="mps").to_dict(),
+            "pressure": False,
+        },
     )
 
     def new_budget_shown():
@@ -75,7 +78,7 @@ def test_live_change_reaches_the_running_kernel(kernel, channel_dir):
         return out if "2.00 GiB" in out else None
 
     out = wait_for(new_budget_shown, what="new budget")
-    assert "10%" in out
+    assert "10% (enforced by MPS)" in out
 
 
 def test_report_counts_tensors_on_a_simulated_gpu(kernel, channel_dir):
