@@ -28,6 +28,11 @@ class Kernel:
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
 
+    @property
+    def pid(self) -> int:
+        """The kernel's process id."""
+        return self.manager.provisioner.pid
+
     def run(self, code: str, timeout: float = 120) -> str:
         """Execute ``code``; return stdout, results and error text together."""
         parts: list[str] = []

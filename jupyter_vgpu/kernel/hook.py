@@ -21,6 +21,7 @@ from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice, SliceError
 
 from . import dispatch
+from .arbiter_client import SOCKET_ENV, ArbiterClient
 from .budget import TorchBudget, TorchImportHook
 from .config import VGPUKernel
 from .pausing import PauseControl
@@ -73,6 +74,9 @@ class KernelHook:
             self.config, lambda: self.torch, lambda: self.simulated, kernel=self.kernel, say=self._say
         )
         self.pausing.listeners.append(lambda state: self.write_report())
+        self.arbiter = None  # the ArbiterClient, under a node arbiter
+        self.slice_from_arbiter = False
+        self._resume_sent: float | None = None
         self._read_initial_slice()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -85,12 +89,23 @@ class KernelHook:
             self._torch_hook.install()
         if self.kernel is not None:
             dispatch.install(self.kernel, self.pausing.gate, after=self.pausing.after)
+        path = os.environ.get(SOCKET_ENV)
+        if path:
+            self.arbiter = ArbiterClient(
+                path, self.kernel_id or "", self._adopt_arbiter_slice, self._figures, self.pausing, self._say
+            )
+            self.pausing.ask_room = self.arbiter.room
+            self.pausing.listeners.append(self.arbiter.send_state)
+            self.arbiter.start()
         if self.channel is not None:
             self._thread = threading.Thread(target=self._watch, name="jupyter-vgpu-watch", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.arbiter is not None:
+            self.arbiter.stop()
+            self.pausing.ask_room = None
         self._torch_hook.remove()
         try:
             self.shell.events.unregister("post_run_cell", self.post_run_cell)
@@ -131,8 +146,37 @@ class KernelHook:
                 "jupyter-vgpu: slice budget %d bytes, %d%% compute", slice_.memory_limit, slice_.compute_share
             )
 
+    def _adopt_arbiter_slice(self, doc: dict | None) -> None:
+        """The node arbiter's slice: from now on the only authority on this kernel's limits."""
+        if doc is None:
+            return
+        try:
+            slice_ = Slice.from_dict(doc)
+        except SliceError as e:
+            self.slice_error = f"the node arbiter sent a malformed slice: {e}"
+            log.error("jupyter-vgpu: %s", self.slice_error)
+            return
+        self.slice_from_arbiter = True
+        self.slice_error = None
+        self.set_slice(slice_)
+
+    def _figures(self) -> tuple[int, int, int, float | None]:
+        """``(resident, paused_bytes, host_bytes, new resume seconds)`` for the arbiter."""
+        st = self.pausing.stats()
+        away = st["state"] in ("paused", "suspended", "pausing", "suspending")
+        if self.simulated:
+            resident = 0 if away else self.simulated_used
+            paused = self.simulated_used if away else 0
+        else:
+            resident, paused = self.torch_memory()[1], st["paused_bytes"]
+        seconds = st.get("last_resume_seconds")
+        fresh = seconds if seconds is not None and seconds != self._resume_sent else None
+        self._resume_sent = seconds
+        return resident, paused, st["host_bytes"], fresh
+
     def _poll_channel(self) -> bool:
-        """Apply ``server.json`` if it changed; True when a document was read."""
+        """Apply ``server.json`` if it changed (and no node arbiter gave the slice); True
+        when a document was read."""
         path = channel.server_path(self.channel)
         try:
             mtime = path.stat().st_mtime_ns
@@ -144,6 +188,8 @@ class KernelHook:
         if doc is None:
             return False
         self._server_mtime = mtime
+        if self.slice_from_arbiter:
+            return True  # the arbiter's slice wins over a file the kernel could write
         try:
             new = Slice.from_dict(doc["slice"]) if doc.get("slice") else None
         except SliceError as e:

@@ -23,7 +23,7 @@ import signal
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
-from traitlets import Float, Int, Unicode, default
+from traitlets import Enum, Float, Int, Unicode, default
 from traitlets.config import Application
 
 from jupyter_vgpu.slice import Slice, SliceError
@@ -132,8 +132,21 @@ class ArbiterApp(Application):
 
     metrics_port = Int(0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: not served).").tag(config=True)
 
+    registrars = Enum(
+        ["none", "same-user"],
+        help="""Who may register slices over the socket. 'none': nobody, slices come from
+        the Hub (the default under a Hub). 'same-user': the arbiter's own user or root,
+        from outside every registered server (the default standalone: benchmarks,
+        tests). A kernel never may.""",
+    ).tag(config=True)
+
+    @default("registrars")
+    def _registrars_default(self):
+        return "none" if os.environ.get("JUPYTERHUB_API_TOKEN") else "same-user"
+
     aliases = {
         "socket": "ArbiterApp.socket_path",
+        "registrars": "ArbiterApp.registrars",
         "queue-timeout": "ArbiterApp.queue_timeout",
         "metrics-port": "ArbiterApp.metrics_port",
         "config": "ArbiterApp.config_file",

@@ -78,6 +78,7 @@ class Arbiter:
         self.checkpoint = checkpoint
         self.servers: dict[int, Server] = {}
         self.conns: dict[int, _Conn] = {}  # kernel pid -> its connection
+        self.unknown: dict[int, tuple[_Conn, str]] = {}  # pid -> (connection, kernel id): no server yet
         self.metrics = Metrics()
         self.decisions: collections.deque = collections.deque(maxlen=200)
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
@@ -113,6 +114,10 @@ class Arbiter:
             for conn in self.conns.values():
                 if conn.kernel is not None and conn.kernel.server is server:
                     self._spawn(self._send(conn, {"type": "slice", "slice": slice_.to_dict()}))
+        for kpid, (conn, kernel_id) in list(self.unknown.items()):
+            if peers.root_in(kpid, [pid]) is not None:  # a kernel that came before its server did
+                del self.unknown[kpid]
+                self._spawn(self._admit(conn, server, kernel_id))
         return server
 
     def _simulated_total(self, uuid: str) -> int | None:
@@ -223,6 +228,8 @@ class Arbiter:
         except ConnectionError:
             pass
         finally:
+            if self.unknown.get(conn.pid, (None,))[0] is conn:
+                del self.unknown[conn.pid]
             if conn.kernel is not None and self.conns.get(conn.pid) is conn:
                 del self.conns[conn.pid]
                 self._decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
@@ -232,11 +239,22 @@ class Arbiter:
                     future.set_result({"ok": False, "message": "the kernel hung up"})
             writer.close()
 
+    def _may_register(self, conn: _Conn) -> str | None:
+        """Why ``conn`` may not name slices (None: it may)."""
+        if self.config.registrars == "none":
+            return "slices come from the Hub here; nobody registers them over the socket"
+        if not conn.trusted:
+            return "only the arbiter's own user may register slices"
+        if peers.root_in(conn.pid, self.servers) is not None:
+            return "a process of a registered server may not register slices"
+        return None
+
     async def _dispatch(self, conn: _Conn, msg: dict) -> None:
         kind = msg["type"]
         if kind in protocol.TRUSTED:
-            if not conn.trusted:
-                await self._send(conn, {"type": "error", "message": f"{kind} is for the arbiter's own user"})
+            why = self._may_register(conn)
+            if why:
+                await self._send(conn, {"type": "error", "message": f"{kind} refused: {why}"})
                 return
             await self._trusted(conn, msg)
         elif kind == "hello":
@@ -275,12 +293,16 @@ class Arbiter:
             await self.refresh_servers()
             server = self.server_of(conn.pid)
         if server is None:
+            self.unknown[conn.pid] = (conn, msg["kernel_id"])
             await self._send(conn, {"type": "welcome", "slice": None, "server": None})
             return
+        await self._admit(conn, server, msg["kernel_id"])
+
+    async def _admit(self, conn: _Conn, server: Server, kernel_id: str) -> None:
         old = self.conns.get(conn.pid)
         if old is not None and old is not conn:
             old.writer.close()
-        conn.kernel = Kernel(conn.pid, server, msg["kernel_id"])
+        conn.kernel = Kernel(conn.pid, server, kernel_id)
         self.conns[conn.pid] = conn
         self._decide("kernel joined", server=server.key, pid=conn.pid)
         await self._send(conn, {"type": "welcome", "slice": server.slice.to_dict(), "server": server.key})

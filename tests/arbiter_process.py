@@ -1,0 +1,61 @@
+"""A real node arbiter in its own process, for the tests (``python -m jupyter_vgpu.node``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from jupyter_vgpu.node.control import Control
+
+from .waiting import wait_for
+
+
+class ArbiterProcess:
+    """Starts ``python -m jupyter_vgpu.node`` on a socket in ``directory``.
+
+    Args:
+        directory: where the socket and the log go.
+        args: more command-line settings, e.g. ``["--queue-timeout=3"]``.
+    """
+
+    def __init__(self, directory: Path, *args: str):
+        self.socket = directory / "arbiter" / "arbiter.sock"
+        self.log_path = directory / "arbiter.log"
+        self.args = ["--registrars=same-user", "--ArbiterApp.poll_seconds=0.5", *args]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> ArbiterProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={self.socket}", *self.args],
+            stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the process owns it
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+        def listening() -> bool:
+            assert self.process.poll() is None, f"the arbiter exited: {self.log_path.read_text()[-2000:]}"
+            with socket.socket(socket.AF_UNIX) as s:
+                return s.connect_ex(str(self.socket)) == 0
+
+        wait_for(listening, 30, f"the arbiter to listen on {self.socket}")
+        return self
+
+    def control(self) -> Control:
+        return Control(str(self.socket))
+
+    def books(self) -> dict:
+        with self.control() as c:
+            return c.books()
+
+    def kernel(self, pid: int) -> dict | None:
+        """The arbiter's entry for kernel ``pid``, or None."""
+        return next((k for k in self.books()["kernels"] if k["pid"] == pid), None)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(15)

@@ -1,0 +1,154 @@
+"""The node arbiter with real kernels on a simulated card (the stand-in pause: states,
+books and decisions for real, no memory moves): an idle kernel is paused so a busy one
+gets room, a cell waits with a message while every kernel is busy and fails readably
+after the timeout, no kernel can raise its own budget, and a restart loses nothing."""
+
+import json
+import socket
+
+import pytest
+
+from jupyter_vgpu import channel
+from jupyter_vgpu.node.control import ControlError
+from jupyter_vgpu.slice import Slice
+
+from ..arbiter_process import ArbiterProcess
+from ..kernel_runner import Kernel
+from ..waiting import wait_for
+
+MiB, GiB = 2**20, 2**30
+#: A 1 GiB simulated card and 600 MiB budgets: two kernels' budgets pass the card.
+SLICE = Slice("GPU-sim-arbiter", 0, "Simulated card", GiB, 600 * MiB, 50, simulated=True, idle_seconds=3600)
+HOLD_700 = "import torch\nx = torch.zeros(700 * 2**20 // 4)  # 700 MiB on the simulated card\n"
+
+
+@pytest.fixture
+def arbiter(tmp_path):
+    process = ArbiterProcess(tmp_path, "--queue-timeout=20").start()
+    yield process
+    process.stop()
+
+
+def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str) -> Kernel:
+    chan = tmp_path / f"channel-{user}"
+    chan.mkdir()
+    env = {
+        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
+        "JUPYTER_VGPU_CHANNEL": str(chan),
+        "JUPYTER_VGPU_SLICE": "",
+    }
+    kernel = Kernel(tmp_path, env)
+    kernel.channel = chan
+    with arbiter.control() as c:
+        c.register(kernel.pid, user, "", SLICE)
+    wait_for(lambda: arbiter.kernel(kernel.pid), 30, f"{user}'s kernel to join the arbiter")
+    return kernel
+
+
+@pytest.fixture
+def two(tmp_path, arbiter):
+    ada, bob = start_kernel(tmp_path, arbiter, "ada"), start_kernel(tmp_path, arbiter, "bob")
+    yield ada, bob
+    ada.shutdown()
+    bob.shutdown()
+
+
+def state_of(arbiter, kernel) -> str | None:
+    entry = arbiter.kernel(kernel.pid)
+    return entry and entry["state"]
+
+
+def test_an_idle_kernel_is_paused_so_that_another_gets_room(arbiter, two):
+    ada, bob = two
+    ada.run(HOLD_700)
+    wait_for(
+        lambda: (arbiter.kernel(ada.pid) or {}).get("resident") == 700 * MiB, 30, "ada's 700 MiB in the books"
+    )
+    assert bob.run("print(1 + 1)").strip() == "2"
+    assert state_of(arbiter, ada) == "paused"
+    decisions = arbiter.books()["decisions"]
+    assert any(d["what"] == "pause" and d["server"] == "ada/" and "bob" in d["reason"] for d in decisions)
+    assert ada.run("print(x.numel() * 4 // 2**20)").strip() == "700"  # ada comes back on her next cell
+    assert state_of(arbiter, ada) in ("active", "idle")
+
+
+def test_a_cell_waits_with_a_message_while_every_kernel_is_busy(arbiter, two):
+    ada, bob = two
+    ada.run(HOLD_700)
+    msg_id = ada.client.execute("import time\ntime.sleep(4)")  # ada holds her room for 4 s
+    wait_for(lambda: state_of(arbiter, ada) == "active", 30, "ada running")
+    out = bob.run("print('bob ran')")
+    assert "waiting for GPU memory on GPU 0" in out
+    assert "1 session(s) running" in out
+    assert out.strip().endswith("bob ran")
+    ada.client.get_shell_msg(timeout=30)  # ada's reply
+    del msg_id
+
+
+def test_a_cell_that_gets_no_room_before_the_timeout_fails_readably(tmp_path):
+    arbiter = ArbiterProcess(tmp_path, "--queue-timeout=2").start()
+    ada, bob = start_kernel(tmp_path, arbiter, "ada"), start_kernel(tmp_path, arbiter, "bob")
+    try:
+        ada.run(HOLD_700)
+        ada.client.execute("import time\ntime.sleep(8)")
+        wait_for(lambda: state_of(arbiter, ada) == "active", 30, "ada running")
+        out = bob.run("print('must not run')")
+        assert "MemoryError" in out
+        assert "no room on the GPU after 2 s" in out
+        assert "must not run" not in out
+    finally:
+        ada.shutdown()
+        bob.shutdown()
+        arbiter.stop()
+
+
+def test_no_kernel_can_raise_its_own_budget(arbiter, two):
+    ada, _ = two
+    big = SLICE.replace(memory_limit=200 * GiB, gpu_memory=400 * GiB).to_dict()
+    # through the socket, speaking for itself
+    code = (
+        "import json, os, socket\ns = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(os.environ['JUPYTER_VGPU_ARBITER'])\n"
+        f"big = json.loads({json.dumps(big)!r})\n"
+        "msg = {'type': 'register', 'pid': os.getpid(), 'user': 'ada', 'server': '', 'slice': big}\n"
+        "s.sendall(json.dumps(msg).encode() + b'\\n')\nprint(s.makefile().readline())"
+    )
+    assert "may not register" in ada.run(code)
+    # through the server's channel file, which the kernel can write
+    channel.write_json(channel.server_path(ada.channel), {"slice": big})
+    out = ada.run("%vgpu status")
+    assert "600.00 MiB" in out
+    assert "200.00 GiB" not in out
+    assert arbiter.kernel(ada.pid)["budget"] == 600 * MiB
+
+
+def test_a_restarted_arbiter_finds_every_kernel_again(arbiter, two):
+    ada, bob = two
+    ada.run(HOLD_700)
+    arbiter.stop()
+    arbiter.start()
+    with arbiter.control() as c:  # standalone, the harness registers again (under a Hub, the Hub does)
+        for kernel, user in ((ada, "ada"), (bob, "bob")):
+            c.register(kernel.pid, user, "", SLICE)
+    wait_for(
+        lambda: arbiter.kernel(ada.pid) and arbiter.kernel(bob.pid), 30, "both kernels back in the books"
+    )
+    assert bob.run("print(2 + 2)").strip() == "4"
+    assert ada.run("print(x.numel() * 4 // 2**20)").strip() == "700"
+
+
+def test_bad_messages_get_a_clear_answer_and_change_nothing(arbiter, two):
+    ada, _ = two
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(arbiter.socket))
+        reader = s.makefile("rb")
+        for bad in (b"not json\n", b'{"type": "pause"}\n', b'{"type": "state", "state": "gone"}\n'):
+            s.sendall(bad)
+            answer = json.loads(reader.readline())
+            assert answer["type"] == "error"
+            assert answer["message"]
+        s.sendall(b"x" * 70000 + b"\n")
+        assert json.loads(reader.readline())["message"] == "line too long"
+    assert arbiter.kernel(ada.pid)["budget"] == 600 * MiB
+    with arbiter.control() as c, pytest.raises(ControlError, match="slice"):
+        c._ask({"type": "register", "pid": 1, "user": "x", "server": "", "slice": {"gpu_uuid": 3}})
