@@ -1,0 +1,52 @@
+"""The node arbiter on the real card: three kernels with 40 GiB budgets on one 80 GB
+H100 take turns filling their budget and going idle; every allocation succeeds (the
+arbiter pauses whoever is idle) and every kernel's data is bit-exact when it runs again."""
+
+import pytest
+
+from jupyter_vgpu import nvml
+from jupyter_vgpu.slice import Slice
+
+from ..arbiter_process import ArbiterProcess
+from ..kernel_runner import Kernel
+from .preloaded import environment
+
+pytestmark = pytest.mark.gpu
+GiB = 2**30
+
+FILL = (
+    "import torch\ng = torch.Generator(device='cuda').manual_seed({seed})\n"
+    "data = [torch.randint(0, 255, (2**30,), dtype=torch.uint8, device='cuda', generator=g)\n"
+    "        for _ in range({gib})]\n"
+    "check = [int(d[:: 2**16].sum()) for d in data]\nprint('filled', {gib})"
+)
+CHECK = (
+    "same = all(int(d[:: 2**16].sum()) == c for d, c in zip(data, check))\n"
+    "print(same, torch.cuda.memory_allocated() >> 30)"
+)
+
+
+def test_three_40_gib_kernels_take_turns_on_one_card(tmp_path):
+    gpu = nvml.list_gpus()[0]
+    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 40 * GiB, 100, overcommit_ratio=2.0)
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=0").start()
+    kernels = []
+    try:
+        for i in range(3):
+            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket))
+            kernel = Kernel(tmp_path, env, load_extension=True)
+            with arbiter.control() as c:
+                c.register(kernel.pid, f"user{i}", "", slice_)
+            kernels.append(kernel)
+        for i, kernel in enumerate(kernels):  # each fills 36 GiB of its 40 GiB budget in turn
+            out = kernel.run(FILL.format(seed=i, gib=36))
+            assert "filled 36" in out, out
+        for kernel in kernels:  # everyone runs again: the others are paused to make room
+            assert kernel.run(CHECK).split() == ["True", "36"]
+        decisions = arbiter.books()["decisions"]
+        assert sum(d["what"] == "pause" for d in decisions) >= 3
+        assert not any(d["what"] == "denied" for d in decisions)
+    finally:
+        for kernel in kernels:
+            kernel.shutdown()
+        arbiter.stop()
