@@ -16,7 +16,7 @@ GiB = 2**30
 
 FILL = (
     "import torch\ng = torch.Generator(device='cuda').manual_seed({seed})\n"
-    "data = [torch.randint(0, 255, (2**30,), dtype=torch.uint8, device='cuda', generator=g)\n"
+    "data = [torch.randint(0, 4, (2**30,), dtype=torch.uint8, device='cuda', generator=g)\n"
     "        for _ in range({gib})]\n"
     "check = [int(d[:: 2**16].sum()) for d in data]\nprint('filled', {gib})"
 )
