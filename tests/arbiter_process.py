@@ -58,4 +58,11 @@ class ArbiterProcess:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(15)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(15)
+                raise AssertionError(
+                    f"the arbiter ignored SIGTERM: {self.log_path.read_text()[-2000:]}"
+                ) from None

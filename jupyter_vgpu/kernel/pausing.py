@@ -16,6 +16,7 @@ run for real, no memory moves, and the figures say so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -121,6 +122,15 @@ class PauseControl:
         )
         return self.engine
 
+    def _plain(self):
+        """No user TorchFunctionMode or dispatch mode sees what pausing does."""
+        torch = self._torch()
+        if torch is None:
+            return contextlib.nullcontext()
+        from .pause.engine import plain_torch
+
+        return plain_torch(torch)
+
     @property
     def stand_in(self) -> bool:
         """True on a simulated GPU or without CUDA: pauses move no memory."""
@@ -153,9 +163,10 @@ class PauseControl:
         outcome = {}
 
         def work():
-            engine = self._engine()
-            if engine is not None:
-                outcome["pause"] = engine.pause()
+            with self._plain():
+                engine = self._engine()
+                if engine is not None:
+                    outcome["pause"] = engine.pause()
 
         self.gate.away(work, to=g.PAUSED)
         self.last_refusal = None
@@ -196,6 +207,10 @@ class PauseControl:
         engine = self.engine
         if engine is None or engine.state != "paused":
             return
+        with self._plain():
+            self._resume_engine(engine)
+
+    def _resume_engine(self, engine) -> None:
         from .pause import vmm
 
         deadline = time.monotonic() + self.config.resume_timeout
@@ -244,9 +259,10 @@ class PauseControl:
                 raise g.Refused(reason)
 
         def work():
-            engine = self._engine()
-            if engine is not None and engine.state == "active":
-                engine.pause()
+            with self._plain():
+                engine = self._engine()
+                if engine is not None and engine.state == "active":
+                    engine.pause()
 
         self.gate.away(work, to=g.SUSPENDED)
 

@@ -189,7 +189,13 @@ class ArbiterApp(Application):
         await arbiter.stop()
 
     def start(self):
-        asyncio.run(self.serve())
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self.serve())
+        finally:
+            # threads stuck in a driver call must not keep a stopping arbiter alive
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
 
 def main(argv=None) -> None:

@@ -195,13 +195,16 @@ class Arbiter:
         log.info("listening on %s", path)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        """Stop listening and hang up on every client (kernels reconnect to the next arbiter)."""
+        for task in [*self._tasks, *self._inflight]:
             task.cancel()
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
-        for conn in list(self.conns.values()):
+        for conn in [*self.conns.values(), *(c for c, _ in self.unknown.values())]:
             conn.writer.close()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
     async def _send(self, conn: _Conn, msg: dict) -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):

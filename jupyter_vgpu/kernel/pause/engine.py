@@ -42,6 +42,16 @@ log = logging.getLogger("jupyter_vgpu")
 MiB = 1 << 20
 
 
+@contextlib.contextmanager
+def plain_torch(torch):
+    """Run PyTorch calls as plain kernels: a user's TorchFunctionMode or dispatch mode left
+    entered across cells must not see (or change) what the pause path does."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        yield
+
+
 class PauseError(RuntimeError):
     """A pause failed; the kernel was resumed and runs on as before."""
 
@@ -160,14 +170,8 @@ class PauseEngine:
 
     # -- helpers -----------------------------------------------------------------------
 
-    @contextlib.contextmanager
     def _plain_torch(self):
-        """Run PyTorch calls as plain kernels: a user's TorchFunctionMode or dispatch mode
-        left entered across cells must not see (or change) the engine's copies."""
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with self.torch._C.DisableTorchFunction(), _disable_current_modes():
-            yield
+        return plain_torch(self.torch)
 
     def _view(self, ptr: int, nbytes: int):
         return devmem.view(self.torch, ptr, nbytes, self.device)
