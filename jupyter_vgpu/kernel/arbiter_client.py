@@ -202,8 +202,8 @@ class ArbiterClient:
         elif kind in ("pause", "suspend"):
             threading.Thread(target=self._obey, args=(msg,), name="jupyter-vgpu-pause", daemon=True).start()
         elif kind == "notice":
-            self.pausing.last_notice = msg.get("message")
-            log.warning("jupyter-vgpu: %s", msg.get("message"))
+            self.pausing.last_notice = str(msg.get("message"))[:1000]
+            self.say(f"jupyter-vgpu: {self.pausing.last_notice}")
         elif kind == "error":
             log.warning("jupyter-vgpu: the arbiter says: %s", msg.get("message"))
 

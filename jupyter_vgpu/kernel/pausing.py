@@ -60,6 +60,7 @@ class PauseControl:
         self.unavailable: str | None = None  # why memory cannot be paused here
         self.last_refusal: str | None = None
         self.last_error: str | None = None  # why the last pause after a cell failed
+        self.last_notice: str | None = None  # the node arbiter's last word (over budget)
         #: asks the node arbiter for room, blocking: ("run" | "resume" | "restore") -> None;
         #: raises MemoryError when it refuses. Set by the arbiter client.
         self.ask_room: Callable[[str], None] | None = None

@@ -45,6 +45,8 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
             ("used (tensors)", f"{format_bytes(hook.simulated_used)} held by tensors in the namespace")
         )
     rows += _pause_rows(hook.pausing.stats())
+    if hook.pausing.last_notice:
+        rows.append(("node arbiter", hook.pausing.last_notice))
     return rows
 
 

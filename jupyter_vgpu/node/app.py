@@ -132,6 +132,19 @@ class ArbiterApp(Application):
 
     metrics_port = Int(0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: not served).").tag(config=True)
 
+    over_budget = Enum(
+        ["report", "pause", "kill"],
+        default_value="report",
+        help="""What happens to a process over its slice's budget (NVML's figure, every
+        poll_seconds) once grace_seconds have passed: 'report' (warn the user and the log,
+        again every minute), 'pause' (pause its kernel if it is idle), 'kill' (end the
+        process). A warning goes out the moment it is seen over.""",
+    ).tag(config=True)
+
+    grace_seconds = Float(
+        10.0, help="Seconds a process may stay over its budget before over_budget applies."
+    ).tag(config=True)
+
     registrars = Enum(
         ["none", "same-user"],
         help="""Who may register slices over the socket. 'none': nobody, slices come from
@@ -147,6 +160,7 @@ class ArbiterApp(Application):
     aliases = {
         "socket": "ArbiterApp.socket_path",
         "registrars": "ArbiterApp.registrars",
+        "over-budget": "ArbiterApp.over_budget",
         "queue-timeout": "ArbiterApp.queue_timeout",
         "metrics-port": "ArbiterApp.metrics_port",
         "config": "ArbiterApp.config_file",

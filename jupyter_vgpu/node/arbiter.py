@@ -30,6 +30,7 @@ from . import books, cards, peers, protocol
 from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
 from .cards import Reading
 from .metrics import Metrics
+from .watchdog import Watchdog, owners
 
 log = logging.getLogger("jupyter_vgpu.node")
 
@@ -87,6 +88,7 @@ class Arbiter:
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self.refresh_servers = None  # async callable re-reading registrations (the Hub link)
+        self.watchdog = Watchdog(config.over_budget, config.grace_seconds)
 
     # -- the books -------------------------------------------------------------------
 
@@ -437,6 +439,32 @@ class Arbiter:
         self._decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
         return True, ""
 
+    # -- budgets -----------------------------------------------------------------------
+
+    async def enforce(self, now: float) -> None:
+        """Compare every process of every registered server with its budget (real cards)."""
+        owner = owners(self.servers.values(), lambda pid: peers.root_in(pid, self.servers))
+        for uuid in {s.slice.gpu_uuid for s in self.servers.values() if not s.slice.simulated}:
+            reading = await self.read(uuid)
+            for action in self.watchdog.step(now, reading.processes, owner):
+                await self._act(action, uuid)
+
+    async def _act(self, action, uuid: str) -> None:
+        self._decide(
+            f"over budget: {action.kind}", server=action.server, pid=action.pid, used=action.used,
+            budget=action.budget, message=action.message(),
+        )  # fmt: skip
+        self.metrics.enforcement.labels(gpu=uuid, action=action.kind).inc()
+        kernel_pid = peers.root_in(action.pid, self.conns)  # the kernel it runs under, if any
+        conn = self.conns.get(kernel_pid) if kernel_pid is not None else None
+        if conn is not None:
+            await self._send(conn, {"type": "notice", "message": action.message()})
+        if action.kind == "kill":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(action.pid, 9)
+        elif action.kind == "pause" and conn is not None and conn.kernel.state in (books.IDLE,):
+            await self._take_off(conn.kernel, "pause", reason="over budget")
+
     # -- in the background -----------------------------------------------------------
 
     async def _background(self) -> None:
@@ -448,8 +476,10 @@ class Arbiter:
                 log.exception("background step failed")
 
     async def tick(self) -> None:
-        """One background step: pause idle kernels on full cards, suspend long-idle ones."""
+        """One background step: the budgets' watchdog, then pause idle kernels on full
+        cards and suspend long-idle ones."""
         now = time.monotonic()
+        await self.enforce(now)
         for uuid in {k.slice.gpu_uuid for k in self.kernels}:
             if self._locks[uuid].locked():
                 continue  # a room request is deciding on this card

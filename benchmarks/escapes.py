@@ -1,0 +1,137 @@
+"""The escape suite: ways a user gets past the in-kernel budget, each caught from outside.
+
+A real kernel with a 2 GiB slice, registered with a standalone arbiter whose watchdog
+ends offenders (``--over-budget=kill``, 1 s of grace, NVML read every 0.25 s), tries
+each escape to hold 4 GiB: lifting PyTorch's memory fraction, setting it before CUDA
+starts, CuPy (with its environment limit edited), ``cudaMalloc`` through ctypes, and a
+subprocess of the kernel (as a terminal's process would be: both run under the server).
+For each case: whether the arbiter caught it, how long after the memory was taken (the
+kernel prints the wall-clock time it finished allocating; the arbiter logs its
+decisions with theirs), and what it did.
+
+Usage (GPU machine): ``python benchmarks/escapes.py --out benchmarks/results/escapes-h100.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jupyter_vgpu import nvml  # noqa: E402
+from jupyter_vgpu.slice import Slice  # noqa: E402
+from tests.arbiter_process import ArbiterProcess  # noqa: E402
+from tests.gpu.preloaded import environment  # noqa: E402
+from tests.kernel_runner import Kernel  # noqa: E402
+
+GiB = 1 << 30
+HOLD = "import time\nprint('took', time.time(), flush=True)\ntime.sleep(6)\n"
+CASES = {
+    "fraction lifted in the kernel": (
+        "import torch\ntorch.cuda.set_per_process_memory_fraction(1.0)\n"
+        "x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda')\n" + HOLD
+    ),
+    "fraction set before CUDA starts": (
+        "import torch\ntorch.cuda.memory.set_per_process_memory_fraction(1.0, 0)\n"
+        "x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda')\n" + HOLD
+    ),
+    "CuPy, its environment limit edited": (
+        "import os\nos.environ['CUPY_GPU_MEMORY_LIMIT'] = str(80 << 30)\nimport cupy\n"
+        "x = cupy.empty(4 << 30, dtype=cupy.uint8)\n" + HOLD
+    ),
+    "cuMemAlloc through ctypes (the driver, raw)": (
+        "import ctypes\ncu = ctypes.CDLL('libcuda.so.1')\nassert cu.cuInit(0) == 0\n"
+        "dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()\n"
+        "assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0\n"
+        "assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0\n"
+        "assert cu.cuCtxSetCurrent(ctx) == 0\n"
+        "assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4 << 30)) == 0\n" + HOLD
+    ),
+    "a subprocess of the kernel (as a terminal's)": (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "\"import torch, time; x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda'); "
+        "print('took', time.time(), flush=True); time.sleep(8)\"], stdout=subprocess.PIPE, text=True)\n"
+        "print(child.stdout.readline(), flush=True)\nchild.wait()\n"
+    ),
+}
+
+
+def run(kernel: Kernel, code: str) -> str:
+    """The output of ``code``, also when the watchdog ends the kernel halfway."""
+    parts: list[str] = []
+
+    def hook(msg):
+        if msg["header"]["msg_type"] == "stream":
+            parts.append(msg["content"]["text"])
+
+    try:
+        kernel.client.execute_interactive(code, output_hook=hook, timeout=20)
+    except TimeoutError:
+        parts.append("(no reply: the kernel was ended)")
+    return "".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    gpu = nvml.list_gpus()[0]
+    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        arbiter = ArbiterProcess(
+            tmp, "--over-budget=kill", "--ArbiterApp.grace_seconds=1", "--ArbiterApp.poll_seconds=0.25"
+        ).start()
+        try:
+            for name, code in CASES.items():
+                kernel = Kernel(
+                    tmp, environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket)), load_extension=True
+                )
+                try:
+                    with arbiter.control() as c:
+                        c.register(kernel.pid, "mallory", "", slice_)
+                    kernel.run("import os")
+                    since = time.time()
+                    out = run(kernel, code)
+                    took = next(
+                        (float(w) for line in out.splitlines() if "took" in line for w in line.split()[1:2]),
+                        None,
+                    )
+                    time.sleep(1)
+                    decisions = [
+                        d
+                        for d in arbiter.books()["decisions"]
+                        if d["what"].startswith("over budget") and d["time"] >= since
+                    ]
+                    warned = next((d for d in decisions if d["what"] == "over budget: warn"), None)
+                    acted = next((d for d in decisions if d["what"] == "over budget: kill"), None)
+                    row = {
+                        "name": name,
+                        "caught": warned is not None,
+                        "seconds_to_catch": round(warned["time"] - took, 3) if warned and took else None,
+                        "action": "kill" if acted else ("warn" if warned else None),
+                        "seconds_to_action": round(acted["time"] - took, 3) if acted and took else None,
+                        "kernel_output_tail": out[-300:],
+                    }
+                finally:
+                    kernel.shutdown()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            arbiter.stop()
+    with open(args.out, "w") as f:
+        json.dump(
+            {"cases": rows, "gpu": gpu.name, "policy": "kill after 1 s", "budget_bytes": 2 * GiB}, f, indent=2
+        )
+
+
+if __name__ == "__main__":
+    main()
