@@ -2,8 +2,8 @@
 
 The handler's whole work, in process: join 200 running slices with their latest
 reports (``hub_spawner.usage.slice_rows``), group them by GPU (``gpu_rows``) and encode
-the JSON answer. Stand-in spawners carry real ``Slice`` objects; reports go through the
-same parser the POST endpoint uses. Goal (issue): under 50 ms.
+the JSON answer. Stand-in spawners carry real ``Slice`` objects; reports (valid documents of the
+``usage-report`` contract, ``tests/documents.py``) go through the same parser the POST endpoint uses. Goal (issue): under 50 ms.
 
     python benchmarks/hub_usage.py --out benchmarks/results/hub-usage.json
 """
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hub_spawner.inventory import GPU
 from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
 from jupyter_vgpu.slice import Slice
+from tests import documents
 
 GiB = 2**30
 
@@ -39,21 +40,14 @@ def setup(servers: int, gpus: int):
             card.uuid, card.index, card.name, card.memory, 2 * GiB, 25, overcommit_ratio=4.0, simulated=True
         )
         spawners.append((f"user{n:03d}", types.SimpleNamespace(name="", vgpu_slice=s)))
-        kernels = [{"id": str(k), "used": GiB // 4} for k in range(3)]
-        body = {
-            "server_name": "",
-            "usage": {
-                "simulated": True,
-                "gpu": {"sm_percent": 40.0},
-                "totals": {
-                    "used": 3 * GiB // 4,
-                    "reserved": GiB,
-                    "offloaded": GiB // 2,
-                    "offloaded_compressed": GiB // 3,
-                },
-                "kernels": kernels,
-            },
+        kernels = [documents.kernel_usage(str(k), used=GiB // 4, offloaded=GiB // 8) for k in range(3)]
+        totals = {
+            "used": 3 * GiB // 4,
+            "reserved": GiB,
+            "offloaded": 3 * GiB // 8,
+            "offloaded_compressed": GiB // 4,
         }
+        body = documents.report(s, gpu=None, totals=totals, kernels=kernels)
         board.record(f"user{n:03d}/", parse_report(body)[1])
     return cards, board, spawners
 

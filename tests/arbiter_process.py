@@ -18,13 +18,16 @@ class ArbiterProcess:
 
     Args:
         directory: where the socket and the log go.
-        args: more command-line settings, e.g. ``["--queue-timeout=3"]``.
+        args: more command-line settings, e.g. ``["--queue-timeout=3"]``; one that names
+            ``--registrars`` or ``--ArbiterApp.poll_seconds`` replaces the tests' default.
     """
 
     def __init__(self, directory: Path, *args: str):
         self.socket = directory / "arbiter" / "arbiter.sock"
         self.log_path = directory / "arbiter.log"
-        self.args = ["--registrars=same-user", "--ArbiterApp.poll_seconds=0.5", *args]
+        defaults = {"--registrars": "same-user", "--ArbiterApp.poll_seconds": "0.5"}
+        given = {a.split("=", 1)[0] for a in args}
+        self.args = [f"{k}={v}" for k, v in defaults.items() if k not in given] + list(args)
         self.process: subprocess.Popen | None = None
 
     def start(self) -> ArbiterProcess:
