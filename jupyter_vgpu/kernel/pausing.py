@@ -311,7 +311,8 @@ class PauseControl:
             "pinned_bytes": 0,
         }
         if self.engine is not None:
-            out.update(self.engine.stats())
+            with self._plain():  # reports run between cells, under any mode a user left entered
+                out.update(self.engine.stats())
             out["state"] = self.state
         out.update(
             stand_in=self.stand_in,

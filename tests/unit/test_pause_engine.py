@@ -162,3 +162,26 @@ def test_live_ranges_keep_only_blocks_that_hold_data():
     assert got[base + 8 * MiB] == []
     assert got[unknown] == [(0, 4 * MiB)]  # another library's memory: live as a whole
     assert live_ranges(None, [(base, MiB)]) == {base: [(0, MiB)]}
+
+
+def test_a_torch_function_mode_left_entered_sees_nothing_of_a_pause(engine, segments):
+    """A user's TorchFunctionMode entered in one cell and left in another sees only the
+    user's own calls: pausing, the figures and resuming run under ``plain_torch``."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Recording(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        torch.ones(2).sum()
+        engine.pause()
+        engine.stats()
+        engine.resume()
+        torch.ones(2).sum()
+    assert len(seen) == 4, seen
+    for ptr, data in segments:
+        assert np.array_equal(array(ptr, data.size), data)

@@ -104,13 +104,17 @@ class PinnedArena:
         self.torch = torch
         self.slab_bytes = slab_bytes
         self.slabs: list = []
+        self.held_bytes = 0  # pinned bytes held by the slabs (an int: reading it runs no torch call)
         self._used = 0  # bytes handed out of the last slab
+        self._last_size = 0  # bytes of the last slab
 
     def reserve(self, nbytes: int) -> tuple[int, int]:
         """``(slab index, offset)`` of ``nbytes`` fresh bytes, 16-byte aligned."""
-        if not self.slabs or self._used + nbytes > self.slabs[-1].numel():
+        if not self.slabs or self._used + nbytes > self._last_size:
             size = max(self.slab_bytes, _round(nbytes))
             self.slabs.append(self.torch.empty(size, dtype=self.torch.uint8, pin_memory=True))
+            self.held_bytes += size
+            self._last_size = size
             self._used = 0
         start = self._used
         self._used = _round(start + nbytes)
@@ -120,15 +124,10 @@ class PinnedArena:
         """The pinned bytes ``[start, start + nbytes)`` of slab ``slab`` (a tensor)."""
         return self.slabs[slab][start : start + nbytes]
 
-    @property
-    def held_bytes(self) -> int:
-        """Pinned bytes held by the slabs."""
-        return sum(s.numel() for s in self.slabs)
-
     def clear(self) -> None:
         """Give every slab back to PyTorch's pinned-memory cache."""
         self.slabs.clear()
-        self._used = 0
+        self.held_bytes = self._last_size = self._used = 0
 
 
 # Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the device
