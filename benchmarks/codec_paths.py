@@ -20,6 +20,12 @@ from gpu_common import GiB, make, preloaded_or_reexec, raw_copies
 WORKLOADS = ("bf16_weights", "fp32_adam_v", "bf16_relu_act", "zeros")
 
 
+def save(path: str, rows: list, torch) -> None:
+    with open(path, "w") as f:
+        doc = {"workloads": rows, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+        json.dump(doc, f, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=float, default=2.0, help="GiB per workload")
@@ -62,12 +68,9 @@ def main() -> None:
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
+            save(args.out, rows, torch)
         del t
         torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump(
-            {"workloads": rows, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}, f, indent=2
-        )
     for r in rows:
         print(
             f"{r['name']:>14} {r['path']:>6}: ratio {r['ratio'] or 0:8.2f}  "

@@ -125,12 +125,16 @@ def main() -> None:
                     kernel.shutdown()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                with open(args.out, "w") as f:
+                    doc = {
+                        "cases": rows,
+                        "gpu": gpu.name,
+                        "policy": "kill after 1 s",
+                        "budget_bytes": 2 * GiB,
+                    }
+                    json.dump(doc, f, indent=2)
         finally:
             arbiter.stop()
-    with open(args.out, "w") as f:
-        json.dump(
-            {"cases": rows, "gpu": gpu.name, "policy": "kill after 1 s", "budget_bytes": 2 * GiB}, f, indent=2
-        )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 The handler's whole work, in process: join 200 running slices with their latest
 reports (``hub_spawner.usage.slice_rows``), group them by GPU (``gpu_rows``) and encode
-the JSON answer. Stand-in spawners carry real ``Slice`` objects; reports (valid documents of the
-``usage-report`` contract, ``tests/documents.py``) go through the same parser the POST endpoint uses. Goal (issue): under 50 ms.
+the JSON answer. Stand-in spawners carry real ``Slice`` objects; reports (valid
+documents of the ``usage-report`` contract, ``tests/documents.py``) go through the same
+parser the POST endpoint uses. Goal (issue): under 50 ms.
 
     python benchmarks/hub_usage.py --out benchmarks/results/hub-usage.json
 """

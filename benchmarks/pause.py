@@ -150,6 +150,11 @@ def measure(torch, gib: float) -> dict:
     }
 
 
+def save(path: str, result: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,8,32", help="workload sizes, GiB")
@@ -164,6 +169,7 @@ def main() -> None:
         row = measure(torch, gib)
         result["workloads"].append(row)
         print(json.dumps(row), flush=True)
+        save(args.out, result)  # kept if a later, larger workload does not finish
     plain, pre = [], []
     for _ in range(2):  # alternate, so drift hits both
         plain += step_times(False, args.steps)
@@ -171,8 +177,7 @@ def main() -> None:
     result["step_s_plain"] = statistics.median(plain)
     result["step_s_preloaded"] = statistics.median(pre)
     result["step_overhead_idle"] = result["step_s_preloaded"] / result["step_s_plain"] - 1
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    save(args.out, result)
     print(
         f"step {result['step_s_plain'] * 1e3:.2f} ms plain, {result['step_s_preloaded'] * 1e3:.2f} ms "
         f"preloaded: overhead {result['step_overhead_idle']:+.4f}"

@@ -13,7 +13,7 @@ activations and CUDA context, measured on the empty card) fit on the card side b
 For each N the cell latencies (send to reply, resume and any wait for room included)
 are compared with the same cell on the empty card. Paused working sets live in host
 memory, so N is also bounded by the host's memory: ``--sessions`` should stay within it
-(the run reports the host memory the kernels' pinned buffers take).
+(each run reports the host's peak memory in use).
 
 Usage (GPU machine): ``python benchmarks/sessions.py --out benchmarks/results/sessions-h100.json``
 """
@@ -111,6 +111,35 @@ class Session:
         self.manager.shutdown_kernel(now=True)
 
 
+class HostMemory:
+    """The host's peak memory in use (``MemTotal - MemAvailable`` of /proc/meminfo, bytes),
+    sampled every 0.5 s in a thread."""
+
+    def __init__(self):
+        self.total = self._read()["MemTotal"]
+        self.peak_used = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> dict[str, int]:
+        with open("/proc/meminfo") as f:
+            return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+
+    def _run(self) -> None:
+        while not self._done.wait(0.5):
+            info = self._read()
+            self.peak_used = max(self.peak_used, info["MemTotal"] - info["MemAvailable"])
+
+    def start(self) -> HostMemory:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def start_arbiter(directory: Path, think: float) -> tuple[subprocess.Popen, str]:
     socket = str(directory / "arbiter.sock")
     log = open(directory / "arbiter.log", "ab")  # noqa: SIM115 - the arbiter owns it
@@ -174,10 +203,12 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
 
             threads = [threading.Thread(target=duty, args=(s,)) for s in sessions]
             t0 = time.time()
+            host = HostMemory().start()
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+            host.stop()
             cells = sorted(latencies.queue)
             with Control(socket) as control:
                 books = control.books()
@@ -192,6 +223,8 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
                 "pauses": sum(d["what"] == "pause" for d in books["decisions"]),
                 "suspends": sum(d["what"] == "suspend" for d in books["decisions"]),
                 "queued": sum(d["what"] == "queued" for d in books["decisions"]),
+                "host_used_peak_bytes": host.peak_used,
+                "host_total_bytes": host.total,
             }
         finally:
             for s in sessions:
@@ -207,7 +240,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096, help="tokens per step")
     parser.add_argument("--think", type=float, default=6.0, help="idle seconds between two cells")
     parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--sessions", default="", help="N to try, e.g. 6,12,24 (default: static, 2x, 3x, 4x)")
+    parser.add_argument("--sessions", default="", help="N to try, e.g. 6,12,24 (default: --multiples)")
+    parser.add_argument(
+        "--multiples", default="1,2,2.5", help="N to try as multiples of the static partitioning's count"
+    )
     parser.add_argument("--cell-seconds", type=float, default=1.0, help="length of a cell on an empty card")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -249,14 +285,12 @@ def main() -> None:
         f"({steps} steps)",
         flush=True,
     )
-    default = [static, 2 * static, 3 * static, 4 * static]
-    wanted = [int(v) for v in args.sessions.split(",")] if args.sessions else default
-    runs = []
-    for n in wanted:
-        row = run_sessions(n, args, slice_, steps)
-        row["solo_p50_cell_s"] = statistics.median(solo)
-        runs.append(row)
-        print(json.dumps(row), flush=True)
+    multiples = [float(v) for v in args.multiples.split(",")]
+    wanted = (
+        [int(v) for v in args.sessions.split(",")]
+        if args.sessions
+        else [round(m * static) for m in multiples]
+    )
     result = {
         "card_bytes": card,
         "working_set_bytes": idle_reserved,
@@ -266,10 +300,15 @@ def main() -> None:
         "solo_cell_s": statistics.median(solo),
         "steps_per_cell": steps,
         "model": {"width": args.width, "layers": args.layers, "batch": args.batch, "dtype": "bf16"},
-        "runs": runs,
+        "runs": [],
     }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    for n in wanted:
+        row = run_sessions(n, args, slice_, steps)
+        row["solo_p50_cell_s"] = statistics.median(solo)
+        result["runs"].append(row)
+        print(json.dumps(row), flush=True)
+        with open(args.out, "w") as f:  # after every N: a larger one may not finish
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":
