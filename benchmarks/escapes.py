@@ -81,7 +81,12 @@ def run(kernel: Kernel, code: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--cases", default="", help="only the cases whose names contain one of these, comma-separated"
+    )
     args = parser.parse_args()
+    wanted = [w for w in args.cases.split(",") if w]
+    cases = {n: c for n, c in CASES.items() if not wanted or any(w in n for w in wanted)}
     gpu = nvml.list_gpus()[0]
     slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100)
     rows = []
@@ -91,7 +96,7 @@ def main() -> None:
             tmp, "--over-budget=kill", "--ArbiterApp.grace_seconds=1", "--ArbiterApp.poll_seconds=0.25"
         ).start()
         try:
-            for name, code in CASES.items():
+            for name, code in cases.items():
                 kernel = Kernel(
                     tmp, environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket)), load_extension=True
                 )

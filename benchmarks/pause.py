@@ -157,7 +157,7 @@ def save(path: str, result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1,8,32", help="workload sizes, GiB")
+    parser.add_argument("--sizes", default="1,8,32", help="workload sizes, GiB ('' for none)")
     parser.add_argument("--steps", type=int, default=60, help="timed training steps per run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -165,7 +165,7 @@ def main() -> None:
     import torch
 
     result = {"workloads": [], "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    for gib in (float(s) for s in args.sizes.split(",")):
+    for gib in (float(s) for s in args.sizes.split(",") if s):
         row = measure(torch, gib)
         result["workloads"].append(row)
         print(json.dumps(row), flush=True)

@@ -87,7 +87,7 @@ class Session:
     def pid(self) -> int:
         return self.manager.provisioner.pid
 
-    def run(self, code: str, timeout: float = 900) -> tuple[float, str, bool]:
+    def run(self, code: str, timeout: float = 180) -> tuple[float, str, bool]:
         """``(seconds, output, failed)`` of one cell."""
         out: list[str] = []
         failed = False

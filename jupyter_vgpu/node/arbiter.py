@@ -342,7 +342,9 @@ class Arbiter:
                         if not ok:
                             await self._send(conn, {"type": "deny", "id": rid, "message": why})
                             return
-                    kernel.state, kernel.since, kernel.granted = ACTIVE, time.monotonic(), kernel.budget
+                    others = [k for k in self.on_card(uuid) if k is not kernel]
+                    kernel.granted = books.growth(kernel, reading.free, others)
+                    kernel.state, kernel.since = ACTIVE, time.monotonic()
                     waited = time.monotonic() - t0
                     self.metrics.queue_wait.labels(gpu=uuid).observe(waited)
                     await self._send(conn, {"type": "grant", "id": rid})

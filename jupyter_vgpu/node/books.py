@@ -2,8 +2,9 @@
 
 Pure bookkeeping, no I/O: :mod:`.arbiter` feeds it what kernels report and what NVML
 measures, and asks it two questions. :func:`shortfall`: how many bytes must be freed on
-a card before a kernel may run (its budget, less what it already holds, against the
-card's free memory and the growth other running kernels are entitled to).
+a card before a kernel may run (its budget, capped at what the card could ever give it,
+less what it already holds, against the card's free memory and the growth other
+running kernels are entitled to).
 :func:`victims`: which idle kernels to pause or suspend for it, in the order the design
 map gives (see DESIGN.md, "Room on demand"): kernels eligible for suspension first
 (idle longer than ``suspend_after`` and already paused), then the longest idle, the
@@ -55,7 +56,8 @@ class Kernel:
         resident: bytes it holds on the card (NVML, or its own figure on a simulated GPU).
         paused_bytes: bytes released by its pause (what a resume needs back).
         host_bytes: bytes its paused memory takes in host memory.
-        granted: bytes of growth it was promised for the cell it runs.
+        granted: bytes it was promised it may grow to for the cell it runs (its budget, or
+            less when the card could never give that much: :func:`growth`).
     """
 
     pid: int
@@ -95,10 +97,29 @@ class Kernel:
         return f"{self.server.key} (pid {self.pid}, {self.state})"
 
 
+def ceiling(kernel: Kernel, free: int, others: list[Kernel]) -> int:
+    """The most ``kernel`` could ever hold on its card, bytes: the free memory plus what
+    every kernel on the card holds (all of it could be taken off). What other processes
+    and the driver hold is out of reach, so a budget above this can never be met in full.
+
+    Args:
+        kernel: the kernel that wants to run.
+        free: free bytes on its card now.
+        others: the card's other kernels.
+    """
+    return free + kernel.resident + sum(k.resident for k in others)
+
+
+def growth(kernel: Kernel, free: int, others: list[Kernel]) -> int:
+    """What ``kernel`` is granted when it runs, bytes: its budget, capped at :func:`ceiling`."""
+    return min(kernel.budget, ceiling(kernel, free, others))
+
+
 def shortfall(kernel: Kernel, free: int, others: list[Kernel]) -> int:
     """Bytes that must still be freed on the card before ``kernel`` may run.
 
-    ``kernel`` may grow to its budget; it holds ``resident`` already, and a paused or
+    ``kernel`` may grow to its budget (or to what the card could ever give it, when the
+    budget is larger: :func:`ceiling`); it holds ``resident`` already, and a paused or
     suspended kernel needs its paused bytes back first. Every other running kernel keeps
     the growth it was granted. Free memory is the card's, as measured.
 
@@ -107,7 +128,7 @@ def shortfall(kernel: Kernel, free: int, others: list[Kernel]) -> int:
         free: free bytes on its card now.
         others: the card's other kernels.
     """
-    need = max(0, kernel.budget - kernel.resident)
+    need = max(0, growth(kernel, free, others) - kernel.resident)
     promised = sum(max(0, k.granted - k.resident) for k in others if k.state == ACTIVE)
     return max(0, need + promised - free)
 

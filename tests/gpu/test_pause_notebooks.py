@@ -21,15 +21,17 @@ SETUP = (
     "torch.use_deterministic_algorithms(True, warn_only=True)\n"
     "print('ready')"
 )
-# NVML's figure for this kernel once the CUDA context holds cuBLAS and cuDNN and PyTorch
-# holds nothing: what may stay on the card while the kernel is paused.
+# NVML's figure for the kernel's CUDA context once every pattern ran: PyTorch's memory
+# (all it still reserves) left out, every module the patterns and the pause path loaded
+# counted in. A context only grows, so this bounds what may stay on the card while paused.
 CONTEXT = (
+    "%reset -f\n"
+    "import gc, os, torch\n"
     "from jupyter_vgpu import nvml as _nvml\n"
-    "_a = torch.ones(64, 3, 32, 32, device='cuda')\n"
-    "_c = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).cuda()\n"
-    "(_c(_a).sum() + (_a[0, 0] @ _a[0, 0]).sum()).item()\n"
-    "del _a, _c\ntorch.cuda.empty_cache()\n"
-    "print(_nvml.process_memory(_nvml.list_gpus()[0].uuid).get(os.getpid(), 0))"
+    "torch._dynamo.reset()\ngc.collect()\n"
+    "torch._C._cuda_clearCublasWorkspaces()\ntorch.cuda.empty_cache()\n"
+    "_used = _nvml.process_memory(_nvml.list_gpus()[0].uuid).get(os.getpid(), 0)\n"
+    "print(_used - torch.cuda.memory_reserved())"
 )
 
 PATTERNS = {
@@ -140,7 +142,6 @@ def run_all(tmp_path, mode: str) -> tuple[dict, list, int]:
     try:
         assert kernel.run(SETUP).strip() == "ready"
         pid = int(kernel.run("print(os.getpid())"))
-        context = int(kernel.run(CONTEXT))
         uuid = nvml.list_gpus()[0].uuid
         for name, cells in PATTERNS.items():
             outputs[name] = [kernel.run(cell) for cell in cells]
@@ -155,6 +156,7 @@ def run_all(tmp_path, mode: str) -> tuple[dict, list, int]:
                 except AssertionError as e:
                     raise AssertionError(f"{e}; the kernel's figures: {pause_stats(report)}") from None
                 paused.append((name, nvml.process_memory(uuid).get(pid, 0)))
+        context = int(kernel.run(CONTEXT))
     finally:
         kernel.shutdown()
     return outputs, paused, context

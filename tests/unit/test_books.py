@@ -1,0 +1,29 @@
+"""The arbiter's books: what a kernel needs freed before it runs."""
+
+from jupyter_vgpu.node import books
+from jupyter_vgpu.slice import Slice
+
+GiB = 1 << 30
+
+
+def kernel(pid: int, budget: int, total: int = 80 * GiB, **fields) -> books.Kernel:
+    s = Slice("GPU-0", 0, "test card", total, budget, 100)
+    return books.Kernel(pid, books.Server(pid, f"user{pid}", "", s), **fields)
+
+
+def test_a_budget_the_card_cannot_give_is_capped_at_what_it_could():
+    # 80 GiB card, 0.5 GiB held by the driver and a process not ours: 79.5 GiB free
+    whole_card = kernel(1, budget=80 * GiB)
+    assert books.ceiling(whole_card, 79 * GiB + GiB // 2, []) == 79 * GiB + GiB // 2
+    assert books.shortfall(whole_card, 79 * GiB + GiB // 2, []) == 0
+    # the same kernel beside an idle one holding 20 GiB: that one must go first
+    idle = kernel(2, budget=40 * GiB, resident=20 * GiB)
+    assert books.shortfall(whole_card, 59 * GiB + GiB // 2, [idle]) == 20 * GiB
+
+
+def test_a_running_kernel_keeps_the_growth_it_was_granted():
+    running = kernel(2, budget=40 * GiB, resident=10 * GiB, state=books.ACTIVE, granted=40 * GiB)
+    asking = kernel(1, budget=30 * GiB)
+    # 70 GiB free: 30 promised to the running kernel, 30 wanted, 10 to spare
+    assert books.shortfall(asking, 70 * GiB, [running]) == 0
+    assert books.shortfall(asking, 50 * GiB, [running]) == 10 * GiB
