@@ -156,7 +156,7 @@ def run_all(tmp_path, mode: str) -> tuple[dict, list, int]:
                 except AssertionError as e:
                     raise AssertionError(f"{e}; the kernel's figures: {pause_stats(report)}") from None
                 paused.append((name, nvml.process_memory(uuid).get(pid, 0)))
-        context = int(kernel.run(CONTEXT))
+        context = int(kernel.run(CONTEXT).split()[-1])  # after any warning gc printed
     finally:
         kernel.shutdown()
     return outputs, paused, context
