@@ -20,28 +20,14 @@ import json
 import logging
 import os
 import signal
-from pathlib import Path
 
-from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import Enum, Float, Int, Unicode, default
 from traitlets.config import Application
 
 from jupyter_vgpu.slice import Slice, SliceError
 
 from .arbiter import Arbiter
-
-#: Environment variable naming the arbiter's socket to servers and kernels.
-SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
-
-
-def default_socket() -> str:
-    """``$JUPYTER_VGPU_ARBITER``, else ``/run/jupyter-vgpu/arbiter.sock`` for root, else a
-    path in the user's Jupyter runtime directory."""
-    if os.environ.get(SOCKET_ENV):
-        return os.environ[SOCKET_ENV]
-    if os.getuid() == 0:
-        return "/run/jupyter-vgpu/arbiter.sock"
-    return str(Path(jupyter_runtime_dir()) / "jupyter-vgpu" / "arbiter.sock")
+from .socket_path import default_socket
 
 
 class HubLink:
