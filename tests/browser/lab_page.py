@@ -124,7 +124,15 @@ def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
     prompt = page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first
     editor.wait_for(timeout=timeout_ms)
     wait_for_kernel(page, timeout_ms)
-    editor.click()
+    try:
+        editor.click()
+    except PlaywrightTimeoutError:
+        dialog = page.locator(".jp-Dialog")
+        if not dialog.count():
+            raise
+        screenshot(page, "dialog-before-run-cell")  # JupyterLab asks something: say what
+        text = dialog.first.inner_text()
+        raise AssertionError(f"a JupyterLab dialog covers the notebook: {text!r}") from None
     page.keyboard.type(code)
     expect(editor).to_have_text(code)
     sent = re.compile(r"\[(\*|\d+)\]:")
