@@ -58,6 +58,24 @@ def setup(c) -> None:
     metrics.register(_snapshot)
 
 
+def setup_kubernetes(c) -> None:
+    """:func:`setup`, for a Hub on Kubernetes: the ``vgpu-kube`` spawner (KubeSpawner with
+    slices), GPUs from the node arbiters' reports instead of NVML on the Hub's host, and
+    the scope ``custom:vgpu-nodes:write`` the arbiters' token needs to report.
+
+    Args:
+        c: the config object (Zero to JupyterHub: ``hub.extraConfig``).
+    """
+    from .api import NODES_SCOPE
+
+    setup(c)
+    c.JupyterHub.spawner_class = "vgpu-kube"
+    c.GPUInventory.source = "nodes"
+    scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
+    scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
+    c.JupyterHub.custom_scopes = scopes
+
+
 def _snapshot():
     """The running Hub's slices and GPUs for the metrics collector (None before it runs)."""
     from jupyterhub.app import JupyterHub

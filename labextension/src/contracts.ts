@@ -74,6 +74,26 @@ export interface IKernelReport {
 }
 
 /**
+ * What a node arbiter on Kubernetes POSTs to /hub/api/vgpu/nodes/{node} about every 10 seconds:
+ * its node's GPUs as NVML lists them, and which pods' processes use which GPU. Sizes in bytes.
+ */
+export interface INodeReport {
+  /** Version of this document's layout. */
+  version: 1;
+  /** The Kubernetes node's name (the arbiter pod's spec.nodeName). */
+  node: string;
+  /** Every GPU not in MIG mode, and every MIG instance of the GPUs in MIG mode. */
+  gpus: INodeGPU[];
+  /**
+   * Pods whose processes the arbiter saw on a GPU (NVML's processes, mapped to pods through their
+   * cgroup) or connected to its socket.
+   */
+  pods: INodePod[];
+  /** What the arbiter could not do (NVML failed, …), for the Hub's admin page. */
+  problems: string[];
+}
+
+/**
  * How the GPU is shared: time-slicing (memory budget watched, compute share not enforced), mps
  * (NVIDIA MPS enforces the compute share and a pinned memory limit), mig (a whole MIG instance).
  */
@@ -204,6 +224,7 @@ export interface IUsageReport {
 /** The layout version of each contract; documents carry theirs in `version`. */
 export const CONTRACT_VERSIONS = {
   'kernel-report': 2,
+  'node-report': 1,
   'slice': 2,
   'usage': 1,
   'usage-report': 1
