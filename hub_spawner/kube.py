@@ -21,11 +21,13 @@ instance's does on one host); the next spawn applies the new sizes.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 from typing import Any
 
 from jupyterhub.traitlets import ByteSpecification
 from kubernetes_asyncio.client import CoreV1ResourceClaim, V1PodResourceClaim, V1Volume, V1VolumeMount
+from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Enum, Integer, Unicode, default, validate
 
@@ -336,11 +338,27 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
     async def _start(self):
         try:
             url = await super()._start()
-            self.vgpu_locate(self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}"))
+            pod = self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}")
+            await self._vgpu_read_node(((pod or {}).get("spec") or {}).get("nodeName"))
+            self.vgpu_locate(pod)
             return url
         except BaseException:
             self.vgpu_release()
             raise
+
+    async def _vgpu_read_node(self, name: str | None) -> None:
+        """Remember what the pod's node advertises, while its arbiter has not reported
+        (needs ``get`` on nodes: ``deploy/kubernetes/hub-rbac.yaml``)."""
+        if not name or self.vgpu_hub.nodes.report(name) is not None:
+            return
+        try:
+            node = await asyncio.wait_for(self.api.read_node(name), self.k8s_api_request_timeout)
+        except (ApiException, TimeoutError) as e:
+            self.log.warning(
+                "vGPU: cannot read node %s (%s); its GPUs stay unknown until its arbiter reports", name, e
+            )
+            return
+        self.vgpu_hub.nodes.record_node(self.api.api_client.sanitize_for_serialization(node))
 
     def vgpu_locate(self, pod: dict | None) -> Slice | None:
         """Record where the running pod landed and, where known, which GPU it got.
