@@ -29,7 +29,7 @@ from jupyterhub.traitlets import ByteSpecification
 from kubernetes_asyncio.client import CoreV1ResourceClaim, V1PodResourceClaim, V1Volume, V1VolumeMount
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from traitlets import Dict, Enum, Integer, Unicode, default, validate
+from traitlets import Dict, Enum, Integer, List, Unicode, default, validate
 
 from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, Slice, SliceError
 
@@ -39,8 +39,8 @@ from .spawner import STATE_KEY, VGPUSpawnerMixin
 
 #: The slice's ``gpu_uuid`` until the Hub knows which GPU the pod got.
 PENDING = "pending"
-#: The spawner state's key for where the pod runs.
-WHERE_KEY = "vgpu_where"
+#: The spawner state's keys for where the pod runs and the shared claim it names.
+WHERE_KEY, CLAIM_KEY = "vgpu_where", "vgpu_claim"
 #: The arbiter's socket inside the notebook container (same path as on the node).
 SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
 #: Label on the pod naming its sharing mode (for the arbiter and for people).
@@ -104,7 +104,18 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         key_trait=Unicode(),
         value_trait=Unicode(),
         help="""Mode 'dra': the ResourceClaimTemplate (in the pod's namespace) for each
-        sharing strategy; deploy/kubernetes/dra-claim-templates.yaml defines these two.""",
+        sharing strategy (a claim, and a GPU, of each pod's own); deploy/kubernetes/dra-claims.yaml
+        defines these two.""",
+    ).tag(config=True)
+
+    vgpu_dra_shared_claims = Dict(
+        key_trait=Unicode(),
+        value_trait=List(Unicode()),
+        help="""Mode 'dra': shared ResourceClaims (in the pods' namespace) per sharing
+        strategy, e.g. {"mps": ["vgpu-mps-0", "vgpu-mps-1"]}: pods of several users name
+        the same claim and so share its GPU. A new pod takes the claim fewest running
+        slices name (the first on a tie). A strategy without shared claims gives each
+        pod a claim of its own from vgpu_dra_claim_templates (a GPU of its own).""",
     ).tag(config=True)
 
     vgpu_hami_resources = Dict(
@@ -127,7 +138,9 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         "/run/jupyter-vgpu/arbiter.sock",
         help="""The node arbiter's socket on every GPU node (the DaemonSet's hostPath);
         its folder is mounted read-only at the same path in the notebook container and
-        named to kernels in JUPYTER_VGPU_ARBITER. '' mounts nothing.""",
+        named to kernels in JUPYTER_VGPU_ARBITER (kernels connect through a read-only
+        mount; on a node without the arbiter the folder is made empty and kernels run
+        without it). '' mounts nothing.""",
     ).tag(config=True)
 
     @validate("vgpu_compute_share")
@@ -144,6 +157,10 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
 
     #: Where the running pod is: ``{"node", "namespace", "pod", "uid"}`` (empty before it runs).
     vgpu_where: dict[str, str] = {}
+    #: The shared ResourceClaim the running slice names (mode 'dra'), or None.
+    vgpu_claim: str | None = None
+    #: Running slices per shared ResourceClaim, across the Hub's spawners (by vgpu_key).
+    _claims: dict[str, set[str]] = {}
 
     # -- the spawn form ---------------------------------------------------------------
 
@@ -255,8 +272,22 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             high_watermark=hub.high_watermark,
         )
         self.vgpu_where = {}
+        self._vgpu_take_claim(ask)
         self.log.info("vGPU slice for %s (mode %s): %s", self._log_name, ask["mode"], self.vgpu_describe())
         return self.vgpu_slice
+
+    def _vgpu_take_claim(self, ask: dict[str, Any]) -> None:
+        self._vgpu_drop_claim()
+        shared = self.vgpu_dra_shared_claims.get(ask["dra_sharing"]) if ask["mode"] == "dra" else None
+        if shared:
+            claims = VGPUKubeSpawner._claims
+            self.vgpu_claim = min(shared, key=lambda name: len(claims.get(name, ())))
+            claims.setdefault(self.vgpu_claim, set()).add(self.vgpu_key)
+
+    def _vgpu_drop_claim(self) -> None:
+        if self.vgpu_claim is not None:
+            VGPUKubeSpawner._claims.get(self.vgpu_claim, set()).discard(self.vgpu_key)
+            self.vgpu_claim = None
 
     def vgpu_device_name(self, ask: dict[str, Any]) -> str:
         """The slice's ``gpu_name`` before the pod lands (a MIG name carries its profile)."""
@@ -277,6 +308,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             compute_share=s.compute_share,
             mig_profile=ask["mig_profile"],
             dra_template=template,
+            dra_claim=self.vgpu_claim,
             dra_sharing=ask["dra_sharing"],
             hami_resources=self.vgpu_hami_resources,
         )
@@ -297,7 +329,9 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
                 *(pod.spec.resource_claims or []),
                 *(
                     V1PodResourceClaim(
-                        name=c["name"], resource_claim_template_name=c["resourceClaimTemplateName"]
+                        name=c["name"],
+                        resource_claim_name=c.get("resourceClaimName"),
+                        resource_claim_template_name=c.get("resourceClaimTemplateName"),
                     )
                     for c in request.pod_claims
                 ),
@@ -310,7 +344,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             folder = posixpath.dirname(self.vgpu_arbiter_socket)
             pod.spec.volumes = [
                 *(pod.spec.volumes or []),
-                V1Volume(name="vgpu-arbiter", host_path={"path": folder, "type": "Directory"}),
+                V1Volume(name="vgpu-arbiter", host_path={"path": folder, "type": "DirectoryOrCreate"}),
             ]
             container.volume_mounts = [
                 *(container.volume_mounts or []),
@@ -432,7 +466,8 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
 
     def vgpu_listing(self) -> dict[str, Any]:
         """Where the slice runs, for ``GET /hub/api/vgpu/slices``: ``node``, ``namespace``,
-        ``pod`` and ``pod_uid`` (the node arbiter registers the pod by its uid)."""
+        ``pod`` and ``pod_uid`` (the node arbiter registers the pod by its uid), and
+        ``resource_claim`` (the shared ResourceClaim it names, or None)."""
         where = self.vgpu_where
         if not where:
             return {}
@@ -441,6 +476,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             "namespace": where["namespace"],
             "pod": where["pod"],
             "pod_uid": where["uid"],
+            "resource_claim": self.vgpu_claim,
         }
 
     # -- quota changes and the Hub's books --------------------------------------------
@@ -457,6 +493,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
 
     def vgpu_release(self) -> None:
         self.vgpu_hub.usage.forget(self.vgpu_key)
+        self._vgpu_drop_claim()
         self.vgpu_slice = None
         self.vgpu_where = {}
 
@@ -464,6 +501,8 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         state = super().get_state()
         if self.vgpu_slice is not None and self.vgpu_where:
             state[WHERE_KEY] = dict(self.vgpu_where)
+        if self.vgpu_slice is not None and self.vgpu_claim:
+            state[CLAIM_KEY] = self.vgpu_claim
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -479,3 +518,6 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             self.vgpu_slice = None
             return
         self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+        if state.get(CLAIM_KEY):
+            self.vgpu_claim = state[CLAIM_KEY]
+            VGPUKubeSpawner._claims.setdefault(self.vgpu_claim, set()).add(self.vgpu_key)

@@ -20,12 +20,15 @@ the device plugin or DRA driver that shares the GPUs:
     The resource names are HAMi's defaults and configurable there, so they are
     arguments here.
 ``dra``
-    no extended resource: the pod names a ResourceClaim made from a
-    ResourceClaimTemplate (``spec.resourceClaims`` and the container's
-    ``resources.claims``, Kubernetes "Dynamic Resource Allocation"). The template
-    carries the sharing strategy for NVIDIA's DRA driver (``GpuConfig`` with
-    ``sharing.strategy`` ``TimeSlicing`` or ``MPS``;
-    ``deploy/kubernetes/dra-claim-templates.yaml`` has one of each).
+    no extended resource: the pod names a ResourceClaim (``spec.resourceClaims`` and
+    the container's ``resources.claims``, Kubernetes "Dynamic Resource Allocation"):
+    either its own, made from a ResourceClaimTemplate, or a *shared* ResourceClaim
+    that other notebook pods name too. The claim's configuration carries the sharing
+    strategy for NVIDIA's DRA driver (``GpuConfig`` with ``sharing.strategy``
+    ``TimeSlicing`` or ``MPS``; ``deploy/kubernetes/dra-claims.yaml``). A
+    device allocated to one claim is not allocated to another, so a claim from a
+    template gives its pod a GPU of its own (the strategy then shares it among that
+    pod's processes); pods of several users share a GPU by naming one shared claim.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ def gpu_request(
     compute_share: int,
     mig_profile: str | None = None,
     dra_template: str | None = None,
+    dra_claim: str | None = None,
     dra_sharing: str = "time-slicing",
     hami_resources: Mapping[str, str] = HAMI_RESOURCES,
 ) -> GPURequest:
@@ -120,7 +124,8 @@ def gpu_request(
             at least 1 MiB).
         compute_share: percent, 1-100 (``hami``: ``gpucores``).
         mig_profile: the MIG profile (``mig`` only).
-        dra_template: the ResourceClaimTemplate's name (``dra`` only).
+        dra_template: the ResourceClaimTemplate's name (``dra``, a claim of the pod's own).
+        dra_claim: a shared ResourceClaim's name (``dra``; preferred over the template).
         dra_sharing: ``"time-slicing"`` or ``"mps"``, the strategy ``dra_template``
             configures (``dra`` only).
         hami_resources: HAMi's resource names, keys ``gpu``, ``memory``, ``cores``.
@@ -143,16 +148,15 @@ def gpu_request(
         }
         return GPURequest(limits, [], [], "time-slicing")
     if mode == "dra":
-        if not dra_template:
-            raise ValueError(f"mode 'dra' needs a ResourceClaimTemplate for sharing {dra_sharing!r}")
         if dra_sharing not in DRA_STRATEGIES:
             raise ValueError(f"DRA sharing must be one of {', '.join(DRA_STRATEGIES)}; got {dra_sharing!r}")
-        return GPURequest(
-            {},
-            [{"name": CLAIM_NAME, "resourceClaimTemplateName": dra_template}],
-            [{"name": CLAIM_NAME}],
-            dra_sharing,
-        )
+        if dra_claim:
+            source = {"resourceClaimName": dra_claim}
+        elif dra_template:
+            source = {"resourceClaimTemplateName": dra_template}
+        else:
+            raise ValueError(f"mode 'dra' needs a ResourceClaim or ResourceClaimTemplate for {dra_sharing!r}")
+        return GPURequest({}, [{"name": CLAIM_NAME, **source}], [{"name": CLAIM_NAME}], dra_sharing)
     raise ValueError(f"vGPU mode must be one of {', '.join(MODES)}; got {mode!r}")
 
 

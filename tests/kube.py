@@ -48,6 +48,7 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
+    ("resource.k8s.io/v1", "ResourceClaim"): "ResourceV1ResourceClaim",
 }
 
 

@@ -76,7 +76,8 @@ def hub(tmp_path, monkeypatch):
     a config for the Kubernetes spawner; no cluster."""
     use_kubeconfig(monkeypatch, tmp_path)
     VGPUHub.clear_instance()
-    db = new_hub_db(tmp_path / "hub.sqlite")
+    monkeypatch.setattr(VGPUKubeSpawner, "_claims", {})
+    db = new_hub_db(tmp_path / "hub.sqlite", users=("ada", "bob", "cy"))
     QuotaStore(db).put("user", "ada", Quota(16 * GiB, 50, 8 * GiB, 60))
     config = Config()
     config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2025-01-06"
@@ -169,9 +170,10 @@ async def test_every_mode_puts_its_gpu_request_and_the_slice_in_the_pod(hub, set
     if isolation == "mps":
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={16 * 1024}M"
-    assert {"name": "vgpu-arbiter", "hostPath": {"path": "/run/jupyter-vgpu", "type": "Directory"}} in pod[
-        "spec"
-    ]["volumes"]
+    assert {
+        "name": "vgpu-arbiter",
+        "hostPath": {"path": "/run/jupyter-vgpu", "type": "DirectoryOrCreate"},
+    } in pod["spec"]["volumes"]
     assert {"name": "vgpu-arbiter", "mountPath": "/run/jupyter-vgpu", "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -324,6 +326,7 @@ async def test_where_the_pod_landed_hami_annotation_then_the_arbiters_report(hub
         "namespace": "jhub",
         "pod": "jupyter-ada",
         "pod_uid": "0b7e5c1e-1f4c-4c55-9d2e-2f6f3a0f1a11",
+        "resource_claim": None,
     }
     board = NodeBoard()
     board.record("gpu-node-1", parse_report("gpu-node-1", node_report("gpu-node-1", "GPU-zzzz", "GPU-aaaa")))
@@ -353,6 +356,42 @@ async def test_a_dra_pod_takes_the_gpu_its_processes_use(hub):
     assert spawner.vgpu_relocate(board)
     s = spawner.vgpu_slice
     assert (s.gpu_uuid, s.gpu_index, s.gpu_memory, s.memory_limit) == ("GPU-zzzz", 0, 80 * GiB, 16 * GiB)
+
+
+@pytest.mark.asyncio
+async def test_shared_dra_claims_let_users_share_a_gpu_and_fill_evenly(hub):
+    db, config = hub
+    config.VGPUKubeSpawner.vgpu_mode = "dra"
+    config.VGPUKubeSpawner.vgpu_dra_sharing = "mps"
+    config.VGPUKubeSpawner.vgpu_dra_shared_claims = {"mps": ["vgpu-mps-0", "vgpu-mps-1"]}
+    claims = {}
+    spawners = {}
+    for name in ("ada", "bob", "cy"):
+        spawner = spawners[name] = spawner_of(db, name, VGPUKubeSpawner, config)
+        spawner.user_options = {}
+        await spawner.load_user_options()
+        async with ApiClient() as client:
+            pod = client.sanitize_for_serialization(await spawner.get_pod_manifest())
+        assert await round_trip_async(pod, "V1Pod") == pod
+        (claim,) = pod["spec"]["resourceClaims"]
+        claims[name] = claim
+        assert notebook(pod)["resources"]["claims"] == [{"name": "vgpu"}]
+        assert slice_of(pod).isolation == "mps"
+    assert claims["ada"] == {"name": "vgpu", "resourceClaimName": "vgpu-mps-0"}
+    assert claims["bob"] == {"name": "vgpu", "resourceClaimName": "vgpu-mps-1"}
+    assert claims["cy"] == {"name": "vgpu", "resourceClaimName": "vgpu-mps-0"}
+    spawners["bob"].vgpu_release()  # bob stops: vgpu-mps-1 has room again
+    spawners["ada"].user_options = {}
+    await spawners["ada"].load_user_options()  # ada respawns
+    assert spawners["ada"].vgpu_claim == "vgpu-mps-1"
+    # the claim survives a Hub restart in the spawner's state
+    spawners["ada"].vgpu_where = {"node": "n", "namespace": "jhub", "pod": "p", "uid": "u"}
+    state = spawners["ada"].get_state()
+    VGPUKubeSpawner._claims.clear()
+    again = spawner_of(db, "bob", VGPUKubeSpawner, config)
+    again.load_state(state)
+    assert again.vgpu_claim == "vgpu-mps-1"
+    assert VGPUKubeSpawner._claims == {"vgpu-mps-1": {"bob/"}}
 
 
 @pytest.mark.asyncio
