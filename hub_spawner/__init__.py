@@ -31,7 +31,8 @@ class _ExtraHandlersNote(logging.Filter):
 
 
 def setup(c) -> None:
-    """Configure a Hub for vGPU slices: the ``vgpu`` spawner and the ``/hub/api/vgpu`` API.
+    """Configure a Hub for vGPU slices: the ``vgpu`` spawner, the ``/hub/api/vgpu`` API
+    and the custom scope ``custom:vgpu-nodes:write`` (node arbiters' reports).
 
     Args:
         c: the config object of ``jupyterhub_config.py`` (``get_config()``).
@@ -42,7 +43,7 @@ def setup(c) -> None:
     from pathlib import Path
 
     from . import metrics
-    from .api import handlers
+    from .api import NODES_SCOPE, handlers
     from .page import VGPUPageHandler
 
     c.JupyterHub.spawner_class = "vgpu"
@@ -56,24 +57,23 @@ def setup(c) -> None:
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [templates, *[p for p in paths if p != templates]]
     metrics.register(_snapshot)
+    scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
+    scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
+    c.JupyterHub.custom_scopes = scopes
 
 
 def setup_kubernetes(c) -> None:
     """:func:`setup`, for a Hub on Kubernetes: the ``vgpu-kube`` spawner (KubeSpawner with
-    slices), GPUs from the node arbiters' reports instead of NVML on the Hub's host, and
-    the scope ``custom:vgpu-nodes:write`` the arbiters' token needs to report.
+    slices) and GPUs from the node arbiters' reports instead of NVML on the Hub's host.
+    The arbiters' token needs ``read:users`` and ``custom:vgpu-nodes:write`` (which
+    :func:`setup` registers).
 
     Args:
         c: the config object (Zero to JupyterHub: ``hub.extraConfig``).
     """
-    from .api import NODES_SCOPE
-
     setup(c)
     c.JupyterHub.spawner_class = "vgpu-kube"
     c.GPUInventory.source = "nodes"
-    scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
-    scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
-    c.JupyterHub.custom_scopes = scopes
 
 
 def _snapshot():

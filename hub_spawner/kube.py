@@ -29,7 +29,7 @@ from jupyterhub.traitlets import ByteSpecification
 from kubernetes_asyncio.client import CoreV1ResourceClaim, V1PodResourceClaim, V1Volume, V1VolumeMount
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from traitlets import Dict, Enum, Integer, List, Unicode, default, validate
+from traitlets import Dict, Enum, Integer, List, TraitError, Unicode, default, validate
 
 from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, Slice, SliceError
 
@@ -182,11 +182,14 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         effective = self.vgpu_resolve()
         lines = {}
         for profile in profiles:
-            ask = self.vgpu_ask(kube_profiles.chosen_overrides(self, {"profile": profile["slug"]}))
             try:
+                ask = self.vgpu_ask(kube_profiles.chosen_overrides(self, {"profile": profile["slug"]}))
                 sized = kube_profiles.size(ask, effective, what="It")
             except kube_profiles.QuotaExceeded as e:
                 lines[profile["slug"]] = f"Above your vGPU quota: {e}"
+            except (ValueError, TraitError) as e:
+                self.log.error("vGPU: profile %r is misconfigured: %s", profile["slug"], e)
+                lines[profile["slug"]] = f"Misconfigured, ask an admin: {e}"
             else:
                 lines[profile["slug"]] = kube_profiles.describe(ask, sized, self.vgpu_isolation(ask))
         return self._render_options_form(kube_profiles.annotate(profiles, lines))
@@ -225,7 +228,9 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             if ask[name] is not None:
                 ask[name] = int(ask[name])
         if ask["mode"] == "mig":
-            kube_modes.mig_resource(ask["mig_profile"])  # ValueError on a missing or bad profile
+            if not ask["mig_profile"]:
+                raise ValueError("vGPU mode 'mig' needs a MIG profile (vgpu_mig_profile, e.g. '1g.10gb')")
+            kube_modes.mig_resource(ask["mig_profile"])  # ValueError on a malformed profile
         return ask
 
     def vgpu_isolation(self, ask: dict[str, Any]) -> str:

@@ -277,6 +277,22 @@ async def test_a_choice_above_the_quota_is_refused_on_the_form_and_at_start(hub,
 
 
 @pytest.mark.asyncio
+async def test_a_misconfigured_profile_is_named_on_the_form_and_refused(hub):
+    db, config = hub
+    config.VGPUKubeSpawner.profile_list = [
+        *PROFILES,
+        {"display_name": "Broken", "slug": "broken", "kubespawner_override": {"vgpu_mode": "mig"}},
+        {"display_name": "Typo", "slug": "typo", "kubespawner_override": {"vgpu_memory_limit": "lots"}},
+    ]
+    spawner = spawner_of(db, "ada", VGPUKubeSpawner, config)
+    form = await spawner.get_options_form()
+    assert "Misconfigured, ask an admin: vGPU mode &#x27;mig&#x27; needs a MIG profile" in form
+    assert "Misconfigured, ask an admin:" in form.split("Typo")[1]
+    with pytest.raises(ValueError, match="needs a MIG profile"):
+        spawner.run_options_from_form({"profile": ["broken"]})
+
+
+@pytest.mark.asyncio
 async def test_a_choice_within_the_quota_passes_the_form(hub):
     db, config = hub
     config.VGPUKubeSpawner.profile_list = PROFILES
