@@ -3,7 +3,7 @@
 In ``jupyterhub_config.py``::
 
     import hub_spawner
-    hub_spawner.setup(c)  # spawner "vgpu", the /hub/api/vgpu API, the /hub/vgpu page, metrics
+    hub_spawner.setup(c)  # spawner "vgpu", the API, the /hub/vgpu page, metrics, the node arbiter
     c.VGPUHub.overcommit_ratio = 1.5
     c.VGPUHub.default_memory_limit = "8G"
 
@@ -30,12 +30,25 @@ class _ExtraHandlersNote(logging.Filter):
         return True
 
 
-def setup(c) -> None:
-    """Configure a Hub for vGPU slices: the ``vgpu`` spawner, the ``/hub/api/vgpu`` API
-    and the custom scope ``custom:vgpu-nodes:write`` (node arbiters' reports).
+#: Name of the node arbiter's managed service (and of its role).
+ARBITER_SERVICE = "vgpu-arbiter"
+
+
+def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None:
+    """Configure a Hub for vGPU slices: the ``vgpu`` spawner, the ``/hub/api/vgpu`` API,
+    the ``/hub/vgpu`` page, the metrics, the node arbiter of this host, and the custom
+    scope ``custom:vgpu-nodes:write`` (Kubernetes node arbiters' reports).
 
     Args:
         c: the config object of ``jupyterhub_config.py`` (``get_config()``).
+        arbiter: run the node arbiter (``python -m jupyter_vgpu.node``) as the managed
+            service ``vgpu-arbiter``: the Hub starts and restarts it, and its token may
+            read users (the running slices, ``GET /hub/api/vgpu/slices``), nothing more.
+            False: no arbiter (on Kubernetes it runs as a DaemonSet instead).
+        arbiter_socket: its Unix socket; default: ``c.VGPUHub.arbiter_socket`` when set
+            before this call, else ``/run/jupyter-vgpu/arbiter.sock`` for a root Hub and
+            the Hub user's Jupyter runtime directory otherwise. Servers and kernels get
+            it in ``JUPYTER_VGPU_ARBITER``.
 
     To keep another spawner, set ``c.JupyterHub.spawner_class`` afterwards to a class
     that puts :class:`hub_spawner.spawner.VGPUSpawnerMixin` first in its bases.
@@ -60,18 +73,48 @@ def setup(c) -> None:
     scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
     scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
     c.JupyterHub.custom_scopes = scopes
+    if arbiter:
+        _run_arbiter(c, arbiter_socket)
+
+
+def _run_arbiter(c, socket: str | None) -> None:
+    """The node arbiter as a managed service with a role that reads users, on ``socket``."""
+    import sys
+
+    from jupyter_vgpu.node.socket_path import default_socket
+
+    if not socket:
+        socket = c.VGPUHub.arbiter_socket if "arbiter_socket" in c.VGPUHub else ""
+    socket = socket or default_socket()
+    c.VGPUHub.arbiter_socket = socket
+    service = {
+        "name": ARBITER_SERVICE,
+        "display": False,
+        "command": [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={socket}"],
+    }
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    c.JupyterHub.services = [s for s in services if s.get("name") != ARBITER_SERVICE] + [service]
+    role = {
+        "name": ARBITER_SERVICE,
+        "description": "The node arbiter: reads the running vGPU slices to know whose kernels it serves.",
+        "scopes": ["read:users"],
+        "services": [ARBITER_SERVICE],
+    }
+    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    c.JupyterHub.load_roles = [r for r in roles if r.get("name") != ARBITER_SERVICE] + [role]
 
 
 def setup_kubernetes(c) -> None:
     """:func:`setup`, for a Hub on Kubernetes: the ``vgpu-kube`` spawner (KubeSpawner with
     slices) and GPUs from the node arbiters' reports instead of NVML on the Hub's host.
-    The arbiters' token needs ``read:users`` and ``custom:vgpu-nodes:write`` (which
+    The arbiters run as a DaemonSet (``deploy/kubernetes/``), not as a service of the
+    Hub; their token needs ``read:users`` and ``custom:vgpu-nodes:write`` (which
     :func:`setup` registers).
 
     Args:
         c: the config object (Zero to JupyterHub: ``hub.extraConfig``).
     """
-    setup(c)
+    setup(c, arbiter=False)
     c.JupyterHub.spawner_class = "vgpu-kube"
     c.GPUInventory.source = "nodes"
 

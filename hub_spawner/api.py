@@ -112,6 +112,8 @@ class VGPUAPIHandler(APIHandler):
             **slice_summary(user.name, spawner),
             **spawner.vgpu_listing(),
             "ready": bool(spawner.ready),
+            # the server's process on its host, for the node arbiter (None when not local)
+            "pid": getattr(spawner, "pid", None) or None,
             "slice": spawner.vgpu_slice.to_dict(),
         }
 

@@ -92,12 +92,22 @@ class VGPUHub(SingletonConfigurable):
 
     idle_seconds = Float(
         300.0,
-        help="A tensor no cell has referenced for this many seconds is idle and may be offloaded.",
+        help="""A kernel that ran no code for this many seconds is idle: the node arbiter
+        may pause it in the background while its card is above the arbiter's watermark.""",
     ).tag(config=True)
 
     high_watermark = Float(
         0.9,
-        help="Kernels offload idle tensors when they hold more than this fraction (0-1] of their budget.",
+        help="""Unused: the node arbiter decides when to pause (ArbiterApp.watermark, per
+        card). Kept so that existing configs stay valid; must be in (0, 1].""",
+    ).tag(config=True)
+
+    arbiter_socket = Unicode(
+        "",
+        help="""The node arbiter's Unix socket, given to every server and kernel in
+        JUPYTER_VGPU_ARBITER. Set by hub_spawner.setup(c), which also runs the arbiter on it
+        as the managed service 'vgpu-arbiter'; empty: no arbiter (kernels keep their
+        in-kernel budget; nobody makes room on a full card).""",
     ).tag(config=True)
 
     inventory = Instance(GPUInventory, help="The GPUs slices are placed on.")

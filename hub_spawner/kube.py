@@ -363,6 +363,10 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         # The device plugin or DRA driver shows the container its GPU; a UUID in
         # CUDA_VISIBLE_DEVICES would hide it (and is not known before the pod lands).
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        # MPS here is the DRA driver's daemon, whose pipe directory its CDI spec gives the
+        # container; the node's arbiter socket is the spawner's, not the Hub host's.
+        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
+        env.pop(SOCKET_ENV, None)
         if self.vgpu_slice is not None and self.vgpu_arbiter_socket:
             env[SOCKET_ENV] = self.vgpu_arbiter_socket
         return env

@@ -19,6 +19,7 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import HasTraits, default
 
+from jupyter_vgpu.node.socket_path import SOCKET_ENV, mps_pipe_directory
 from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
 from . import options
@@ -214,6 +215,12 @@ class VGPUSpawnerMixin(HasTraits):
         env = super().get_env()
         if self.vgpu_slice is not None:
             env.update(self.vgpu_slice.environment())
+            socket = self.vgpu_hub.arbiter_socket
+            if socket:
+                env[SOCKET_ENV] = socket
+                if self.vgpu_slice.isolation == "mps":
+                    # the arbiter's MPS daemon for this GPU (jupyter_vgpu.node.mps)
+                    env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_directory(socket, self.vgpu_slice.gpu_uuid)
         return env
 
     async def progress(self):

@@ -105,10 +105,12 @@ class Slice:
         overcommit_ratio: Sum of budgets the Hub allows per GPU, as a multiple of
             ``gpu_memory`` (``>= 1.0``; exactly 1.0 for MIG instances).
         simulated: True when the GPU is simulated (no NVML device behind it).
-        idle_seconds: A tensor no cell has referenced for this many seconds is idle
-            and may be offloaded, seconds (``> 0``).
-        high_watermark: Fraction of the budget (0-1] above which the kernel offloads
-            idle tensors.
+        idle_seconds: A kernel that ran no code for this many seconds is idle: the node
+            arbiter may pause it in the background while its card is above the
+            arbiter's watermark, seconds (``> 0``).
+        high_watermark: Fraction (0-1] of the budget; unused since the node arbiter
+            decides when to pause (``ArbiterApp.watermark``, per card). Kept so that
+            saved slices and existing configs stay valid.
         memory_request: Guaranteed bytes, ``0 < memory_request <= memory_limit``;
             None (the default) means the whole limit. Requests placed on one GPU sum
             to at most its memory.

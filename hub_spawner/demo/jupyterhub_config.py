@@ -13,10 +13,11 @@
 #   JUPYTER_VGPU_DEMO_PORT      public port on 127.0.0.1 (default: 8000)
 #   JUPYTER_VGPU_DEMO_SIMULATE  "1": simulate GPUs; "0": real GPUs only; unset: simulate
 #                               when no NVIDIA driver answers (said in the log)
+#   JUPYTER_VGPU_DEMO_GPU_MEMORY memory of each simulated GPU, e.g. "1G" (default: 80G)
 #   JUPYTER_VGPU_DEMO_MIG       simulated GPU 1 in MIG mode with these instances,
 #                               e.g. "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
 #   JUPYTER_VGPU_DEMO_ISOLATION isolation backend of shared GPUs: time-slicing (default) or mps
-#   JUPYTER_VGPU_DEMO_ARBITER_TOKEN  a service token for node arbiters (read:users, custom:vgpu-nodes:write)
+#   JUPYTER_VGPU_DEMO_NODE_TOKEN  a token for Kubernetes node arbiters' reports (service vgpu-node)
 import logging
 import os
 import sys
@@ -40,7 +41,10 @@ for private in ("jupyterhub.sqlite", "jupyterhub_cookie_secret"):
         (state / private).chmod(0o600)
 port = int(os.environ.get("JUPYTER_VGPU_DEMO_PORT", "8000"))
 
-hub_spawner.setup(c)
+# The node arbiter (a managed service) listens in the state directory, so that demo Hubs
+# side by side (the tests) each have their own; a socket path has at most 107 bytes.
+arbiter_socket = state / "arbiter" / "arbiter.sock"
+hub_spawner.setup(c, arbiter_socket=str(arbiter_socket) if len(str(arbiter_socket)) < 100 else None)
 
 c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"
 c.JupyterHub.hub_ip = "127.0.0.1"
@@ -91,19 +95,18 @@ if simulate is None:
     if simulate == "1":
         log.info("jupyter-vgpu demo: no NVIDIA driver answers; simulating two 80 GiB GPUs")
 c.GPUInventory.simulate = simulate == "1"
+if os.environ.get("JUPYTER_VGPU_DEMO_GPU_MEMORY"):
+    c.GPUInventory.simulated_memory = os.environ["JUPYTER_VGPU_DEMO_GPU_MEMORY"]
 mig = os.environ.get("JUPYTER_VGPU_DEMO_MIG")
 if mig:
     c.GPUInventory.simulated_mig_profiles = {"1": [p.strip() for p in mig.split(",") if p.strip()]}
 c.VGPUHub.isolation = os.environ.get("JUPYTER_VGPU_DEMO_ISOLATION", "time-slicing")
-arbiter_token = os.environ.get("JUPYTER_VGPU_DEMO_ARBITER_TOKEN")
-if arbiter_token:  # a node arbiter's token, as Zero to JupyterHub's values give one
-    c.JupyterHub.services = [{"name": "vgpu-arbiter", "api_token": arbiter_token}]
+node_token = os.environ.get("JUPYTER_VGPU_DEMO_NODE_TOKEN")
+if node_token:  # a Kubernetes node arbiter's token, as Zero to JupyterHub's values give one
+    c.JupyterHub.services = [*c.JupyterHub.services, {"name": "vgpu-node", "api_token": node_token}]
     c.JupyterHub.load_roles = [
-        {
-            "name": "vgpu-arbiter",
-            "scopes": ["read:users", "custom:vgpu-nodes:write"],
-            "services": ["vgpu-arbiter"],
-        }
+        *c.JupyterHub.load_roles,
+        {"name": "vgpu-node", "scopes": ["read:users", "custom:vgpu-nodes:write"], "services": ["vgpu-node"]},
     ]
 c.VGPUHub.default_memory_limit = "8G"
 c.VGPUHub.default_compute_share = 50

@@ -26,8 +26,6 @@ from collections.abc import Callable
 
 log = logging.getLogger("jupyter_vgpu")
 
-#: Environment variable naming the arbiter's socket.
-SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
 _STATES = {"busy": "active", "idle": "idle", "pausing": "idle", "paused": "paused"}
 _STATES.update(suspending="paused", suspended="suspended")
 

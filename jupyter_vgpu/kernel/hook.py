@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_vgpu import channel
+from jupyter_vgpu.node.socket_path import SOCKET_ENV
 from jupyter_vgpu.slice import Slice, SliceError
 
 from . import dispatch
-from .arbiter_client import SOCKET_ENV, ArbiterClient
+from .arbiter_client import ArbiterClient
 from .budget import TorchBudget, TorchImportHook
 from .config import VGPUKernel
 from .pausing import PauseControl

@@ -5,6 +5,7 @@ from __future__ import annotations
 from jupyter_vgpu.units import format_bytes
 
 from .hook import KernelHook
+from .usage import tensor_bytes
 
 
 def _rows(hook: KernelHook) -> list[tuple[str, str]]:
@@ -40,10 +41,9 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
     nvml = hook.nvml_memory()
     if nvml is not None:
         rows.append(("used (NVML)", f"{format_bytes(nvml)} for this process"))
-    if hook.simulated:
-        rows.append(
-            ("used (tensors)", f"{format_bytes(hook.simulated_used)} held by tensors in the namespace")
-        )
+    if hook.simulated:  # counted now: the figure kept for reports is from the last cell's end
+        held = tensor_bytes(hook.shell.user_ns)
+        rows.append(("used (tensors)", f"{format_bytes(held)} held by tensors in the namespace"))
     rows += _pause_rows(hook.pausing.stats())
     if hook.pausing.last_notice:
         rows.append(("node arbiter", hook.pausing.last_notice))

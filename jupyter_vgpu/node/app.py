@@ -25,32 +25,19 @@ import json
 import logging
 import os
 import signal
-from pathlib import Path
 
-from jupyter_core.paths import jupyter_runtime_dir
-from traitlets import Enum, Float, Int, Unicode, default
+from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Application
 
 from jupyter_vgpu.slice import Slice, SliceError
 
 from .arbiter import Arbiter
+from .socket_path import default_socket
 
-#: Environment variable naming the arbiter's socket to servers and kernels.
-SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
 #: Environment variable naming the Kubernetes node (the DaemonSet sets it from spec.nodeName).
 NODE_ENV = "JUPYTER_VGPU_NODE"
 #: The ``gpu_uuid`` of a slice whose GPU the Hub does not know yet (``hub_spawner.kube``).
 PENDING = "pending"
-
-
-def default_socket() -> str:
-    """``$JUPYTER_VGPU_ARBITER``, else ``/run/jupyter-vgpu/arbiter.sock`` for root, else a
-    path in the user's Jupyter runtime directory."""
-    if os.environ.get(SOCKET_ENV):
-        return os.environ[SOCKET_ENV]
-    if os.getuid() == 0:
-        return "/run/jupyter-vgpu/arbiter.sock"
-    return str(Path(jupyter_runtime_dir()) / "jupyter-vgpu" / "arbiter.sock")
 
 
 class HubLink:
@@ -163,6 +150,16 @@ class ArbiterApp(Application):
     @default("node_name")
     def _node_default(self):
         return os.environ.get(NODE_ENV, "")
+
+    mps_daemons = Bool(
+        help="""Run an MPS control daemon per GPU of 'mps' slices. Default: on, except on
+        Kubernetes (node_name set), where MPS sharing is the DRA driver's and its daemon
+        serves the claim's pods."""
+    ).tag(config=True)
+
+    @default("mps_daemons")
+    def _mps_default(self):
+        return not self.node_name
 
     report_seconds = Float(
         10.0, help="Seconds between two reports of the node to the Hub (on Kubernetes)."

@@ -26,7 +26,7 @@ from pathlib import Path
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
-from . import books, cards, namespaces, peers, protocol
+from . import books, cards, mps, namespaces, peers, protocol
 from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
 from .cards import Reading
 from .metrics import Metrics
@@ -90,6 +90,8 @@ class Arbiter:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
+        self.mps = mps.MPSDaemons(getattr(config, "socket_path", "") or "/run/jupyter-vgpu/arbiter.sock")
+        self._mps_asked: set[str] = set()  # GPUs whose daemon was started (or found missing)
         self.refresh_servers = None  # async callable re-reading registrations (the Hub link)
         self.watchdog = Watchdog(config.over_budget, config.grace_seconds)
 
@@ -131,11 +133,36 @@ class Arbiter:
             for conn in self.conns.values():
                 if conn.kernel is not None and conn.kernel.server is server:
                     self._spawn(self._send(conn, {"type": "slice", "slice": slice_.to_dict()}))
+        if (
+            slice_.isolation == "mps"
+            and not slice_.simulated
+            and getattr(self.config, "mps_daemons", True)
+            and slice_.gpu_uuid not in self._mps_asked
+        ):
+            self._mps_asked.add(slice_.gpu_uuid)
+            self._spawn(self._start_mps(slice_.gpu_uuid))
         for kpid, (conn, kernel_id) in list(self.unknown.items()):
             if self.root_of(kpid) == root:  # a kernel that came before its server did
                 del self.unknown[kpid]
                 self._spawn(self._admit(conn, server, kernel_id))
         return server
+
+    async def _start_mps(self, uuid: str) -> None:
+        """Start (or find) the MPS control daemon of GPU ``uuid``; the outcome is a decision."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.mps.ensure, uuid)
+            self._decide("mps daemon", gpu=uuid, message="running")
+        except mps.MPSUnavailable as e:
+            self._decide("mps unavailable", gpu=uuid, message=str(e))
+
+    async def _watch_mps(self) -> None:
+        """Restart every daemon this arbiter started that no longer answers."""
+        loop = asyncio.get_running_loop()
+        for uuid in sorted(self.mps.started):
+            if not await loop.run_in_executor(None, self.mps.running, uuid):
+                self.mps.started.discard(uuid)
+                self._decide("mps daemon gone", gpu=uuid, message="restarting it")
+                await self._start_mps(uuid)
 
     def _simulated_total(self, uuid: str) -> int | None:
         for server in self.servers.values():
@@ -161,10 +188,14 @@ class Arbiter:
             "servers": [
                 {
                     "pid": s.pid,
+                    "key": s.key,
                     "pod_uid": s.pod_uid,
                     "user": s.user,
                     "server": s.name,
                     "gpu_uuid": s.slice.gpu_uuid,
+                    "memory_limit": s.slice.memory_limit,
+                    "memory_request": s.slice.memory_request,
+                    "priority": s.slice.priority,
                 }
                 for s in self.servers.values()
             ],
@@ -284,16 +315,20 @@ class Arbiter:
         """Why ``conn`` may not name slices (None: it may)."""
         if self.config.registrars == "none":
             return "slices come from the Hub here; nobody registers them over the socket"
+        return self._may_read(conn)
+
+    def _may_read(self, conn: _Conn) -> str | None:
+        """Why ``conn`` may not read the books, every user's figures (None: it may)."""
         if not conn.trusted:
-            return "only the arbiter's own user may register slices"
+            return "only the arbiter's own user (or root) may"
         if self.root_of(conn.pid) is not None:
-            return "a process of a registered server may not register slices"
+            return "no process of a user's server may"
         return None
 
     async def _dispatch(self, conn: _Conn, msg: dict) -> None:
         kind = msg["type"]
         if kind in protocol.TRUSTED:
-            why = self._may_register(conn)
+            why = self._may_read(conn) if kind == "books" else self._may_register(conn)
             if why:
                 await self._send(conn, {"type": "error", "message": f"{kind} refused: {why}"})
                 return
@@ -518,6 +553,7 @@ class Arbiter:
         cards and suspend long-idle ones."""
         now = time.monotonic()
         await self.enforce(now)
+        await self._watch_mps()
         for uuid in {k.slice.gpu_uuid for k in self.kernels}:
             if self._locks[uuid].locked():
                 continue  # a room request is deciding on this card

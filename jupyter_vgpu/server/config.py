@@ -39,14 +39,22 @@ class VGPUServer(Configurable):
 
     pressure_fraction = Float(
         0.95,
-        help="The card is under pressure when NVML reports more than this fraction of its memory "
-        "in use; kernels then offload idle tensors. Real GPUs only.",
+        help="The card is shown under pressure (usage document, panel) when NVML reports more "
+        "than this fraction of its memory in use. Real GPUs only; making room is the node "
+        "arbiter's job.",
     ).tag(config=True)
 
     channel_dir = Unicode(
         "",
         help="Directory of the server<->kernel channel; default: a directory of this server's "
         "own under the Jupyter runtime directory.",
+    ).tag(config=True)
+
+    pausable_allocator = Bool(
+        True,
+        help="Start kernels (and terminals) with the pausable allocator in LD_PRELOAD when "
+        "the slice is on a real GPU, so that the node arbiter can pause them. Built from C "
+        "on first use (a C compiler is needed once), or packaged beside the module.",
     ).tag(config=True)
 
     stale_seconds = Float(

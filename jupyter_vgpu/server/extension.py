@@ -32,6 +32,23 @@ def _share_log(serverapp) -> None:
         vlog.propagate = False
 
 
+def _preload_kernels(slice_: Slice | None, config: VGPUServer, environ) -> str | None:
+    """The ``LD_PRELOAD`` value kernels must start with so they can be paused, or None
+    (no slice, a simulated GPU, turned off, or the allocator cannot be built here: said
+    in the log, and kernels then run without pausing)."""
+    if slice_ is None or slice_.simulated or not config.pausable_allocator:
+        return None
+    from jupyter_vgpu.kernel.pause import vmm
+
+    try:
+        return vmm.preload_environment(dict(environ))["LD_PRELOAD"]
+    except vmm.VMMUnavailable as e:
+        logging.getLogger("jupyter_vgpu").warning(
+            "jupyter-vgpu: kernels start without the pausable allocator, so they cannot be paused: %s", e
+        )
+        return None
+
+
 def load(serverapp) -> None:
     config = VGPUServer(parent=serverapp)
     log = serverapp.log
@@ -46,6 +63,9 @@ def load(serverapp) -> None:
     os.environ[channel.CHANNEL_ENV] = str(directory)  # inherited by every kernel this server starts
     if not config.channel_dir:
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    preload = _preload_kernels(slice_, config, os.environ)
+    if preload:
+        os.environ["LD_PRELOAD"] = preload  # read when a kernel or terminal starts, not by this process
     state = ServerState(directory, slice_)
     sampler = Sampler(serverapp, state, config)
     serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"], sampler))

@@ -16,7 +16,7 @@ TOKEN = "arbiter-token-for-the-node-tests-0123456789"
 
 @pytest.fixture(scope="module")
 def hub():
-    process = HubProcess("nodes-hub", {"JUPYTER_VGPU_DEMO_ARBITER_TOKEN": TOKEN})
+    process = HubProcess("nodes-hub", {"JUPYTER_VGPU_DEMO_NODE_TOKEN": TOKEN})
     try:
         process.start()
         yield process

@@ -122,9 +122,10 @@ def test_without_a_profile_the_slice_goes_to_a_shared_gpu_with_mps_limits(hub):
     env = lab.execute(
         kernel,
         "import os; print(os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
-        "os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'])",
+        "os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], os.environ['CUDA_MPS_PIPE_DIRECTORY'])",
     )
-    assert env.split() == ["50", "0=16384M"]
+    pipe = hub.state_dir / "arbiter" / "mps" / s["gpu_uuid"] / "pipe"  # the arbiter's daemon for that GPU
+    assert env.split() == ["50", "0=16384M", str(pipe)]
     lab.shutdown_kernel(kernel)
 
 

@@ -113,7 +113,13 @@ def test_no_kernel_can_raise_its_own_budget(arbiter, two):
         "msg = {'type': 'register', 'pid': os.getpid(), 'user': 'ada', 'server': '', 'slice': big}\n"
         "s.sendall(json.dumps(msg).encode() + b'\\n')\nprint(s.makefile().readline())"
     )
-    assert "may not register" in ada.run(code)
+    assert "register refused: no process of a user's server may" in ada.run(code)
+    # nor read every user's figures
+    peek = (
+        "s = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['JUPYTER_VGPU_ARBITER'])\n"
+        's.sendall(b\'{"type": "books"}\\n\')\nprint(s.makefile().readline())'
+    )
+    assert "books refused: no process of a user's server may" in ada.run(peek)
     # through the server's channel file, which the kernel can write
     channel.write_json(channel.server_path(ada.channel), {"slice": big})
     out = ada.run("%vgpu status")

@@ -262,3 +262,18 @@ def preload_environment(environ: dict[str, str]) -> dict[str, str]:
     path = str(library_path())
     others = [p for p in environ.get("LD_PRELOAD", "").split(":") if p and p != path]
     return {**environ, "LD_PRELOAD": ":".join([path, *others])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m jupyter_vgpu.kernel.pause.vmm build``: build the library beside this
+    module once (as the admin, at install time), so that users need no C compiler."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["build"]:
+        sys.exit("usage: python -m jupyter_vgpu.kernel.pause.vmm build")
+    print(build(Path(__file__).with_name(LIBRARY_NAME)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""MPS control daemons for the ``mps`` isolation backend: one per GPU, run by the arbiter.
+
+NVIDIA's Multi-Process Service makes the compute share and the budget hard limits for
+its clients: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` caps the SMs a client's kernels may
+use and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` the device memory it may allocate (both
+set by the spawner from the slice, :meth:`jupyter_vgpu.slice.Slice.environment`). They
+apply only to clients of a running control daemon, which this module starts, watches
+and stops: one per GPU, with ``CUDA_VISIBLE_DEVICES`` set to that GPU alone and private
+pipe and log directories (:func:`.socket_path.mps_pipe_directory`), so that daemons of
+different cards never meet. Daemons outlive the arbiter: its restart must not end the
+kernels connected to them (a new arbiter finds them answering). To stop one, as the
+arbiter's user: ``echo quit | CUDA_MPS_PIPE_DIRECTORY=<pipe> nvidia-cuda-mps-control``.
+
+What MPS changes (NVIDIA's "Multi-Process Service" guide, sections "Limitations" and
+"Memory protection and error containment"):
+
+- the pinned memory limit is read when a client starts: a quota raise reaches a running
+  kernel only after it restarts (the status and the panel say so);
+- a fatal GPU error in one client ends every client of that GPU's server;
+- one MPS server serves one Linux user at a time: with a system account per Hub user
+  (``LocalProcessSpawner``), clients of a second user wait until the first user's
+  clients are gone. MPS suits hubs whose servers run as one account (containers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from .socket_path import mps_pipe_directory
+
+log = logging.getLogger("jupyter_vgpu.node")
+
+#: NVIDIA's control program (``nvidia-cuda-mps-control``, shipped with the driver).
+CONTROL = "nvidia-cuda-mps-control"
+
+
+class MPSUnavailable(RuntimeError):
+    """No control daemon could be started for a GPU; the message says why."""
+
+
+class MPSDaemons:
+    """The control daemons of one arbiter, keyed by GPU UUID.
+
+    Args:
+        socket: the arbiter's socket; pipe and log directories go beside it.
+        control: the control program (a path, or a name found on ``PATH``).
+    """
+
+    def __init__(self, socket: str, control: str = CONTROL):
+        self.socket = socket
+        self.control = control
+        self.started: set[str] = set()
+
+    def directories(self, gpu_uuid: str) -> tuple[Path, Path]:
+        """``(pipe, log)`` directories of ``gpu_uuid``'s daemon."""
+        pipe = Path(mps_pipe_directory(self.socket, gpu_uuid))
+        return pipe, pipe.parent / "log"
+
+    def _environment(self, gpu_uuid: str) -> dict[str, str]:
+        pipe, logs = self.directories(gpu_uuid)
+        return {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": gpu_uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(logs),
+        }
+
+    def _ask(self, gpu_uuid: str, command: str, timeout: float = 10) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.control],
+            input=command + "\n",
+            env=self._environment(gpu_uuid),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def running(self, gpu_uuid: str) -> bool:
+        """Whether ``gpu_uuid``'s control daemon answers (``get_server_list``)."""
+        if shutil.which(self.control) is None or not (self.directories(gpu_uuid)[0] / "control").exists():
+            return False
+        try:
+            return self._ask(gpu_uuid, "get_server_list").returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def ensure(self, gpu_uuid: str) -> None:
+        """Start ``gpu_uuid``'s control daemon unless it answers already.
+
+        Raises:
+            MPSUnavailable: the control program is missing or the daemon did not start.
+        """
+        if self.running(gpu_uuid):
+            self.started.add(gpu_uuid)
+            return
+        if shutil.which(self.control) is None:
+            raise MPSUnavailable(f"{self.control} is not on PATH (it comes with the NVIDIA driver)")
+        pipe, logs = self.directories(gpu_uuid)
+        for directory in (pipe, logs):
+            directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(pipe, 0o755)  # clients connect; only the arbiter's user writes
+        try:
+            result = subprocess.run(
+                [self.control, "-d"],
+                env=self._environment(gpu_uuid),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise MPSUnavailable(f"starting {self.control} -d for {gpu_uuid} failed: {e}") from None
+        if result.returncode != 0:
+            raise MPSUnavailable(
+                f"{self.control} -d for {gpu_uuid} exited {result.returncode}: {result.stderr.strip()[:300]}"
+            )
+        self.started.add(gpu_uuid)
+        log.info("MPS control daemon started for %s (pipes in %s)", gpu_uuid, pipe)
