@@ -43,6 +43,14 @@ def new_arbiter(pods: dict[int, str]) -> Arbiter:
     return Arbiter(ArbiterApp(registrars="none", over_budget="report"), pod_of=pods.get)
 
 
+def test_on_kubernetes_the_arbiter_leaves_mps_to_the_dra_driver(monkeypatch):
+    assert ArbiterApp().mps_daemons is True
+    assert ArbiterApp(node_name="gpu-node-1").mps_daemons is False
+    monkeypatch.setenv("JUPYTER_VGPU_NODE", "gpu-node-2")
+    app = ArbiterApp()
+    assert (app.node_name, app.mps_daemons) == ("gpu-node-2", False)
+
+
 def test_a_server_known_by_its_pod_owns_every_process_of_the_pod(pods):
     arbiter = new_arbiter(pods)
     ada_pid, bob_pid = list(pods)

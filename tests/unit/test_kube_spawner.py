@@ -82,6 +82,7 @@ def hub(tmp_path, monkeypatch):
     config = Config()
     config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2025-01-06"
     config.GPUInventory.source = "nodes"
+    config.VGPUHub.arbiter_socket = "/srv/hub-host/arbiter.sock"  # a single host's, never a pod's
     yield db, config
     VGPUHub.clear_instance()
     db.close()
@@ -166,6 +167,7 @@ async def test_every_mode_puts_its_gpu_request_and_the_slice_in_the_pod(hub, set
     env = env_of(pod)
     assert "CUDA_VISIBLE_DEVICES" not in env  # the device plugin / DRA driver chooses the device
     assert env["JUPYTER_VGPU_ARBITER"] == "/run/jupyter-vgpu/arbiter.sock"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env  # the DRA driver's MPS daemon, not the arbiter's
     assert env["CUPY_GPU_MEMORY_LIMIT"] == str(s.memory_limit)
     if isolation == "mps":
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
