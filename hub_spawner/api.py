@@ -21,6 +21,7 @@ longer fits on a GPU answers 409, with nothing written.
 from __future__ import annotations
 
 import json
+import threading
 from http.client import responses
 
 from jupyterhub import orm
@@ -163,6 +164,27 @@ class VGPUAPIHandler(APIHandler):
         for spawner, effective in changes:
             spawner.vgpu_update(effective)
             self.log.info("vGPU slice of %s now %s", spawner._log_name, spawner.vgpu_describe())
+        if changes:
+            tell_arbiter(hub.arbiter_socket, self.log)
+
+
+def tell_arbiter(socket: str, log) -> None:
+    """Ask the node arbiter to read the running slices now, so that a quota change
+    reaches kernels at once rather than at its next read (``hub_poll_seconds``). Runs
+    in a thread; an arbiter that does not answer is logged, and catches up by itself."""
+    if not socket:
+        return
+
+    def send() -> None:
+        from jupyter_vgpu.node.control import Control
+
+        try:
+            with Control(socket, timeout=5) as control:
+                control.refresh()
+        except (OSError, ValueError, RuntimeError) as e:
+            log.warning("the node arbiter at %s did not take the quota change: %s", socket, e)
+
+    threading.Thread(target=send, name="vgpu-tell-arbiter", daemon=True).start()
 
 
 class QuotasHandler(VGPUAPIHandler):

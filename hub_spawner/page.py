@@ -1,5 +1,7 @@
 """The admin page ``/hub/vgpu``: every GPU and MIG instance, its slices, limits and
-requests against usage, overcommit, and why a GPU takes no slice (NVML failures).
+requests against usage, overcommit, why a GPU takes no slice (NVML failures), and the
+node arbiter's kernels and latest decisions (who was paused for whom, queued, refused,
+over budget), read from its socket when the arbiter runs on the Hub's host.
 
 Rendered with the Hub's own templates (``templates/vgpu.html`` extends the Hub's
 ``page.html``); ``templates/page.html`` adds a "vGPU" link to the Hub's navigation bar
@@ -7,6 +9,9 @@ for whoever may open the admin page.
 """
 
 from __future__ import annotations
+
+import asyncio
+import datetime
 
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import Scope
@@ -28,6 +33,7 @@ class VGPUPageHandler(BaseHandler):
             )
         hub = VGPUHub.instance(config=self.settings["config"])
         _, gpus = hub.snapshot(self.users)
+        arbiter, arbiter_problem = await arbiter_books(hub.arbiter_socket)
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
@@ -36,5 +42,28 @@ class VGPUPageHandler(BaseHandler):
             overcommit_ratio=hub.overcommit_ratio,
             isolation=hub.isolation,
             size=format_bytes,
+            arbiter=arbiter,
+            arbiter_problem=arbiter_problem,
+            clock=lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"),
         )
         self.finish(html)
+
+
+async def arbiter_books(socket: str, timeout: float = 2.0) -> tuple[dict | None, str | None]:
+    """``(books, None)`` from the node arbiter at ``socket`` (its kernels and latest
+    decisions, newest first), or ``(None, why not)``. The Hub's user may read them: the
+    arbiter it runs as a managed service runs as that user."""
+    if not socket:
+        return None, "No node arbiter runs with this Hub (hub_spawner.setup(c, arbiter=False))."
+    from jupyter_vgpu.node.control import Control
+
+    def read() -> dict:
+        with Control(socket, timeout=timeout) as control:
+            return control.books()
+
+    try:
+        books = await asyncio.get_running_loop().run_in_executor(None, read)
+    except (OSError, ValueError, RuntimeError) as e:
+        return None, f"The node arbiter at {socket} does not answer here ({e})."
+    books["decisions"] = list(reversed(books["decisions"]))[:30]
+    return books, None

@@ -25,7 +25,7 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
                 f"{format_bytes(s.memory_limit)} ({s.memory_fraction:.1%} of {format_bytes(s.gpu_memory)})",
             ),
             ("budget request", f"{format_bytes(s.memory_request)} guaranteed, priority {s.priority}"),
-            ("compute share", s.compute_share_text),
+            ("compute share", _share(s)),
             ("isolation", s.isolation),
             ("placement", f"{s.placement}, overcommit ratio {s.overcommit_ratio:g}"),
         ]
@@ -52,6 +52,14 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
 
 def _seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.0f} ms"
+
+
+def _share(s) -> str:
+    """The share and what it means: ``30%, not enforced (time-sliced)``; the backend's
+    own wording when it names the share already (``50% (enforced by MPS)``, a MIG
+    instance)."""
+    text = s.compute_share_text
+    return text if text[:1].isdigit() or s.isolation == "mig" else f"{s.compute_share}%, {text}"
 
 
 def _pause_rows(st: dict) -> list[tuple[str, str]]:

@@ -6,10 +6,10 @@ runs as a DaemonSet. Settings are traits of ``c.ArbiterApp`` in a config file
 (``--config``) or on the command line (``--ArbiterApp.queue_timeout=120``).
 
 Where slices come from: a Hub-managed arbiter reads the Hub's running slices
-(``GET /hub/api/vgpu/slices``, with its service token) every ``hub_poll_seconds`` and
-whenever an unknown process connects; any other program running as the arbiter's own
-user (or root) may register a process tree with a slice over the socket (benchmarks,
-tests). Nothing a kernel sends is an authority on limits.
+(``GET /hub/api/vgpu/slices``, with its service token) every ``hub_poll_seconds``,
+whenever an unknown process connects, and when the Hub says a quota changed; any other
+program running as the arbiter's own user (or root) may register a process tree with a
+slice over the socket (benchmarks, tests). Nothing a kernel sends is an authority on limits.
 
 On Kubernetes (``node_name`` set, from the pod's ``spec.nodeName``) the arbiter takes
 the slices of its own node's pods, each known by its pod's uid rather than a process

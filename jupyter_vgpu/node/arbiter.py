@@ -328,7 +328,7 @@ class Arbiter:
     async def _dispatch(self, conn: _Conn, msg: dict) -> None:
         kind = msg["type"]
         if kind in protocol.TRUSTED:
-            why = self._may_read(conn) if kind == "books" else self._may_register(conn)
+            why = self._may_read(conn) if kind in ("books", "refresh") else self._may_register(conn)
             if why:
                 await self._send(conn, {"type": "error", "message": f"{kind} refused: {why}"})
                 return
@@ -359,6 +359,10 @@ class Arbiter:
             await self._send(conn, {"type": "ok"})
         elif kind == "unregister":
             self.servers.pop(msg["pid"], None)
+            await self._send(conn, {"type": "ok"})
+        elif kind == "refresh":
+            if self.refresh_servers is not None:
+                await self.refresh_servers()
             await self._send(conn, {"type": "ok"})
         else:
             await self._send(conn, {"type": "ok", "books": self.snapshot()})

@@ -44,6 +44,10 @@ class Control:
     def unregister(self, pid: int) -> None:
         self._ask({"type": "unregister", "pid": pid})
 
+    def refresh(self) -> None:
+        """Make the arbiter read the Hub's slices now (after a quota change)."""
+        self._ask({"type": "refresh"})
+
     def books(self) -> dict:
         """The arbiter's view: ``servers``, ``kernels`` and recent ``decisions``."""
         return self._ask({"type": "books"})["books"]

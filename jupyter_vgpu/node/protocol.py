@@ -22,8 +22,10 @@ checkpoints the process), and notices: ``{"type": "slice", "slice": <slice>}``,
 Trusted clients (the arbiter's own user, or root: the Hub's spawner, a benchmark) may
 also send ``{"type": "register", "pid": int, "user": str, "server": str, "slice":
 <slice>}`` (the process tree rooted at ``pid`` has that slice), ``{"type":
-"unregister", "pid": int}`` and ``{"type": "books"}`` (the arbiter's view, for tests and
-reports); each is answered ``{"type": "ok", ...}`` or ``{"type": "error", "message": str}``.
+"unregister", "pid": int}``, ``{"type": "books"}`` (the arbiter's view, for tests and
+the Hub's page) and ``{"type": "refresh"}`` (the Hub's slices changed: read them now,
+sent by the Hub after a quota change); each is answered ``{"type": "ok", ...}`` or
+``{"type": "error", "message": str}``.
 
 Everything received is checked here before anything acts on it: unknown types, missing
 or extra fields, wrong types and out-of-range numbers are refused with a message, and
@@ -69,8 +71,9 @@ _FIELDS = {
     "register": {"type", "pid", "user", "server", "slice"},
     "unregister": {"type", "pid"},
     "books": {"type"},
+    "refresh": {"type"},
 }
-TRUSTED = frozenset({"register", "unregister", "books"})
+TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
 
 
 def decode(line: bytes) -> dict[str, Any]:

@@ -84,6 +84,10 @@ def test_the_idle_user_is_paused_so_that_the_other_gets_room(small_hub, two):
     decisions = books(hub)["decisions"]
     assert any(d["what"] == "pause" and d["server"] == "ada/" and "bob/" in d["reason"] for d in decisions)
     assert ada.execute(ada_kernel, "print(x.numel() * 4 // 2**20)").strip() == "500"
+    # the admin page shows who was paused for whom
+    page = hub.login("admin").get(f"{hub.url}/hub/vgpu").text
+    assert 'data-what="pause"' in page
+    assert "room for bob/" in page
 
 
 def test_an_arbiter_that_dies_comes_back_with_every_slice(small_hub, two):

@@ -130,7 +130,8 @@ def test_quotas_and_slices_survive_a_hub_restart(hub, ada):
     assert hub.api("GET", "/vgpu/quotas").json() == before_quotas
     after = [s for s in hub.api("GET", "/vgpu/slices").json() if s["user"] == "ada"]
     assert [s["slice"] for s in after] == [s["slice"] for s in before]
-    assert "3.00 GiB" in lab.execute(kernel, "%vgpu status")
+    status = lab.execute(kernel, "%vgpu status")
+    assert "3.00 GiB" in status, status
     # the restored placement still counts: a change is still checked and applied live
     assert hub.api("PATCH", "/vgpu/quotas/users/ada", json={"memory_limit": "5G"}).status_code == 200
     wait_for_status(lab, kernel, "5.00 GiB", timeout=5)
