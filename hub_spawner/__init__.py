@@ -36,7 +36,8 @@ ARBITER_SERVICE = "vgpu-arbiter"
 
 def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None:
     """Configure a Hub for vGPU slices: the ``vgpu`` spawner, the ``/hub/api/vgpu`` API,
-    the ``/hub/vgpu`` page, the metrics, and the node arbiter of this host.
+    the ``/hub/vgpu`` page, the metrics, the node arbiter of this host, and the custom
+    scope ``custom:vgpu-nodes:write`` (Kubernetes node arbiters' reports).
 
     Args:
         c: the config object of ``jupyterhub_config.py`` (``get_config()``).
@@ -55,7 +56,7 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
     from pathlib import Path
 
     from . import metrics
-    from .api import handlers
+    from .api import NODES_SCOPE, handlers
     from .page import VGPUPageHandler
 
     c.JupyterHub.spawner_class = "vgpu"
@@ -69,6 +70,9 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [templates, *[p for p in paths if p != templates]]
     metrics.register(_snapshot)
+    scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
+    scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
+    c.JupyterHub.custom_scopes = scopes
     if arbiter:
         _run_arbiter(c, arbiter_socket)
 
@@ -98,6 +102,21 @@ def _run_arbiter(c, socket: str | None) -> None:
     }
     roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
     c.JupyterHub.load_roles = [r for r in roles if r.get("name") != ARBITER_SERVICE] + [role]
+
+
+def setup_kubernetes(c) -> None:
+    """:func:`setup`, for a Hub on Kubernetes: the ``vgpu-kube`` spawner (KubeSpawner with
+    slices) and GPUs from the node arbiters' reports instead of NVML on the Hub's host.
+    The arbiters run as a DaemonSet (``deploy/kubernetes/``), not as a service of the
+    Hub; their token needs ``read:users`` and ``custom:vgpu-nodes:write`` (which
+    :func:`setup` registers).
+
+    Args:
+        c: the config object (Zero to JupyterHub: ``hub.extraConfig``).
+    """
+    setup(c, arbiter=False)
+    c.JupyterHub.spawner_class = "vgpu-kube"
+    c.GPUInventory.source = "nodes"
 
 
 def _snapshot():

@@ -34,9 +34,14 @@ from jupyter_vgpu import contracts
 from jupyter_vgpu.slice import compute_share_text
 
 from .config import VGPUHub
+from .nodes import MAX_REPORT_BYTES as MAX_NODE_REPORT_BYTES
+from .nodes import parse_report as parse_node_report
 from .placement import PlacementError
 from .quotas import Quota, QuotaStore, parse_quota
 from .usage import MAX_REPORT_BYTES, parse_report, slice_summary
+
+#: The scope a node arbiter's token needs to report its node (registered by ``setup``).
+NODES_SCOPE = "custom:vgpu-nodes:write"
 
 
 class VGPUAPIHandler(APIHandler):
@@ -106,6 +111,7 @@ class VGPUAPIHandler(APIHandler):
     def slice_model(self, user, spawner) -> dict:
         return {
             **slice_summary(user.name, spawner),
+            **spawner.vgpu_listing(),
             "ready": bool(spawner.ready),
             # the server's process on its host, for the node arbiter (None when not local)
             "pid": getattr(spawner, "pid", None) or None,
@@ -147,7 +153,7 @@ class VGPUAPIHandler(APIHandler):
             groups = [g.name for g in user.groups]
             effective = self.store.resolve(user.name, groups, hub.default_quota, override=(kind, name, quota))
             try:
-                hub.allocator.check_resize(spawner.vgpu_key, effective.memory_limit, effective.memory_request)
+                spawner.vgpu_check_update(effective)
             except PlacementError as e:
                 raise web.HTTPError(409, str(e)) from None
             changes.append((spawner, effective))
@@ -376,6 +382,37 @@ class UserUsageHandler(VGPUAPIHandler):
         self.finish()
 
 
+class NodesHandler(VGPUAPIHandler):
+    """``GET /hub/api/vgpu/nodes``: every Kubernetes GPU node as its arbiter (or its Node
+    object) describes it (admins)."""
+
+    def get(self):
+        self.require("read:users")
+        self.write_json({"nodes": self.vgpu_hub.nodes.nodes()})
+
+
+class NodeReportHandler(VGPUAPIHandler):
+    """``POST /hub/api/vgpu/nodes/{node}``: a node arbiter's report (the contract
+    ``node-report``), with a token holding ``custom:vgpu-nodes:write``. Slices on that
+    node whose GPU was not yet known take it from the report."""
+
+    def post(self, node):
+        self.require(NODES_SCOPE)
+        if len(self.request.body) > MAX_NODE_REPORT_BYTES:
+            raise web.HTTPError(400, f"the report is larger than {MAX_NODE_REPORT_BYTES} bytes")
+        try:
+            report = parse_node_report(node, self.get_json_body())
+        except contracts.ContractError as e:
+            raise web.HTTPError(400, f"the node report breaks its contract: {e}") from None
+        board = self.vgpu_hub.nodes
+        board.record(node, report)
+        for _, spawner in self.running_spawners():
+            if spawner.vgpu_listing().get("node") == node:
+                spawner.vgpu_relocate(board)
+        self.set_status(204)
+        self.finish()
+
+
 class NotFoundHandler(VGPUAPIHandler):
     """Anything else under ``/hub/api/vgpu``: 404 with a message, whatever the method."""
 
@@ -396,5 +433,7 @@ handlers = [
     (rf"/api/vgpu/slices/users/{_name}", UserSlicesHandler),
     (r"/api/vgpu/usage", UsageHandler),
     (rf"/api/vgpu/usage/users/{_name}", UserUsageHandler),
+    (r"/api/vgpu/nodes", NodesHandler),
+    (rf"/api/vgpu/nodes/{_name}", NodeReportHandler),
     (r"/api/vgpu(?:/.*)?", NotFoundHandler),
 ]

@@ -17,6 +17,7 @@ from traitlets.config import SingletonConfigurable
 from jupyter_vgpu.slice import DEFAULT_PRIORITY, ISOLATIONS, MAX_PRIORITY, MIN_PRIORITY, PLACEMENTS
 
 from .inventory import GPUInventory
+from .nodes import NodeBoard
 from .placement import Allocator
 from .quotas import Quota
 from .usage import UsageBoard, gpu_rows, slice_rows
@@ -150,7 +151,20 @@ class VGPUHub(SingletonConfigurable):
 
     _allocator: Allocator | None = None
     _usage: UsageBoard | None = None
+    _nodes: NodeBoard | None = None
     _problems: list[str] | None = None
+
+    @property
+    def nodes(self) -> NodeBoard:
+        """The Kubernetes GPU nodes as their arbiters report them (empty on one host)."""
+        if self._nodes is None:
+            self._nodes = NodeBoard()
+        return self._nodes
+
+    def devices(self) -> list:
+        """Every device slices may be on: this host's (the allocator's) and every
+        Kubernetes node's (:attr:`nodes`)."""
+        return [*self.allocator.gpus, *self.nodes.devices()]
 
     @property
     def usage(self) -> UsageBoard:
@@ -177,7 +191,7 @@ class VGPUHub(SingletonConfigurable):
         """``(slice rows, device rows)``: every running slice with its latest usage, and
         every device with the slices on it (see :mod:`hub_spawner.usage`)."""
         rows = slice_rows(((u.name, s) for u, s in self.running(users, names)), self.usage)
-        return rows, gpu_rows(self.allocator.gpus, self.overcommit_ratio, rows)
+        return rows, gpu_rows(self.devices(), self.overcommit_ratio, rows)
 
     @property
     def problems(self) -> list[str]:

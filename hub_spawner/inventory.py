@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 
 from jupyterhub.traitlets import ByteSpecification
-from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Enum, Integer, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu import nvml
@@ -44,6 +44,7 @@ class GPU:
         isolation: how it is shared, one of ``jupyter_vgpu.slice.ISOLATIONS``.
         mig_profile: the MIG profile (``"3g.40gb"``) of a MIG instance, else None.
         compute_percent: a MIG instance's share of its GPU's SMs, percent, else None.
+        node: the Kubernetes node it is on (a node arbiter's report), else None (this host).
     """
 
     index: int
@@ -54,6 +55,7 @@ class GPU:
     isolation: str = "time-slicing"
     mig_profile: str | None = None
     compute_percent: int | None = None
+    node: str | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -62,8 +64,10 @@ class GPU:
 
     @property
     def label(self) -> str:
-        """``"GPU 0"``, or ``"GPU 1 MIG 3g.40gb"`` for a MIG instance."""
-        return f"GPU {self.index}" + (f" MIG {self.mig_profile}" if self.mig_profile else "")
+        """``"GPU 0"``, or ``"GPU 1 MIG 3g.40gb"`` for a MIG instance; on a Kubernetes node
+        its name first (``"gpu-node-1 GPU 0"``)."""
+        where = f"{self.node} " if self.node else ""
+        return f"{where}GPU {self.index}" + (f" MIG {self.mig_profile}" if self.mig_profile else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,15 @@ class GPUInventory(LoggingConfigurable):
         False (default): NVML's GPUs only. A host whose driver fails then has no GPU:
         the Hub logs why and refuses to spawn slices with that reason on the spawn
         page. True: simulate `simulated_count` cards and never ask NVML.""",
+    ).tag(config=True)
+
+    source = Enum(
+        ["nvml", "nodes"],
+        default_value="nvml",
+        help="""Where the GPUs come from. 'nvml' (default): this host's NVML (the Hub runs
+        on the GPU host). 'nodes': the node arbiters' reports and the Kubernetes nodes'
+        allocatable resources (VGPUKubeSpawner; hub_spawner.kube.setup sets it); NVML is
+        never asked on the Hub's host.""",
     ).tag(config=True)
 
     simulated_count = Integer(2, help="Number of simulated GPUs (when `simulate` is True).").tag(config=True)
@@ -174,6 +187,9 @@ class GPUInventory(LoggingConfigurable):
         return devices, problems
 
     def _discover(self) -> list[Card]:
+        if self.source == "nodes":
+            self.log.info("vGPU inventory: from the node arbiters' reports (GPUInventory.source = 'nodes')")
+            return []
         if self.simulate:
             cards = self._simulated()
             self.log.info(

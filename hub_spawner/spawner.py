@@ -157,6 +157,18 @@ class VGPUSpawnerMixin(HasTraits):
         self.vgpu_hub.usage.forget(self.vgpu_key)
         self.vgpu_slice = None
 
+    def vgpu_check_update(self, effective) -> None:
+        """Check that the running slice may take ``effective``'s sizes on its device.
+
+        Raises:
+            hub_spawner.placement.PlacementError: they do not fit next to the others.
+        """
+        self.vgpu_hub.allocator.check_resize(self.vgpu_key, effective.memory_limit, effective.memory_request)
+
+    def vgpu_listing(self) -> dict[str, Any]:
+        """Fields the slice listings add about where the server runs ({} on one host)."""
+        return {}
+
     def vgpu_update(self, effective) -> Slice:
         """Apply a quota change to the running slice (same device) and save the state.
 

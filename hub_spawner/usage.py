@@ -162,7 +162,7 @@ def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[
     ``capacity`` (memory × overcommit ratio; memory for MIG, bytes), ``committed`` (sum
     of limits, bytes), ``requested`` (sum of requests, bytes), ``overcommit`` (committed
     / memory), ``used`` and ``offloaded`` (bytes, sums of reports), ``slices`` (the
-    slice rows on it), ``simulated``.
+    slice rows on it), ``simulated``, ``node`` (the Kubernetes node, or None on one host).
     """
     out = []
     for g in gpus:
@@ -185,6 +185,7 @@ def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[
                 "offloaded": sum(r["offloaded"] or 0 for r in mine),
                 "slices": mine,
                 "simulated": g.simulated,
+                "node": g.node,
             }
         )
     return out

@@ -17,6 +17,7 @@
 #   JUPYTER_VGPU_DEMO_MIG       simulated GPU 1 in MIG mode with these instances,
 #                               e.g. "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
 #   JUPYTER_VGPU_DEMO_ISOLATION isolation backend of shared GPUs: time-slicing (default) or mps
+#   JUPYTER_VGPU_DEMO_NODE_TOKEN  a token for Kubernetes node arbiters' reports (service vgpu-node)
 import logging
 import os
 import sys
@@ -100,6 +101,13 @@ mig = os.environ.get("JUPYTER_VGPU_DEMO_MIG")
 if mig:
     c.GPUInventory.simulated_mig_profiles = {"1": [p.strip() for p in mig.split(",") if p.strip()]}
 c.VGPUHub.isolation = os.environ.get("JUPYTER_VGPU_DEMO_ISOLATION", "time-slicing")
+node_token = os.environ.get("JUPYTER_VGPU_DEMO_NODE_TOKEN")
+if node_token:  # a Kubernetes node arbiter's token, as Zero to JupyterHub's values give one
+    c.JupyterHub.services = [*c.JupyterHub.services, {"name": "vgpu-node", "api_token": node_token}]
+    c.JupyterHub.load_roles = [
+        *c.JupyterHub.load_roles,
+        {"name": "vgpu-node", "scopes": ["read:users", "custom:vgpu-nodes:write"], "services": ["vgpu-node"]},
+    ]
 c.VGPUHub.default_memory_limit = "8G"
 c.VGPUHub.default_compute_share = 50
 c.VGPUHub.overcommit_ratio = 1.5

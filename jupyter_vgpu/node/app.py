@@ -10,6 +10,11 @@ Where slices come from: a Hub-managed arbiter reads the Hub's running slices
 whenever an unknown process connects, and when the Hub says a quota changed; any other
 program running as the arbiter's own user (or root) may register a process tree with a
 slice over the socket (benchmarks, tests). Nothing a kernel sends is an authority on limits.
+
+On Kubernetes (``node_name`` set, from the pod's ``spec.nodeName``) the arbiter takes
+the slices of its own node's pods, each known by its pod's uid rather than a process
+tree (:mod:`.namespaces`), and reports the node's GPUs and pods to the Hub every
+``report_seconds`` (:mod:`.report`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import logging
 import os
 import signal
 
-from traitlets import Enum, Float, Int, Unicode, default
+from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Application
 
 from jupyter_vgpu.slice import Slice, SliceError
@@ -29,18 +34,26 @@ from jupyter_vgpu.slice import Slice, SliceError
 from .arbiter import Arbiter
 from .socket_path import default_socket
 
+#: Environment variable naming the Kubernetes node (the DaemonSet sets it from spec.nodeName).
+NODE_ENV = "JUPYTER_VGPU_NODE"
+#: The ``gpu_uuid`` of a slice whose GPU the Hub does not know yet (``hub_spawner.kube``).
+PENDING = "pending"
+
 
 class HubLink:
     """Reads the running slices from the Hub with the service's token.
 
-    Each entry of ``GET {JUPYTERHUB_API_URL}/vgpu/slices`` with a ``pid`` (the server's
-    process on this host) and a ``slice`` registers that process tree.
+    Each entry of ``GET {JUPYTERHUB_API_URL}/vgpu/slices`` with a ``slice`` and either a
+    ``pid`` (the server's process on this host) or a ``pod_uid`` (its pod, on this
+    arbiter's ``node``) registers that server. Slices whose GPU the Hub does not know
+    yet (``gpu_uuid`` ``"pending"``) wait: their kernels are admitted once it does.
     """
 
-    def __init__(self, arbiter: Arbiter, api_url: str, token: str):
+    def __init__(self, arbiter: Arbiter, api_url: str, token: str, node: str = ""):
         self.arbiter = arbiter
         self.url = api_url.rstrip("/") + "/vgpu/slices"
         self.token = token
+        self.node = node
         self.log = logging.getLogger("jupyter_vgpu.node")
         self._warned = False
 
@@ -60,20 +73,32 @@ class HubLink:
         self._warned = False
         if isinstance(entries, dict):
             entries = entries.get("slices", [])
-        seen = set()
+        seen: set[int | str] = set()
         for entry in entries if isinstance(entries, list) else []:
-            pid = entry.get("pid") if isinstance(entry, dict) else None
-            if not isinstance(pid, int) or pid <= 0:
+            if not isinstance(entry, dict):
                 continue
+            pid, pod = entry.get("pid"), entry.get("pod_uid")
+            if isinstance(pod, str) and pod:
+                if self.node and entry.get("node") != self.node:
+                    continue  # another node's pod
+                pid = 0
+            elif not isinstance(pid, int) or pid <= 0:
+                continue
+            else:
+                pod = None
             try:
                 slice_ = Slice.from_dict(entry["slice"])
             except (SliceError, KeyError, TypeError) as e:
-                self.log.error("the Hub sent an unusable slice for pid %s: %s", pid, e)
+                self.log.error("the Hub sent an unusable slice for %s: %s", pod or pid, e)
                 continue
-            self.arbiter.register(pid, str(entry.get("user", "")), str(entry.get("server_name", "")), slice_)
-            seen.add(pid)
-        for pid in [p for p in self.arbiter.servers if p not in seen]:
-            del self.arbiter.servers[pid]  # stopped on the Hub
+            if slice_.gpu_uuid == PENDING:
+                continue
+            server = self.arbiter.register(
+                pid, str(entry.get("user", "")), str(entry.get("server_name", "")), slice_, pod_uid=pod
+            )
+            seen.add(server.root)
+        for root in [r for r in self.arbiter.servers if r not in seen]:
+            del self.arbiter.servers[root]  # stopped on the Hub
 
 
 class ArbiterApp(Application):
@@ -115,6 +140,30 @@ class ArbiterApp(Application):
     poll_seconds = Float(1.0, help="Seconds between two background looks at the cards.").tag(config=True)
 
     hub_poll_seconds = Float(5.0, help="Seconds between two reads of the Hub's slices.").tag(config=True)
+
+    node_name = Unicode(
+        help="""The Kubernetes node this arbiter runs on (default: $JUPYTER_VGPU_NODE, which
+        the DaemonSet sets from spec.nodeName); '' off Kubernetes. When set, the arbiter
+        takes the slices of this node's pods only and reports the node to the Hub."""
+    ).tag(config=True)
+
+    @default("node_name")
+    def _node_default(self):
+        return os.environ.get(NODE_ENV, "")
+
+    mps_daemons = Bool(
+        help="""Run an MPS control daemon per GPU of 'mps' slices. Default: on, except on
+        Kubernetes (node_name set), where MPS sharing is the DRA driver's and its daemon
+        serves the claim's pods."""
+    ).tag(config=True)
+
+    @default("mps_daemons")
+    def _mps_default(self):
+        return not self.node_name
+
+    report_seconds = Float(
+        10.0, help="Seconds between two reports of the node to the Hub (on Kubernetes)."
+    ).tag(config=True)
 
     metrics_port = Int(0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: not served).").tag(config=True)
 
@@ -168,10 +217,15 @@ class ArbiterApp(Application):
             self.log.info("suspend unavailable here (%s): kernels are paused, never suspended", reason)
         arbiter = Arbiter(self, checkpoint=None if reason else checkpoint)
         url, token = os.environ.get("JUPYTERHUB_API_URL"), os.environ.get("JUPYTERHUB_API_TOKEN")
-        hub = HubLink(arbiter, url, token) if url and token else None
+        hub = HubLink(arbiter, url, token, self.node_name) if url and token else None
         if hub is not None:
             arbiter.refresh_servers = hub.refresh
             await hub.refresh()
+            if self.node_name:
+                from .report import NodeReporter
+
+                reporter = NodeReporter(arbiter, self.node_name, url, token, self.watermark)
+                arbiter.spawn_every(self.report_seconds, reporter.send)
         if self.metrics_port:
             from prometheus_client import start_http_server
 

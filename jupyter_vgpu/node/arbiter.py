@@ -26,7 +26,7 @@ from pathlib import Path
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
-from . import books, cards, mps, peers, protocol
+from . import books, cards, mps, namespaces, peers, protocol
 from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
 from .cards import Reading
 from .metrics import Metrics
@@ -72,12 +72,15 @@ class Arbiter:
             ``watermark``, ``queue_timeout``, ``poll_seconds``, ``pause_timeout``).
         checkpoint: the module suspending and restoring processes
             (:mod:`.checkpoint`), or None where the driver lacks it.
+        pod_of: maps a PID to the uid of its Kubernetes pod, or None
+            (:func:`.namespaces.pod_uid`, which reads its cgroup).
     """
 
-    def __init__(self, config, checkpoint=None):
+    def __init__(self, config, checkpoint=None, pod_of=namespaces.pod_uid):
         self.config = config
         self.checkpoint = checkpoint
-        self.servers: dict[int, Server] = {}
+        self.pod_of = pod_of  # a PID's pod uid (its cgroup), for servers known by their pod
+        self.servers: dict[int | str, Server] = {}  # by Server.root
         self.conns: dict[int, _Conn] = {}  # kernel pid -> its connection
         self.unknown: dict[int, tuple[_Conn, str]] = {}  # pid -> (connection, kernel id): no server yet
         self.metrics = Metrics()
@@ -101,28 +104,45 @@ class Arbiter:
     def on_card(self, uuid: str) -> list[Kernel]:
         return [k for k in self.kernels if k.slice.gpu_uuid == uuid]
 
+    def root_of(self, pid: int) -> int | str | None:
+        """The registered server ``pid`` belongs to, by its key: the nearest registered
+        root PID it descends from, else ``"pod:<uid>"`` of its pod when that pod is
+        registered; None when it belongs to none."""
+        root = peers.root_in(pid, [k for k in self.servers if isinstance(k, int)])
+        if root is None and any(isinstance(k, str) for k in self.servers):
+            uid = self.pod_of(pid)
+            root = f"pod:{uid}" if uid and f"pod:{uid}" in self.servers else None
+        return root
+
     def server_of(self, pid: int) -> Server | None:
-        root = peers.root_in(pid, self.servers)
+        root = self.root_of(pid)
         return self.servers.get(root) if root is not None else None
 
-    def register(self, pid: int, user: str, name: str, slice_: Slice) -> Server:
-        """Give the process tree rooted at ``pid`` a slice (from the Hub or a trusted client)."""
-        server = Server(pid, user, name, slice_)
-        old = self.servers.get(pid)
-        self.servers[pid] = server
+    def register(self, pid: int, user: str, name: str, slice_: Slice, pod_uid: str | None = None) -> Server:
+        """Give a server a slice (from the Hub or a trusted client): the process tree
+        rooted at ``pid``, or (``pid`` 0) every process of the pod ``pod_uid``."""
+        server = Server(pid, user, name, slice_, pod_uid)
+        root = server.root
+        old = self.servers.get(root)
+        self.servers[root] = server
         for kernel in self.kernels:
-            if kernel.server.pid == pid:
+            if kernel.server.root == root:
                 kernel.server = server
         if old is None or old.slice != slice_:
-            log.info("registered %s: pid %d, %s budget", server.key, pid, format_bytes(slice_.memory_limit))
+            log.info("registered %s: %s, %s budget", server.key, root, format_bytes(slice_.memory_limit))
             for conn in self.conns.values():
                 if conn.kernel is not None and conn.kernel.server is server:
                     self._spawn(self._send(conn, {"type": "slice", "slice": slice_.to_dict()}))
-        if slice_.isolation == "mps" and not slice_.simulated and slice_.gpu_uuid not in self._mps_asked:
+        if (
+            slice_.isolation == "mps"
+            and not slice_.simulated
+            and getattr(self.config, "mps_daemons", True)
+            and slice_.gpu_uuid not in self._mps_asked
+        ):
             self._mps_asked.add(slice_.gpu_uuid)
             self._spawn(self._start_mps(slice_.gpu_uuid))
         for kpid, (conn, kernel_id) in list(self.unknown.items()):
-            if peers.root_in(kpid, [pid]) is not None:  # a kernel that came before its server did
+            if self.root_of(kpid) == root:  # a kernel that came before its server did
                 del self.unknown[kpid]
                 self._spawn(self._admit(conn, server, kernel_id))
         return server
@@ -169,6 +189,7 @@ class Arbiter:
                 {
                     "pid": s.pid,
                     "key": s.key,
+                    "pod_uid": s.pod_uid,
                     "user": s.user,
                     "server": s.name,
                     "gpu_uuid": s.slice.gpu_uuid,
@@ -181,6 +202,7 @@ class Arbiter:
             "kernels": [
                 {
                     "pid": k.pid,
+                    "container_pid": namespaces.container_pid(k.pid) or k.pid,
                     "server": k.server.key,
                     "kernel_id": k.kernel_id,
                     "state": k.state,
@@ -195,6 +217,20 @@ class Arbiter:
             ],
             "decisions": list(self.decisions),
         }
+
+    def spawn_every(self, seconds: float, step) -> None:
+        """Run the coroutine function ``step`` now and every ``seconds`` until :meth:`stop`
+        (its failures are logged, the next one still runs)."""
+
+        async def loop():
+            while True:
+                try:
+                    await step()
+                except Exception:
+                    log.exception("periodic %s failed", getattr(step, "__qualname__", step))
+                await asyncio.sleep(seconds)
+
+        self._tasks.append(asyncio.ensure_future(loop()))
 
     def _spawn(self, coro) -> None:
         """Run ``coro`` as a task the arbiter keeps a reference to until it ends."""
@@ -285,7 +321,7 @@ class Arbiter:
         """Why ``conn`` may not read the books, every user's figures (None: it may)."""
         if not conn.trusted:
             return "only the arbiter's own user (or root) may"
-        if peers.root_in(conn.pid, self.servers) is not None:
+        if self.root_of(conn.pid) is not None:
             return "no process of a user's server may"
         return None
 
@@ -484,7 +520,7 @@ class Arbiter:
 
     async def enforce(self, now: float) -> None:
         """Compare every process of every registered server with its budget (real cards)."""
-        owner = owners(self.servers.values(), lambda pid: peers.root_in(pid, self.servers))
+        owner = owners(self.servers.values(), self.root_of)
         for uuid in {s.slice.gpu_uuid for s in self.servers.values() if not s.slice.simulated}:
             reading = await self.read(uuid)
             for action in self.watchdog.step(now, reading.processes, owner):

@@ -27,20 +27,29 @@ class Server:
     """A user's single-user server (or any process tree with a slice).
 
     Attributes:
-        pid: the root of its process tree; every descendant belongs to it.
+        pid: the root of its process tree; every descendant belongs to it (0 for a
+            server known by its pod).
         user: the user's name.
         name: the server's name ("" for the default server).
         slice: its slice (the budget is per kernel, as everywhere).
+        pod_uid: on Kubernetes, the uid of its pod: every process in the pod's cgroup
+            belongs to it (:mod:`.namespaces`); None on one host.
     """
 
     pid: int
     user: str
     name: str
     slice: Slice
+    pod_uid: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.user}/{self.name}"
+
+    @property
+    def root(self) -> int | str:
+        """Its key in the arbiter's books: the root PID, or ``"pod:<uid>"``."""
+        return f"pod:{self.pod_uid}" if self.pod_uid else self.pid
 
 
 @dataclasses.dataclass

@@ -114,15 +114,16 @@ class Watchdog:
 
 
 def owners(
-    servers: Iterable, root_of: Callable[[int], int | None]
+    servers: Iterable, root_of: Callable[[int], int | str | None]
 ) -> Callable[[int], tuple[str, int] | None]:
     """The ``owner`` function of :meth:`Watchdog.step` over registered servers.
 
     Args:
         servers: the arbiter's :class:`~.books.Server` objects.
-        root_of: maps a PID to the registered root it descends from (or None).
+        root_of: maps a PID to the root it belongs to (a registered root PID it
+            descends from, or ``"pod:<uid>"`` of its pod), or None.
     """
-    by_root = {s.pid: s for s in servers}
+    by_root = {s.root: s for s in servers}
 
     def owner(pid: int):
         root = root_of(pid)

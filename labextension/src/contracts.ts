@@ -73,6 +73,56 @@ export interface IKernelReport {
   pause: IPauseStats;
 }
 
+/** A GPU not in MIG mode, or a MIG instance, as NVML lists it on the node. */
+export interface INodeGPU {
+  /** NVML UUID (GPU-… or MIG-…). */
+  uuid: string;
+  /** NVML index on the node (a MIG instance's parent GPU). */
+  index: number;
+  /** Product name as NVML reports it (a MIG instance: '<GPU name> MIG <profile>'). */
+  name: string;
+  /** Total memory, bytes. */
+  memory: number;
+  /** Memory in use by every process, bytes; null when NVML could not say. */
+  used: number | null;
+  /** The MIG profile of a MIG instance ('3g.40gb'), else null. */
+  mig_profile: string | null;
+  /** A MIG instance's share of its GPU's SMs, percent, else null. */
+  compute_percent: number | null;
+  /** The card is above the arbiter's watermark. */
+  pressure: boolean;
+}
+
+/** A pod whose processes hold GPU memory or are kernels connected to the arbiter. */
+export interface INodePod {
+  /** The pod's metadata.uid. */
+  uid: string;
+  /** UUIDs of the GPUs (or MIG instances) its processes hold memory on. */
+  gpus: string[];
+  /** Its kernels connected to the arbiter. */
+  kernels: number;
+}
+
+/**
+ * What a node arbiter on Kubernetes POSTs to /hub/api/vgpu/nodes/{node} about every 10 seconds:
+ * its node's GPUs as NVML lists them, and which pods' processes use which GPU. Sizes in bytes.
+ */
+export interface INodeReport {
+  /** Version of this document's layout. */
+  version: 1;
+  /** The Kubernetes node's name (the arbiter pod's spec.nodeName). */
+  node: string;
+  /** Every GPU not in MIG mode, and every MIG instance of the GPUs in MIG mode. */
+  gpus: INodeGPU[];
+  /**
+   * Pods whose processes the arbiter saw on a GPU (NVML's processes, mapped to pods through their
+   * cgroup) or connected to its socket.
+   */
+  pods: INodePod[];
+  /** What the arbiter could not do (NVML failed, …), for the Hub's admin page. */
+  problems: string[];
+}
+
 /**
  * How the GPU is shared: time-slicing (memory budget watched, compute share not enforced), mps
  * (NVIDIA MPS enforces the compute share and a pinned memory limit), mig (a whole MIG instance).
@@ -204,6 +254,7 @@ export interface IUsageReport {
 /** The layout version of each contract; documents carry theirs in `version`. */
 export const CONTRACT_VERSIONS = {
   'kernel-report': 2,
+  'node-report': 1,
   'slice': 2,
   'usage': 1,
   'usage-report': 1
