@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,12 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jupyter_client import KernelManager  # noqa: E402
-
 from jupyter_vgpu import nvml  # noqa: E402
-from jupyter_vgpu.kernel.pause import vmm  # noqa: E402
-from jupyter_vgpu.node.control import Control  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
+from tests.arbiter_process import ArbiterProcess  # noqa: E402
+from tests.gpu.preloaded import environment  # noqa: E402
+from tests.kernel_runner import Kernel  # noqa: E402
 
 GiB = 1 << 30
 
@@ -66,28 +63,15 @@ print("ready", sum(p.numel() for p in model.parameters()))
 """
 
 
-class Session:
+class Session(Kernel):
     """One kernel, started preloaded, with the arbiter's socket in its environment."""
 
     def __init__(self, index: int, runtime: Path, socket: str):
-        env = vmm.preload_environment(dict(os.environ))
-        path = f"{ROOT}:{env.get('PYTHONPATH', '')}"
-        env.update(JUPYTER_VGPU_ARBITER=socket, SESSION=str(index), PYTHONPATH=path)
-        connection = str(runtime / f"kernel-s{index}.json")
-        self.manager = KernelManager(kernel_name="python3", connection_file=connection)
-        self.manager.kernel_spec.argv[0] = sys.executable
-        self.manager.kernel_spec.argv.append("--ext=jupyter_vgpu")
-        self.manager.start_kernel(env=env)
-        self.client = self.manager.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=120)
+        env = environment(JUPYTER_VGPU_ARBITER=socket, SESSION=str(index))
+        super().__init__(runtime, env, load_extension=True, ready_timeout=120)
         self.index = index
 
-    @property
-    def pid(self) -> int:
-        return self.manager.provisioner.pid
-
-    def run(self, code: str, timeout: float = 180) -> tuple[float, str, bool]:
+    def timed(self, code: str, timeout: float = 180) -> tuple[float, str, bool]:
         """``(seconds, output, failed)`` of one cell."""
         out: list[str] = []
         failed = False
@@ -105,10 +89,6 @@ class Session:
         reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
         failed = failed or reply["content"]["status"] != "ok"
         return time.perf_counter() - t0, "".join(out), failed
-
-    def stop(self) -> None:
-        self.client.stop_channels()
-        self.manager.shutdown_kernel(now=True)
 
 
 class HostMemory:
@@ -140,35 +120,20 @@ class HostMemory:
         self._thread.join()
 
 
-def start_arbiter(directory: Path, think: float) -> tuple[subprocess.Popen, str]:
-    socket = str(directory / "arbiter.sock")
-    log = open(directory / "arbiter.log", "ab")  # noqa: SIM115 - the arbiter owns it
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyter_vgpu.node",
-        f"--socket={socket}",
-        "--registrars=same-user",
+def start_arbiter(directory: Path, think: float) -> ArbiterProcess:
+    return ArbiterProcess(
+        directory,
         "--ArbiterApp.poll_seconds=0.25",
         "--ArbiterApp.watermark=0.8",
         f"--ArbiterApp.suspend_after={max(2.0, think / 2)}",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + 60
-    while not os.path.exists(socket):
-        if time.time() > deadline or process.poll() is not None:
-            raise RuntimeError(f"the arbiter did not start: see {directory / 'arbiter.log'}")
-        time.sleep(0.2)
-    time.sleep(0.5)
-    return process, socket
+    ).start()
 
 
 def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        arbiter, socket = start_arbiter(tmp, args.think)
+        arbiter = start_arbiter(tmp, args.think)
+        socket = str(arbiter.socket)
         sessions: list[Session] = []
         try:
             started: queue.Queue[Session] = queue.Queue()
@@ -180,13 +145,13 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
             for t in starters:
                 t.join()
             sessions = sorted(started.queue, key=lambda s: s.index)
-            with Control(socket) as control:
+            with arbiter.control() as control:
                 for s in sessions:
                     control.register(s.pid, f"user{s.index}", "", slice_)
             setup = SETUP.format(width=args.width, layers=args.layers, batch=args.batch)
             ooms = 0
             for s in sessions:  # one after another: each setup is a cell that asks for room
-                _, _, failed = s.run(setup)
+                _, _, failed = s.timed(setup)
                 ooms += failed
             latencies: queue.Queue[float] = queue.Queue()
             errors: list[str] = []
@@ -194,7 +159,7 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
             def duty(s: Session) -> None:
                 time.sleep(random.uniform(0, args.think))
                 for _ in range(args.cycles):
-                    seconds, out, failed = s.run(f"train({solo_steps})")
+                    seconds, out, failed = s.timed(f"train({solo_steps})")
                     if failed:
                         errors.append(out[-500:])
                     else:
@@ -210,8 +175,7 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
                 t.join()
             host.stop()
             cells = sorted(latencies.queue)
-            with Control(socket) as control:
-                books = control.books()
+            books = arbiter.books()
             return {
                 "sessions": n,
                 "cells": len(cells),
@@ -228,9 +192,8 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
             }
         finally:
             for s in sessions:
-                s.stop()
-            arbiter.terminate()
-            arbiter.wait(30)
+                s.shutdown()
+            arbiter.stop()
 
 
 def main() -> None:
@@ -254,23 +217,23 @@ def main() -> None:
     # solo: calibrate the cell to about --cell-seconds, measure the peak
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        arbiter, socket = start_arbiter(tmp, args.think)
+        arbiter = start_arbiter(tmp, args.think)
+        socket = str(arbiter.socket)
         s = Session(0, tmp, socket)
         try:
-            with Control(socket) as control:
+            with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
-            s.run(SETUP.format(width=args.width, layers=args.layers, batch=args.batch))
-            seconds, _, _ = s.run("train(4)")
+            s.timed(SETUP.format(width=args.width, layers=args.layers, batch=args.batch))
+            seconds, _, _ = s.timed("train(4)")
             steps = max(1, round(4 * args.cell_seconds / seconds))
-            s.run(f"train({steps})")
-            solo = sorted(s.run(f"train({steps})")[0] for _ in range(5))
+            s.timed(f"train({steps})")
+            solo = sorted(s.timed(f"train({steps})")[0] for _ in range(5))
             peak = nvml.process_memory(gpu.uuid).get(s.pid, 0)
-            _, out, _ = s.run("print(torch.cuda.max_memory_reserved(), torch.cuda.memory_reserved())")
+            _, out, _ = s.timed("print(torch.cuda.max_memory_reserved(), torch.cuda.memory_reserved())")
             max_reserved, idle_reserved = (int(v) for v in out.split())
         finally:
-            s.stop()
-            arbiter.terminate()
-            arbiter.wait(30)
+            s.shutdown()
+            arbiter.stop()
     context = peak - idle_reserved
     session_peak = max_reserved + context
     static = int(card // session_peak)

@@ -31,7 +31,8 @@ class ArbiterProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> ArbiterProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+        # no Hub to read slices from, and never the pausable allocator (kernels only)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_") and k != "LD_PRELOAD"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={self.socket}", *self.args],
             stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the process owns it

@@ -13,9 +13,12 @@ from jupyter_client import KernelManager
 class Kernel:
     """A real ipykernel in its own process; ``run`` executes code and returns its text."""
 
-    def __init__(self, runtime: Path, env: dict[str, str], *, load_extension: bool = False):
+    def __init__(
+        self, runtime: Path, env: dict[str, str], *, load_extension: bool = False, ready_timeout: float = 60
+    ):
         """``load_extension`` loads the kernel hook explicitly (``--ext``), for checkouts
-        run without installing the package (whose IPython config loads it)."""
+        run without installing the package (whose IPython config loads it);
+        ``ready_timeout`` is how long the kernel may take to start, seconds."""
         self.id = str(uuid.uuid4())
         self.manager = KernelManager(
             kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
@@ -26,7 +29,7 @@ class Kernel:
         self.manager.start_kernel(env={**os.environ, **env})
         self.client = self.manager.client()
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        self.client.wait_for_ready(timeout=ready_timeout)
 
     @property
     def pid(self) -> int:
