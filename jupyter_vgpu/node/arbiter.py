@@ -64,6 +64,10 @@ class _Conn:
             self.pending.pop(rid, None)
 
 
+#: Seconds between two looks at the MPS daemons this arbiter started.
+MPS_WATCH_SECONDS = 10.0
+
+
 class Arbiter:
     """The books and decisions of one host.
 
@@ -91,6 +95,7 @@ class Arbiter:
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self.mps = mps.MPSDaemons(getattr(config, "socket_path", "") or "/run/jupyter-vgpu/arbiter.sock")
+        self._mps_watched = 0.0  # monotonic seconds of the last look at the daemons
         self._mps_asked: set[str] = set()  # GPUs whose daemon was started (or found missing)
         self.refresh_servers = None  # async callable re-reading registrations (the Hub link)
         self.watchdog = Watchdog(config.over_budget, config.grace_seconds)
@@ -155,8 +160,12 @@ class Arbiter:
         except mps.MPSUnavailable as e:
             self._decide("mps unavailable", gpu=uuid, message=str(e))
 
-    async def _watch_mps(self) -> None:
-        """Restart every daemon this arbiter started that no longer answers."""
+    async def _watch_mps(self, now: float) -> None:
+        """Restart every daemon this arbiter started that no longer answers; asks at most
+        every :data:`MPS_WATCH_SECONDS` (each question starts the control program)."""
+        if not self.mps.started or now - self._mps_watched < MPS_WATCH_SECONDS:
+            return
+        self._mps_watched = now
         loop = asyncio.get_running_loop()
         for uuid in sorted(self.mps.started):
             if not await loop.run_in_executor(None, self.mps.running, uuid):
@@ -557,7 +566,7 @@ class Arbiter:
         cards and suspend long-idle ones."""
         now = time.monotonic()
         await self.enforce(now)
-        await self._watch_mps()
+        await self._watch_mps(now)
         for uuid in {k.slice.gpu_uuid for k in self.kernels}:
             if self._locks[uuid].locked():
                 continue  # a room request is deciding on this card
