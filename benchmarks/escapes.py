@@ -4,7 +4,7 @@ A real kernel with a 2 GiB slice, registered with a standalone arbiter whose wat
 ends offenders (``--over-budget=kill``, 1 s of grace, NVML read every 0.25 s), tries
 each escape to hold 4 GiB: lifting PyTorch's memory fraction, setting it before CUDA
 starts, CuPy (with its environment limit edited), ``cudaMalloc`` through ctypes, and a
-subprocess of the kernel (as a terminal's process would be: both run under the server).
+subprocess of the kernel, and a process typed into a terminal of a real Jupyter server.
 For each case: whether the arbiter caught it, how long after the memory was taken (the
 kernel prints the wall-clock time it finished allocating; the arbiter logs its
 decisions with theirs), and what it did.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -28,7 +29,9 @@ from jupyter_vgpu import nvml  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from tests.arbiter_process import ArbiterProcess  # noqa: E402
 from tests.gpu.preloaded import environment  # noqa: E402
+from tests.integration.lab_client import LabClient  # noqa: E402
 from tests.kernel_runner import Kernel  # noqa: E402
+from tests.server_process import JupyterServer  # noqa: E402
 
 GiB = 1 << 30
 HOLD = "import time\nprint('took', time.time(), flush=True)\ntime.sleep(6)\n"
@@ -53,14 +56,23 @@ CASES = {
         "assert cu.cuCtxSetCurrent(ctx) == 0\n"
         "assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4 << 30)) == 0\n" + HOLD
     ),
-    "a subprocess of the kernel (as a terminal's)": (
+    "a subprocess of the kernel": (
         "import subprocess, sys\n"
         "child = subprocess.Popen([sys.executable, '-c', "
         "\"import torch, time; x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda'); "
         "print('took', time.time(), flush=True); time.sleep(8)\"], stdout=subprocess.PIPE, text=True)\n"
         "print(child.stdout.readline(), flush=True)\nchild.wait()\n"
     ),
+    "a process from a terminal of the same server": None,  # terminal_case
 }
+# terminals are a server extension; enabled here even where its config file is not installed
+TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
+TERMINAL_CASE = "a process from a terminal of the same server"
+# typed into the terminal; prints "took <time>" (spelt apart so that the echo does not match)
+TERMINAL = (
+    "python3 -c \"import time, torch; x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda'); "
+    "print('to' + 'ok', time.time(), flush=True); time.sleep(8)\""
+)
 
 
 def run(kernel: Kernel, code: str) -> str:
@@ -76,6 +88,58 @@ def run(kernel: Kernel, code: str) -> str:
     except TimeoutError:
         parts.append("(no reply: the kernel was ended)")
     return "".join(parts)
+
+
+def judge(arbiter: ArbiterProcess, since: float, took: float | None, output: str) -> dict:
+    """What the arbiter decided about an escape that held its memory from ``took`` on."""
+    time.sleep(1)
+    decisions = [
+        d for d in arbiter.books()["decisions"] if d["what"].startswith("over budget") and d["time"] >= since
+    ]
+    warned = next((d for d in decisions if d["what"] == "over budget: warn"), None)
+    acted = next((d for d in decisions if d["what"] == "over budget: kill"), None)
+    return {
+        "caught": warned is not None,
+        "seconds_to_catch": round(warned["time"] - took, 3) if warned and took else None,
+        "action": "kill" if acted else ("warn" if warned else None),
+        "seconds_to_action": round(acted["time"] - took, 3) if acted and took else None,
+        "output_tail": output[-300:],
+    }
+
+
+def kernel_case(arbiter: ArbiterProcess, tmp: Path, slice_: Slice, code: str) -> dict:
+    """Run ``code`` in a fresh kernel registered as a server with ``slice_``."""
+    kernel = Kernel(tmp, environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket)), load_extension=True)
+    try:
+        with arbiter.control() as c:
+            c.register(kernel.pid, "mallory", "", slice_)
+        kernel.run("import os")
+        since = time.time()
+        out = run(kernel, code)
+        return judge(arbiter, since, took_time(out), out)
+    finally:
+        kernel.shutdown()
+
+
+def terminal_case(arbiter: ArbiterProcess, tmp: Path, slice_: Slice, gpu_uuid: str) -> dict:
+    """A real ``jupyter server`` registered with ``slice_``; a process typed into one of
+    its terminals (terminado, as JupyterLab's terminal) takes 4 GiB."""
+    server = JupyterServer(tmp / "terminal-server", {"CUDA_VISIBLE_DEVICES": gpu_uuid}, args=[TERMINALS_ON])
+    try:
+        with arbiter.control() as c:
+            c.register(server.proc.pid, "mallory", "", slice_)
+        since = time.time()
+        _, out = LabClient(server.url + "/", server.token).terminal(TERMINAL, until="took 1", timeout=60)
+        time.sleep(0.5)  # the rest of the line
+        return judge(arbiter, since, took_time(out), out)
+    finally:
+        server.stop()
+
+
+def took_time(output: str) -> float | None:
+    """The wall-clock time an escape printed after ``took``."""
+    match = re.search(r"took (\d+\.\d+)", output)
+    return float(match.group(1)) if match else None
 
 
 def main() -> None:
@@ -97,37 +161,11 @@ def main() -> None:
         ).start()
         try:
             for name, code in cases.items():
-                kernel = Kernel(
-                    tmp, environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket)), load_extension=True
-                )
-                try:
-                    with arbiter.control() as c:
-                        c.register(kernel.pid, "mallory", "", slice_)
-                    kernel.run("import os")
-                    since = time.time()
-                    out = run(kernel, code)
-                    took = next(
-                        (float(w) for line in out.splitlines() if "took" in line for w in line.split()[1:2]),
-                        None,
-                    )
-                    time.sleep(1)
-                    decisions = [
-                        d
-                        for d in arbiter.books()["decisions"]
-                        if d["what"].startswith("over budget") and d["time"] >= since
-                    ]
-                    warned = next((d for d in decisions if d["what"] == "over budget: warn"), None)
-                    acted = next((d for d in decisions if d["what"] == "over budget: kill"), None)
-                    row = {
-                        "name": name,
-                        "caught": warned is not None,
-                        "seconds_to_catch": round(warned["time"] - took, 3) if warned and took else None,
-                        "action": "kill" if acted else ("warn" if warned else None),
-                        "seconds_to_action": round(acted["time"] - took, 3) if acted and took else None,
-                        "kernel_output_tail": out[-300:],
-                    }
-                finally:
-                    kernel.shutdown()
+                if name == TERMINAL_CASE:
+                    row = terminal_case(arbiter, tmp, slice_, gpu.uuid)
+                else:
+                    row = kernel_case(arbiter, tmp, slice_, code)
+                row = {"name": name, **row}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 with open(args.out, "w") as f:

@@ -2,18 +2,26 @@
 
 Every session is a real IPython kernel started as a jupyter-vgpu server starts it (the
 pausable allocator preloaded, the arbiter's socket in its environment), registered with
-a standalone arbiter with the same slice. Each holds a working set: a bf16 MLP
+a standalone arbiter with the same slice. Each holds a working set W: a bf16 MLP
 (``--layers`` blocks of ``--width`` -> 4x ``--width`` -> ``--width``) with its AdamW
-state (bf16), gradients freed after each step. Each runs an interactive duty cycle:
-a cell of ``--steps`` training steps (about one second on an empty card), then
-``--think`` seconds idle, ``--cycles`` times, starting at staggered times.
+state (bf16); a training step also needs gradients and the activations of a batch of
+``--batch`` random tokens, freed after the step. Each session runs an interactive duty
+cycle: a cell of training steps (about ``--cell-seconds`` on an empty card), then
+``--think`` seconds idle, ``--cycles`` times; the first cell starts at a random time in
+the first cycle, so that cells of different sessions meet as they would by chance.
 
 Baseline: static partitioning, the most sessions whose peak (working set, gradients,
-activations and CUDA context, measured on the empty card) fit on the card side by side.
-For each N the cell latencies (send to reply, resume and any wait for room included)
-are compared with the same cell on the empty card. Paused working sets live in host
-memory, so N is also bounded by the host's memory: ``--sessions`` should stay within it
-(each run reports the host's peak memory in use).
+activations and CUDA context, measured on the empty card) fit on the card side by side:
+a static slice has to hold the session's peak. For each N the cell latencies (send to
+reply, resume and any wait for room included) are compared with the same cell on the
+empty card. Paused working sets live in host memory, so N is also bounded by the host's
+memory (each run reports the host's peak memory in use). The think time sets how often
+cells of different sessions run at the same time: they then share the card's compute,
+which no memory policy can hide.
+
+``--calibration FILE`` takes the solo cell, the static count and the slice from an
+earlier output and appends the new runs to it (one call per N on a device with a time
+limit per call).
 
 Usage (GPU machine): ``python benchmarks/sessions.py --out benchmarks/results/sessions-h100.json``
 """
@@ -51,10 +59,10 @@ for _ in range(layers):
     blocks += [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
 model = torch.nn.Sequential(*blocks).to("cuda", torch.bfloat16)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-x = torch.randn({batch}, width, device="cuda", dtype=torch.bfloat16)
 def train(steps):
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
+        x = torch.randn({batch}, width, device="cuda", dtype=torch.bfloat16)
         model(x).float().square().mean().backward()
         opt.step()
     torch.cuda.synchronize()
@@ -120,19 +128,19 @@ class HostMemory:
         self._thread.join()
 
 
-def start_arbiter(directory: Path, think: float) -> ArbiterProcess:
+def start_arbiter(directory: Path, args) -> ArbiterProcess:
     return ArbiterProcess(
         directory,
         "--ArbiterApp.poll_seconds=0.25",
-        "--ArbiterApp.watermark=0.8",
-        f"--ArbiterApp.suspend_after={max(2.0, think / 2)}",
+        f"--ArbiterApp.watermark={args.watermark}",
+        f"--ArbiterApp.suspend_after={args.suspend_after}",
     ).start()
 
 
 def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        arbiter = start_arbiter(tmp, args.think)
+        arbiter = start_arbiter(tmp, args)
         socket = str(arbiter.socket)
         sessions: list[Session] = []
         try:
@@ -157,14 +165,15 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
             errors: list[str] = []
 
             def duty(s: Session) -> None:
-                time.sleep(random.uniform(0, args.think))
-                for _ in range(args.cycles):
+                time.sleep(random.uniform(0, args.think + args.cell_seconds))
+                for cycle in range(args.cycles):
+                    if cycle:
+                        time.sleep(args.think)
                     seconds, out, failed = s.timed(f"train({solo_steps})")
                     if failed:
                         errors.append(out[-500:])
                     else:
                         latencies.put(seconds)
-                    time.sleep(args.think)
 
             threads = [threading.Thread(target=duty, args=(s,)) for s in sessions]
             t0 = time.time()
@@ -196,30 +205,15 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
             arbiter.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=8192)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=4096, help="tokens per step")
-    parser.add_argument("--think", type=float, default=6.0, help="idle seconds between two cells")
-    parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--sessions", default="", help="N to try, e.g. 6,12,24 (default: --multiples)")
-    parser.add_argument(
-        "--multiples", default="1,2,2.5", help="N to try as multiples of the static partitioning's count"
-    )
-    parser.add_argument("--cell-seconds", type=float, default=1.0, help="length of a cell on an empty card")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-
-    gpu = nvml.list_gpus()[0]
+def calibrate(args, gpu) -> dict:
+    """The solo cell on the empty card: steps for about ``--cell-seconds``, its latency,
+    the session's peak and working set, and the static count they give."""
     card = gpu.memory_total
     probe = Slice(gpu.uuid, gpu.index, gpu.name, card, card, 100, placement="binpack")
-    # solo: calibrate the cell to about --cell-seconds, measure the peak
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        arbiter = start_arbiter(tmp, args.think)
-        socket = str(arbiter.socket)
-        s = Session(0, tmp, socket)
+        arbiter = start_arbiter(tmp, args)
+        s = Session(0, tmp, str(arbiter.socket))
         try:
             with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
@@ -229,23 +223,76 @@ def main() -> None:
             s.timed(f"train({steps})")
             solo = sorted(s.timed(f"train({steps})")[0] for _ in range(5))
             peak = nvml.process_memory(gpu.uuid).get(s.pid, 0)
-            _, out, _ = s.timed("print(torch.cuda.max_memory_reserved(), torch.cuda.memory_reserved())")
-            max_reserved, idle_reserved = (int(v) for v in out.split())
+            code = "c = torch.cuda\nprint(c.max_memory_reserved(), c.memory_reserved(), c.memory_allocated())"
+            _, out, _ = s.timed(code)
+            max_reserved, idle_reserved, allocated = (int(v) for v in out.split())
         finally:
             s.shutdown()
             arbiter.stop()
-    context = peak - idle_reserved
+    context = peak - idle_reserved  # CUDA context, cuBLAS workspaces: outside PyTorch's pools
     session_peak = max_reserved + context
-    static = int(card // session_peak)
-    budget = min(card, max_reserved + (1 << 30))
+    return {
+        "card_bytes": card,
+        "working_set_bytes": allocated,
+        "session_peak_bytes": session_peak,
+        "context_bytes": context,
+        "static_sessions": int(card // session_peak),
+        "budget_bytes": min(card, max_reserved + (1 << 30)),
+        "solo_cell_s": statistics.median(solo),
+        "solo_cells_s": solo,
+        "steps_per_cell": steps,
+        "model": {"width": args.width, "layers": args.layers, "batch": args.batch, "dtype": "bf16"},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=61440, help="tokens per step")
+    parser.add_argument("--think", type=float, default=90.0, help="idle seconds between two cells")
+    parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--sessions", default="", help="N to try, e.g. 6,12,24 (default: --multiples)")
+    parser.add_argument(
+        "--multiples", default="1,2,3,4", help="N to try as multiples of the static partitioning's count"
+    )
+    parser.add_argument("--cell-seconds", type=float, default=1.0, help="length of a cell on an empty card")
+    parser.add_argument("--idle-seconds", type=float, default=5.0, help="the slice's idle_seconds")
+    parser.add_argument(
+        "--watermark", type=float, default=0.6, help="the arbiter's background-pause watermark"
+    )
+    parser.add_argument(
+        "--suspend-after",
+        type=float,
+        default=3600.0,
+        help="the arbiter's suspend_after (default: not in a run)",
+    )
+    parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    gpu = nvml.list_gpus()[0]
+    if args.calibration:
+        result = json.loads(Path(args.calibration).read_text())
+        args.width, args.layers, args.batch = (result["model"][k] for k in ("width", "layers", "batch"))
+        args.think = result["think_s"]
+    else:
+        result = {**calibrate(args, gpu), "think_s": args.think, "runs": []}
+    result["arbiter"] = {
+        "idle_seconds": args.idle_seconds,
+        "watermark": args.watermark,
+        "suspend_after": args.suspend_after,
+        "poll_seconds": 0.25,
+    }
+    card, static = result["card_bytes"], result["static_sessions"]
     slice_ = Slice(
-        gpu.uuid, gpu.index, gpu.name, card, budget, 100, placement="binpack", overcommit_ratio=8.0,
-        idle_seconds=max(1.0, args.think / 3),
+        gpu.uuid, gpu.index, gpu.name, card, result["budget_bytes"], 100, placement="binpack",
+        overcommit_ratio=8.0, idle_seconds=args.idle_seconds,
     )  # fmt: skip
     print(
-        f"card {card / GiB:.1f} GiB, session peak {session_peak / GiB:.2f} GiB (working set "
-        f"{idle_reserved / GiB:.2f} GiB idle), static {static}, solo cell {statistics.median(solo):.3f} s "
-        f"({steps} steps)",
+        f"card {card / GiB:.1f} GiB, session peak {result['session_peak_bytes'] / GiB:.2f} GiB, working set "
+        f"{result['working_set_bytes'] / GiB:.2f} GiB, static {static}, "
+        f"solo cell {result['solo_cell_s']:.3f} s ({result['steps_per_cell']} steps), think {args.think} s",
         flush=True,
     )
     multiples = [float(v) for v in args.multiples.split(",")]
@@ -254,20 +301,9 @@ def main() -> None:
         if args.sessions
         else [round(m * static) for m in multiples]
     )
-    result = {
-        "card_bytes": card,
-        "working_set_bytes": idle_reserved,
-        "session_peak_bytes": session_peak,
-        "think_s": args.think,
-        "static_sessions": static,
-        "solo_cell_s": statistics.median(solo),
-        "steps_per_cell": steps,
-        "model": {"width": args.width, "layers": args.layers, "batch": args.batch, "dtype": "bf16"},
-        "runs": [],
-    }
     for n in wanted:
-        row = run_sessions(n, args, slice_, steps)
-        row["solo_p50_cell_s"] = statistics.median(solo)
+        row = run_sessions(n, args, slice_, result["steps_per_cell"])
+        row["solo_p50_cell_s"] = result["solo_cell_s"]
         result["runs"].append(row)
         print(json.dumps(row), flush=True)
         with open(args.out, "w") as f:  # after every N: a larger one may not finish

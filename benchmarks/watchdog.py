@@ -6,10 +6,15 @@ to the registered server whose process tree it belongs to (``/proc/<pid>/stat`` 
 (:meth:`jupyter_vgpu.node.watchdog.Watchdog.step`). Here 30 servers are real process
 trees (a root, a kernel below it, a subprocess below that: 90 processes), two processes
 of each are "on the card" with synthetic byte counts (one of every ten over budget),
-and the same code the arbiter runs is timed in process CPU time. NVML's per-process
-query itself is not included (no GPU here): add its cost on the GPU machine.
+and the same code the arbiter runs is timed in process CPU time.
 
-Usage (any Linux machine): ``python benchmarks/watchdog.py --out benchmarks/results/watchdog-cpu.json``
+With ``--gpu`` (the GPU machine) the subprocess at the bottom of each tree holds real
+device memory through the driver (64 MiB; 2.5 GiB in one tree of ten, over its 2 GiB
+budget), and each look also reads NVML's per-process figures for the card, as the
+arbiter does: the time then includes NVML's query.
+
+Usage: ``python benchmarks/watchdog.py --out benchmarks/results/watchdog-cpu.json``
+(any Linux machine), ``python benchmarks/watchdog.py --gpu --out benchmarks/results/watchdog-h100.json``
 """
 
 from __future__ import annotations
@@ -26,30 +31,61 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_vgpu import nvml
 from jupyter_vgpu.node import peers
 from jupyter_vgpu.node.books import Server
 from jupyter_vgpu.node.watchdog import Watchdog, owners
 from jupyter_vgpu.slice import Slice
 
 GiB = 1 << 30
+
+
+def parent_of(code: str) -> str:
+    """Python code that starts ``code`` in a child process and sleeps."""
+    start = f"subprocess.Popen([sys.executable, '-c', {code!r}])"
+    return f"import subprocess, sys, time; {start}; time.sleep(600)"
+
+
 # a server: the root starts a "kernel", which starts a "subprocess"; all sleep
 SLEEP = "import time; time.sleep(600)"
-KERNEL = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {SLEEP!r}]); time.sleep(600)"
-TREE = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {KERNEL!r}]); time.sleep(600)"
+TREE = parent_of(parent_of(SLEEP))
+# the same tree whose bottom process holds HOLD_BYTES of device memory through the driver
+HOLDER = (
+    "import ctypes, os, time\n"
+    "cu = ctypes.CDLL('libcuda.so.1'); assert cu.cuInit(0) == 0\n"
+    "dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()\n"
+    "assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0\n"
+    "assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0\n"
+    "assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(os.environ['HOLD_BYTES']))) == 0\n"
+    "time.sleep(600)\n"
+)
+GPU_TREE = parent_of(parent_of(HOLDER))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=30)
     parser.add_argument("--looks", type=int, default=200)
+    parser.add_argument("--gpu", action="store_true", help="real device memory, read through NVML")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    roots = [subprocess.Popen([sys.executable, "-c", TREE]) for _ in range(args.servers)]
+    gpu = nvml.list_gpus()[0] if args.gpu else None
+
+    def start(i: int) -> subprocess.Popen:
+        if not args.gpu:
+            return subprocess.Popen([sys.executable, "-c", TREE])
+        env = {**os.environ, "HOLD_BYTES": str(5 * GiB // 2 if i % 10 == 0 else 64 << 20)}
+        return subprocess.Popen([sys.executable, "-c", GPU_TREE], env=env)
+
+    roots = [start(i) for i in range(args.servers)]
     try:
         deadline = time.time() + 60
         while True:  # every tree complete: root, kernel, subprocess
             trees = {r.pid: peers.descendants(r.pid, _all_pids()) for r in roots}
-            if all(len(t) >= 3 for t in trees.values()) or time.time() > deadline:
+            complete = all(len(t) >= 3 for t in trees.values())
+            if args.gpu and complete:  # and every holder on the card
+                complete = len(nvml.process_memory(gpu.uuid)) >= args.servers
+            if complete or time.time() > deadline:
                 break
             time.sleep(0.2)
         s = Slice("GPU-0", 0, "H100", 80 * GiB, 2 * GiB, 25)
@@ -60,8 +96,12 @@ def main() -> None:
                 reading[pid] = 3 * GiB if i % 10 == 0 else GiB
         watchdog = Watchdog("report", grace_seconds=10)
         times, warned = [], set()
+        nvml_times = []
         for n in range(args.looks):
             t0 = time.process_time()
+            if args.gpu:
+                reading = nvml.process_memory(gpu.uuid)
+                nvml_times.append(time.process_time() - t0)
             owner = owners(servers.values(), lambda pid: peers.root_in(pid, servers))
             actions = watchdog.step(float(n), reading, owner)
             times.append(time.process_time() - t0)
@@ -74,7 +114,9 @@ def main() -> None:
             "cpu_ms_per_look_median": statistics.median(times) * 1e3,
             "cpu_ms_per_look_p95": sorted(times)[int(0.95 * len(times))] * 1e3,
             "cpu_percent_at_1s_poll": statistics.median(times) * 100,
-            "excludes": "NVML's per-process query (no GPU on this machine)",
+            "nvml_cpu_ms_per_look_median": statistics.median(nvml_times) * 1e3 if nvml_times else None,
+            "excludes": None if args.gpu else "NVML's per-process query (no GPU on this machine)",
+            "gpu": gpu.name if gpu else None,
             "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         }
     finally:

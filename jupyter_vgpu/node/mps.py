@@ -36,6 +36,9 @@ log = logging.getLogger("jupyter_vgpu.node")
 
 #: NVIDIA's control program (``nvidia-cuda-mps-control``, shipped with the driver).
 CONTROL = "nvidia-cuda-mps-control"
+#: The longest pipe directory a daemon can use: its Unix sockets (``control``,
+#: ``control_privileged``, ...) must fit ``sun_path`` (108 bytes with the final NUL).
+MAX_PIPE_DIRECTORY = 80
 
 
 class MPSUnavailable(RuntimeError):
@@ -98,9 +101,14 @@ class MPSDaemons:
         if self.running(gpu_uuid):
             self.started.add(gpu_uuid)
             return
+        pipe, logs = self.directories(gpu_uuid)
+        if len(str(pipe).encode()) > MAX_PIPE_DIRECTORY:
+            raise MPSUnavailable(
+                f"the MPS pipe directory {pipe} is longer than {MAX_PIPE_DIRECTORY} bytes, too long for the "
+                "daemon's Unix sockets: give the arbiter a socket in a shorter directory"
+            )
         if shutil.which(self.control) is None:
             raise MPSUnavailable(f"{self.control} is not on PATH (it comes with the NVIDIA driver)")
-        pipe, logs = self.directories(gpu_uuid)
         for directory in (pipe, logs):
             directory.mkdir(parents=True, exist_ok=True)
         os.chmod(pipe, 0o755)  # clients connect; only the arbiter's user writes
@@ -116,8 +124,21 @@ class MPSDaemons:
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MPSUnavailable(f"starting {self.control} -d for {gpu_uuid} failed: {e}") from None
         if result.returncode != 0:
-            raise MPSUnavailable(
-                f"{self.control} -d for {gpu_uuid} exited {result.returncode}: {result.stderr.strip()[:300]}"
-            )
+            said = result.stderr.strip()[-300:] or _tail(logs / "control.log")
+            raise MPSUnavailable(f"{self.control} -d for {gpu_uuid} exited {result.returncode}: {said}")
         self.started.add(gpu_uuid)
         log.info("MPS control daemon started for %s (pipes in %s)", gpu_uuid, pipe)
+
+    def stop(self, gpu_uuid: str) -> None:
+        """Ask ``gpu_uuid``'s control daemon to quit (its clients lose the GPU with it)."""
+        if shutil.which(self.control) is not None:
+            self._ask(gpu_uuid, "quit")
+        self.started.discard(gpu_uuid)
+
+
+def _tail(path: Path, limit: int = 300) -> str:
+    """The end of a daemon's log, or a note that it has none."""
+    try:
+        return path.read_text(errors="replace").strip()[-limit:] or f"({path} is empty)"
+    except OSError:
+        return f"(no {path})"

@@ -9,6 +9,7 @@ own in its place.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def default_socket() -> str:
 
 def mps_pipe_directory(socket: str, gpu_uuid: str) -> str:
     """The pipe directory of the MPS control daemon the arbiter listening on ``socket``
-    runs for GPU ``gpu_uuid``: ``<socket's directory>/mps/<uuid>/pipe``. Clients (kernels
-    of ``mps`` slices) find their daemon through ``CUDA_MPS_PIPE_DIRECTORY`` set to it."""
-    return str(Path(socket).parent / "mps" / gpu_uuid / "pipe")
+    runs for GPU ``gpu_uuid``: ``<socket's directory>/mps/<12 hex digits>/pipe``, the
+    digits the start of the UUID's SHA-1 (a GPU UUID is 40 characters, and the daemon's
+    Unix sockets in this directory must fit ``sun_path``'s 108 bytes). Clients (kernels of
+    ``mps`` slices) find their daemon through ``CUDA_MPS_PIPE_DIRECTORY`` set to it."""
+    digest = hashlib.sha1(gpu_uuid.encode()).hexdigest()[:12]
+    return str(Path(socket).parent / "mps" / digest / "pipe")

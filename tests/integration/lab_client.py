@@ -96,6 +96,42 @@ class LabClient:
         finally:
             conn.close()
 
+    def terminal(self, command: str, until: str, timeout: float = 60) -> tuple[str, str]:
+        """Open a terminal (``POST api/terminals``), type ``command`` in it as JupyterLab's
+        terminal does (terminado's websocket), and read its output until ``until`` appears.
+
+        Returns ``(terminal name, output so far)``; the terminal and what runs in it go on.
+
+        Raises:
+            TimeoutError: ``until`` did not appear within ``timeout`` seconds.
+        """
+        r = self.session.post(self.url + "api/terminals", headers=self.headers, timeout=30)
+        assert r.status_code == 200, f"new terminal: {r.status_code} {r.text}"
+        name = r.json()["name"]
+        ws_url = self.url.replace("http", "ws", 1) + f"terminals/websocket/{name}"
+        header = [f"{k}: {v}" for k, v in self.headers.items()]
+        origin = self.url.rstrip("/")
+        conn = websocket.create_connection(ws_url, header=header, origin=origin, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        text = ""
+        try:
+            conn.send(json.dumps(["stdin", command + "\r"]))
+            while until not in text:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise websocket.WebSocketTimeoutException()
+                conn.settimeout(left)
+                kind, *rest = json.loads(conn.recv())
+                if kind == "stdout":
+                    text += rest[0]
+        except websocket.WebSocketTimeoutException:
+            raise TimeoutError(
+                f"terminal {name} did not print {until!r} within {timeout} s:\n{text[-2000:]}"
+            ) from None
+        finally:
+            conn.close()
+        return name, text
+
     def _sent_to(self, cookie_path: str | None) -> bool:
         """Whether a browser sends a cookie of ``cookie_path`` to this server."""
         return ("/" + self.url.split("/", 3)[3]).startswith(cookie_path or "/")

@@ -1,0 +1,97 @@
+"""The ``mps`` backend on the real card: the arbiter's control daemon, and what a client
+started with a slice's environment may use.
+
+A client of the daemon the arbiter starts (:class:`jupyter_vgpu.node.mps.MPSDaemons`),
+with the environment the spawner gives a server (:meth:`Slice.environment`: 25% compute
+share, 2 GiB budget), sees at most a quarter of the SMs, runs a compute-bound loop
+slower than a 100% client, and is refused 3 GiB where 1 GiB succeeds, also when it
+allocates through the pausable allocator (CUDA's virtual-memory API), as kernels do.
+Each client prints what it measured (``-rA`` shows it).
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from jupyter_vgpu import nvml
+from jupyter_vgpu.node.mps import MPSDaemons
+from jupyter_vgpu.slice import Slice
+
+from .preloaded import environment
+
+pytestmark = pytest.mark.gpu
+GiB = 2**30
+
+CLIENT = """
+import json, time, torch
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+for _ in range(3):
+    a @ a
+torch.cuda.synchronize()
+start = time.perf_counter()
+for _ in range(100):
+    a @ a
+torch.cuda.synchronize()
+result = {"sms": sms, "matmul_s": time.perf_counter() - start}
+for gib in (1, 3):
+    try:
+        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+        x.fill_(1)
+        torch.cuda.synchronize()
+        result[f"{gib}_gib"] = "allocated"
+        del x
+    except torch.OutOfMemoryError as e:
+        result[f"{gib}_gib"] = "refused: " + str(e).splitlines()[0][:120]
+    torch.cuda.empty_cache()
+print(json.dumps(result))
+"""
+
+
+def client(env: dict[str, str]) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def daemon():
+    gpu = nvml.list_gpus()[0]
+    directory = tempfile.mkdtemp(prefix="vgpu-")  # short: the daemon's sockets must fit sun_path
+    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
+    daemons.ensure(gpu.uuid)
+    assert daemons.running(gpu.uuid)
+    yield gpu, daemons
+    daemons.stop(gpu.uuid)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_25_percent_2_gib_slice_gets_a_quarter_of_the_sms_and_no_more_than_its_budget(daemon):
+    gpu, daemons = daemon
+    pipe = str(daemons.directories(gpu.uuid)[0])
+    full = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, gpu.memory_total, 100, isolation="mps")
+    quarter = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 25, isolation="mps")
+
+    def env(slice_: Slice, preload: bool) -> dict[str, str]:
+        base = environment() if preload else {**os.environ}
+        return {**base, **slice_.environment(), "CUDA_MPS_PIPE_DIRECTORY": pipe}
+
+    whole = client(env(full, False))
+    plain = client(env(quarter, False))
+    pausable = client(env(quarter, True))
+    print(json.dumps({"full": whole, "quarter": plain, "quarter_pausable_allocator": pausable}))
+
+    assert plain["sms"] <= math.ceil(0.25 * whole["sms"]) + 2, (plain, whole)
+    assert plain["matmul_s"] > 2 * whole["matmul_s"], (plain, whole)
+    for measured in (plain, pausable):
+        assert measured["1_gib"] == "allocated", measured
+        assert measured["3_gib"].startswith("refused"), measured
+    assert whole["3_gib"] == "allocated", whole

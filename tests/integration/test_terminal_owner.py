@@ -1,0 +1,36 @@
+"""A process started from a JupyterLab terminal belongs to its server in the arbiter's
+eyes: the watchdog's owner lookup (the code the arbiter runs on every look) maps it to
+the server's slice, so its GPU memory counts against that budget like a kernel's."""
+
+import re
+
+from jupyter_vgpu.node import peers
+from jupyter_vgpu.node.books import Server
+from jupyter_vgpu.node.watchdog import owners
+from jupyter_vgpu.slice import Slice
+
+from ..server_process import JupyterServer
+from .lab_client import LabClient
+
+GiB = 2**30
+# terminals are a server extension; enabled here even where its config file is not installed
+TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
+HOLD = "python3 -c \"import os, time; print('pid', os.getpid(), 'up', flush=True); time.sleep(120)\""
+
+
+def test_a_terminal_process_is_owned_by_its_server(tmp_path):
+    server = JupyterServer(tmp_path / "alice", {}, args=[TERMINALS_ON])
+    other = JupyterServer(tmp_path / "bob", {})
+    try:
+        slice_ = Slice("GPU-sim-0", 0, "Simulated GPU", 80 * GiB, 2 * GiB, 100, simulated=True)
+        books = [Server(server.proc.pid, "alice", "", slice_), Server(other.proc.pid, "bob", "", slice_)]
+        lab = LabClient(server.url + "/", server.token)
+        _, text = lab.terminal(HOLD, until=" up")
+        pid = int(re.search(r"pid (\d+) up", text).group(1))
+        owner = owners(books, lambda p: peers.root_in(p, [s.root for s in books]))
+        assert owner(pid) == (books[0].key, 2 * GiB), (pid, peers.ancestors(pid))
+        assert server.proc.pid in peers.ancestors(pid)
+        assert other.proc.pid not in peers.ancestors(pid)
+    finally:
+        server.stop()
+        other.stop()
