@@ -14,15 +14,21 @@ Layout of what it writes (the "device" layout; the host layout is ``codec.zstd``
   planar bytes themselves (:data:`RAW`; random mantissa bytes come out of ANS only
   0.5% larger, so they stay ANS: one decoder call per piece). Stored chunks of a piece lie back to
   back in pinned host memory, each at an offset rounded up to 16 bytes (nvCOMP's
-  alignment): a piece is gathered on the GPU and crosses the bus in one copy each way.
+  alignment): on pause they leave the compressor's output slots in one batched copy
+  (:meth:`.cuda_driver.Driver.copies`), on resume the piece crosses the bus in one copy.
 - Every stored chunk carries its CRC-32 (zlib's polynomial, so ``zlib.crc32`` checks
-  it too), computed by nvCOMP on the GPU before the copy out. Resume recomputes it on
-  the GPU after the copy in and refuses a piece whose checksum, nvCOMP status or
-  decoded size disagrees; the host copy is untouched.
+  it too), computed by nvCOMP on the GPU before the copy out (for a chunk stored raw,
+  only once the piece's sizes say it is one). Resume recomputes it on the GPU after
+  the copy in and refuses a piece whose checksum, nvCOMP status or decoded size
+  disagrees; the host copy is untouched.
 
 Everything runs in one scratch area of device memory the caller owns (``scratch`` of
-:meth:`DeviceCodec.scratch_bytes` bytes, 54 MiB with the defaults): two slots, so that
-compression of one piece overlaps the copy of the other over two CUDA streams.
+:meth:`DeviceCodec.scratch_bytes` bytes, 58 MiB with the defaults): ``slots`` slots
+(three), so that the coding of two pieces overlaps the copy of a third over two CUDA
+streams. Where the time goes, per 8 MiB piece of bf16 weights on the H100 (GPU µs /
+Python µs to enqueue, ``benchmarks/results/codec-stages-h100.jsonl``): split 25/26,
+ANS compress 50/16, CRC of the compressed chunks 45/24, copy out 105/7; copy in
+107/7, ANS decompress 35/14, join 23/25.
 Nothing is allocated through PyTorch on the way: the pause path must run on a card with
 almost no free memory and must never be handed a block of memory it is releasing.
 """
@@ -132,24 +138,26 @@ class PinnedArena:
 
 # Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the device
 # and mirrored in pinned host memory. Pause uploads IN_PTRS (planar chunks), IN_SIZES
-# and OUT_PTRS (compressed outputs), and downloads OUT_SIZES, STATUS_CRC (int32
-# statuses, then uint32 CRCs of the compressed chunks) and RAW_CRC. Resume uploads IN_PTRS,
-# IN_SIZES, CAPACITY and OUT_PTRS of the ANS chunks, and CRC_PTRS, CRC_SIZES of every
-# chunk; it downloads OUT_SIZES and STATUS_CRC.
+# and OUT_PTRS (compressed outputs), and downloads OUT_SIZES and STATUS_CRC (int32
+# statuses, then uint32 CRCs of the compressed chunks); for a piece with chunks stored
+# raw it then uploads their CRC_PTRS, CRC_SIZES and downloads their CRCs. Resume uploads
+# IN_PTRS, IN_SIZES, CAPACITY and OUT_PTRS of the ANS chunks, and CRC_PTRS, CRC_SIZES of
+# every chunk; it downloads OUT_SIZES and STATUS_CRC.
 IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS, OUT_SIZES, STATUS_CRC, CRC_PTRS, CRC_SIZES = range(8)
-RAW_CRC = CRC_PTRS  # pause: uint32 CRCs of the planar chunks, for those stored raw
 ROWS = 8
 
 
 @dataclasses.dataclass
 class _Slot:
     planar: object  # device, piece_bytes: the piece as byte planes
-    comp: object  # device, max_chunks * max_compressed_bytes: compressed chunks at fixed strides
-    packed: object  # device: a piece's stored chunks back to back, as they cross the bus
+    comp: object  # device, max_chunks * max_compressed_bytes: pause: compressed chunks at
+    #               fixed strides; resume: the stored piece as it crossed the bus
     meta: object  # device int64 (ROWS, max_chunks)
     host_meta: object  # pinned int64 (ROWS, max_chunks)
     ready: object  # driver event: pause: compressed; resume: uploaded
     done: object  # driver event: the slot may be reused
+    planes: object  # planar as (4, piece_bytes / 4): a whole piece's byte planes
+    words: object  # planar as (piece_bytes / 4, 4), transposed view of ``planes``
     shape: tuple = ()  # the chunk lengths whose pause pointers are uploaded
 
 
@@ -165,21 +173,33 @@ class DeviceCodec:
             smaller chunks lose ratio (bf16 weights: 1.50 at 1 MiB, 1.485 at 256 KiB,
             1.38 at 32 KiB).
         piece_bytes: bytes per piece (a multiple of ``chunk_bytes``; default 8 MiB).
+        slots: pieces in flight at once (at least 2; default 3): with two, the host waits
+            for the copy of one piece before it may enqueue the coding of the next.
 
     Raises:
         nvcomp.NvcompUnavailable: nvCOMP cannot be loaded.
         DriverUnavailable: cuda-bindings cannot be imported.
-        ValueError: ``piece_bytes`` is not a multiple of ``chunk_bytes``.
+        ValueError: ``piece_bytes`` is not a multiple of ``chunk_bytes``, or ``slots`` < 2.
     """
 
-    def __init__(self, torch, device: int, *, chunk_bytes: int = 128 << 10, piece_bytes: int = 8 * MiB):
+    def __init__(
+        self, torch, device: int, *, chunk_bytes: int = 128 << 10, piece_bytes: int = 8 * MiB, slots: int = 3
+    ):
         if piece_bytes % chunk_bytes or piece_bytes <= 0:
             raise ValueError(f"piece_bytes ({piece_bytes}) must be a multiple of chunk_bytes ({chunk_bytes})")
+        if slots < 2:
+            raise ValueError(f"slots must be at least 2, got {slots}")
+        self.slot_count = slots
         self.torch, self.device = torch, device
         self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
         self.max_chunks = piece_bytes // chunk_bytes
         self.ans = nvcomp.ANS(chunk_bytes, self.max_chunks)
         self.crc = nvcomp.CRC32(self.max_chunks, max(chunk_bytes, self.ans.max_compressed_bytes))
+        # on resume a stored piece lands in ``comp``: ANS chunks at most 1/SLACK larger
+        assert (
+            self.max_chunks * self.ans.max_compressed_bytes
+            >= piece_bytes + piece_bytes // SLACK + _ALIGN * self.max_chunks
+        )
         self.cu = Driver()
         self._slots: list[_Slot] = []
         self._streams = None
@@ -188,44 +208,45 @@ class DeviceCodec:
     def name(self) -> str:
         return f"nvCOMP {self.ans.lib.version} ANS (GPU)"
 
-    def _parts(self) -> tuple[int, int, int, int]:
+    def _parts(self) -> tuple[int, int, int]:
         n = self.max_chunks
         return (
             _round(self.piece_bytes, 256),
             _round(n * self.ans.max_compressed_bytes, 256),
-            _round(self.piece_bytes + self.piece_bytes // SLACK + _ALIGN * n, 256),
             _round(ROWS * 8 * n, 256),
         )
 
     def scratch_bytes(self) -> int:
-        """Device scratch :meth:`bind` needs, bytes (two slots)."""
-        return 2 * sum(self._parts())
+        """Device scratch :meth:`bind` needs, bytes (``slots`` slots)."""
+        return self.slot_count * sum(self._parts())
 
     def bind(self, scratch) -> None:
-        """Carve the two slots out of ``scratch``, a device uint8 tensor of at least
+        """Carve the slots out of ``scratch``, a device uint8 tensor of at least
         :meth:`scratch_bytes` that stays valid while the codec runs."""
         torch = self.torch
         if self._streams is None:
             dev = torch.device("cuda", self.device)
             self._streams = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
             self._cu_streams = tuple(self.cu.stream(s.cuda_stream) for s in self._streams)
-            self._events = [(self.cu.event(), self.cu.event()) for _ in range(2)]
-        planar, comp, packed, meta = self._parts()
-        n = self.max_chunks
+            self._events = [(self.cu.event(), self.cu.event()) for _ in range(self.slot_count)]
+        planar, comp, meta = self._parts()
+        n, words = self.max_chunks, self.piece_bytes // 4
         self._slots, pos = [], 0
-        for i in range(2):
+        for i in range(self.slot_count):
             views = []
-            for size in (planar, comp, packed, meta):
+            for size in (planar, comp, meta):
                 views.append(scratch[pos : pos + size])
                 pos += size
+            planes = views[0][: self.piece_bytes].view(4, words)
             self._slots.append(
                 _Slot(
                     views[0],
                     views[1],
-                    views[2],
-                    views[3][: ROWS * 8 * n].view(torch.int64).view(ROWS, n),
+                    views[2][: ROWS * 8 * n].view(torch.int64).view(ROWS, n),
                     torch.empty((ROWS, n), dtype=torch.int64, pin_memory=True),
                     *self._events[i],
+                    planes,
+                    planes.t(),
                 )
             )
         # (waiting on an event never recorded returns at once: a fresh slot is free)
@@ -234,7 +255,8 @@ class DeviceCodec:
             host = slot.host_meta.numpy()
             k = np.arange(n, dtype=np.int64)
             host[CRC_PTRS] = slot.planar.data_ptr() + k * self.chunk_bytes
-            host[CRC_SIZES] = self.chunk_bytes
+            # searched on chunks the size compressed ones mostly are (bf16 weights: 1/1.47)
+            host[CRC_SIZES] = _round(self.chunk_bytes * 2 // 3)
             stream = self._cu_streams[0]
             self.cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), ROWS * 8 * n, stream)
             self.crc.tune(
@@ -246,18 +268,23 @@ class DeviceCodec:
             )
             self._streams[0].synchronize()
 
-    def _split(self, planar, src, length: int) -> int:
+    def _split(self, slot: _Slot, src, length: int) -> int:
         if length % 4:
-            planar[:length].copy_(src)
+            slot.planar[:length].copy_(src)
             return 1
-        planar[:length].view(4, length // 4).copy_(src.view(length // 4, 4).t())
+        if length == self.piece_bytes:
+            slot.planes.copy_(src.view(length // 4, 4).t())
+        else:
+            slot.planar[:length].view(4, length // 4).copy_(src.view(length // 4, 4).t())
         return 4
 
-    def _join(self, dst, planar, length: int, planes: int) -> None:
+    def _join(self, dst, slot: _Slot, length: int, planes: int) -> None:
         if planes == 1:
-            dst.copy_(planar[:length])
+            dst.copy_(slot.planar[:length])
+        elif length == self.piece_bytes:
+            dst.view(length // 4, 4).copy_(slot.words)
         else:
-            dst.view(length // 4, 4).copy_(planar[:length].view(4, length // 4).t())
+            dst.view(length // 4, 4).copy_(slot.planar[:length].view(4, length // 4).t())
 
     def _lengths(self, length: int) -> np.ndarray:
         c = self.chunk_bytes
@@ -321,11 +348,25 @@ class DeviceCodec:
         for r, _, _ in todo:
             left[r] += 1
         finished: list[int] = []
-        pending = None
+        pending: list[tuple] = []
         half = 4 * self.max_chunks
-        rows = (RAW_CRC + 1 - OUT_SIZES) * 8 * self.max_chunks
+        rows = (STATUS_CRC + 1 - OUT_SIZES) * 8 * self.max_chunks
+        row = self._row
+
+        def store_oldest() -> None:
+            piece = pending.pop(0)
+            self._store(piece, arena, out)
+            left[piece[1]] -= 1
+            if left[piece[1]] == 0:
+                finished.append(piece[1])
+            if finished and on_range is not None:
+                cu.synchronize(piece[0].done)  # the range's last bytes are on the host
+                for done in finished:
+                    on_range(done, out[done])
+                finished.clear()
+
         for i, (r, off, length) in enumerate(todo):
-            slot = self._slots[i % 2]
+            slot = self._slots[i % self.slot_count]
             cu.synchronize(slot.done)
             lengths = self._lengths(length)
             n = len(lengths)
@@ -338,8 +379,7 @@ class DeviceCodec:
                 host[OUT_PTRS, :n] = slot.comp.data_ptr() + k * self.ans.max_compressed_bytes
                 cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), ROWS * 8 * self.max_chunks, compute)
                 slot.shape = shape
-            planes = self._split(slot.planar, ranges[r][0][off : off + length], length)
-            row = self._row
+            planes = self._split(slot, ranges[r][0][off : off + length], length)
             self.ans.compress(
                 n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, OUT_PTRS), row(slot, OUT_SIZES),
                 row(slot, STATUS_CRC), 0, int(compute),
@@ -347,32 +387,42 @@ class DeviceCodec:
             self.crc.compute(
                 n, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC) + half, int(compute)
             )
-            self.crc.compute(n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, RAW_CRC), int(compute))
             cu.copy(self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), rows, compute)
             cu.record(slot.ready, compute)
-            if pending is not None:
-                self._store(pending, arena, out)
-                left[pending[1]] -= 1
-                if left[pending[1]] == 0:
-                    finished.append(pending[1])
-                if finished and on_range is not None:
-                    cu.synchronize(pending[0].done)
-                    for done in finished:
-                        on_range(done, out[done])
-                    finished.clear()
-            pending = (slot, r, off, length, lengths, planes)
-        if pending is not None:
-            self._store(pending, arena, out)
-            finished.append(pending[1])
+            pending.append((slot, r, off, length, lengths, planes))
+            if len(pending) == self.slot_count - 1:
+                store_oldest()
+        while pending:
+            store_oldest()
         self._streams[1].synchronize()  # every piece is on the host
         if on_range is not None:
             for done in finished:
                 on_range(done, out[done])
         return out
 
+    def _raw_crcs(self, slot: _Slot, raw: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """CRC-32 of the planar chunks ``raw`` of ``slot`` (those stored raw), waited for."""
+        compute = self._cu_streams[0]
+        m = len(raw)
+        host = slot.host_meta.numpy()
+        host[CRC_PTRS, :m] = slot.planar.data_ptr() + raw * self.chunk_bytes
+        host[CRC_SIZES, :m] = lengths[raw]
+        at = CRC_PTRS * 8 * self.max_chunks
+        self.cu.copy(
+            slot.meta.data_ptr() + at, slot.host_meta.data_ptr() + at, 2 * 8 * self.max_chunks, compute
+        )
+        self.crc.compute(
+            m, self._row(slot, CRC_PTRS), self._row(slot, CRC_SIZES), self._row(slot, IN_SIZES), int(compute)
+        )
+        # (IN_SIZES is free to receive them: the compressor is done with this piece)
+        self.cu.copy(self._host_row(slot, IN_SIZES), self._row(slot, IN_SIZES), 4 * m, compute)
+        self._streams[0].synchronize()
+        slot.shape = ()  # IN_SIZES was overwritten
+        return host[IN_SIZES].view(np.uint32)[:m].copy()
+
     def _store(self, pending, arena: PinnedArena, out) -> None:
-        torch, cu = self.torch, self.cu
-        compute, copier = self._cu_streams
+        cu = self.cu
+        copier = self._cu_streams[1]
         slot, r, off, length, lengths, planes = pending
         cu.synchronize(slot.ready)
         n = len(lengths)
@@ -388,23 +438,19 @@ class DeviceCodec:
             )
         ans = sizes <= lengths + lengths // SLACK
         stored = np.where(ans, sizes, lengths)
-        raw_crcs = self._halves(slot, RAW_CRC)[:n]
-        crcs = np.where(ans, words[self.max_chunks : self.max_chunks + n], raw_crcs).view(np.uint32)
+        crcs = words[self.max_chunks : self.max_chunks + n].view(np.uint32).copy()
+        k = np.arange(n, dtype=np.uint64)
+        sources = slot.comp.data_ptr() + k * np.uint64(self.ans.max_compressed_bytes)
+        if not ans.all():
+            raw = np.flatnonzero(~ans)
+            crcs[raw] = self._raw_crcs(slot, raw, lengths)
+            sources[raw] = slot.planar.data_ptr() + raw.astype(np.uint64) * np.uint64(self.chunk_bytes)
         padded = (stored + _ALIGN - 1) // _ALIGN * _ALIGN
         offsets = np.concatenate(([0], np.cumsum(padded[:-1])))
         span = int(padded.sum())
         slab, start = arena.reserve(span)
-        mc, c = self.ans.max_compressed_bytes, self.chunk_bytes
-        parts = [
-            slot.comp[k * mc : k * mc + int(padded[k])]
-            if ans[k]
-            else slot.planar[k * c : k * c + int(padded[k])]
-            for k in range(n)
-        ]
-        torch.cat(parts, out=slot.packed[:span])  # gathered on the compute stream, after what follows it
-        cu.record(slot.ready, compute)
-        cu.wait(copier, slot.ready)
-        cu.copy(arena.view(slab, start, span).data_ptr(), slot.packed.data_ptr(), span, copier)
+        base = arena.view(slab, start, span).data_ptr()
+        cu.copies((base + offsets).astype(np.uint64), sources, padded.astype(np.uint64), copier)
         cu.record(slot.done, copier)
         kinds = tuple(ANS if a else RAW for a in ans.tolist())
         out[r].append(
@@ -430,9 +476,10 @@ class DeviceCodec:
         half = 4 * self.max_chunks
         meta_bytes = ROWS * 8 * self.max_chunks
         result_bytes = 2 * 8 * self.max_chunks
+        row = self._row
         with self._on(self._streams[0]):
             for i, (_, dst, piece) in enumerate(work):
-                slot = self._slots[i % 2]
+                slot = self._slots[i % self.slot_count]
                 cu.synchronize(slot.done)
                 n = len(piece.sizes)
                 lengths = self._lengths(piece.length)
@@ -440,21 +487,26 @@ class DeviceCodec:
                 sizes = np.asarray(piece.sizes, dtype=np.int64)
                 ans = np.asarray(piece.kinds) == ANS
                 m = int(ans.sum())
-                packed, planar = slot.packed.data_ptr(), slot.planar.data_ptr()
+                stored, planar = slot.comp.data_ptr(), slot.planar.data_ptr()
                 host = slot.host_meta.numpy()
-                host[IN_PTRS, :m] = packed + offsets[ans]
-                host[IN_SIZES, :m] = sizes[ans]
-                host[CAPACITY, :m] = lengths[ans]
-                host[OUT_PTRS, :m] = planar + np.flatnonzero(ans) * c
-                host[CRC_PTRS, :n] = packed + offsets
+                if m == n:
+                    host[IN_PTRS, :n] = stored + offsets
+                    host[IN_SIZES, :n] = sizes
+                    host[CAPACITY, :n] = lengths
+                    host[OUT_PTRS, :n] = planar + np.arange(n, dtype=np.int64) * c
+                else:
+                    host[IN_PTRS, :m] = stored + offsets[ans]
+                    host[IN_SIZES, :m] = sizes[ans]
+                    host[CAPACITY, :m] = lengths[ans]
+                    host[OUT_PTRS, :m] = planar + np.flatnonzero(ans) * c
+                host[CRC_PTRS, :n] = stored + offsets
                 host[CRC_SIZES, :n] = sizes
                 cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), meta_bytes, copier)
                 cu.copy(
-                    packed, arena.view(piece.slab, piece.start, piece.span).data_ptr(), piece.span, copier
+                    stored, arena.view(piece.slab, piece.start, piece.span).data_ptr(), piece.span, copier
                 )
                 cu.record(slot.ready, copier)
                 cu.wait(compute, slot.ready)
-                row = self._row
                 self.crc.compute(
                     n, row(slot, CRC_PTRS), row(slot, CRC_SIZES), row(slot, STATUS_CRC) + half, int(compute)
                 )
@@ -463,13 +515,16 @@ class DeviceCodec:
                         m, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, CAPACITY), row(slot, OUT_SIZES),
                         row(slot, OUT_PTRS), row(slot, STATUS_CRC), 0, int(compute),
                     )  # fmt: skip
-                for k in np.flatnonzero(~ans).tolist():
-                    at, size = int(offsets[k]), int(lengths[k])
-                    slot.planar[k * c : k * c + size].copy_(slot.packed[at : at + size])
+                if m < n:
+                    raw = np.flatnonzero(~ans)
+                    cu.copies(
+                        (planar + raw * c).astype(np.uint64),
+                        (stored + offsets[raw]).astype(np.uint64),
+                        lengths[raw].astype(np.uint64),
+                        compute,
+                    )
                 cu.copy(results[i].data_ptr(), row(slot, OUT_SIZES), result_bytes, compute)
-                self._join(
-                    dst[piece.offset : piece.offset + piece.length], slot.planar, piece.length, piece.planes
-                )
+                self._join(dst[piece.offset : piece.offset + piece.length], slot, piece.length, piece.planes)
                 cu.record(slot.done, compute)
             self._streams[0].synchronize()
         for i, (r, _, piece) in enumerate(work):

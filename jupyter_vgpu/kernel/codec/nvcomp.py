@@ -303,8 +303,15 @@ class CRC32:
             self.lib.crc32_conf(None, max_chunks, ctypes.byref(self.opts.conf), max_chunk_bytes, None),
             "CRC32 configuration",
         )
+        self._key = (max_chunks, max_chunk_bytes)
+        found = CRC32._found.get(self._key)
+        if found is not None:
+            self.opts.conf = found
+        #: whether the configuration is the searched one (see :meth:`tune`)
+        self.tuned = found is not None
 
-    tuned = False
+    # searched configurations by (max_chunks, max_chunk_bytes): one search per process
+    _found: dict[tuple[int, int], _CRC32Conf] = {}
 
     def tune(self, n: int, ptrs: int, sizes: int, out: int, stream: int) -> None:
         """Replace the heuristic kernel configuration with the fastest nvCOMP finds by
@@ -317,7 +324,8 @@ class CRC32:
         )
         if status == 0:
             self.opts.conf = conf
-        CRC32.tuned = True
+        CRC32._found[self._key] = self.opts.conf
+        self.tuned = True
 
     def compute(self, n: int, ptrs: int, sizes: int, out: int, stream: int) -> None:
         """Enqueue the CRC-32 of ``n`` chunks on ``stream``: device arrays of pointers
