@@ -63,6 +63,16 @@ CASES = {
         "print('took', time.time(), flush=True); time.sleep(8)\"], stdout=subprocess.PIPE, text=True)\n"
         "print(child.stdout.readline(), flush=True)\nchild.wait()\n"
     ),
+    "the slice in the environment edited (120 GiB), then a subprocess": (
+        "import json, os, subprocess, sys\n"
+        "from jupyter_vgpu.slice import Slice\n"
+        "os.environ['JUPYTER_VGPU_SLICE'] = Slice('GPU-x', 0, 'H100', 120 << 30, 120 << 30, 100).to_json()\n"
+        "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = ''\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "\"import torch, time; x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda'); "
+        "print('took', time.time(), flush=True); time.sleep(8)\"], stdout=subprocess.PIPE, text=True)\n"
+        "print(child.stdout.readline(), flush=True)\nchild.wait()\n"
+    ),
     "a process from a terminal of the same server": None,  # terminal_case
 }
 # terminals are a server extension; enabled here even where its config file is not installed
