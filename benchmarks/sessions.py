@@ -137,7 +137,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     ).start()
 
 
-def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
+def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         arbiter = start_arbiter(tmp, args)
@@ -157,23 +157,40 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
                 for s in sessions:
                     control.register(s.pid, f"user{s.index}", "", slice_)
             setup = SETUP.format(width=args.width, layers=args.layers, batch=args.batch)
-            ooms = 0
-            for s in sessions:  # one after another: each setup is a cell that asks for room
-                _, _, failed = s.timed(setup)
-                ooms += failed
-            latencies: queue.Queue[float] = queue.Queue()
+            failures: list[bool] = []
+
+            def set_up(s: Session) -> None:
+                failures.append(s.timed(setup)[2])
+
+            # a static count's worth at a time: each setup is a cell that asks for room
+            for batch in range(0, n, static):
+                together = [
+                    threading.Thread(target=set_up, args=(s,)) for s in sessions[batch : batch + static]
+                ]
+                for t in together:
+                    t.start()
+                for t in together:
+                    t.join()
+            ooms = sum(failures)
+            cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
+            cell = f"_t = time.perf_counter()\ntrain({solo_steps})\nprint('inner', time.perf_counter() - _t)"
+
+            def state_of(pid: int) -> str:
+                return next((k["state"] for k in arbiter.books()["kernels"] if k["pid"] == pid), "unknown")
 
             def duty(s: Session) -> None:
                 time.sleep(random.uniform(0, args.think + args.cell_seconds))
                 for cycle in range(args.cycles):
                     if cycle:
                         time.sleep(args.think)
-                    seconds, out, failed = s.timed(f"train({solo_steps})")
+                    before = state_of(s.pid)
+                    seconds, out, failed = s.timed(cell)
                     if failed:
                         errors.append(out[-500:])
                     else:
-                        latencies.put(seconds)
+                        inner = float(out.split("inner")[-1].split()[0])
+                        cells.put({"state_before": before, "cell_s": seconds, "inner_s": inner})
 
             threads = [threading.Thread(target=duty, args=(s,)) for s in sessions]
             t0 = time.time()
@@ -183,13 +200,20 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int) -> dict:
             for t in threads:
                 t.join()
             host.stop()
-            cells = sorted(latencies.queue)
+            detail = list(cells.queue)
+            latencies = sorted(c["cell_s"] for c in detail)
             books = arbiter.books()
+            outside: dict[str, list[float]] = {}
+            for c in detail:  # time outside the cell's own code: waiting for room, resuming
+                outside.setdefault(c["state_before"], []).append(c["cell_s"] - c["inner_s"])
             return {
                 "sessions": n,
-                "cells": len(cells),
-                "p50_cell_s": statistics.median(cells) if cells else None,
-                "p95_cell_s": cells[int(0.95 * (len(cells) - 1))] if cells else None,
+                "cells": len(latencies),
+                "p50_cell_s": statistics.median(latencies) if latencies else None,
+                "p95_cell_s": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None,
+                "p50_inner_s": statistics.median(c["inner_s"] for c in detail) if detail else None,
+                "p50_outside_s_by_state_before": {k: statistics.median(v) for k, v in outside.items()},
+                "cells_by_state_before": {k: len(v) for k, v in outside.items()},
                 "ooms": ooms + sum("OutOfMemory" in e or "MemoryError" in e for e in errors),
                 "errors": errors[:5],
                 "wall_s": time.time() - t0,
@@ -302,7 +326,7 @@ def main() -> None:
         else [round(m * static) for m in multiples]
     )
     for n in wanted:
-        row = run_sessions(n, args, slice_, result["steps_per_cell"])
+        row = run_sessions(n, args, slice_, result["steps_per_cell"], max(1, static))
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         result["runs"].append(row)
         print(json.dumps(row), flush=True)
