@@ -61,7 +61,7 @@ class DeviceCodecError(RuntimeError):
     host holds was changed. The message names the range, piece and chunk."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Piece:
     """One piece of a range, stored in the device layout.
 
@@ -69,29 +69,30 @@ class Piece:
         offset: where the piece starts in its range, bytes.
         length: its original length, bytes.
         planes: 4 (transposed into byte planes) or 1.
-        kinds: per chunk, :data:`ANS` or :data:`RAW`.
-        sizes: per chunk, stored bytes.
-        crcs: per chunk, CRC-32 of the stored bytes.
+        kinds: per chunk, :data:`ANS` or :data:`RAW` (uint8 array).
+        sizes: per chunk, stored bytes (int64 array).
+        crcs: per chunk, CRC-32 of the stored bytes (uint32 array).
         slab: index of the pinned slab holding the stored chunks.
         start: offset in that slab of the first chunk, bytes.
-        offsets: per chunk, its offset from ``start`` (16-byte aligned), bytes.
+        offsets: per chunk, its offset from ``start``, 16-byte aligned (int64 array).
         span: bytes the piece takes in its slab.
+        stored_bytes: the sum of ``sizes``.
+
+    (numpy arrays, not tuples: building and reading them per 8 MiB piece is part of
+    the codec's Python cost per piece.)
     """
 
     offset: int
     length: int
     planes: int
-    kinds: tuple[int, ...]
-    sizes: tuple[int, ...]
-    crcs: tuple[int, ...]
+    kinds: np.ndarray
+    sizes: np.ndarray
+    crcs: np.ndarray
     slab: int
     start: int
-    offsets: tuple[int, ...]
+    offsets: np.ndarray
     span: int
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(self.sizes)
+    stored_bytes: int
 
 
 class PinnedArena:
@@ -113,12 +114,14 @@ class PinnedArena:
         self.held_bytes = 0  # pinned bytes held by the slabs (an int: reading it runs no torch call)
         self._used = 0  # bytes handed out of the last slab
         self._last_size = 0  # bytes of the last slab
+        self._bases: list[int] = []  # each slab's address
 
     def reserve(self, nbytes: int) -> tuple[int, int]:
         """``(slab index, offset)`` of ``nbytes`` fresh bytes, 16-byte aligned."""
         if not self.slabs or self._used + nbytes > self._last_size:
             size = max(self.slab_bytes, _round(nbytes))
             self.slabs.append(self.torch.empty(size, dtype=self.torch.uint8, pin_memory=True))
+            self._bases.append(self.slabs[-1].data_ptr())
             self.held_bytes += size
             self._last_size = size
             self._used = 0
@@ -130,9 +133,14 @@ class PinnedArena:
         """The pinned bytes ``[start, start + nbytes)`` of slab ``slab`` (a tensor)."""
         return self.slabs[slab][start : start + nbytes]
 
+    def address(self, slab: int, start: int) -> int:
+        """The address of byte ``start`` of slab ``slab``."""
+        return self._bases[slab] + start
+
     def clear(self) -> None:
         """Give every slab back to PyTorch's pinned-memory cache."""
         self.slabs.clear()
+        self._bases.clear()
         self.held_bytes = self._last_size = self._used = 0
 
 
@@ -159,6 +167,7 @@ class _Slot:
     planes: object  # planar as (4, piece_bytes / 4): a whole piece's byte planes
     words: object  # planar as (piece_bytes / 4, 4), transposed view of ``planes``
     shape: tuple = ()  # the chunk lengths whose pause pointers are uploaded
+    host: np.ndarray | None = None  # host_meta as a numpy array (made once: .numpy() costs µs)
 
 
 class DeviceCodec:
@@ -190,6 +199,8 @@ class DeviceCodec:
         if slots < 2:
             raise ValueError(f"slots must be at least 2, got {slots}")
         self.slot_count = slots
+        # the chunk lengths of a whole piece (shared: never written)
+        self._full = np.full(piece_bytes // chunk_bytes, chunk_bytes, dtype=np.int64)
         self.torch, self.device = torch, device
         self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
         self.max_chunks = piece_bytes // chunk_bytes
@@ -249,10 +260,11 @@ class DeviceCodec:
                     planes.t(),
                 )
             )
+            self._slots[-1].host = self._slots[-1].host_meta.numpy()
         # (waiting on an event never recorded returns at once: a fresh slot is free)
         if not self.crc.tuned:
             slot = self._slots[0]
-            host = slot.host_meta.numpy()
+            host = slot.host
             k = np.arange(n, dtype=np.int64)
             host[CRC_PTRS] = slot.planar.data_ptr() + k * self.chunk_bytes
             # searched on chunks the size compressed ones mostly are (bf16 weights: 1/1.47)
@@ -287,6 +299,8 @@ class DeviceCodec:
             dst.view(length // 4, 4).copy_(slot.planar[:length].view(4, length // 4).t())
 
     def _lengths(self, length: int) -> np.ndarray:
+        if length == self.piece_bytes:
+            return self._full
         c = self.chunk_bytes
         lengths = np.full(-(-length // c), c, dtype=np.int64)
         lengths[-1] = length - c * (len(lengths) - 1)
@@ -300,7 +314,7 @@ class DeviceCodec:
 
     def _halves(self, slot: _Slot, row: int) -> np.ndarray:
         """A host meta row as int32 words: the first ``max_chunks`` and the second."""
-        return slot.host_meta.numpy()[row].view(np.int32)
+        return slot.host[row].view(np.int32)
 
     def _on(self, stream):
         """Make ``stream`` PyTorch's current stream (for the split, gather and join kernels)."""
@@ -372,7 +386,7 @@ class DeviceCodec:
             n = len(lengths)
             shape = tuple(lengths)
             if slot.shape != shape:
-                host = slot.host_meta.numpy()
+                host = slot.host
                 k = np.arange(n, dtype=np.int64)
                 host[IN_PTRS, :n] = slot.planar.data_ptr() + k * self.chunk_bytes
                 host[IN_SIZES, :n] = lengths
@@ -404,7 +418,7 @@ class DeviceCodec:
         """CRC-32 of the planar chunks ``raw`` of ``slot`` (those stored raw), waited for."""
         compute = self._cu_streams[0]
         m = len(raw)
-        host = slot.host_meta.numpy()
+        host = slot.host
         host[CRC_PTRS, :m] = slot.planar.data_ptr() + raw * self.chunk_bytes
         host[CRC_SIZES, :m] = lengths[raw]
         at = CRC_PTRS * 8 * self.max_chunks
@@ -426,7 +440,7 @@ class DeviceCodec:
         slot, r, off, length, lengths, planes = pending
         cu.synchronize(slot.ready)
         n = len(lengths)
-        host = slot.host_meta.numpy()
+        host = slot.host
         sizes = host[OUT_SIZES, :n]
         words = self._halves(slot, STATUS_CRC)
         statuses = words[:n]
@@ -449,13 +463,13 @@ class DeviceCodec:
         offsets = np.concatenate(([0], np.cumsum(padded[:-1])))
         span = int(padded.sum())
         slab, start = arena.reserve(span)
-        base = arena.view(slab, start, span).data_ptr()
+        base = arena.address(slab, start)
         cu.copies((base + offsets).astype(np.uint64), sources, padded.astype(np.uint64), copier)
         cu.record(slot.done, copier)
-        kinds = tuple(ANS if a else RAW for a in ans.tolist())
+        kinds = np.where(ans, ANS, RAW).astype(np.uint8)
         out[r].append(
-            Piece(off, length, planes, kinds, tuple(stored.tolist()), tuple(crcs.tolist()),
-                  slab, start, tuple(offsets.tolist()), span)
+            Piece(off, length, planes, kinds, stored.astype(np.int64), crcs, slab, start, offsets, span,
+                  int(stored.sum()))
         )  # fmt: skip
 
     # -- resume direction ----------------------------------------------------------------
@@ -476,6 +490,7 @@ class DeviceCodec:
         half = 4 * self.max_chunks
         meta_bytes = ROWS * 8 * self.max_chunks
         result_bytes = 2 * 8 * self.max_chunks
+        results_at = results.data_ptr()
         row = self._row
         with self._on(self._streams[0]):
             for i, (_, dst, piece) in enumerate(work):
@@ -483,12 +498,11 @@ class DeviceCodec:
                 cu.synchronize(slot.done)
                 n = len(piece.sizes)
                 lengths = self._lengths(piece.length)
-                offsets = np.asarray(piece.offsets, dtype=np.int64)
-                sizes = np.asarray(piece.sizes, dtype=np.int64)
-                ans = np.asarray(piece.kinds) == ANS
-                m = int(ans.sum())
+                offsets, sizes = piece.offsets, piece.sizes
+                ans = piece.kinds == ANS
+                m = int(np.count_nonzero(ans))
                 stored, planar = slot.comp.data_ptr(), slot.planar.data_ptr()
-                host = slot.host_meta.numpy()
+                host = slot.host
                 if m == n:
                     host[IN_PTRS, :n] = stored + offsets
                     host[IN_SIZES, :n] = sizes
@@ -523,7 +537,7 @@ class DeviceCodec:
                         lengths[raw].astype(np.uint64),
                         compute,
                     )
-                cu.copy(results[i].data_ptr(), row(slot, OUT_SIZES), result_bytes, compute)
+                cu.copy(results_at + i * result_bytes, row(slot, OUT_SIZES), result_bytes, compute)
                 self._join(dst[piece.offset : piece.offset + piece.length], slot, piece.length, piece.planes)
                 cu.record(slot.done, compute)
             self._streams[0].synchronize()
