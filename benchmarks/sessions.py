@@ -328,6 +328,7 @@ def main() -> None:
     for n in wanted:
         row = run_sessions(n, args, slice_, result["steps_per_cell"], max(1, static))
         row["solo_p50_cell_s"] = result["solo_cell_s"]
+        row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)
         print(json.dumps(row), flush=True)
         with open(args.out, "w") as f:  # after every N: a larger one may not finish
