@@ -202,6 +202,14 @@ class Codec:
             cctx = self._local.cctx = zstandard.ZstdCompressor(compression_params=params)
         return cctx
 
+    def _scratch(self, nbytes: int) -> np.ndarray:
+        """This thread's scratch bytes (at least ``nbytes``), kept between chunks: a fresh
+        chunk-sized array per chunk would be allocated and faulted in again each time."""
+        buf = getattr(self._local, "scratch", None)
+        if buf is None or buf.size < nbytes:
+            buf = self._local.scratch = np.empty(max(nbytes, self.chunk_bytes), dtype=np.uint8)
+        return buf[:nbytes]
+
     def _dctx(self) -> zstandard.ZstdDecompressor:
         dctx = getattr(self._local, "dctx", None)
         if dctx is None:
@@ -249,7 +257,7 @@ class Codec:
         use_planes = planes if length % planes == 0 else 1
         cctx = self._cctx()
         if use_planes > 1:
-            source, size = split_planes(view, use_planes), length // use_planes
+            source, size = split_planes(view, use_planes, self._scratch(length)), length // use_planes
             frames = [cctx.compress(source[k * size : (k + 1) * size]) for k in range(use_planes)]
             if sum(map(len, frames)) <= length * (1 - self.min_saving):
                 parts = tuple(map(len, frames))
@@ -319,7 +327,7 @@ class Codec:
                         return f"{where}: a plane decoded to {len(raw)} bytes"
                     rows.append(np.frombuffer(raw, dtype=np.uint8))
                     start += part
-                join_planes(rows, target)
+                join_planes(rows, target, self._scratch(chunk.length))
             else:
                 raw = self._dctx().decompress(chunk.payload, max_output_size=chunk.length)
                 if len(raw) != chunk.length:
@@ -330,24 +338,26 @@ class Codec:
         return None
 
 
-def split_planes(view: np.ndarray, planes: int) -> np.ndarray:
+def split_planes(view: np.ndarray, planes: int, out: np.ndarray | None = None) -> np.ndarray:
     """Byte planes of ``view`` (uint8, length a multiple of ``planes``): plane k, the k-th
-    byte of every item, then plane k+1. Shifts on whole words, not strided byte copies."""
+    byte of every item, then plane k+1. Shifts on whole words, not strided byte copies.
+    ``out``: a uint8 array of ``view.size`` bytes to write them to (default: a new one)."""
     words = view.view(_UINT[planes])
-    out = np.empty(view.size, dtype=np.uint8).reshape(planes, -1)
+    out = (np.empty(view.size, dtype=np.uint8) if out is None else out).reshape(planes, -1)
     for k in range(planes):
         np.right_shift(words, 8 * k, out=out[k], casting="unsafe")
     return out.reshape(-1)
 
 
-def join_planes(rows, target: np.ndarray) -> None:
+def join_planes(rows, target: np.ndarray, tmp: np.ndarray | None = None) -> None:
     """Inverse of :func:`split_planes`: interleave the planes ``rows`` (a sequence of
-    equal-length uint8 arrays, or one 2-D array) into ``target``."""
+    equal-length uint8 arrays, or one 2-D array) into ``target``. ``tmp``: a scratch
+    array of ``target.size`` bytes (default: a new one)."""
     planes = len(rows)
     dtype = _UINT[planes]
     words = target.view(dtype)
     np.copyto(words, rows[0], casting="unsafe")
-    tmp = np.empty_like(words)
+    tmp = np.empty_like(words) if tmp is None else tmp[: target.size].view(dtype)
     for k in range(1, planes):
         np.left_shift(rows[k], 8 * k, out=tmp, dtype=dtype, casting="unsafe")
         np.bitwise_or(words, tmp, out=words)
