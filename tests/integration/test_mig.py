@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from jupyter_vgpu.node.socket_path import mps_pipe_directory
+
 from ..waiting import wait_for
 from .hub_process import HubProcess
 from .lab_client import LabClient
@@ -124,7 +126,8 @@ def test_without_a_profile_the_slice_goes_to_a_shared_gpu_with_mps_limits(hub):
         "import os; print(os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
         "os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], os.environ['CUDA_MPS_PIPE_DIRECTORY'])",
     )
-    pipe = hub.state_dir / "arbiter" / "mps" / s["gpu_uuid"] / "pipe"  # the arbiter's daemon for that GPU
+    # the arbiter's daemon for that GPU
+    pipe = mps_pipe_directory(str(hub.state_dir / "arbiter" / "arbiter.sock"), s["gpu_uuid"])
     assert env.split() == ["50", "0=16384M", str(pipe)]
     lab.shutdown_kernel(kernel)
 
