@@ -30,7 +30,8 @@ def test_nvml_sees_the_real_card():
 def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, gpu_slice):
     ch = tmp_path / "channel"
     channel.write_json(channel.server_path(ch), {"slice": gpu_slice.to_dict(), "pressure": False})
-    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid})
+    env = {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid}
+    k = Kernel(tmp_path, env, load_extension=True)
     try:
         out = k.run("import torch\nx = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda')")
         print(out)
@@ -77,7 +78,8 @@ def _pids_are_host_pids(gpu_uuid: str) -> bool:
 def test_nvml_sees_the_kernel_process(tmp_path, gpu_slice):
     ch = tmp_path / "channel"
     channel.write_json(channel.server_path(ch), {"slice": gpu_slice.to_dict(), "pressure": False})
-    k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid})
+    env = {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid}
+    k = Kernel(tmp_path, env, load_extension=True)
     try:
         k.run("import torch, os\nx = torch.empty(2**30, dtype=torch.uint8, device='cuda')")
         pid = int(k.run("print(os.getpid())"))

@@ -21,7 +21,8 @@ def test_nvml_usage_of_a_kernel_holding_1_gib_appears_within_2_seconds(tmp_path)
     server = JupyterServer(
         tmp_path,
         {"JUPYTER_VGPU_SLICE": slice_.to_json(), "CUDA_VISIBLE_DEVICES": gpu.uuid},
-        args=["--VGPUServer.sample_seconds=0.5"],
+        # enabled here too: a checkout on PYTHONPATH has no installed config file for it
+        args=["--VGPUServer.sample_seconds=0.5", '--ServerApp.jpserver_extensions={"jupyter_vgpu": True}'],
     )
     try:
         lab = LabClient(server.url + "/", server.token)
