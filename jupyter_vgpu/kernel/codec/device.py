@@ -129,10 +129,6 @@ class PinnedArena:
         self._used = _round(start + nbytes)
         return len(self.slabs) - 1, start
 
-    def view(self, slab: int, start: int, nbytes: int):
-        """The pinned bytes ``[start, start + nbytes)`` of slab ``slab`` (a tensor)."""
-        return self.slabs[slab][start : start + nbytes]
-
     def address(self, slab: int, start: int) -> int:
         """The address of byte ``start`` of slab ``slab``."""
         return self._bases[slab] + start
@@ -516,9 +512,7 @@ class DeviceCodec:
                 host[CRC_PTRS, :n] = stored + offsets
                 host[CRC_SIZES, :n] = sizes
                 cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), meta_bytes, copier)
-                cu.copy(
-                    stored, arena.view(piece.slab, piece.start, piece.span).data_ptr(), piece.span, copier
-                )
+                cu.copy(stored, arena.address(piece.slab, piece.start), piece.span, copier)
                 cu.record(slot.ready, copier)
                 cu.wait(compute, slot.ready)
                 self.crc.compute(
