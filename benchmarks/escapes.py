@@ -31,7 +31,7 @@ from tests.arbiter_process import ArbiterProcess  # noqa: E402
 from tests.gpu.preloaded import environment  # noqa: E402
 from tests.integration.lab_client import LabClient  # noqa: E402
 from tests.kernel_runner import Kernel  # noqa: E402
-from tests.server_process import JupyterServer  # noqa: E402
+from tests.server_process import TERMINALS_ON, JupyterServer  # noqa: E402
 
 GiB = 1 << 30
 HOLD = "import time\nprint('took', time.time(), flush=True)\ntime.sleep(6)\n"
@@ -75,8 +75,6 @@ CASES = {
     ),
     "a process from a terminal of the same server": None,  # terminal_case
 }
-# terminals are a server extension; enabled here even where its config file is not installed
-TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
 TERMINAL_CASE = "a process from a terminal of the same server"
 # typed into the terminal; prints "took <time>" (spelt apart so that the echo does not match)
 TERMINAL = (

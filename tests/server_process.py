@@ -13,6 +13,10 @@ import requests
 
 from .waiting import wait_for
 
+#: Enables JupyterLab's terminals (a server extension) even where its config file is not
+#: installed, as on a checkout on PYTHONPATH.
+TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
+
 
 def free_port() -> int:
     with socket.socket() as s:

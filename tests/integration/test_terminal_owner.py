@@ -9,12 +9,10 @@ from jupyter_vgpu.node.books import Server
 from jupyter_vgpu.node.watchdog import owners
 from jupyter_vgpu.slice import Slice
 
-from ..server_process import JupyterServer
+from ..server_process import TERMINALS_ON, JupyterServer
 from .lab_client import LabClient
 
 GiB = 2**30
-# terminals are a server extension; enabled here even where its config file is not installed
-TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
 HOLD = "python3 -c \"import os, time; print('pid', os.getpid(), 'up', flush=True); time.sleep(120)\""
 
 
