@@ -144,7 +144,8 @@ class PinnedArena:
 # and mirrored in pinned host memory. Pause uploads IN_PTRS (planar chunks), IN_SIZES
 # and OUT_PTRS (compressed outputs), and downloads OUT_SIZES and STATUS_CRC (int32
 # statuses, then uint32 CRCs of the compressed chunks); for a piece with chunks stored
-# raw it then uploads their CRC_PTRS, CRC_SIZES and downloads their CRCs. Resume uploads
+# raw it then uploads their CRC_PTRS, CRC_SIZES and downloads their CRCs (written to
+# CAPACITY, which pause does not use). Resume uploads
 # IN_PTRS, IN_SIZES, CAPACITY and OUT_PTRS of the ANS chunks, and CRC_PTRS, CRC_SIZES of
 # every chunk; it downloads OUT_SIZES and STATUS_CRC.
 IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS, OUT_SIZES, STATUS_CRC, CRC_PTRS, CRC_SIZES = range(8)
@@ -421,14 +422,13 @@ class DeviceCodec:
         self.cu.copy(
             slot.meta.data_ptr() + at, slot.host_meta.data_ptr() + at, 2 * 8 * self.max_chunks, compute
         )
+        # into CAPACITY: a row only resume uses
         self.crc.compute(
-            m, self._row(slot, CRC_PTRS), self._row(slot, CRC_SIZES), self._row(slot, IN_SIZES), int(compute)
+            m, self._row(slot, CRC_PTRS), self._row(slot, CRC_SIZES), self._row(slot, CAPACITY), int(compute)
         )
-        # (IN_SIZES is free to receive them: the compressor is done with this piece)
-        self.cu.copy(self._host_row(slot, IN_SIZES), self._row(slot, IN_SIZES), 4 * m, compute)
+        self.cu.copy(self._host_row(slot, CAPACITY), self._row(slot, CAPACITY), 4 * m, compute)
         self._streams[0].synchronize()
-        slot.shape = ()  # IN_SIZES was overwritten
-        return host[IN_SIZES].view(np.uint32)[:m].copy()
+        return host[CAPACITY].view(np.uint32)[:m].copy()
 
     def _store(self, pending, arena: PinnedArena, out) -> None:
         cu = self.cu
