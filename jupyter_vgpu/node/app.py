@@ -128,7 +128,7 @@ class ArbiterApp(Application):
     watermark = Float(
         0.9,
         help="Above this fraction of a card's memory in use, kernels idle longer than their "
-        "slice's idle_seconds are paused in the background.",
+        "slice's idle_seconds are paused in the background, while no kernel on that card runs code.",
     ).tag(config=True)
 
     suspend_after = Float(

@@ -6,8 +6,9 @@ never by what it says. Before a kernel runs code it asks for room; the arbiter p
 or suspends idle kernels on that card (:func:`.books.victims`), waiting for each one's
 acknowledgement and for the memory to show up free, and grants the request, or queues
 it with a message the user sees until room appears or the timeout passes. In the
-background it pauses kernels idle longer than ``idle_seconds`` while a card is above its
-watermark, and suspends kernels idle longer than ``suspend_after``.
+background, while no kernel on a card runs code, it pauses kernels idle longer than
+``idle_seconds`` if the card is above its watermark, and suspends kernels idle longer
+than ``suspend_after``.
 
 All of it runs on one asyncio loop; NVML readings and the driver's checkpoint calls
 run in a thread pool so the loop never waits on the driver.
@@ -562,8 +563,8 @@ class Arbiter:
                 log.exception("background step failed")
 
     async def tick(self) -> None:
-        """One background step: the budgets' watchdog, then pause idle kernels on full
-        cards and suspend long-idle ones."""
+        """One background step: the budgets' watchdog, then, on cards where no kernel runs
+        code, pause idle kernels on full cards and suspend long-idle ones."""
         now = time.monotonic()
         await self.enforce(now)
         await self._watch_mps(now)
@@ -574,11 +575,13 @@ class Arbiter:
                 reading = await self.read(uuid)
                 kernels = self.on_card(uuid)
                 todo = books.ahead_of_time(kernels, reading.used, reading.total, self.config.watermark, now)
-                if self.checkpoint is not None and self.config.suspend_after > 0:
+                if self.checkpoint is not None and self.config.suspend_after > 0 and books.quiet(kernels):
                     todo += [
                         (k, "suspend")
                         for k in kernels
                         if k.state == PAUSED and k.idle_for(now) >= self.config.suspend_after
                     ]
                 for kernel, action in todo:
+                    if not books.quiet(self.on_card(uuid)):
+                        break  # a cell started meanwhile: the rest waits for the next quiet look
                     await self._take_off(kernel, action, reason="idle")

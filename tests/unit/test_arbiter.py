@@ -29,7 +29,7 @@ def arbiter(tmp_path):
     process.stop()
 
 
-def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str) -> Kernel:
+def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = SLICE) -> Kernel:
     chan = tmp_path / f"channel-{user}"
     chan.mkdir()
     env = {
@@ -40,7 +40,7 @@ def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str) -> Kernel:
     kernel = Kernel(tmp_path, env)
     kernel.channel = chan
     with arbiter.control() as c:
-        c.register(kernel.pid, user, "", SLICE)
+        c.register(kernel.pid, user, "", slice_)
     wait_for(lambda: arbiter.kernel(kernel.pid), 30, f"{user}'s kernel to join the arbiter")
     return kernel
 
@@ -96,6 +96,33 @@ def test_a_cell_that_gets_no_room_before_the_timeout_fails_readably(tmp_path):
         assert "MemoryError" in out
         assert "no room on the GPU after 2 s" in out
         assert "must not run" not in out
+    finally:
+        ada.shutdown()
+        bob.shutdown()
+        arbiter.stop()
+
+
+def test_background_pauses_wait_until_no_kernel_on_the_card_runs_code(tmp_path):
+    # the card is above its watermark while ada idles; bob needs no room, so only the
+    # background look could pause ada, and it must not while bob's cell runs
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.watermark=0.5", "--ArbiterApp.poll_seconds=0.2").start()
+    ada = start_kernel(tmp_path, arbiter, "ada", SLICE.replace(idle_seconds=0.5))
+    small = SLICE.replace(memory_limit=100 * MiB, memory_request=100 * MiB)
+    bob = start_kernel(tmp_path, arbiter, "bob", small)
+    try:
+        ada.run(HOLD_700)
+        wait_for(lambda: (arbiter.kernel(ada.pid) or {}).get("resident"), 30, "ada's 700 MiB in the books")
+        bob.client.execute("import time\ntime.sleep(4)")
+        wait_for(lambda: state_of(arbiter, bob) == "active", 30, "bob running")
+        seen = []
+        while state_of(arbiter, bob) == "active":  # about 4 s: 20 background looks
+            seen.append(state_of(arbiter, ada))
+        assert len(seen) > 10
+        assert set(seen) == {"idle"}, "ada was paused in the background during bob's cell"
+        bob.client.get_shell_msg(timeout=30)
+        wait_for(lambda: state_of(arbiter, ada) == "paused", 10, "ada paused once the card is quiet")
+        decisions = [d for d in arbiter.books()["decisions"] if d["what"] == "pause"]
+        assert [(d["server"], d["reason"]) for d in decisions] == [("ada/", "idle")]
     finally:
         ada.shutdown()
         bob.shutdown()
