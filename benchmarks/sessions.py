@@ -59,13 +59,17 @@ for _ in range(layers):
     blocks += [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
 model = torch.nn.Sequential(*blocks).to("cuda", torch.bfloat16)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+step_seconds = []
 def train(steps):
+    step_seconds.clear()
     for _ in range(steps):
+        t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         x = torch.randn({batch}, width, device="cuda", dtype=torch.bfloat16)
         model(x).float().square().mean().backward()
         opt.step()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        step_seconds.append(time.perf_counter() - t)
 train(2)
 print("ready", sum(p.numel() for p in model.parameters()))
 """
@@ -174,7 +178,10 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
             ooms = sum(failures)
             cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
-            cell = f"_t = time.perf_counter()\ntrain({solo_steps})\nprint('inner', time.perf_counter() - _t)"
+            cell = (
+                f"_t = time.perf_counter()\ntrain({solo_steps})\n"
+                "print('inner', time.perf_counter() - _t, 'steps', *step_seconds)"
+            )
 
             def state_of(pid: int) -> str:
                 return next((k["state"] for k in arbiter.books()["kernels"] if k["pid"] == pid), "unknown")
@@ -185,12 +192,16 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
                     if cycle:
                         time.sleep(args.think)
                     before = state_of(s.pid)
+                    start = time.time()
                     seconds, out, failed = s.timed(cell)
                     if failed:
                         errors.append(out[-500:])
                     else:
-                        inner = float(out.split("inner")[-1].split()[0])
-                        cells.put({"state_before": before, "cell_s": seconds, "inner_s": inner})
+                        inner, steps = out.split("inner")[-1].split("steps")
+                        cells.put({
+                            "session": s.index, "start": start, "state_before": before, "cell_s": seconds,
+                            "inner_s": float(inner), "step_s": [float(v) for v in steps.split()],
+                        })  # fmt: skip
 
             threads = [threading.Thread(target=duty, args=(s,)) for s in sessions]
             t0 = time.time()
@@ -222,6 +233,8 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
                 "queued": sum(d["what"] == "queued" for d in books["decisions"]),
                 "host_used_peak_bytes": host.peak_used,
                 "host_total_bytes": host.total,
+                "cells_detail": sorted(detail, key=lambda c: c["start"]),
+                "decisions": [d for d in books["decisions"] if d["what"] in ("pause", "suspend", "queued")],
             }
         finally:
             for s in sessions:
@@ -274,7 +287,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=61440, help="tokens per step")
-    parser.add_argument("--think", type=float, default=90.0, help="idle seconds between two cells")
+    parser.add_argument(
+        "--think", type=float, help="idle seconds between two cells (default 90, or the calibration's)"
+    )
     parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--sessions", default="", help="N to try, e.g. 6,12,24 (default: --multiples)")
     parser.add_argument(
@@ -299,8 +314,9 @@ def main() -> None:
     if args.calibration:
         result = json.loads(Path(args.calibration).read_text())
         args.width, args.layers, args.batch = (result["model"][k] for k in ("width", "layers", "batch"))
-        args.think = result["think_s"]
+        args.think = result["think_s"] if args.think is None else args.think
     else:
+        args.think = 90.0 if args.think is None else args.think
         result = {**calibrate(args, gpu), "think_s": args.think, "runs": []}
     result["arbiter"] = {
         "idle_seconds": args.idle_seconds,
