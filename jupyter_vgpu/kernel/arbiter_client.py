@@ -207,12 +207,16 @@ class ArbiterClient:
 
     def _obey(self, msg: dict) -> None:
         t0 = time.monotonic()
+        reply = {"type": "reply", "id": msg["id"], "released": None}
         try:
             if msg["type"] == "pause":
-                self.pausing.pause()
+                outcome = self.pausing.pause().get("pause")
+                # device bytes the pause gave back (0: nothing to release, e.g. no CUDA
+                # memory yet), so the arbiter knows whether to wait for NVML to drop
+                reply["released"] = outcome.segment_bytes if outcome is not None else 0
             else:
                 self.pausing.prepare_suspend()
             ok, message = True, f"done in {time.monotonic() - t0:.3f} s"
         except Exception as e:
             ok, message = False, f"{type(e).__name__}: {e}"
-        self._send({"type": "reply", "id": msg["id"], "ok": ok, "message": message[:4000]})
+        self._send({**reply, "ok": ok, "message": message[:4000]})

@@ -500,9 +500,14 @@ class Arbiter:
         else:
             kernel.state = PAUSED
             self.metrics.pauses.labels(gpu=uuid, reason="room" if reason.startswith("room") else "idle").inc()
-        await self._settle(uuid, before)
+        released = answer.get("released")  # bytes; absent from a suspend's answer
+        if released != 0:  # a pause that released nothing leaves nothing to wait for
+            await self._settle(uuid, before)
         took = time.monotonic() - t0
-        self._decide(action, server=kernel.server.key, pid=kernel.pid, reason=reason, seconds=round(took, 3))
+        fields = {"released": released} if released is not None else {}
+        self._decide(
+            action, server=kernel.server.key, pid=kernel.pid, reason=reason, seconds=round(took, 3), **fields
+        )
         return True
 
     async def _settle(self, uuid: str, before: int, timeout: float = 2.0) -> None:

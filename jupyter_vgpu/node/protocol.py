@@ -12,7 +12,10 @@ Kernels (any user) may send:
   arbiter answers ``{"type": "grant", "id": int}``, possibly after
   ``{"type": "wait", "id": int, "message": str}`` (shown in the cell's output), or
   ``{"type": "deny", "id": int, "message": str}`` after its queue timeout.
-- ``{"type": "reply", "id": int, "ok": bool, "message": str}``: the answer to a request.
+- ``{"type": "reply", "id": int, "ok": bool, "message": str, "released": int | null}``:
+  the answer to a request; ``released`` is the device memory a pause gave back (bytes;
+  null for a suspend), a figure only: 0 spares the arbiter its wait for NVML to drop,
+  and what the card has free is still read from NVML before any room is granted.
 
 The arbiter sends kernels requests: ``{"type": "pause", "id": int}``, ``{"type":
 "suspend", "id": int}`` (pause if needed, hold every message, answer; the arbiter then
@@ -67,7 +70,7 @@ _FIELDS = {
     "hello": {"type", "version", "kernel_id"},
     "state": {"type", "state", "resident", "paused_bytes", "host_bytes", "resume_seconds"},
     "room": {"type", "id", "for"},
-    "reply": {"type", "id", "ok", "message"},
+    "reply": {"type", "id", "ok", "message", "released"},
     "register": {"type", "pid", "user", "server", "slice"},
     "unregister": {"type", "pid"},
     "books": {"type"},
@@ -118,6 +121,8 @@ def decode(line: bytes) -> dict[str, Any]:
         if not isinstance(msg["ok"], bool):
             raise ProtocolError("reply: ok must be true or false")
         _str(msg, "message", 4096)
+        if msg["released"] is not None:
+            _int(msg, "released")
     elif kind in ("register", "unregister"):
         _int(msg, "pid", lo=1)
         if kind == "register":

@@ -67,7 +67,9 @@ def test_an_idle_kernel_is_paused_so_that_another_gets_room(arbiter, two):
     assert bob.run("print(1 + 1)").strip() == "2"
     assert state_of(arbiter, ada) == "paused"
     decisions = arbiter.books()["decisions"]
-    assert any(d["what"] == "pause" and d["server"] == "ada/" and "bob" in d["reason"] for d in decisions)
+    pause = next(d for d in decisions if d["what"] == "pause" and d["server"] == "ada/")
+    assert "bob" in pause["reason"]
+    assert pause["released"] == 0  # the stand-in moves no device memory, and says so
     assert ada.run("print(x.numel() * 4 // 2**20)").strip() == "700"  # ada comes back on her next cell
     assert state_of(arbiter, ada) in ("active", "idle")
 
