@@ -49,8 +49,7 @@ def svg(doc: dict) -> str:
         f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{H - BOTTOM}" stroke="black"/>',
         f'<line x1="{LEFT}" y1="{py(1.1)}" x2="{W - RIGHT}" y2="{py(1.1)}" '
         'stroke="gray" stroke-dasharray="4 4"/>',
-        f'<text x="{LEFT + 60}" y="{py(1.1) - 6}" fill="gray">'
-        "goal: p50 within +10%</text>",
+        f'<text x="{LEFT + 60}" y="{py(1.1) - 6}" fill="gray">goal: p50 within +10%</text>',
         f'<text x="{W / 2}" y="{H - 12}" text-anchor="middle">sessions / static partitioning</text>',
         f'<text x="14" y="{H / 2}" transform="rotate(-90 14 {H / 2})" '
         'text-anchor="middle">latency / solo</text>',
