@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
-from traitlets import HasTraits, default
+from traitlets import HasTraits, Integer, TraitError, Tuple, default, validate
 
 from jupyter_vgpu.node.socket_path import SOCKET_ENV, mps_pipe_directory
 from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
-from . import options
+from . import options, ports
 from .config import VGPUHub
 from .placement import Placement, PlacementError
 from .quotas import QuotaStore
@@ -260,11 +260,46 @@ class VGPUSpawnerMixin(HasTraits):
         self.vgpu_release()
 
 
-class VGPUSpawner(VGPUSpawnerMixin, LocalProcessSpawner):
+class LocalPortsMixin(HasTraits):
+    """Local servers' ports from ``port_range`` (:mod:`hub_spawner.ports`), not from the
+    OS's ephemeral range, where a kernel's ZeroMQ socket could take a port between the
+    Hub's choice and the server's bind."""
+
+    port_range = Tuple(
+        Integer(),
+        Integer(),
+        default_value=(20000, 29999),
+        help="Ports (first, last; inclusive) that servers started on this host get, unless "
+        "Spawner.port is set. Keep it outside the OS's ephemeral range "
+        "(/proc/sys/net/ipv4/ip_local_port_range), which kernels' sockets draw from.",
+    ).tag(config=True)
+
+    @validate("port_range")
+    def _check_port_range(self, proposal):
+        low, high = proposal["value"]
+        if not 1024 <= low <= high <= 65535:
+            raise TraitError(f"port_range {low}-{high}: expected 1024 <= first <= last <= 65535")
+        if ports.overlap((low, high), ports.ephemeral_range()):
+            self.log.warning(
+                "port_range %d-%d overlaps the OS's ephemeral range %d-%d: a kernel may take a "
+                "server's port before the server binds it",
+                low,
+                high,
+                *ports.ephemeral_range(),
+            )
+        return proposal["value"]
+
+    async def start(self):
+        if self.port == 0:
+            self.port = ports.picker(*self.port_range).pick(self.ip or "")
+        return await super().start()
+
+
+class VGPUSpawner(VGPUSpawnerMixin, LocalPortsMixin, LocalProcessSpawner):
     """``LocalProcessSpawner`` with a vGPU slice per server (entry point ``vgpu``)."""
 
 
-class VGPUSimpleSpawner(VGPUSpawnerMixin, SimpleLocalProcessSpawner):
+class VGPUSimpleSpawner(VGPUSpawnerMixin, LocalPortsMixin, SimpleLocalProcessSpawner):
     """``SimpleLocalProcessSpawner`` with a vGPU slice per server (entry point ``vgpu-simple``).
 
     Runs every server as the Hub's own user: for demos and tests only, like its base.

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import requests
+
+from hub_spawner import ports
 
 from .waiting import wait_for
 
@@ -18,10 +19,15 @@ from .waiting import wait_for
 TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
 
 
+#: Ports of the tests' own servers, Hubs and proxies: outside the OS's ephemeral range,
+#: which kernels' ZeroMQ sockets draw from, and the local spawners' default range.
+TEST_PORTS = (30000, 32767)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port on loopback that no kernel can take before its server binds it
+    (:mod:`hub_spawner.ports`)."""
+    return ports.picker(*TEST_PORTS).pick("127.0.0.1")
 
 
 class JupyterServer:

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,18 +22,13 @@ from pathlib import Path
 import psutil
 import requests
 
+from ..server_process import free_port
 from ..waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "hub_spawner" / "demo" / "jupyterhub_config.py"
 ARTIFACTS = ROOT / "test-artifacts"
 PASSWORD = "test-password"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class HubProcess:

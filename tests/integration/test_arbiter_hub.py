@@ -72,6 +72,12 @@ def test_the_hub_runs_the_arbiter_and_servers_find_it(small_hub, two):
         wait_for(lambda u=user: kernel_of(hub, u), 30, f"{user}'s kernel in the arbiter's books")
     servers = {s["key"]: s for s in books(hub)["servers"]}
     assert servers["ada/"]["memory_limit"] == 600 * MiB  # from the Hub, not from the kernel
+    for e in entries:  # ports from the spawner's range, which kernels' sockets never draw from
+        listening = {
+            c.laddr.port for c in psutil.Process(e["pid"]).net_connections("tcp") if c.status == "LISTEN"
+        }
+        assert listening, f"{e['user']}'s server listens on no port"
+        assert all(20000 <= port <= 29999 for port in listening), (e["user"], listening)
 
 
 def test_the_idle_user_is_paused_so_that_the_other_gets_room(small_hub, two):
