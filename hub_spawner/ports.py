@@ -86,7 +86,8 @@ class PortPicker:
 
 
 def _bindable(ip: str, port: int) -> bool:
-    with socket.socket() as s:
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET  # "" and "0.0.0.0": every IPv4 address
+    with socket.socket(family) as s:
         try:
             s.bind((ip, port))
         except OSError:

@@ -62,3 +62,10 @@ def test_the_default_range_of_the_local_spawners_stays_clear_of_this_machines_ep
     from hub_spawner.spawner import VGPUSpawner
 
     assert not ports.overlap(VGPUSpawner.class_traits()["port_range"].default(), ports.ephemeral_range())
+
+
+def test_an_ipv6_address_is_tested_on_ipv6():
+    if not socket.has_ipv6 or not ports._bindable("::1", 0):
+        pytest.skip("no IPv6 loopback here")
+    a, b = some_free_ports(2)
+    assert ports.PortPicker(a, b).pick("::1") in (a, b)
