@@ -577,10 +577,12 @@ class Arbiter:
             if self._locks[uuid].locked():
                 continue  # a room request is deciding on this card
             async with self._locks[uuid]:
-                reading = await self.read(uuid)
                 kernels = self.on_card(uuid)
+                if not books.quiet(kernels):
+                    continue  # a cell runs on this card: background work waits (books.quiet)
+                reading = await self.read(uuid)
                 todo = books.ahead_of_time(kernels, reading.used, reading.total, self.config.watermark, now)
-                if self.checkpoint is not None and self.config.suspend_after > 0 and books.quiet(kernels):
+                if self.checkpoint is not None and self.config.suspend_after > 0:
                     todo += [
                         (k, "suspend")
                         for k in kernels

@@ -165,23 +165,24 @@ def victims(
 
 
 def quiet(card_kernels: list[Kernel]) -> bool:
-    """True when no kernel on the card runs code (none is ``active``)."""
+    """True when no kernel on the card runs code (none is ``active``).
+
+    Background pauses and suspends wait for a quiet card: a pause works the card too
+    (compression kernels and copies, time-sliced with the running cell's kernels), and
+    it is not needed yet. Measured on the H100 (``benchmarks/sessions.py``): background
+    pauses of 2 GiB working sets during other users' 1 s cells made those cells 0.1 s
+    slower (steps 0.141 s to 0.175 s while a pause ran). Room on demand is not deferred:
+    a kernel that needs room gets it at once.
+    """
     return all(k.state != ACTIVE for k in card_kernels)
 
 
 def ahead_of_time(card_kernels: list[Kernel], used: int, total: int, watermark: float, now: float) -> list:
     """Kernels to pause in the background on a card above ``watermark`` (a fraction of
     its memory in use): idle longer than their slice's ``idle_seconds``, longest idle
-    first, until the card would be under the watermark; ``[(kernel, "pause")]``.
-
-    None while a kernel on the card runs code (:func:`quiet` is False): a pause works
-    the card too (compression kernels and copies, time-sliced with the running cell's
-    kernels), and it is not needed yet. Measured on the H100 (``benchmarks/sessions.py``):
-    background pauses of 2 GiB working sets during other users' 1 s cells made those
-    cells 0.1 s slower (steps 0.141 s to 0.175 s while a pause ran). Room on demand is
-    not deferred: a kernel that needs room gets it at once.
-    """
-    if used <= watermark * total or not quiet(card_kernels):
+    first, until the card would be under the watermark; ``[(kernel, "pause")]``. The
+    caller asks only for a :func:`quiet` card."""
+    if used <= watermark * total:
         return []
     out, freed = [], 0
     for k in sorted(card_kernels, key=lambda k: -k.idle_for(now)):
