@@ -43,6 +43,12 @@ def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
     return low, high
 
 
+def check_range(low: int, high: int) -> None:
+    """Raise ValueError unless ``[low, high]`` is a non-empty range of unprivileged ports."""
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError(f"port range {low}-{high}: expected 1024 <= low <= high <= 65535")
+
+
 def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether two inclusive port ranges share a port."""
     return a[0] <= b[1] and b[0] <= a[1]
@@ -57,8 +63,7 @@ class PortPicker:
     """
 
     def __init__(self, low: int, high: int, hold_seconds: float = HOLD_SECONDS):
-        if not 1024 <= low <= high <= 65535:
-            raise ValueError(f"port range {low}-{high}: expected 1024 <= low <= high <= 65535")
+        check_range(low, high)
         self.low, self.high, self.hold_seconds = low, high, hold_seconds
         self._handed: dict[int, float] = {}  # port -> when it was handed out (monotonic)
         self._lock = threading.Lock()

@@ -277,15 +277,18 @@ class LocalPortsMixin(HasTraits):
     @validate("port_range")
     def _check_port_range(self, proposal):
         low, high = proposal["value"]
-        if not 1024 <= low <= high <= 65535:
-            raise TraitError(f"port_range {low}-{high}: expected 1024 <= first <= last <= 65535")
-        if ports.overlap((low, high), ports.ephemeral_range()):
+        try:
+            ports.check_range(low, high)
+        except ValueError as e:
+            raise TraitError(f"port_range: {e}") from None
+        ephemeral = ports.ephemeral_range()
+        if ports.overlap((low, high), ephemeral):
             self.log.warning(
                 "port_range %d-%d overlaps the OS's ephemeral range %d-%d: a kernel may take a "
                 "server's port before the server binds it",
                 low,
                 high,
-                *ports.ephemeral_range(),
+                *ephemeral,
             )
         return proposal["value"]
 

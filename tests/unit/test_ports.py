@@ -69,3 +69,12 @@ def test_an_ipv6_address_is_tested_on_ipv6():
         pytest.skip("no IPv6 loopback here")
     a, b = some_free_ports(2)
     assert ports.PortPicker(a, b).pick("::1") in (a, b)
+
+
+def test_the_spawner_refuses_a_port_range_outside_unprivileged_ports():
+    from traitlets import TraitError
+
+    from hub_spawner.spawner import VGPUSpawner
+
+    with pytest.raises(TraitError, match="port_range: port range 80-90"):
+        VGPUSpawner(port_range=(80, 90))
