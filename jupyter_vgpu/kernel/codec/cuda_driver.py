@@ -1,10 +1,9 @@
 """The few CUDA driver calls the GPU codec path makes itself, through NVIDIA's cuda-bindings.
 
-The codec's per-piece loop issues a handful of copies and event operations for every
-8 MiB that crosses the bus; through PyTorch each costs tens of microseconds of Python,
-which was measured to cap resume at about 20 GB/s on the H100. The driver calls cost a
-microsecond or two. Kernels still run through PyTorch (on the stream made current for
-the loop).
+The codec's per-piece loop issues a handful of copies, event operations and graph
+launches for every 8 MiB that crosses the bus; through PyTorch each costs tens of
+microseconds of Python, which was measured to cap resume at about 20 GB/s on the H100.
+The driver calls cost a microsecond or two.
 
 A piece's stored chunks leave the compressor's output slots for the pinned slab in one
 ``cuMemcpyBatchAsync`` (CUDA 12.8 and later drivers): gathering them on the device first
@@ -132,6 +131,11 @@ class Driver:
         for dst, src, size in zip(dsts.tolist(), srcs.tolist(), sizes.tolist(), strict=True):
             self.copy(dst, src, size, stream)
 
+    def device_pointer(self, host: int) -> int:
+        """The device's address of pinned host memory at ``host`` (the same number where
+        the driver maps pinned memory at its host address, as on every 64-bit system)."""
+        return int(self._check(self._cu.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+
     def record(self, event, stream) -> None:
         self._check(self._cu.cuEventRecord(event, stream), "cuEventRecord")
 
@@ -145,3 +149,39 @@ class Driver:
 
     def destroy(self, event) -> None:
         self._check(self._cu.cuEventDestroy(event), "cuEventDestroy")
+
+    # -- CUDA graphs: a slot's per-piece work, captured once and launched per piece ------
+
+    def capture(self, stream, enqueue) -> object:
+        """Capture what ``enqueue()`` puts on ``stream`` into an executable graph.
+
+        The capture is thread-local (``CU_STREAM_CAPTURE_MODE_THREAD_LOCAL``): other
+        threads' CUDA calls neither break it nor are refused. Nothing runs on the device.
+
+        Raises:
+            RuntimeError: the driver refused the capture or its instantiation (an
+                operation in ``enqueue`` that cannot be captured), or ``enqueue`` raised;
+                the stream is out of capture mode again either way.
+        """
+        cu = self._cu
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+        try:
+            enqueue()
+        except BaseException:
+            result = cu.cuStreamEndCapture(stream)
+            if result[0] == self._ok:
+                cu.cuGraphDestroy(result[1])
+            raise
+        graph = self._check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        try:
+            return self._check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        finally:
+            cu.cuGraphDestroy(graph)
+
+    def launch(self, graph, stream) -> None:
+        """Enqueue an executable graph from :meth:`capture` on ``stream``."""
+        self._check(self._cu.cuGraphLaunch(graph, stream), "cuGraphLaunch")
+
+    def destroy_graph(self, graph) -> None:
+        self._check(self._cu.cuGraphExecDestroy(graph), "cuGraphExecDestroy")

@@ -8,27 +8,49 @@ Layout of what it writes (the "device" layout; the host layout is ``codec.zstd``
   together, apart from the noisy low mantissa bytes. Four planes suit bf16/fp16 (two
   values per word) as well as fp32; measured with nvCOMP ANS on the H100 box
   (``benchmarks/results/probe-h100.jsonl``): bf16 N(0, 0.02) weights 1.28 unsplit ->
-  1.50, fp32 Adam second moment 1.09 -> 1.20, bf16 ReLU activations 2.06 -> 2.35.
+  1.50, fp32 Adam second moment 1.09 -> 1.20, bf16 ReLU activations 2.06 -> 2.35
+  (nvCOMP's own FLOAT16 mode, without the split: bf16 weights 1.33).
 - The planar bytes are cut into **chunks** of ``chunk_bytes``. Each chunk is stored as
-  nvCOMP ANS (kind :data:`ANS`) or, when ANS makes it more than 1/64 larger, as the
-  planar bytes themselves (:data:`RAW`; random mantissa bytes come out of ANS only
-  0.5% larger, so they stay ANS: one decoder call per piece). Stored chunks of a piece lie back to
-  back in pinned host memory, each at an offset rounded up to 16 bytes (nvCOMP's
-  alignment): on pause they leave the compressor's output slots in one batched copy
-  (:meth:`.cuda_driver.Driver.copies`), on resume the piece crosses the bus in one copy.
+  one of three kinds, decided on the GPU (``vgpu_uniform`` and ``vgpu_settle`` in
+  :mod:`.kernels`), so that the host never waits on the GPU to choose:
+
+  - :data:`FILL`: every byte is the same; nothing is stored but the byte (zeros, padding,
+    masks). ANS would still write about 2 KiB per 128 KiB chunk of zeros.
+  - :data:`ANS`: nvCOMP ANS, while that makes the chunk at most 1/64 larger (the noisy
+    mantissa planes of bf16 weights come out 0.5% larger and stay ANS: one decoder
+    call per piece; half the chunks of an fp32 Adam state grow more).
+  - :data:`RAW`: the planar bytes themselves, copied over the chunk's compressor output
+    slot (also for a chunk nvCOMP reports it could not compress).
+
+  Stored chunks of a piece lie back to back in pinned host memory, each at an offset
+  rounded up to 16 bytes (nvCOMP's alignment): on pause they leave the compressor's
+  output slots in one batched copy (:meth:`.cuda_driver.Driver.copies`), on resume the
+  piece crosses the bus in one copy.
 - Every stored chunk carries its CRC-32 (zlib's polynomial, so ``zlib.crc32`` checks
-  it too), computed by nvCOMP on the GPU before the copy out (for a chunk stored raw,
-  only once the piece's sizes say it is one). Resume recomputes it on the GPU after
-  the copy in and refuses a piece whose checksum, nvCOMP status or decoded size
-  disagrees; the host copy is untouched.
+  it too), computed by nvCOMP on the GPU from the stored bytes before the copy out.
+  Resume recomputes it on the GPU after the copy in and refuses a piece whose checksum,
+  nvCOMP status or decoded size disagrees; the host copy is untouched.
 
 Everything runs in one scratch area of device memory the caller owns (``scratch`` of
-:meth:`DeviceCodec.scratch_bytes` bytes, 58 MiB with the defaults): ``slots`` slots
-(three), so that the coding of two pieces overlaps the copy of a third over two CUDA
-streams. Where the time goes, per 8 MiB piece of bf16 weights on the H100 (GPU µs /
-Python µs to enqueue, ``benchmarks/results/codec-stages-h100.jsonl``): split 25/26,
-ANS compress 50/16, CRC of the compressed chunks 45/24, copy out 105/7; copy in
-107/7, ANS decompress 35/14, join 23/25.
+:meth:`DeviceCodec.scratch_bytes` bytes, about 54 MiB with the defaults): the byte planes
+of one piece, and ``slots`` slots (four) for compressed bytes, so that the copies of some
+pieces over the bus overlap the coding of others.
+
+**Few calls per piece.** A whole piece's work on the GPU is captured once per slot into
+CUDA graphs; the addresses that change from piece to piece travel in the slot's
+metadata, which the graph moves to the device first. A pause launches two graphs per
+piece: the coding (metadata in, split, uniform check, ANS, settle) on the compute
+stream, then the CRC-32s and the results out on a side stream, beside the next piece's
+coding. A resume launches one, keyed by the piece's count of ANS and stored chunks:
+metadata in, CRC-32s on a side branch beside the ANS decoding, raw and uniform chunks
+put in place, the join, results out. Issued one by one from Python these calls cost
+150-200 µs per 8 MiB piece, more than the bus needs to move it (pause 33 GB/s, resume
+46 GB/s on the H100 against 55 GB/s of raw copy). The metadata moves by kernels
+(``vgpu_move``), not copy engines: on a copy engine the small move queued behind the
+other stream's piece copies, which serialized coding and copying (pause 43 GB/s). Pieces
+shorter than ``piece_bytes`` run the same steps as direct calls; so does everything when
+the driver refuses to capture (:attr:`DeviceCodec.graph_reason`).
+
 Nothing is allocated through PyTorch on the way: the pause path must run on a card with
 almost no free memory and must never be handed a block of memory it is releasing.
 """
@@ -40,16 +62,19 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import nvcomp
+from . import kernels, nvcomp
 from .cuda_driver import Driver
 
 MiB = 1 << 20
-ANS, RAW = 3, 0
+#: Chunk kinds (:attr:`Piece.kinds`).
+RAW, FILL, ANS = 0, 1, 3
 #: A chunk stays ANS while ANS makes it at most 1/SLACK larger: random mantissa bytes
 #: come out 0.5% larger, and keeping them ANS keeps one decoder call and no host work
 #: per piece.
 SLACK = 64
 _ALIGN = nvcomp.ALIGNMENT
+#: Bit set in a chunk's uniform flag (:func:`.kernels.Kernels.uniform_async`).
+_UNIFORM = 0x100
 
 
 def _round(n: int, to: int = _ALIGN) -> int:
@@ -69,14 +94,16 @@ class Piece:
         offset: where the piece starts in its range, bytes.
         length: its original length, bytes.
         planes: 4 (transposed into byte planes) or 1.
-        kinds: per chunk, :data:`ANS` or :data:`RAW` (uint8 array).
-        sizes: per chunk, stored bytes (int64 array).
-        crcs: per chunk, CRC-32 of the stored bytes (uint32 array).
-        slab: index of the pinned slab holding the stored chunks.
+        kinds: per chunk, :data:`ANS`, :data:`RAW` or :data:`FILL` (uint8 array).
+        sizes: per chunk, stored bytes (int64 array; 0 for FILL).
+        crcs: per chunk, CRC-32 of the stored bytes (uint32 array; 0 for FILL).
+        fills: per chunk, the byte a FILL chunk repeats (uint8 array; 0 for the others).
+        slab: index of the pinned slab holding the stored chunks (-1 when none is stored).
         start: offset in that slab of the first chunk, bytes.
         offsets: per chunk, its offset from ``start``, 16-byte aligned (int64 array).
         span: bytes the piece takes in its slab.
         stored_bytes: the sum of ``sizes``.
+        whole: a full-length piece of ANS chunks only (resumed by the slot's graph).
 
     (numpy arrays, not tuples: building and reading them per 8 MiB piece is part of
     the codec's Python cost per piece.)
@@ -88,11 +115,13 @@ class Piece:
     kinds: np.ndarray
     sizes: np.ndarray
     crcs: np.ndarray
+    fills: np.ndarray
     slab: int
     start: int
     offsets: np.ndarray
     span: int
     stored_bytes: int
+    whole: bool
 
 
 class PinnedArena:
@@ -141,30 +170,39 @@ class PinnedArena:
 
 
 # Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the device
-# and mirrored in pinned host memory. Pause uploads IN_PTRS (planar chunks), IN_SIZES
-# and OUT_PTRS (compressed outputs), and downloads OUT_SIZES and STATUS_CRC (int32
-# statuses, then uint32 CRCs of the compressed chunks); for a piece with chunks stored
-# raw it then uploads their CRC_PTRS, CRC_SIZES and downloads their CRCs (written to
-# CAPACITY, which pause does not use). Resume uploads
-# IN_PTRS, IN_SIZES, CAPACITY and OUT_PTRS of the ANS chunks, and CRC_PTRS, CRC_SIZES of
-# every chunk; it downloads OUT_SIZES and STATUS_CRC.
-IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS, OUT_SIZES, STATUS_CRC, CRC_PTRS, CRC_SIZES = range(8)
-ROWS = 8
+# and mirrored in pinned host memory; every piece uploads the whole area first. Both moves
+# run as kernels (:meth:`.kernels.Kernels.move_async`), never on a copy engine.
+# Pause: IN_PTRS (planar chunks), IN_SIZES, OUT_PTRS (compressed outputs) and WHERE (the
+# piece's address) in; OUT_SIZES, STATUS_CRC (int32 statuses, then uint32 CRCs of what
+# is stored) and FLAGS (int32: 0x100 | byte uniform, 0x200 stored raw) out.
+# Resume: IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS of the ANS chunks, CRC_PTRS, CRC_SIZES
+# of the stored chunks, FLAGS and PLACE (each chunk's stored bytes) of every chunk and
+# WHERE (the destination) in; OUT_SIZES and STATUS_CRC out.
+IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS, OUT_SIZES, STATUS_CRC, FLAGS, CRC_PTRS, CRC_SIZES, PLACE, WHERE = (
+    range(11)
+)
+ROWS = 11
+#: The most CUDA graphs a codec keeps (a resume graph is captured per slot and per count
+#: of ANS and stored chunks in a piece; pieces of other counts run as direct calls).
+MAX_GRAPHS = 64
 
 
 @dataclasses.dataclass
 class _Slot:
-    planar: object  # device, piece_bytes: the piece as byte planes
-    comp: object  # device, max_chunks * max_compressed_bytes: pause: compressed chunks at
-    #               fixed strides; resume: the stored piece as it crossed the bus
-    meta: object  # device int64 (ROWS, max_chunks)
-    host_meta: object  # pinned int64 (ROWS, max_chunks)
-    ready: object  # driver event: pause: compressed; resume: uploaded
+    index: int
+    comp: int  # device, max_chunks * max_compressed_bytes: pause: what is stored, at fixed
+    #            strides; resume: the stored piece as it crossed the bus
+    meta: int  # device int64 (ROWS, max_chunks)
+    host_meta: object  # pinned int64 (ROWS, max_chunks), kept across binds (graphs read it)
+    host_ptr: int  # its address
+    host_dev: int  # its address on the device (the per-piece moves read and write it there)
+    host: np.ndarray  # host_meta as a numpy array (made once: .numpy() costs µs)
+    ready: object  # driver event: pause: compressed and checksummed; resume: uploaded
     done: object  # driver event: the slot may be reused
-    planes: object  # planar as (4, piece_bytes / 4): a whole piece's byte planes
-    words: object  # planar as (piece_bytes / 4, 4), transposed view of ``planes``
-    shape: tuple = ()  # the chunk lengths whose pause pointers are uploaded
-    host: np.ndarray | None = None  # host_meta as a numpy array (made once: .numpy() costs µs)
+    coded: object  # driver event: pause: compressed (the checksums may start)
+    sources: np.ndarray  # uint64: each chunk's output slot in ``comp`` (pause)
+    rows: object = None  # what the host rows hold for every piece alike ("pack", "unpack", ...)
+    check: tuple | None = None  # resume: the piece whose results the host rows will hold
 
 
 class DeviceCodec:
@@ -179,17 +217,28 @@ class DeviceCodec:
             smaller chunks lose ratio (bf16 weights: 1.50 at 1 MiB, 1.485 at 256 KiB,
             1.38 at 32 KiB).
         piece_bytes: bytes per piece (a multiple of ``chunk_bytes``; default 8 MiB).
-        slots: pieces in flight at once (at least 2; default 3): with two, the host waits
-            for the copy of one piece before it may enqueue the coding of the next.
+        slots: pieces in flight at once (at least 2; default 4). Each has its own area
+            for a piece's compressed bytes (11.4 MiB with the defaults: nvCOMP's bound on
+            an ANS chunk is 1.38 times its length); the planes are shared, since only the
+            compute stream touches them.
+        graphs: capture each slot's per-piece work into CUDA graphs (default True).
 
     Raises:
         nvcomp.NvcompUnavailable: nvCOMP cannot be loaded.
         DriverUnavailable: cuda-bindings cannot be imported.
+        kernels.KernelsUnavailable: NVRTC could not build the codec's kernels.
         ValueError: ``piece_bytes`` is not a multiple of ``chunk_bytes``, or ``slots`` < 2.
     """
 
     def __init__(
-        self, torch, device: int, *, chunk_bytes: int = 128 << 10, piece_bytes: int = 8 * MiB, slots: int = 3
+        self,
+        torch,
+        device: int,
+        *,
+        chunk_bytes: int = 128 << 10,
+        piece_bytes: int = 8 * MiB,
+        slots: int = 4,
+        graphs: bool = True,
     ):
         if piece_bytes % chunk_bytes or piece_bytes <= 0:
             raise ValueError(f"piece_bytes ({piece_bytes}) must be a multiple of chunk_bytes ({chunk_bytes})")
@@ -198,18 +247,27 @@ class DeviceCodec:
         self.slot_count = slots
         # the chunk lengths of a whole piece (shared: never written)
         self._full = np.full(piece_bytes // chunk_bytes, chunk_bytes, dtype=np.int64)
+        self._every = np.arange(piece_bytes // chunk_bytes)
         self.torch, self.device = torch, device
         self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
         self.max_chunks = piece_bytes // chunk_bytes
         self.ans = nvcomp.ANS(chunk_bytes, self.max_chunks)
         self.crc = nvcomp.CRC32(self.max_chunks, max(chunk_bytes, self.ans.max_compressed_bytes))
-        # on resume a stored piece lands in ``comp``: ANS chunks at most 1/SLACK larger
+        # a chunk stored raw is copied over its output slot; on resume a stored piece
+        # lands in ``comp``: chunks at most 1/SLACK larger than their length
+        assert self.ans.max_compressed_bytes >= chunk_bytes
         assert (
             self.max_chunks * self.ans.max_compressed_bytes
             >= piece_bytes + piece_bytes // SLACK + _ALIGN * self.max_chunks
         )
         self.cu = Driver()
+        self.kernels = kernels.load(device)
+        #: why pieces run as direct calls instead of one CUDA graph each, or None
+        self.graph_reason: str | None = None if graphs else "turned off"
+        self._graphs: dict[tuple, object] = {}
+        self._graph_base: int | None = None  # the scratch address the graphs were captured on
         self._slots: list[_Slot] = []
+        self._planar = 0
         self._streams = None
 
     @property
@@ -225,75 +283,105 @@ class DeviceCodec:
         )
 
     def scratch_bytes(self) -> int:
-        """Device scratch :meth:`bind` needs, bytes (``slots`` slots)."""
-        return self.slot_count * sum(self._parts())
+        """Device scratch :meth:`bind` needs, bytes: the planes of one piece, and
+        ``slots`` times a piece's compressed bytes and metadata."""
+        planar, comp, meta = self._parts()
+        return planar + self.slot_count * (comp + meta)
 
     def bind(self, scratch) -> None:
-        """Carve the slots out of ``scratch``, a device uint8 tensor of at least
-        :meth:`scratch_bytes` that stays valid while the codec runs."""
-        torch = self.torch
+        """Carve the planes and the slots out of ``scratch``, a device uint8 tensor of at
+        least :meth:`scratch_bytes` that stays valid while the codec runs.
+
+        Raises:
+            ValueError: ``scratch`` is smaller than :meth:`scratch_bytes`.
+        """
+        torch, n = self.torch, self.max_chunks
+        if scratch.numel() < self.scratch_bytes():
+            raise ValueError(f"scratch holds {scratch.numel()} bytes; the codec needs {self.scratch_bytes()}")
         if self._streams is None:
             dev = torch.device("cuda", self.device)
-            self._streams = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
+            # compute, copier, and a side stream for the checksums of a resumed piece
+            self._streams = tuple(torch.cuda.Stream(dev) for _ in range(3))
             self._cu_streams = tuple(self.cu.stream(s.cuda_stream) for s in self._streams)
-            self._events = [(self.cu.event(), self.cu.event()) for _ in range(self.slot_count)]
+            self._stream_ints = tuple(int(s.cuda_stream) for s in self._streams)
+            self._fork, self._joined = self.cu.event(), self.cu.event()
+            self._events = [
+                (self.cu.event(), self.cu.event(), self.cu.event()) for _ in range(self.slot_count)
+            ]
+            self._host_metas = [
+                torch.zeros((ROWS, n), dtype=torch.int64, pin_memory=True) for _ in range(self.slot_count)
+            ]
+        base = scratch.data_ptr()
+        if base != self._graph_base:  # the graphs hold the old slots' addresses
+            self._drop_graphs()
+            self._graph_base = base
         planar, comp, meta = self._parts()
-        n, words = self.max_chunks, self.piece_bytes // 4
-        self._slots, pos = [], 0
+        k = np.arange(n, dtype=np.uint64)
+        self._planar = base
+        self._slots, pos = [], base + planar
         for i in range(self.slot_count):
-            views = []
-            for size in (planar, comp, meta):
-                views.append(scratch[pos : pos + size])
-                pos += size
-            planes = views[0][: self.piece_bytes].view(4, words)
+            host_meta = self._host_metas[i]
             self._slots.append(
                 _Slot(
-                    views[0],
-                    views[1],
-                    views[2][: ROWS * 8 * n].view(torch.int64).view(ROWS, n),
-                    torch.empty((ROWS, n), dtype=torch.int64, pin_memory=True),
-                    *self._events[i],
-                    planes,
-                    planes.t(),
+                    i, pos, pos + comp, host_meta, host_meta.data_ptr(),
+                    self.cu.device_pointer(host_meta.data_ptr()), host_meta.numpy(), *self._events[i],
+                    np.uint64(pos) + k * np.uint64(self.ans.max_compressed_bytes),
                 )
-            )
-            self._slots[-1].host = self._slots[-1].host_meta.numpy()
+            )  # fmt: skip
+            pos += comp + meta
         # (waiting on an event never recorded returns at once: a fresh slot is free)
         if not self.crc.tuned:
             slot = self._slots[0]
             host = slot.host
-            k = np.arange(n, dtype=np.int64)
-            host[CRC_PTRS] = slot.planar.data_ptr() + k * self.chunk_bytes
+            host[CRC_PTRS] = self._planar + np.arange(n, dtype=np.int64) * self.chunk_bytes
             # searched on chunks the size compressed ones mostly are (bf16 weights: 1/1.47)
             host[CRC_SIZES] = _round(self.chunk_bytes * 2 // 3)
             stream = self._cu_streams[0]
-            self.cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), ROWS * 8 * n, stream)
+            self.cu.copy(slot.meta, slot.host_ptr, ROWS * 8 * n, stream)
             self.crc.tune(
                 n,
                 self._row(slot, CRC_PTRS),
                 self._row(slot, CRC_SIZES),
                 self._row(slot, STATUS_CRC),
-                int(stream),
+                self._stream_ints[0],
             )
             self._streams[0].synchronize()
 
-    def _split(self, slot: _Slot, src, length: int) -> int:
-        if length % 4:
-            slot.planar[:length].copy_(src)
-            return 1
-        if length == self.piece_bytes:
-            slot.planes.copy_(src.view(length // 4, 4).t())
-        else:
-            slot.planar[:length].view(4, length // 4).copy_(src.view(length // 4, 4).t())
-        return 4
+    def _drop_graphs(self) -> None:
+        for graph in self._graphs.values():
+            self.cu.destroy_graph(graph)
+        self._graphs.clear()
 
-    def _join(self, dst, slot: _Slot, length: int, planes: int) -> None:
-        if planes == 1:
-            dst.copy_(slot.planar[:length])
-        elif length == self.piece_bytes:
-            dst.view(length // 4, 4).copy_(slot.words)
-        else:
-            dst.view(length // 4, 4).copy_(slot.planar[:length].view(4, length // 4).t())
+    def _graph(self, slot: _Slot, key: tuple):
+        """The slot's captured graph for a whole piece: ``("code",)`` (compute stream)
+        and ``("check",)`` (side stream) of a pause, or ``("unpack", m, s)`` for resuming
+        a piece of ``m`` ANS and ``s`` stored chunks. None when graphs are off, the driver
+        refused to capture, or :data:`MAX_GRAPHS` are kept already."""
+        graph = self._graphs.get((slot.index, *key))
+        if graph is None and self.graph_reason is None and len(self._graphs) < MAX_GRAPHS:
+            n, length = self.max_chunks, self.piece_bytes
+            stream = self._cu_streams[2 if key[0] == "check" else 0]
+            if key[0] == "code":
+
+                def enqueue():
+                    self._enqueue_code(slot, n, length, 4, 0)
+            elif key[0] == "check":
+
+                def enqueue():
+                    self._enqueue_check(slot, n)
+            else:
+
+                def enqueue():
+                    m, s = key[1:]
+                    self._enqueue_unpack(slot, n, m, s, length, 4, m < n, 0)
+
+            try:
+                graph = self.cu.capture(stream, enqueue)
+            except Exception as e:  # the pieces run as direct calls: slower, still right
+                self.graph_reason = f"capturing the per-piece work failed: {e}"
+                return None
+            self._graphs[(slot.index, *key)] = graph
+        return graph
 
     def _lengths(self, length: int) -> np.ndarray:
         if length == self.piece_bytes:
@@ -304,18 +392,15 @@ class DeviceCodec:
         return lengths
 
     def _row(self, slot: _Slot, row: int) -> int:
-        return slot.meta.data_ptr() + row * 8 * self.max_chunks
+        return slot.meta + row * 8 * self.max_chunks
 
     def _host_row(self, slot: _Slot, row: int) -> int:
-        return slot.host_meta.data_ptr() + row * 8 * self.max_chunks
+        """A row of the slot's pinned metadata, as the device addresses it."""
+        return slot.host_dev + row * 8 * self.max_chunks
 
     def _halves(self, slot: _Slot, row: int) -> np.ndarray:
         """A host meta row as int32 words: the first ``max_chunks`` and the second."""
         return slot.host[row].view(np.int32)
-
-    def _on(self, stream):
-        """Make ``stream`` PyTorch's current stream (for the split, gather and join kernels)."""
-        return self.torch.cuda.stream(stream)
 
     # -- pause direction ----------------------------------------------------------------
 
@@ -327,6 +412,8 @@ class DeviceCodec:
     ) -> list[list[Piece]]:
         """Store every range; returns one list of :class:`Piece` per range.
 
+        A chunk nvCOMP cannot compress is stored raw.
+
         Args:
             ranges: ``(device uint8 tensor, its length in bytes)`` pairs. Nothing else
                 may write them meanwhile (the engine pauses an idle kernel).
@@ -335,34 +422,65 @@ class DeviceCodec:
                 durably on the host, so the caller may release its device memory.
 
         Raises:
-            DeviceCodecError: nvCOMP reported a chunk it could not compress.
-            Whatever is raised carries ``partial``: the pieces stored so far, one list
-            per range (they live in ``arena``).
+            Whatever is raised (a CUDA error, an interrupt) carries ``partial``: the
+            pieces stored so far, one list per range (they live in ``arena``).
         """
         out: list[list[Piece]] = [[] for _ in ranges]
         try:
-            with self._on(self._streams[0]):
-                return self._pack(ranges, arena, on_range, out)
+            return self._pack(ranges, arena, on_range, out)
         except BaseException as e:
             e.partial = out
             raise
 
+    def _enqueue_code(self, slot: _Slot, n: int, length: int, planes: int, src: int) -> None:
+        """A piece's coding on the compute stream: upload the metadata, split (or copy,
+        from ``src``) into planes, flag uniform chunks, compress, store raw what did not
+        compress. Captured as is for whole pieces."""
+        cu, k, s = self.cu, self.kernels, self._stream_ints[0]
+        row, c, planar = self._row, self.chunk_bytes, self._planar
+        k.move_async(slot.meta, slot.host_dev, ROWS * 8 * self.max_chunks, s)
+        if planes == 4:
+            k.split4_async(row(slot, WHERE), planar, length // 4, s)
+        else:
+            cu.copy(planar, src, length, self._cu_streams[0])
+        k.uniform_async(planar, c, length, row(slot, FLAGS), s)
+        self.ans.compress(
+            n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, OUT_PTRS), row(slot, OUT_SIZES),
+            row(slot, STATUS_CRC), 0, s,
+        )  # fmt: skip
+        k.settle_async(
+            planar, c, length, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC),
+            row(slot, FLAGS), SLACK, s,
+        )  # fmt: skip
+
+    def _enqueue_check(self, slot: _Slot, n: int) -> None:
+        """A coded piece's checksums on the side stream, beside the next piece's coding:
+        CRC-32 of what is stored, then download sizes, statuses, CRCs and flags. Captured
+        as is for whole pieces."""
+        s, row = self._stream_ints[2], self._row
+        self.crc.compute(
+            n, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC) + 4 * self.max_chunks, s
+        )
+        self.kernels.move_async(
+            self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), 3 * 8 * self.max_chunks, s
+        )
+
     def _pack(self, ranges, arena, on_range, out) -> list[list[Piece]]:
         cu = self.cu
-        compute = self._cu_streams[0]
+        compute, side = self._cu_streams[0], self._cu_streams[2]
         todo = [
             (r, off, min(self.piece_bytes, length - off))
             for r, (_, length) in enumerate(ranges)
             for off in range(0, length, self.piece_bytes)
         ]
+        bases = [t.data_ptr() for t, _ in ranges]
         left = [0] * len(ranges)
         for r, _, _ in todo:
             left[r] += 1
         finished: list[int] = []
         pending: list[tuple] = []
-        half = 4 * self.max_chunks
-        rows = (STATUS_CRC + 1 - OUT_SIZES) * 8 * self.max_chunks
-        row = self._row
+        c = self.chunk_bytes
+        k = np.arange(self.max_chunks, dtype=np.int64)
 
         def store_oldest() -> None:
             piece = pending.pop(0)
@@ -381,25 +499,30 @@ class DeviceCodec:
             cu.synchronize(slot.done)
             lengths = self._lengths(length)
             n = len(lengths)
-            shape = tuple(lengths)
-            if slot.shape != shape:
-                host = slot.host
-                k = np.arange(n, dtype=np.int64)
-                host[IN_PTRS, :n] = slot.planar.data_ptr() + k * self.chunk_bytes
+            host = slot.host
+            whole = length == self.piece_bytes
+            shape = "pack" if whole else ("pack", length)
+            if slot.rows != shape:
+                host[IN_PTRS, :n] = self._planar + k[:n] * c
                 host[IN_SIZES, :n] = lengths
-                host[OUT_PTRS, :n] = slot.comp.data_ptr() + k * self.ans.max_compressed_bytes
-                cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), ROWS * 8 * self.max_chunks, compute)
-                slot.shape = shape
-            planes = self._split(slot, ranges[r][0][off : off + length], length)
-            self.ans.compress(
-                n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, OUT_PTRS), row(slot, OUT_SIZES),
-                row(slot, STATUS_CRC), 0, int(compute),
-            )  # fmt: skip
-            self.crc.compute(
-                n, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC) + half, int(compute)
-            )
-            cu.copy(self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), rows, compute)
-            cu.record(slot.ready, compute)
+                host[OUT_PTRS, :n] = slot.comp + k[:n] * self.ans.max_compressed_bytes
+                slot.rows = shape
+            src = bases[r] + off
+            host[WHERE, 0] = src
+            planes = 1 if length % 4 else 4
+            graph = self._graph(slot, ("code",)) if whole else None
+            if graph is not None:
+                cu.launch(graph, compute)
+            else:
+                self._enqueue_code(slot, n, length, planes, src)
+            cu.record(slot.coded, compute)
+            cu.wait(side, slot.coded)
+            graph = self._graph(slot, ("check",)) if whole else None
+            if graph is not None:
+                cu.launch(graph, side)
+            else:
+                self._enqueue_check(slot, n)
+            cu.record(slot.ready, side)
             pending.append((slot, r, off, length, lengths, planes))
             if len(pending) == self.slot_count - 1:
                 store_oldest()
@@ -411,25 +534,6 @@ class DeviceCodec:
                 on_range(done, out[done])
         return out
 
-    def _raw_crcs(self, slot: _Slot, raw: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """CRC-32 of the planar chunks ``raw`` of ``slot`` (those stored raw), waited for."""
-        compute = self._cu_streams[0]
-        m = len(raw)
-        host = slot.host
-        host[CRC_PTRS, :m] = slot.planar.data_ptr() + raw * self.chunk_bytes
-        host[CRC_SIZES, :m] = lengths[raw]
-        at = CRC_PTRS * 8 * self.max_chunks
-        self.cu.copy(
-            slot.meta.data_ptr() + at, slot.host_meta.data_ptr() + at, 2 * 8 * self.max_chunks, compute
-        )
-        # into CAPACITY: a row only resume uses
-        self.crc.compute(
-            m, self._row(slot, CRC_PTRS), self._row(slot, CRC_SIZES), self._row(slot, CAPACITY), int(compute)
-        )
-        self.cu.copy(self._host_row(slot, CAPACITY), self._row(slot, CAPACITY), 4 * m, compute)
-        self._streams[0].synchronize()
-        return host[CAPACITY].view(np.uint32)[:m].copy()
-
     def _store(self, pending, arena: PinnedArena, out) -> None:
         cu = self.cu
         copier = self._cu_streams[1]
@@ -438,37 +542,74 @@ class DeviceCodec:
         n = len(lengths)
         host = slot.host
         sizes = host[OUT_SIZES, :n]
-        words = self._halves(slot, STATUS_CRC)
-        statuses = words[:n]
-        if statuses.any():
-            k = int(np.flatnonzero(statuses)[0])
-            raise DeviceCodecError(
-                f"nvCOMP could not compress chunk {k} of the piece at byte {off} of range {r} "
-                f"(status {int(statuses[k])})"
-            )
-        ans = sizes <= lengths + lengths // SLACK
-        stored = np.where(ans, sizes, lengths)
-        crcs = words[self.max_chunks : self.max_chunks + n].view(np.uint32).copy()
-        k = np.arange(n, dtype=np.uint64)
-        sources = slot.comp.data_ptr() + k * np.uint64(self.ans.max_compressed_bytes)
-        if not ans.all():
-            raw = np.flatnonzero(~ans)
-            crcs[raw] = self._raw_crcs(slot, raw, lengths)
-            sources[raw] = slot.planar.data_ptr() + raw.astype(np.uint64) * np.uint64(self.chunk_bytes)
-        padded = (stored + _ALIGN - 1) // _ALIGN * _ALIGN
-        offsets = np.concatenate(([0], np.cumsum(padded[:-1])))
-        span = int(padded.sum())
-        slab, start = arena.reserve(span)
-        base = arena.address(slab, start)
-        cu.copies((base + offsets).astype(np.uint64), sources, padded.astype(np.uint64), copier)
+        crcs = self._halves(slot, STATUS_CRC)[self.max_chunks : self.max_chunks + n].view(np.uint32).copy()
+        flags = self._halves(slot, FLAGS)[:n]
+        sources = slot.sources[:n]
+        if flags.any():
+            fill = (flags & _UNIFORM) != 0
+            kinds = np.where(fill, FILL, np.where(flags, RAW, ANS)).astype(np.uint8)
+            fills = np.where(fill, flags & 0xFF, 0).astype(np.uint8)
+            stored = np.where(fill, 0, sizes)
+            crcs[fill] = 0
+        else:
+            kinds = np.full(n, ANS, dtype=np.uint8)
+            fills = np.zeros(n, dtype=np.uint8)
+            stored = sizes.copy()
+        padded = (stored + (_ALIGN - 1)) & ~(_ALIGN - 1)
+        offsets = np.zeros(n, dtype=np.int64)
+        np.cumsum(padded[:-1], out=offsets[1:])
+        span = int(offsets[-1] + padded[-1])
+        slab, start = -1, 0
+        if span:
+            slab, start = arena.reserve(span)
+            keep = stored > 0
+            dsts = (arena.address(slab, start) + offsets).astype(np.uint64)
+            if keep.all():
+                cu.copies(dsts, sources, padded.astype(np.uint64), copier)
+            else:
+                cu.copies(dsts[keep], sources[keep], padded[keep].astype(np.uint64), copier)
         cu.record(slot.done, copier)
-        kinds = np.where(ans, ANS, RAW).astype(np.uint8)
         out[r].append(
-            Piece(off, length, planes, kinds, stored.astype(np.int64), crcs, slab, start, offsets, span,
-                  int(stored.sum()))
+            Piece(
+                off, length, planes, kinds, stored, crcs, fills, slab, start, offsets, span,
+                int(stored.sum()), length == self.piece_bytes,
+            )
         )  # fmt: skip
 
     # -- resume direction ----------------------------------------------------------------
+
+    def _enqueue_unpack(
+        self, slot: _Slot, n: int, m: int, s: int, length: int, planes: int, place: bool, dst: int
+    ):
+        """A piece's work on the compute stream once its stored bytes are in ``comp``:
+        upload the metadata, checksum the ``s`` stored chunks (on the side stream) while
+        the ``m`` ANS chunks are decoded, put the others in place (``place``), join the
+        planes into the destination (a 1-plane piece is copied to ``dst``), download
+        sizes, statuses and CRCs. Captured as is for whole pieces."""
+        cu, k, st = self.cu, self.kernels, self._stream_ints[0]
+        compute, side = self._cu_streams[0], self._cu_streams[2]
+        row, planar = self._row, self._planar
+        k.move_async(slot.meta, slot.host_dev, ROWS * 8 * self.max_chunks, st)
+        if s:  # on the side stream, beside the decoding: each fills half the SMs or less
+            cu.record(self._fork, compute)
+            cu.wait(side, self._fork)
+            crcs = row(slot, STATUS_CRC) + 4 * self.max_chunks
+            self.crc.compute(s, row(slot, CRC_PTRS), row(slot, CRC_SIZES), crcs, self._stream_ints[2])
+            cu.record(self._joined, side)
+        if m:
+            self.ans.decompress(
+                m, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, CAPACITY), row(slot, OUT_SIZES),
+                row(slot, OUT_PTRS), row(slot, STATUS_CRC), 0, st,
+            )  # fmt: skip
+        if place:
+            k.place_async(planar, self.chunk_bytes, length, row(slot, FLAGS), row(slot, PLACE), st)
+        if planes == 4:
+            k.join4_async(planar, row(slot, WHERE), length // 4, st)
+        else:
+            cu.copy(dst, planar, length, compute)
+        if s:
+            cu.wait(compute, self._joined)
+        k.move_async(self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), 2 * 8 * self.max_chunks, st)
 
     def unpack(self, items: Sequence[tuple[object, Sequence[Piece]]], arena: PinnedArena) -> None:
         """Write every stored range back: ``(device uint8 tensor, its pieces)`` pairs.
@@ -478,84 +619,104 @@ class DeviceCodec:
                 decoded size; the message names it. The arena is not modified; the device
                 ranges hold garbage and must not be used.
         """
-        torch, cu = self.torch, self.cu
-        compute, copier = self._cu_streams
-        work = [(r, dst, piece) for r, (dst, pieces) in enumerate(items) for piece in pieces]
-        results = torch.empty((max(1, len(work)), 2, self.max_chunks), dtype=torch.int64, pin_memory=True)
-        c = self.chunk_bytes
-        half = 4 * self.max_chunks
-        meta_bytes = ROWS * 8 * self.max_chunks
-        result_bytes = 2 * 8 * self.max_chunks
-        results_at = results.data_ptr()
-        row = self._row
-        with self._on(self._streams[0]):
-            for i, (_, dst, piece) in enumerate(work):
-                slot = self._slots[i % self.slot_count]
-                cu.synchronize(slot.done)
-                n = len(piece.sizes)
-                lengths = self._lengths(piece.length)
-                offsets, sizes = piece.offsets, piece.sizes
-                ans = piece.kinds == ANS
-                m = int(np.count_nonzero(ans))
-                stored, planar = slot.comp.data_ptr(), slot.planar.data_ptr()
-                host = slot.host
-                if m == n:
-                    host[IN_PTRS, :n] = stored + offsets
-                    host[IN_SIZES, :n] = sizes
-                    host[CAPACITY, :n] = lengths
-                    host[OUT_PTRS, :n] = planar + np.arange(n, dtype=np.int64) * c
-                else:
-                    host[IN_PTRS, :m] = stored + offsets[ans]
-                    host[IN_SIZES, :m] = sizes[ans]
-                    host[CAPACITY, :m] = lengths[ans]
-                    host[OUT_PTRS, :m] = planar + np.flatnonzero(ans) * c
-                host[CRC_PTRS, :n] = stored + offsets
-                host[CRC_SIZES, :n] = sizes
-                cu.copy(slot.meta.data_ptr(), slot.host_meta.data_ptr(), meta_bytes, copier)
-                cu.copy(stored, arena.address(piece.slab, piece.start), piece.span, copier)
-                cu.record(slot.ready, copier)
-                cu.wait(compute, slot.ready)
-                self.crc.compute(
-                    n, row(slot, CRC_PTRS), row(slot, CRC_SIZES), row(slot, STATUS_CRC) + half, int(compute)
-                )
-                if m:
-                    self.ans.decompress(
-                        m, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, CAPACITY), row(slot, OUT_SIZES),
-                        row(slot, OUT_PTRS), row(slot, STATUS_CRC), 0, int(compute),
-                    )  # fmt: skip
-                if m < n:
-                    raw = np.flatnonzero(~ans)
-                    cu.copies(
-                        (planar + raw * c).astype(np.uint64),
-                        (stored + offsets[raw]).astype(np.uint64),
-                        lengths[raw].astype(np.uint64),
-                        compute,
-                    )
-                cu.copy(results_at + i * result_bytes, row(slot, OUT_SIZES), result_bytes, compute)
-                self._join(dst[piece.offset : piece.offset + piece.length], slot, piece.length, piece.planes)
-                cu.record(slot.done, compute)
+        cu = self.cu
+        compute, copier = self._cu_streams[:2]
+        for slot in self._slots:
+            slot.check = None
+        i = 0  # pieces so far, across ranges: piece i runs in slot i % slots
+        try:
+            for r, (dst, pieces) in enumerate(items):
+                base = dst.data_ptr()
+                for piece in pieces:
+                    slot = self._slots[i % self.slot_count]
+                    i += 1
+                    cu.synchronize(slot.done)
+                    if slot.check is not None:
+                        self._verify(slot)
+                    at = base + piece.offset
+                    slot.host[WHERE, 0] = at
+                    chosen = self._unpack_rows(slot, piece)
+                    n, m, s = len(piece.sizes), len(chosen[0]), len(chosen[1])
+                    if piece.span:
+                        cu.copy(slot.comp, arena.address(piece.slab, piece.start), piece.span, copier)
+                        cu.record(slot.ready, copier)
+                        cu.wait(compute, slot.ready)
+                    graph = self._graph(slot, ("unpack", m, s)) if piece.whole else None
+                    if graph is not None:
+                        cu.launch(graph, compute)
+                    else:
+                        self._enqueue_unpack(slot, n, m, s, piece.length, piece.planes, m < n, at)
+                    cu.record(slot.done, compute)
+                    slot.check = (r, piece, chosen)
             self._streams[0].synchronize()
-        for i, (r, _, piece) in enumerate(work):
-            self._verify(r, piece, results[i].numpy())
+            for slot in self._slots:
+                if slot.check is not None:
+                    self._verify(slot)
+        finally:
+            for slot in self._slots:
+                slot.check = None
 
-    def _verify(self, r: int, piece: Piece, row: np.ndarray) -> None:
-        n = len(piece.sizes)
+    def _unpack_rows(self, slot: _Slot, piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+        """Fill the host rows for resuming ``piece``; returns the indices of its ANS
+        chunks and of its stored chunks (in the order their results come back)."""
+        host, c = slot.host, self.chunk_bytes
+        kinds, offsets = piece.kinds, piece.offsets
+        n = len(kinds)
+        all_ans = bool((kinds == ANS).all())
+        if all_ans and piece.whole:
+            if slot.rows != "unpack":
+                host[CAPACITY] = self._full
+                host[OUT_PTRS] = self._planar + np.arange(n, dtype=np.int64) * c
+                slot.rows = "unpack"
+            host[IN_PTRS] = slot.comp + offsets
+            host[IN_SIZES] = piece.sizes
+            host[CRC_PTRS] = host[IN_PTRS]
+            host[CRC_SIZES] = piece.sizes
+            every = self._every[:n]
+            return every, every
+        slot.rows = None
         lengths = self._lengths(piece.length)
-        ans = np.flatnonzero(np.asarray(piece.kinds) == ANS)
-        words = row[1].view(np.int32)
+        ans = np.flatnonzero(kinds == ANS)
+        stored = np.flatnonzero(kinds != FILL)
+        m, s = len(ans), len(stored)
+        host[IN_PTRS, :m] = slot.comp + offsets[ans]
+        host[IN_SIZES, :m] = piece.sizes[ans]
+        host[CAPACITY, :m] = lengths[ans]
+        host[OUT_PTRS, :m] = self._planar + ans * c
+        host[CRC_PTRS, :s] = slot.comp + offsets[stored]
+        host[CRC_SIZES, :s] = piece.sizes[stored]
+        self._halves(slot, FLAGS)[:n] = np.where(
+            kinds == FILL, _UNIFORM | piece.fills.astype(np.int32), np.where(kinds == RAW, 0x200, 0)
+        )
+        host[PLACE, :n] = slot.comp + offsets
+        return ans, stored
+
+    def _verify(self, slot: _Slot) -> None:
+        r, piece, (ans, chosen) = slot.check
+        slot.check = None
+        host = slot.host
+        words = self._halves(slot, STATUS_CRC)
         statuses = words[: len(ans)]
-        crcs = words[self.max_chunks : self.max_chunks + n].view(np.uint32)
+        crcs = words[self.max_chunks : self.max_chunks + len(chosen)].view(np.uint32)
+        lengths = self._lengths(piece.length)
+        sizes = host[OUT_SIZES, : len(ans)]
+        if (
+            np.array_equal(crcs, piece.crcs[chosen])
+            and not statuses.any()
+            and np.array_equal(sizes, lengths[ans])
+        ):
+            return
         where = f"the piece at byte {piece.offset} of range {r}"
-        bad = np.flatnonzero(crcs != np.asarray(piece.crcs, dtype=np.uint32))
+        bad = np.flatnonzero(crcs != piece.crcs[chosen])
         if bad.size:
-            raise DeviceCodecError(f"chunk {bad[0]} of {where} fails its CRC-32: the stored copy is damaged")
+            raise DeviceCodecError(
+                f"chunk {chosen[bad[0]]} of {where} fails its CRC-32: the stored copy is damaged"
+            )
         bad = np.flatnonzero(statuses)
         if bad.size:
-            k = ans[bad[0]]
             raise DeviceCodecError(
-                f"nvCOMP could not decode chunk {k} of {where} (status {statuses[bad[0]]})"
+                f"nvCOMP could not decode chunk {ans[bad[0]]} of {where} (status {statuses[bad[0]]})"
             )
-        bad = np.flatnonzero(row[0, : len(ans)] != lengths[ans])
-        if bad.size:
-            k, got = ans[bad[0]], int(row[0, bad[0]])
-            raise DeviceCodecError(f"chunk {k} of {where} decoded to {got} bytes, not {lengths[k]}")
+        bad = np.flatnonzero(sizes != lengths[ans])
+        k, got = ans[bad[0]], int(sizes[bad[0]])
+        raise DeviceCodecError(f"chunk {k} of {where} decoded to {got} bytes, not {lengths[k]}")
