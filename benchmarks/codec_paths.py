@@ -4,8 +4,9 @@ For each workload (bf16 weights N(0, 0.02), fp32 Adam second moment, bf16 ReLU
 activations, zeros; ``--size`` each) and each path (nvCOMP ANS on the GPU, zstandard on
 the CPU threads): the ratio (live bytes over host bytes), the offload speed (a pause of
 the process holding just that tensor, in GB/s of uncompressed bytes, 1 GB = 1e9 bytes)
-and the resume speed (until usable on the GPU, checksums verified), after one warm
-cycle. The raw pinned copy of the same bytes is measured in the same run.
+and the resume speed (until usable on the GPU, checksums verified): the median of
+``--reps`` cycles after one warm cycle (every sample is kept). The raw pinned copy of
+the same bytes is measured in the same run.
 
 Usage (GPU machine): ``python benchmarks/codec_paths.py --out benchmarks/results/codec-h100.json``
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 from gpu_common import GiB, make, preloaded_or_reexec, raw_copies
 
@@ -30,6 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=float, default=2.0, help="GiB per workload")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--reps", type=int, default=5, help="measured cycles per workload and path")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="also run the nvCOMP path without its per-slot CUDA graphs (path nvcomp-direct)",
+    )
     args = parser.parse_args()
     preloaded_or_reexec()
     import torch
@@ -41,6 +49,12 @@ def main() -> None:
         "nvcomp": PauseEngine(torch, vmm.load(), 0, use_nvcomp=True),
         "zstd": PauseEngine(torch, vmm.load(), 0, use_nvcomp=False),
     }
+    if engines["nvcomp"].device_codec is None:
+        raise SystemExit(f"the nvCOMP path is not available: {engines['nvcomp'].nvcomp_reason}")
+    if args.direct:
+        direct = PauseEngine(torch, vmm.load(), 0, use_nvcomp=True)
+        direct.device_codec.graph_reason = "turned off (--direct)"
+        engines["nvcomp-direct"] = direct
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name in WORKLOADS:
@@ -51,21 +65,29 @@ def main() -> None:
         for path, engine in engines.items():
             engine.pause()
             engine.resume()  # warm: pinned memory from the cache, as from a kernel's second pause on
-            out = engine.pause()
-            back = engine.resume()
+            offload, resume = [], []
+            for _ in range(args.reps):
+                out = engine.pause()
+                back = engine.resume()
+                offload.append(nbytes / out.seconds / 1e9)
+                resume.append(nbytes / back.seconds / 1e9)
             assert torch.equal(check, t.view(torch.uint8)[:: 1 << 16].cpu()), (name, path)
             row = {
                 "name": name,
                 "path": path,
                 "codec": list(out.codecs),
                 "ratio": out.ratio,
-                "offload_gbps": nbytes / out.seconds / 1e9,
-                "resume_gbps": nbytes / back.seconds / 1e9,
+                "offload_gbps": statistics.median(offload),
+                "resume_gbps": statistics.median(resume),
+                "offload_samples_gbps": offload,
+                "resume_samples_gbps": resume,
                 "raw_d2h_gbps": nbytes / d2h / 1e9,
                 "raw_h2d_gbps": nbytes / h2d / 1e9,
                 "host_bytes": out.host_bytes,
                 "gpu_bytes": nbytes,
             }
+            if engine.device_codec is not None:
+                row["graph_reason"] = engine.device_codec.graph_reason
             rows.append(row)
             print(json.dumps(row), flush=True)
             save(args.out, rows, torch)

@@ -8,6 +8,7 @@ under ``LD_PRELOAD`` when it is not.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,16 +66,21 @@ def _copy_all(torch, flat, slab, target, to_host: bool) -> float:
     return time.perf_counter() - start
 
 
-def raw_copies(torch, tensors, slab_bytes: int = 4 * GiB) -> tuple[float, float]:
+def raw_copies(torch, tensors, slab_bytes: int = 4 * GiB, reps: int = 3) -> tuple[float, float]:
     """Seconds to copy every tensor's bytes to pinned host memory, and as many bytes back
     to the device, through one reused pinned buffer (the bus's speed, as a kernel's own
-    ``non_blocking`` copies get it). The tensors are not written."""
+    ``non_blocking`` copies get it): the median of ``reps`` runs each way (the bus of the
+    shared GPU machine varies from run to run). The tensors are not written."""
     slab = torch.empty(slab_bytes, dtype=torch.uint8, pin_memory=True)
     target = torch.empty(slab_bytes, dtype=torch.uint8, device="cuda")
     flat = [t.view(torch.uint8).view(-1) for t in tensors]
     for to_host in (True, False):  # warm
         _copy_all(torch, flat, slab, target, to_host)
-    times = _copy_all(torch, flat, slab, target, True), _copy_all(torch, flat, slab, target, False)
+    runs = [
+        (_copy_all(torch, flat, slab, target, True), _copy_all(torch, flat, slab, target, False))
+        for _ in range(reps)
+    ]
+    times = statistics.median(d for d, _ in runs), statistics.median(h for _, h in runs)
     del target
     torch.cuda.empty_cache()
     return times
