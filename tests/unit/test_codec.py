@@ -9,16 +9,34 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_vgpu.kernel.codec.zstd import Codec, CodecError, Kind, Packed, join_planes, split_planes
+from jupyter_vgpu.kernel.codec import zstd
+from jupyter_vgpu.kernel.codec.zstd import (
+    Codec,
+    CodecError,
+    Kind,
+    Packed,
+    join_planes,
+    plane_table,
+    split_planes,
+)
 
 CHUNK = 64 * 1024
 rng = np.random.default_rng(4)
 
 
-@pytest.fixture(scope="module")
-def codec():
-    with Codec(chunk_bytes=CHUNK, threads=2) as c:
-        yield c
+@pytest.fixture(scope="module", params=["cffi", "bytes"])
+def codec(request):
+    """The codec, decoding through zstd's C API into place (zstandard's cffi backend)
+    and through zstandard's bytes API (where cffi is missing)."""
+    assert zstd._cffi is not None, "zstandard's cffi backend is importable here"
+    keep = zstd._cffi
+    if request.param == "bytes":
+        zstd._cffi = None
+    try:
+        with Codec(chunk_bytes=CHUNK, threads=2) as c:
+            yield c
+    finally:
+        zstd._cffi = keep
 
 
 def roundtrip(codec: Codec, data: np.ndarray, **kw) -> Packed:
@@ -249,3 +267,29 @@ def test_any_bytes_round_trip(data, itemsize, floating, runs):
         arr[: arr.size // (runs + 1)] = arr[0]
     with Codec(chunk_bytes=4096, threads=2) as c:
         roundtrip(c, arr, itemsize=itemsize, floating=floating)
+
+
+def test_a_planar_decode_leaves_each_split_chunk_as_its_planes(codec):
+    """What the GPU joins: chunks split into byte planes stay planes, every other chunk
+    is final, and the table says which is which."""
+    data = np.concatenate(
+        [
+            bf16_weights(CHUNK),
+            np.zeros(CHUNK, np.uint8),
+            rng.integers(0, 256, CHUNK, dtype=np.uint8),
+            bf16_weights(99),
+        ]
+    )
+    packed = codec.encode(data, itemsize=2, floating=True)
+    out = np.full_like(data, 0xA5)
+    codec.decode(packed, out, planar=True)
+    table = plane_table(packed)
+    assert sorted(set(table[:, 2].tolist())) == [1, 2]
+    joined = out.copy()
+    for offset, length, planes in table:
+        if planes > 1:
+            join_planes(out[offset : offset + length].reshape(planes, -1), joined[offset : offset + length])
+    assert joined.tobytes() == data.tobytes()
+    damaged = with_payload(packed, 0, packed.chunks[0].payload[:-1] + b"\x00")
+    with pytest.raises(CodecError, match="chunk at byte 0 "):
+        codec.decode(damaged, out, planar=True)

@@ -54,10 +54,15 @@ import enum
 import os
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import zstandard
+
+try:  # zstd's C API through zstandard's cffi backend: decodes into place, the GIL released
+    from zstandard import backend_cffi as _cffi
+except ImportError:  # no cffi: decode through zstandard's bytes API and copy into place
+    _cffi = None
 
 MiB = 1 << 20
 #: Changes to zstd's level 1 parameters (see :class:`Codec`); frames stay standard zstd.
@@ -271,24 +276,47 @@ class Codec:
 
     # -- decode ------------------------------------------------------------------
 
-    def decode(self, packed: Packed, out: np.ndarray) -> None:
+    def decode(self, packed: Packed, out: np.ndarray, *, planar: bool = False) -> None:
         """Write the original bytes of ``packed`` into ``out``.
 
         Args:
             packed: what :meth:`encode` returned (its payloads must be in memory).
             out: uint8, 1-D, C-contiguous, writable, exactly ``packed.nbytes`` long.
+            planar: leave the chunks split into byte planes as planes (plane *k* of a
+                chunk of length *L* at ``[k * L / planes, (k + 1) * L / planes)`` of its
+                slice): the caller joins them (on the GPU, :func:`plane_table`). Every
+                checksum is still verified.
 
         Raises:
             ValueError: ``out`` has the wrong type or size.
             CodecError: a chunk is corrupt, truncated or missing; ``packed`` is not
                 modified, so decoding can be retried from an intact copy.
         """
+        self.decode_finish(packed, self.decode_start(packed, out, planar=planar))
+
+    def decode_start(self, packed: Packed, out: np.ndarray, *, planar: bool = False) -> list[Future]:
+        """Queue the chunks of ``packed`` for decoding into ``out`` and return at once, so
+        that the next piece's chunks can queue behind them and no thread waits for the
+        last chunk of a piece. Arguments as :meth:`decode`; pass the result to
+        :meth:`decode_finish`, which must be called before ``out`` is read or reused.
+
+        Raises:
+            ValueError: ``out`` has the wrong type or size.
+            CodecError: the chunks do not tile the data.
+        """
         _check_buffer(out)
         if out.size != packed.nbytes:
             raise ValueError(f"out holds {out.size} bytes; the packed data is {packed.nbytes}")
         _check_layout(packed)
-        work = list(enumerate(packed.chunks))
-        errors = [e for e in self._pool.map(lambda ic: self._decode_chunk(*ic, out), work) if e]
+        return [self._pool.submit(self._decode_chunk, i, c, out, planar) for i, c in enumerate(packed.chunks)]
+
+    def decode_finish(self, packed: Packed, futures: list[Future]) -> None:
+        """Wait for every chunk :meth:`decode_start` queued.
+
+        Raises:
+            CodecError: a chunk is corrupt, truncated or missing.
+        """
+        errors = [e for e in (f.result() for f in futures) if e]
         if errors:
             raise CodecError(f"{len(errors)} of {len(packed.chunks)} chunk(s) failed to decode: {errors[0]}")
 
@@ -298,7 +326,7 @@ class Codec:
         self.decode(packed, out)
         return out.tobytes()
 
-    def _decode_chunk(self, index: int, chunk: Chunk, out: np.ndarray) -> str | None:
+    def _decode_chunk(self, index: int, chunk: Chunk, out: np.ndarray, planar: bool = False) -> str | None:
         target = out[chunk.offset : chunk.offset + chunk.length]
         where = f"chunk at byte {chunk.offset} (number {index}, {chunk.kind.name}, {chunk.length} bytes)"
         if chunk.payload is None:
@@ -315,27 +343,61 @@ class Codec:
                 dtype = _UINT[len(item)]
                 target.view(dtype).fill(np.frombuffer(item, dtype=dtype)[0])
             elif chunk.planes > 1:
-                size = chunk.length // chunk.planes
                 if chunk.planes not in _UINT or chunk.length % chunk.planes:
                     return f"{where}: {chunk.planes} byte planes do not fit its length"
                 if len(chunk.parts) != chunk.planes or sum(chunk.parts) != len(chunk.payload):
                     return f"{where}: payload size does not match its planes"
-                rows, start, payload = [], 0, memoryview(chunk.payload)
-                for part in chunk.parts:
-                    raw = self._dctx().decompress(payload[start : start + part], max_output_size=size)
-                    if len(raw) != size:
-                        return f"{where}: a plane decoded to {len(raw)} bytes"
-                    rows.append(np.frombuffer(raw, dtype=np.uint8))
-                    start += part
-                join_planes(rows, target)
+                planes = target if planar else self._scratch(chunk.length)
+                error = self._decode_frames(chunk.payload, chunk.parts, planes)
+                if error:
+                    return f"{where}: {error}"
+                if not planar:
+                    join_planes(planes.reshape(chunk.planes, -1), target)
             else:
-                raw = self._dctx().decompress(chunk.payload, max_output_size=chunk.length)
-                if len(raw) != chunk.length:
-                    return f"{where}: decoded {len(raw)} bytes"
-                target[:] = np.frombuffer(raw, dtype=np.uint8)
+                error = self._decode_frames(chunk.payload, (len(chunk.payload),), target)
+                if error:
+                    return f"{where}: {error}"
         except (zstandard.ZstdError, ValueError) as e:
             return f"{where}: {e}"
         return None
+
+    def _decode_frames(self, payload: bytes, parts, out: np.ndarray) -> str | None:
+        """Decode the zstd frames of ``payload`` (sizes ``parts``) into equal slices of
+        ``out``, each frame exactly filling its slice; an error in words, or None."""
+        size = out.size // len(parts)
+        if _cffi is not None:
+            lib, ffi = _cffi.lib, _cffi.ffi
+            dctx = getattr(self._local, "raw_dctx", None)
+            if dctx is None:
+                dctx = self._local.raw_dctx = ffi.gc(lib.ZSTD_createDCtx(), lib.ZSTD_freeDCtx)
+            src, dst, start = ffi.from_buffer(payload), ffi.from_buffer(out), 0
+            for k, part in enumerate(parts):
+                got = lib.ZSTD_decompressDCtx(dctx, dst + k * size, size, src + start, part)
+                if lib.ZSTD_isError(got):
+                    return ffi.string(lib.ZSTD_getErrorName(got)).decode()
+                if got != size:
+                    return f"a frame decoded to {got} bytes, not {size}"
+                start += part
+            return None
+        payload, start = memoryview(payload), 0
+        for k, part in enumerate(parts):
+            raw = self._dctx().decompress(payload[start : start + part], max_output_size=size)
+            if len(raw) != size:
+                return f"a frame decoded to {len(raw)} bytes, not {size}"
+            out[k * size : (k + 1) * size] = np.frombuffer(raw, dtype=np.uint8)
+            start += part
+        return None
+
+
+def plane_table(packed: Packed) -> np.ndarray:
+    """Per chunk of ``packed``, ``(offset, length, planes)`` (int64, shape (chunks, 3)):
+    how :meth:`Codec.decode` with ``planar=True`` leaves it (planes 1: as it was)."""
+    table = np.ones((len(packed.chunks), 3), dtype=np.int64)
+    for i, chunk in enumerate(packed.chunks):
+        table[i, 0], table[i, 1] = chunk.offset, chunk.length
+        if chunk.kind == Kind.ZSTD and chunk.planes > 1:
+            table[i, 2] = chunk.planes
+    return table
 
 
 def split_planes(view: np.ndarray, planes: int, out: np.ndarray | None = None) -> np.ndarray:
