@@ -2,12 +2,17 @@
 
 Used where nvCOMP or a GPU is absent (CPU-only kernels, the host stand-in of the
 allocator), and on a card too full for the GPU path's scratch. It needs no device
-memory at all: pieces of a range are copied into one of two pinned buffers while the
-other is encoded by :class:`~.zstd.Codec` (the host layout: byte planes, zstd frames,
+memory at all: pieces of a range are copied into one of the pinned buffers while
+another is encoded by :class:`~.zstd.Codec` (the host layout: byte planes, zstd frames,
 raw and constant chunks, checksums), and the encoded pieces go to a
 :class:`~jupyter_vgpu.kernel.pause.store.HostStore` (host memory under a cap, then
-disk). Resume decodes a piece into a pinned buffer while the other is copied to the
-device.
+disk). Resume decodes pieces into two pinned buffers while a third is copied to the
+device; the next piece's chunks queue on the codec's threads behind the current one's, so
+no thread waits at the end of a piece. Given a piece of device scratch (``staging``),
+resume leaves the chunks split into byte planes as planes and joins them on the GPU after
+the copy (:meth:`.kernels.Kernels.interleave_async`): the CPU threads then run only zstd
+(through its C API, the GIL released: ``codec.zstd``), which scales with them, where the
+join on the CPU took the GIL back a few times per chunk.
 
 On the host stand-in (``device=None``) the "device" range is host memory: pieces are
 encoded from it and decoded into it directly.
@@ -15,12 +20,19 @@ encoded from it and decoded into it directly.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
+from concurrent.futures import wait as futures_wait
 
-from .zstd import Codec
+from .zstd import Codec, plane_table
 
 MiB = 1 << 20
+#: Pinned buffers of ``piece_bytes``: a pause fills one while the codec encodes another;
+#: a resume decodes into two while the third is copied to the device.
+RING = 3
+#: Rows of a piece's plane table (a piece holds piece_bytes / chunk_bytes chunks, +1).
+TABLE_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +59,7 @@ class HostPath:
         torch: the torch module.
         device: CUDA ordinal, or None for the host stand-in.
         codec: the zstd codec (its thread pool encodes and decodes).
-        piece_bytes: bytes per piece (two pinned buffers of this size are kept).
+        piece_bytes: bytes per piece (:data:`RING` pinned buffers of this size are kept).
     """
 
     name = "zstandard (CPU)"
@@ -57,14 +69,37 @@ class HostPath:
         self._buffers: list = []
         self._events: list = []
         self._stream = None
+        self._kernels = None
+        self._tables: list = []  # pinned int64 (TABLE_ROWS, 3), one per buffer
+        self._table_addresses: list[int] = []  # their addresses on the device
+        #: why resumes join byte planes on the CPU rather than the GPU, or None
+        self.join_reason: str | None = None if device is not None else "no GPU"
+
+    def gpu_join(self):
+        """The GPU join's kernels and plane tables, made on first use; None (with
+        :attr:`join_reason`) where NVRTC or cuda-bindings is missing."""
+        if self._kernels is None and self.join_reason is None:
+            try:
+                from . import kernels
+                from .cuda_driver import Driver
+
+                self._kernels = kernels.load(self.device)
+                torch = self.torch
+                self._tables = [
+                    torch.zeros((TABLE_ROWS, 3), dtype=torch.int64, pin_memory=True) for _ in range(RING)
+                ]
+                self._table_addresses = [Driver().device_pointer(t.data_ptr()) for t in self._tables]
+            except Exception as e:  # joined on the CPU instead: slower, the same bytes
+                self._kernels, self.join_reason = None, f"the GPU join is not available: {e}"
+        return self._kernels
 
     def _ring(self) -> tuple[list, list, object]:
         torch = self.torch
         if not self._buffers:
             self._buffers = [
-                torch.empty(self.piece_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)
+                torch.empty(self.piece_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(RING)
             ]
-            self._events = [torch.cuda.Event() for _ in range(2)]
+            self._events = [torch.cuda.Event() for _ in range(RING)]
             self._stream = torch.cuda.Stream(torch.device("cuda", self.device))
         return self._buffers, self._events, self._stream
 
@@ -134,8 +169,12 @@ class HostPath:
         key = store.put(packed)
         out[r].append(HostPiece(off, data.size, key, packed.stored_bytes))
 
-    def unpack(self, items: Sequence[tuple[object, Sequence[HostPiece]]], store) -> None:
+    def unpack(self, items: Sequence[tuple[object, Sequence[HostPiece]]], store, staging=None) -> None:
         """Decode every range back: ``(uint8 tensor viewing the range, its pieces)`` pairs.
+
+        Args:
+            staging: a device uint8 tensor of at least ``piece_bytes`` to join byte planes
+                on the GPU, or None to join them on the CPU threads.
 
         Raises:
             CodecError: a piece is damaged (the store keeps it intact).
@@ -148,11 +187,43 @@ class HostPath:
             return
         torch = self.torch
         buffers, events, stream = self._ring()
-        for i, (dst, p) in enumerate(work):
-            events[i % 2].synchronize()  # this buffer's previous copy to the device is done
-            buf = buffers[i % 2][: p.length]
-            self.codec.decode(store.get(p.key), buf.numpy())
-            with torch.cuda.stream(stream):
-                dst[p.offset : p.offset + p.length].copy_(buf, non_blocking=True)
-                events[i % 2].record(stream)
+        kernels = self.gpu_join() if staging is not None else None
+        ahead = len(buffers) - 1  # pieces queued on the codec's threads beyond the one awaited
+        queued: collections.deque = collections.deque()
+
+        def start(i: int) -> None:
+            dst, p = work[i]
+            b = i % len(buffers)
+            events[b].synchronize()  # this buffer's previous copy to the device is done
+            packed = store.get(p.key)
+            planar = kernels is not None and len(packed.chunks) <= TABLE_ROWS
+            buf = buffers[b][: p.length]
+            queued.append(
+                (dst, p, b, buf, packed, planar, self.codec.decode_start(packed, buf.numpy(), planar=planar))
+            )
+
+        try:
+            for i in range(min(ahead, len(work))):
+                start(i)
+            for i in range(len(work)):
+                if i + ahead < len(work):
+                    start(i + ahead)
+                dst, p, b, buf, packed, planar, futures = queued.popleft()
+                self.codec.decode_finish(packed, futures)
+                if planar:
+                    table = plane_table(packed)
+                    self._tables[b].numpy()[: len(table)] = table
+                with torch.cuda.stream(stream):
+                    if planar:
+                        staging[: p.length].copy_(buf, non_blocking=True)
+                        at = dst.data_ptr() + p.offset
+                        table_at = self._table_addresses[b]
+                        kernels.interleave_async(
+                            staging.data_ptr(), at, table_at, len(table), stream.cuda_stream
+                        )
+                    else:
+                        dst[p.offset : p.offset + p.length].copy_(buf, non_blocking=True)
+                    events[b].record(stream)
+        finally:  # no thread may still write a buffer once this returns
+            futures_wait([f for *_, futures in queued for f in futures])
         stream.synchronize()

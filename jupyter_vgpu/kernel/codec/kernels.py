@@ -1,6 +1,6 @@
 """The GPU codec path's own small CUDA kernels, compiled at run time with NVRTC.
 
-Six kernels move a piece between its layout in device memory and the byte-plane layout
+Seven kernels move a piece between its layout in device memory and the byte-plane layout
 nvCOMP compresses (``codec.device``), and decide and restore each chunk's kind:
 
 - ``vgpu_move``: a small copy by the SMs, for the per-piece metadata.
@@ -14,6 +14,9 @@ nvCOMP compresses (``codec.device``), and decide and restore each chunk's kind:
   over its output slot, so that everything stored leaves from one place and the host
   never waits on the GPU to choose.
 - ``vgpu_place``: before the join, fills uniform chunks and copies raw ones into place.
+- ``vgpu_interleave``: the host path's join (``codec.host``): chunks decoded on the CPU
+  as byte planes of 2, 4 or 8 are interleaved on the GPU after the copy, so that the
+  CPU threads only run zstd, which scales with them (``benchmarks/cpu_scaling.py``).
 
 The split reads the piece's address, and the join the destination's, from a word of
 device memory rather than from a kernel argument, so that one captured CUDA graph per
@@ -114,6 +117,32 @@ extern "C" __global__ void vgpu_move(u64 *dst, const u64 *src, u64 words) {
     dst[j] = src[j];
 }
 
+// The host path's join, after the copy to the device: chunk c of `table` (int64 offset,
+// length, planes; blockIdx.y) holds planes planes of length / planes bytes each at src +
+// offset (planes 1: bytes as they are); its words go to dst + offset.
+extern "C" __global__ void vgpu_interleave(const unsigned char *src, unsigned char *dst,
+                                           const long long *table) {
+  const long long *c = table + 3 * blockIdx.y;
+  u64 off = c[0], len = c[1], p = c[2];
+  const unsigned char *s = src + off;
+  unsigned char *d = dst + off;
+  u64 stride = (u64)gridDim.x * blockDim.x, i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (p <= 1) {
+    for (u64 j = i; j < len; j += stride) d[j] = s[j];
+    return;
+  }
+  u64 words = len / p;
+  bool aligned = ((u64)d & (p - 1)) == 0;
+  for (u64 w = i; w < words; w += stride) {
+    u64 v = 0;
+    for (u64 k = 0; k < p; k++) v |= (u64)s[k * words + w] << (8 * k);
+    if (aligned && p == 2) *(unsigned short *)(d + 2 * w) = (unsigned short)v;
+    else if (aligned && p == 4) *(u32 *)(d + 4 * w) = (u32)v;
+    else if (aligned && p == 8) *(u64 *)(d + 8 * w) = v;
+    else for (u64 k = 0; k < p; k++) d[p * w + k] = (unsigned char)(v >> (8 * k));
+  }
+}
+
 // After compression, per chunk (one block each): a chunk nvCOMP could not compress
 // (status != 0) or that came out more than len / slack larger is stored raw: its planar
 // bytes are copied over its output slot (room for max_compressed_bytes >= len), its size
@@ -157,7 +186,15 @@ extern "C" __global__ void vgpu_place(unsigned char *planar, u64 chunk, u64 leng
 }
 """
 
-NAMES = ("vgpu_move", "vgpu_split4", "vgpu_join4", "vgpu_uniform", "vgpu_settle", "vgpu_place")
+NAMES = (
+    "vgpu_move",
+    "vgpu_split4",
+    "vgpu_join4",
+    "vgpu_uniform",
+    "vgpu_settle",
+    "vgpu_place",
+    "vgpu_interleave",
+)
 #: Threads per block of every kernel.
 THREADS = 256
 #: The most blocks of the split and the join (they loop over the rest): 8 per
@@ -291,22 +328,15 @@ class Kernels:
         address = check(driver.cuGetProcAddress(b"cuLaunchKernel", 4000, default), "cuGetProcAddress")
         self._launch = _LAUNCH(int(address))
 
-    def _run(self, name: str, blocks: int, stream: int, *args: int) -> None:
+    def _run(self, name: str, blocks: int, stream: int, *args: int, rows: int = 1) -> None:
+        """Launch ``name`` on ``blocks`` x ``rows`` blocks of :data:`THREADS` threads, with
+        ``args`` as its 8-byte arguments."""
         values = (ctypes.c_uint64 * len(args))(*args)
         base = ctypes.addressof(values)
         params = (ctypes.c_void_p * len(args))(*(base + 8 * k for k in range(len(args))))
+        grid = (max(1, blocks), rows, 1)
         status = self._launch(
-            self._functions[name],
-            max(1, blocks),
-            1,
-            1,
-            THREADS,
-            1,
-            1,
-            0,
-            stream,
-            ctypes.addressof(params),
-            None,
+            self._functions[name], *grid, THREADS, 1, 1, 0, stream, ctypes.addressof(params), None
         )
         if status:
             raise RuntimeError(f"launching {name} failed: CUresult {status}")
@@ -338,6 +368,15 @@ class Kernels:
         multiple of 16, ``planar`` 16-byte aligned): int32 ``0x100 | byte`` at ``flags``
         when all its bytes are that byte, else 0."""
         self._run("vgpu_uniform", -(-length // chunk_bytes), stream, planar, chunk_bytes, length, flags)
+
+    def interleave_async(self, src: int, dst: int, table: int, chunks: int, stream: int) -> None:
+        """The host path's join of byte planes on the device: for each of ``chunks`` rows
+        of ``table`` (int64 ``(offset, length, planes)``, device-readable, e.g. pinned
+        host memory mapped for the device; :func:`.zstd.plane_table`), the chunk at
+        ``src + offset`` (its planes one after another; planes 1: its bytes) becomes the
+        words at ``dst + offset``."""
+        if chunks:
+            self._run("vgpu_interleave", 64, stream, src, dst, table, rows=chunks)
 
     def settle_async(
         self, planar: int, chunk_bytes: int, length: int, out_ptrs: int, out_sizes: int, statuses: int,

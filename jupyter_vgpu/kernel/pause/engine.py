@@ -189,6 +189,18 @@ class PauseEngine:
         self.device_codec.bind(tensor)
         return ptr, tensor
 
+    def _staging(self):
+        """``(pointer, tensor)`` of device memory for the host path to join byte planes on
+        the GPU (one piece), or None: no GPU, the card is full, or no kernels to join with
+        (the CPU joins them then)."""
+        if self.device is None or self.host_path.gpu_join() is None:
+            return None
+        try:
+            ptr = self.vmm.malloc(self.host_path.piece_bytes, self.device)
+        except vmm.DeviceFull:
+            return None
+        return ptr, self._view(ptr, self.host_path.piece_bytes)
+
     def _free_scratch(self, scratch) -> None:
         if scratch is not None:
             if self.device is not None:
@@ -358,6 +370,7 @@ class PauseEngine:
             self._unmap(mapped)
             raise vmm.DeviceFull(2, f"resuming needs {self.room_needed()} free bytes on the device")
         used = set()
+        staging = None
         try:
             on_device = [
                 (self._view(p.segment.ptr + r.offset, r.length), r.pieces)
@@ -376,16 +389,19 @@ class PauseEngine:
                 self.device_codec.unpack(on_device, self.arena)
             if on_host:
                 used.add(self.host_path.name)
-                self.host_path.unpack(on_host, self.store)
+                staging = self._staging()
+                self.host_path.unpack(on_host, self.store, staging and staging[1])
             self._synchronize()
         except BaseException as e:  # an interrupt too: whatever was written is not trusted
             self._synchronize()
             self._free_scratch(scratch)
+            self._free_scratch(staging)
             self._unmap(mapped)
             if isinstance(e, (DeviceCodecError, CodecError, OSError)):
                 raise ResumeError(f"resuming failed; still paused, the host copy is kept: {e}") from e
             raise
         self._free_scratch(scratch)
+        self._free_scratch(staging)
         live_bytes = sum(r.length for p in self._paused for r in p.ranges)
         host = 0
         for p in self._paused:
