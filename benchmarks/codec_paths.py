@@ -88,6 +88,8 @@ def main() -> None:
             }
             if engine.device_codec is not None:
                 row["graph_reason"] = engine.device_codec.graph_reason
+            else:
+                row["join_reason"] = engine.host_path.join_reason
             rows.append(row)
             print(json.dumps(row), flush=True)
             save(args.out, rows, torch)
