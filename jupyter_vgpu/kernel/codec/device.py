@@ -32,7 +32,7 @@ Layout of what it writes (the "device" layout; the host layout is ``codec.zstd``
   nvCOMP status or decoded size disagrees; the host copy is untouched.
 
 Everything runs in one scratch area of device memory the caller owns (``scratch`` of
-:meth:`DeviceCodec.scratch_bytes` bytes, about 54 MiB with the defaults): the byte planes
+:meth:`DeviceCodec.scratch_bytes` bytes, about 53 MiB with the defaults): the byte planes
 of one piece, and ``slots`` slots (four) for compressed bytes, so that the copies of some
 pieces over the bus overlap the coding of others.
 
@@ -103,7 +103,7 @@ class Piece:
         offsets: per chunk, its offset from ``start``, 16-byte aligned (int64 array).
         span: bytes the piece takes in its slab.
         stored_bytes: the sum of ``sizes``.
-        whole: a full-length piece of ANS chunks only (resumed by the slot's graph).
+        whole: the piece is ``piece_bytes`` long (its work runs as the slot's CUDA graphs).
 
     (numpy arrays, not tuples: building and reading them per 8 MiB piece is part of
     the codec's Python cost per piece.)
@@ -218,7 +218,7 @@ class DeviceCodec:
             1.38 at 32 KiB).
         piece_bytes: bytes per piece (a multiple of ``chunk_bytes``; default 8 MiB).
         slots: pieces in flight at once (at least 2; default 4). Each has its own area
-            for a piece's compressed bytes (11.4 MiB with the defaults: nvCOMP's bound on
+            for a piece's compressed bytes (about 11 MiB with the defaults: nvCOMP's bound on
             an ANS chunk is 1.38 times its length); the planes are shared, since only the
             compute stream touches them.
         graphs: capture each slot's per-piece work into CUDA graphs (default True).
