@@ -39,7 +39,8 @@ import hashlib
 import os
 import tempfile
 import threading
-from pathlib import Path
+
+from ..cache import cache_dir
 
 SOURCE = r"""
 typedef unsigned long long u64;
@@ -217,11 +218,6 @@ class KernelsUnavailable(RuntimeError):
     """NVRTC or the driver could not build or load the codec's kernels."""
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jupyter-vgpu"
-
-
 def compile_cubin(arch: str) -> bytes:
     """The kernels compiled by NVRTC for ``arch`` (e.g. ``"sm_90"``), as a cubin.
 
@@ -264,7 +260,7 @@ def compile_cubin(arch: str) -> bytes:
 def cubin(arch: str) -> bytes:
     """:func:`compile_cubin`, cached on disk per source and architecture."""
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    path = _cache_dir() / f"codec-kernels-{digest}-{arch}.cubin"
+    path = cache_dir() / f"codec-kernels-{digest}-{arch}.cubin"
     try:
         return path.read_bytes()
     except OSError:

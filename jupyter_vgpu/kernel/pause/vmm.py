@@ -21,6 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..cache import cache_dir
+
 SOURCE = Path(__file__).with_name("vmm.c")
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
 
@@ -76,11 +78,6 @@ class Segment:
     mapped: bool
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jupyter-vgpu"
-
-
 def build(target: Path, source: Path = SOURCE) -> Path:
     """Compile ``source`` into the shared library ``target`` with the system C compiler.
 
@@ -112,7 +109,7 @@ def library_path() -> Path:
     if packaged.exists() and packaged.stat().st_mtime >= SOURCE.stat().st_mtime:
         return packaged
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    cached = _cache_dir() / f"vmm-{digest}.so"
+    cached = cache_dir() / f"vmm-{digest}.so"
     return cached if cached.exists() else build(cached)
 
 
