@@ -262,7 +262,7 @@ class DeviceCodec:
         )
         self.cu = Driver()
         self.kernels = kernels.load(device)
-        #: why pieces run as direct calls instead of one CUDA graph each, or None
+        #: why whole pieces run as direct calls instead of CUDA graphs, or None
         self.graph_reason: str | None = None if graphs else "turned off"
         self._graphs: dict[tuple, object] = {}
         self._graph_base: int | None = None  # the scratch address the graphs were captured on
@@ -300,7 +300,7 @@ class DeviceCodec:
             raise ValueError(f"scratch holds {scratch.numel()} bytes; the codec needs {self.scratch_bytes()}")
         if self._streams is None:
             dev = torch.device("cuda", self.device)
-            # compute, copier, and a side stream for the checksums of a resumed piece
+            # compute, copier, and a side stream for the checksums (beside the coding)
             self._streams = tuple(torch.cuda.Stream(dev) for _ in range(3))
             self._cu_streams = tuple(self.cu.stream(s.cuda_stream) for s in self._streams)
             self._stream_ints = tuple(int(s.cuda_stream) for s in self._streams)
