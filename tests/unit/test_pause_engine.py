@@ -185,3 +185,14 @@ def test_a_torch_function_mode_left_entered_sees_nothing_of_a_pause(engine, segm
     assert len(seen) == 4, seen
     for ptr, data in segments:
         assert np.array_equal(array(ptr, data.size), data)
+
+
+def test_the_host_path_refuses_a_staging_area_smaller_than_a_piece():
+    from jupyter_vgpu.kernel.codec.host import HostPath
+    from jupyter_vgpu.kernel.codec.zstd import Codec
+    from jupyter_vgpu.kernel.pause.store import HostStore
+
+    with Codec(threads=1) as codec:
+        path = HostPath(torch, None, codec, piece_bytes=1 << 20)
+        with pytest.raises(ValueError, match="staging holds 4096 bytes; a piece is 1048576"):
+            path.unpack([], HostStore(None, None), torch.empty(4096, dtype=torch.uint8))

@@ -177,9 +177,12 @@ class HostPath:
                 on the GPU, or None to join them on the CPU threads.
 
         Raises:
+            ValueError: ``staging`` is smaller than ``piece_bytes``.
             CodecError: a piece is damaged (the store keeps it intact).
             OSError: a spill file cannot be read.
         """
+        if staging is not None and staging.numel() < self.piece_bytes:
+            raise ValueError(f"staging holds {staging.numel()} bytes; a piece is {self.piece_bytes}")
         work = [(dst, p) for dst, pieces in items for p in pieces]
         if self.device is None:
             for dst, p in work:
