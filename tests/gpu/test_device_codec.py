@@ -9,7 +9,7 @@ from .preloaded import run
 pytestmark = pytest.mark.gpu
 
 SETUP = """
-import json, torch
+import json, zlib, torch
 import numpy as np
 from jupyter_vgpu.kernel.codec.device import ANS, FILL, RAW, DeviceCodec, DeviceCodecError, PinnedArena
 dev = torch.device("cuda")
@@ -48,6 +48,18 @@ def summary(pieces):
     return [[(p.offset, p.length, p.planes, p.kinds.tolist(), p.sizes.tolist(), p.crcs.tolist(),
               p.fills.tolist(), p.whole) for p in ps] for ps in pieces]
 
+def crcs_match_zlib(arena, pieces):
+    # every stored chunk sits at its offset and carries zlib's CRC-32 of its bytes
+    for ps in pieces:
+        for p in ps:
+            for k in range(len(p.kinds)):
+                if p.kinds[k] != FILL:
+                    at = p.start + int(p.offsets[k])
+                    chunk = arena.slabs[p.slab][at : at + int(p.sizes[k])].numpy().tobytes()
+                    if zlib.crc32(chunk) != int(p.crcs[k]):
+                        return False
+    return True
+
 def stored(arena, pieces):
     return [bytes(arena.slabs[p.slab][p.start : p.start + p.span].numpy()) if p.span else b""
             for ps in pieces for p in ps]
@@ -76,12 +88,13 @@ for kind in kinds:
         torch.cuda.synchronize()
         exact = all(torch.equal(a, b) for a, b in zip(ranges, back))
         outs[name] = (exact, summary(pieces), stored(arena, pieces))
+        crc_ok = crcs_match_zlib(arena, pieces)
         for ps in pieces:
             for p in ps:
                 kinds_seen.update(int(k) for k in p.kinds)
         results.append(dict(kind=kind, path=name, exact=exact,
                             host=sum(p.stored_bytes for ps in pieces for p in ps),
-                            raw=sum(sizes), whole=sum(p.whole for ps in pieces for p in ps)))
+                            raw=sum(sizes), whole=sum(p.whole for ps in pieces for p in ps), crc_ok=crc_ok))
     results[-1]["same_store"] = outs["graph"][1:] == outs["direct"][1:]
 print(json.dumps(dict(results=results, kinds=sorted(kinds_seen), graph_reason=graph_codec.graph_reason)))
 """,
@@ -90,6 +103,7 @@ print(json.dumps(dict(results=results, kinds=sorted(kinds_seen), graph_reason=gr
     assert got["graph_reason"] is None, got["graph_reason"]
     for row in got["results"]:
         assert row["exact"], row
+        assert row["crc_ok"], row
         if row["path"] == "direct":
             assert row["same_store"], row
     assert set(got["kinds"]) == {0, 1, 3}, "RAW, FILL and ANS chunks all ran"

@@ -5,55 +5,13 @@ launches for every 8 MiB that crosses the bus; through PyTorch each costs tens o
 microseconds of Python, which was measured to cap resume at about 20 GB/s on the H100.
 The driver calls cost a microsecond or two.
 
-A piece's stored chunks leave the compressor's output slots for the pinned slab in one
-``cuMemcpyBatchAsync`` (CUDA 12.8 and later drivers): gathering them on the device first
-took 270 µs of Python per 8 MiB piece (``torch.cat`` of 64 slices), more than the bus
-needs to move the piece. The entry point is looked up through cuda-bindings'
-``cuGetProcAddress`` and called through ``ctypes`` with the pointer arrays as numpy
-buffers, one call per piece; drivers without it get one ``cuMemcpyAsync`` per chunk.
+A piece's stored chunks are gathered on the GPU (``codec.kernels``) and leave in one
+``cuMemcpyAsync``: a batched copy of its chunks (``cuMemcpyBatchAsync``) cost 52 µs of
+host time per 8 MiB piece on the H100 box, and gathering them through PyTorch
+(``torch.cat`` of 64 slices) 270 µs.
 """
 
 from __future__ import annotations
-
-import ctypes
-
-import numpy as np
-
-#: ``CU_MEMCPY_SRC_ACCESS_ORDER_STREAM``: the copies read their sources in stream order.
-_STREAM_ORDER = 1
-#: The ABI of ``cuMemcpyBatchAsync`` asked for: CUDA 12.8's (it has ``failIdx``).
-_BATCH_ABI = 12080
-
-
-class _Location(ctypes.Structure):
-    """``CUmemLocation`` (cuda.h): the hints are ignored for device and pinned memory."""
-
-    _fields_ = (("type", ctypes.c_int), ("id", ctypes.c_int))
-
-
-class _CopyAttributes(ctypes.Structure):
-    """``CUmemcpyAttributes`` (cuda.h, CUDA 12.8)."""
-
-    _fields_ = (
-        ("srcAccessOrder", ctypes.c_int),
-        ("srcLocHint", _Location),
-        ("dstLocHint", _Location),
-        ("flags", ctypes.c_uint),
-    )
-
-
-_BATCH = ctypes.CFUNCTYPE(
-    ctypes.c_int,  # CUresult
-    ctypes.c_void_p,  # CUdeviceptr *dsts
-    ctypes.c_void_p,  # CUdeviceptr *srcs
-    ctypes.c_void_p,  # size_t *sizes
-    ctypes.c_size_t,  # count
-    ctypes.c_void_p,  # CUmemcpyAttributes *attrs
-    ctypes.c_void_p,  # size_t *attrsIdxs
-    ctypes.c_size_t,  # numAttrs
-    ctypes.c_void_p,  # size_t *failIdx
-    ctypes.c_void_p,  # CUstream
-)
 
 
 class DriverUnavailable(RuntimeError):
@@ -75,19 +33,6 @@ class Driver:
         self._cu = driver
         self._ok = driver.CUresult.CUDA_SUCCESS
         self._no_timing = driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._batch = None
-        self._attrs = _CopyAttributes(_STREAM_ORDER)
-        self._first = np.zeros(1, dtype=np.uint64)  # attrsIdxs: one set of attributes from copy 0 on
-        self._fail = ctypes.c_size_t()
-        try:
-            default = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
-            result = driver.cuGetProcAddress(b"cuMemcpyBatchAsync", _BATCH_ABI, default)
-            if result[0] == self._ok and int(result[1]):
-                self._batch = _BATCH(int(result[1]))
-        except (AttributeError, TypeError, RuntimeError):
-            pass  # an older cuda-bindings or driver: one copy per chunk
-        #: why copies are not batched, or None when they are
-        self.no_batch_reason = None if self._batch else "the driver has no cuMemcpyBatchAsync (CUDA < 12.8)"
 
     def _check(self, result, what: str):
         err = result[0]
@@ -108,28 +53,6 @@ class Driver:
         device or pinned host memory)."""
         if nbytes:
             self._check(self._cu.cuMemcpyAsync(dst, src, nbytes, stream), "cuMemcpyAsync")
-
-    def copies(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream) -> None:
-        """Enqueue ``len(sizes)`` copies on ``stream``, in one driver call where it can.
-
-        Args:
-            dsts, srcs: addresses (uint64 numpy arrays, contiguous), device or pinned host.
-            sizes: bytes of each copy (uint64 numpy array, contiguous).
-        """
-        count = len(sizes)
-        if not count:
-            return
-        if self._batch is not None:
-            status = self._batch(
-                dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count, ctypes.addressof(self._attrs),
-                self._first.ctypes.data, 1, ctypes.addressof(self._fail), int(stream),
-            )  # fmt: skip
-            if status == 0:
-                return
-            self._batch = None  # refused once: never again in this process; copy one by one
-            self.no_batch_reason = f"cuMemcpyBatchAsync returned {status}"
-        for dst, src, size in zip(dsts.tolist(), srcs.tolist(), sizes.tolist(), strict=True):
-            self.copy(dst, src, size, stream)
 
     def device_pointer(self, host: int) -> int:
         """The device's address of pinned host memory at ``host`` (the same number where

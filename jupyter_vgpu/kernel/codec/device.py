@@ -23,9 +23,11 @@ Layout of what it writes (the "device" layout; the host layout is ``codec.zstd``
     slot (also for a chunk nvCOMP reports it could not compress).
 
   Stored chunks of a piece lie back to back in pinned host memory, each at an offset
-  rounded up to 16 bytes (nvCOMP's alignment): on pause they leave the compressor's
-  output slots in one batched copy (:meth:`.cuda_driver.Driver.copies`), on resume the
-  piece crosses the bus in one copy.
+  rounded up to 16 bytes (nvCOMP's alignment). On pause the GPU gathers them out of the
+  compressor's output slots into that layout (``vgpu_gather``), so the piece crosses the
+  bus in one copy either way: the host issues one ``cuMemcpyAsync`` per piece, where a
+  batched copy of its 64 chunks (``cuMemcpyBatchAsync``) cost 52 µs of host time per
+  piece on the H100 box, half of what the bus needs to move the piece.
 - Every stored chunk carries its CRC-32 (zlib's polynomial, so ``zlib.crc32`` checks
   it too), computed by nvCOMP on the GPU from the stored bytes before the copy out.
   Resume recomputes it on the GPU after the copy in and refuses a piece whose checksum,
@@ -39,7 +41,7 @@ pieces over the bus overlap the coding of others.
 **Few calls per piece.** A whole piece's work on the GPU is captured once per slot into
 CUDA graphs; the addresses that change from piece to piece travel in the slot's
 metadata, which the graph moves to the device first. A pause launches two graphs per
-piece: the coding (metadata in, split, uniform check, ANS, settle) on the compute
+piece: the coding (metadata in, split, uniform check, ANS, settle, gather) on the compute
 stream, then the CRC-32s and the results out on a side stream, beside the next piece's
 coding. A resume launches one, keyed by the piece's count of ANS and stored chunks:
 metadata in, CRC-32s on a side branch beside the ANS decoding, raw and uniform chunks
@@ -174,7 +176,8 @@ class PinnedArena:
 # run as kernels (:meth:`.kernels.Kernels.move_async`), never on a copy engine.
 # Pause: IN_PTRS (planar chunks), IN_SIZES, OUT_PTRS (compressed outputs) and WHERE (the
 # piece's address) in; OUT_SIZES, STATUS_CRC (int32 statuses, then uint32 CRCs of what
-# is stored) and FLAGS (int32: 0x100 | byte uniform, 0x200 stored raw) out.
+# is stored) and FLAGS (int32: 0x100 | byte uniform, 0x200 stored raw) out. CRC_PTRS,
+# CRC_SIZES (each chunk's gathered bytes) and WHERE[1] (the gathered span) stay on the device.
 # Resume: IN_PTRS, IN_SIZES, CAPACITY, OUT_PTRS of the ANS chunks, CRC_PTRS, CRC_SIZES
 # of the stored chunks, FLAGS and PLACE (each chunk's stored bytes) of every chunk and
 # WHERE (the destination) in; OUT_SIZES and STATUS_CRC out.
@@ -200,7 +203,6 @@ class _Slot:
     ready: object  # driver event: pause: compressed and checksummed; resume: uploaded
     done: object  # driver event: the slot may be reused
     coded: object  # driver event: pause: compressed (the checksums may start)
-    sources: np.ndarray  # uint64: each chunk's output slot in ``comp`` (pause)
     rows: object = None  # what the host rows hold for every piece alike ("pack", "unpack", ...)
     check: tuple | None = None  # resume: the piece whose results the host rows will hold
 
@@ -251,15 +253,15 @@ class DeviceCodec:
         self.torch, self.device = torch, device
         self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
         self.max_chunks = piece_bytes // chunk_bytes
+        #: the most a piece stores: each chunk at most 1/SLACK larger, rounded up to 16
+        self.max_span = self.max_chunks * _round(chunk_bytes + chunk_bytes // SLACK)
         self.ans = nvcomp.ANS(chunk_bytes, self.max_chunks)
         self.crc = nvcomp.CRC32(self.max_chunks, max(chunk_bytes, self.ans.max_compressed_bytes))
         # a chunk stored raw is copied over its output slot; on resume a stored piece
         # lands in ``comp``: chunks at most 1/SLACK larger than their length
         assert self.ans.max_compressed_bytes >= chunk_bytes
-        assert (
-            self.max_chunks * self.ans.max_compressed_bytes
-            >= piece_bytes + piece_bytes // SLACK + _ALIGN * self.max_chunks
-        )
+        assert self.max_chunks * self.ans.max_compressed_bytes >= self.max_span
+        assert self.ans.max_compressed_bytes % _ALIGN == 0  # the gather moves 16-byte words
         self.cu = Driver()
         self.kernels = kernels.load(device)
         #: why whole pieces run as direct calls instead of CUDA graphs, or None
@@ -277,14 +279,14 @@ class DeviceCodec:
     def _parts(self) -> tuple[int, int, int]:
         n = self.max_chunks
         return (
-            _round(self.piece_bytes, 256),
+            _round(self.max_span, 256),  # the planes, and then what the piece stores, gathered
             _round(n * self.ans.max_compressed_bytes, 256),
             _round(ROWS * 8 * n, 256),
         )
 
     def scratch_bytes(self) -> int:
-        """Device scratch :meth:`bind` needs, bytes: the planes of one piece, and
-        ``slots`` times a piece's compressed bytes and metadata."""
+        """Device scratch :meth:`bind` needs, bytes: the planes of one piece (or what it
+        stores, gathered), and ``slots`` times a piece's compressed bytes and metadata."""
         planar, comp, meta = self._parts()
         return planar + self.slot_count * (comp + meta)
 
@@ -316,7 +318,6 @@ class DeviceCodec:
             self._drop_graphs()
             self._graph_base = base
         planar, comp, meta = self._parts()
-        k = np.arange(n, dtype=np.uint64)
         self._planar = base
         self._slots, pos = [], base + planar
         for i in range(self.slot_count):
@@ -325,7 +326,6 @@ class DeviceCodec:
                 _Slot(
                     i, pos, pos + comp, host_meta, host_meta.data_ptr(),
                     self.cu.device_pointer(host_meta.data_ptr()), host_meta.numpy(), *self._events[i],
-                    np.uint64(pos) + k * np.uint64(self.ans.max_compressed_bytes),
                 )
             )  # fmt: skip
             pos += comp + meta
@@ -435,7 +435,8 @@ class DeviceCodec:
     def _enqueue_code(self, slot: _Slot, n: int, length: int, planes: int, src: int) -> None:
         """A piece's coding on the compute stream: upload the metadata, split (or copy,
         from ``src``) into planes, flag uniform chunks, compress, store raw what did not
-        compress. Captured as is for whole pieces."""
+        compress, gather what is stored into the free planes and back to the start of the
+        slot. Captured as is for whole pieces."""
         cu, k, s = self.cu, self.kernels, self._stream_ints[0]
         row, c, planar = self._row, self.chunk_bytes, self._planar
         k.move_async(slot.meta, slot.host_dev, ROWS * 8 * self.max_chunks, s)
@@ -452,14 +453,21 @@ class DeviceCodec:
             planar, c, length, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC),
             row(slot, FLAGS), SLACK, s,
         )  # fmt: skip
+        span = row(slot, WHERE) + 8
+        k.gather_async(
+            row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, FLAGS), n, planar, slot.comp,
+            row(slot, CRC_PTRS), row(slot, CRC_SIZES), span, s,
+        )  # fmt: skip
+        k.copy_span_async(slot.comp, planar, span, self.max_span, s)
 
     def _enqueue_check(self, slot: _Slot, n: int) -> None:
         """A coded piece's checksums on the side stream, beside the next piece's coding:
-        CRC-32 of what is stored, then download sizes, statuses, CRCs and flags. Captured
-        as is for whole pieces."""
+        CRC-32 of what is stored (where it was gathered to; a uniform chunk's is of no
+        bytes), then download sizes, statuses, CRCs and flags. Captured as is for whole
+        pieces."""
         s, row = self._stream_ints[2], self._row
         self.crc.compute(
-            n, row(slot, OUT_PTRS), row(slot, OUT_SIZES), row(slot, STATUS_CRC) + 4 * self.max_chunks, s
+            n, row(slot, CRC_PTRS), row(slot, CRC_SIZES), row(slot, STATUS_CRC) + 4 * self.max_chunks, s
         )
         self.kernels.move_async(
             self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), 3 * 8 * self.max_chunks, s
@@ -544,7 +552,6 @@ class DeviceCodec:
         sizes = host[OUT_SIZES, :n]
         crcs = self._halves(slot, STATUS_CRC)[self.max_chunks : self.max_chunks + n].view(np.uint32).copy()
         flags = self._halves(slot, FLAGS)[:n]
-        sources = slot.sources[:n]
         if flags.any():
             fill = (flags & _UNIFORM) != 0
             kinds = np.where(fill, FILL, np.where(flags, RAW, ANS)).astype(np.uint8)
@@ -555,6 +562,7 @@ class DeviceCodec:
             kinds = np.full(n, ANS, dtype=np.uint8)
             fills = np.zeros(n, dtype=np.uint8)
             stored = sizes.copy()
+        # the offsets vgpu_gather gave the chunks at the start of the slot
         padded = (stored + (_ALIGN - 1)) & ~(_ALIGN - 1)
         offsets = np.zeros(n, dtype=np.int64)
         np.cumsum(padded[:-1], out=offsets[1:])
@@ -562,12 +570,7 @@ class DeviceCodec:
         slab, start = -1, 0
         if span:
             slab, start = arena.reserve(span)
-            keep = stored > 0
-            dsts = (arena.address(slab, start) + offsets).astype(np.uint64)
-            if keep.all():
-                cu.copies(dsts, sources, padded.astype(np.uint64), copier)
-            else:
-                cu.copies(dsts[keep], sources[keep], padded[keep].astype(np.uint64), copier)
+            cu.copy(arena.address(slab, start), slot.comp, span, copier)
         cu.record(slot.done, copier)
         out[r].append(
             Piece(

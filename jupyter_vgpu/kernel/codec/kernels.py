@@ -1,6 +1,6 @@
 """The GPU codec path's own small CUDA kernels, compiled at run time with NVRTC.
 
-Seven kernels move a piece between its layout in device memory and the byte-plane layout
+Nine kernels move a piece between its layout in device memory and the byte-plane layout
 nvCOMP compresses (``codec.device``), and decide and restore each chunk's kind:
 
 - ``vgpu_move``: a small copy by the SMs, for the per-piece metadata.
@@ -13,6 +13,9 @@ nvCOMP compresses (``codec.device``), and decide and restore each chunk's kind:
 - ``vgpu_settle``: after compression, copies each chunk that did not compress (or grew)
   over its output slot, so that everything stored leaves from one place and the host
   never waits on the GPU to choose.
+- ``vgpu_gather`` and ``vgpu_copy_span``: after the settle, the stored chunks of a piece
+  gathered back to back (through the free planes, then into the slot), so that the
+  piece leaves for the host in one copy of one span.
 - ``vgpu_place``: before the join, fills uniform chunks and copies raw ones into place.
 - ``vgpu_interleave``: the host path's join (``codec.host``): chunks decoded on the CPU
   as byte planes of 2, 4 or 8 are interleaved on the GPU after the copy, so that the
@@ -166,6 +169,43 @@ extern "C" __global__ void vgpu_settle(const unsigned char *planar, u64 chunk, u
   if (threadIdx.x == 0) { out_sizes[k] = len; flags[k] = 0x200; }
 }
 
+// After the settle, per chunk (one block each): what the piece stores, gathered back to back
+// into dst. Chunk k's stored bytes (none for a uniform chunk, flag 0x100; else out_sizes[k]
+// from out_ptrs[k]) go to offset o_k, the sum of the earlier chunks' stored sizes each
+// rounded up to 16 (the offsets the host computes, codec.device); its final address
+// (final + o_k) and stored size go to addrs[k] and sizes[k] for the checksums, and the
+// last block writes the total to *span. Output slots are 16-byte aligned and at least
+// the rounded size long, so whole 16-byte words are copied.
+extern "C" __global__ void vgpu_gather(const u64 *out_ptrs, const u64 *out_sizes, const int *flags,
+                                       u64 n, unsigned char *dst, u64 final, u64 *addrs, u64 *sizes,
+                                       u64 *span) {
+  __shared__ u64 offset;
+  u64 k = blockIdx.x;
+  if (threadIdx.x == 0) {
+    u64 o = 0;
+    for (u64 j = 0; j < k; j++) o += (flags[j] & 0x100) ? 0 : (out_sizes[j] + 15) & ~(u64)15;
+    offset = o;
+  }
+  __syncthreads();
+  u64 size = (flags[k] & 0x100) ? 0 : out_sizes[k], words = (size + 15) >> 4;
+  const uint4 *s = (const uint4 *)out_ptrs[k];
+  uint4 *d = (uint4 *)(dst + offset);
+  for (u64 j = threadIdx.x; j < words; j += blockDim.x) d[j] = s[j];
+  if (threadIdx.x == 0) {
+    addrs[k] = final + offset;
+    sizes[k] = size;
+    if (k == n - 1) *span = offset + 16 * words;
+  }
+}
+
+// Copy *span bytes (a multiple of 16; both sides 16-byte aligned) from src to dst: the
+// gathered piece back into its slot, one graph node whatever its size.
+extern "C" __global__ void vgpu_copy_span(uint4 *dst, const uint4 *src, const u64 *span) {
+  u64 words = *span >> 4;
+  for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < words; j += (u64)gridDim.x * blockDim.x)
+    dst[j] = src[j];
+}
+
 // Before the join, per chunk (one block each): a chunk flagged 0x100 | byte is filled with
 // the byte; one flagged 0x200 (stored raw) is copied from sources[k] into its planes.
 extern "C" __global__ void vgpu_place(unsigned char *planar, u64 chunk, u64 length, const int *flags,
@@ -197,6 +237,8 @@ NAMES = (
     "vgpu_settle",
     "vgpu_place",
     "vgpu_interleave",
+    "vgpu_gather",
+    "vgpu_copy_span",
 )
 #: Threads per block of every kernel.
 THREADS = 256
@@ -397,6 +439,25 @@ class Kernels:
         self._run(
             "vgpu_place", -(-length // chunk_bytes), stream, planar, chunk_bytes, length, flags, sources
         )
+
+    def gather_async(
+        self, out_ptrs: int, out_sizes: int, flags: int, n: int, dst: int, final: int, addrs: int,
+        sizes: int, span: int, stream: int,
+    ) -> None:  # fmt: skip
+        """After the settle: gather the stored bytes of ``n`` chunks (uint64 address and
+        size per chunk at ``out_ptrs`` and ``out_sizes``; int32 ``flags``, uniform chunks
+        store nothing) back to back into ``dst``, each at a 16-byte aligned offset; write
+        each chunk's address once the gathered bytes sit at ``final`` (uint64, to
+        ``addrs``), its stored size (uint64, to ``sizes``) and the total bytes (uint64, to
+        ``span``)."""
+        self._run(
+            "vgpu_gather", n, stream, out_ptrs, out_sizes, flags, n, dst, final, addrs, sizes, span
+        )  # fmt: skip
+
+    def copy_span_async(self, dst: int, src: int, span: int, max_bytes: int, stream: int) -> None:
+        """Copy the number of bytes stored (uint64) at ``span`` (at most ``max_bytes``, a
+        multiple of 16) from ``src`` to ``dst``, both 16-byte aligned."""
+        self._run("vgpu_copy_span", min(MAX_BLOCKS, -(-max_bytes // (16 * THREADS))), stream, dst, src, span)
 
 
 _loaded: dict[int, Kernels] = {}
