@@ -99,6 +99,54 @@ class Outcome:
         return self.live_bytes / self.host_bytes if self.host_bytes else None
 
 
+class _WorkArea:
+    """Device memory the engine holds only while it pauses or resumes (the GPU path's
+    scratch, the host path's staging), at the same addresses every time.
+
+    The first :meth:`take` allocates a segment of the pausable allocator; :meth:`give_back`
+    releases its physical memory and keeps its addresses reserved, and the next
+    :meth:`take` maps new memory behind them. The codec's CUDA graphs are captured on
+    those addresses (``codec.device``), so they stay valid from one pause or resume to
+    the next instead of being captured again each time (about 0.4 ms per graph on the
+    H100 box). Between uses the segment is a paused one: a pause lists mapped segments
+    only, so it never stores it.
+
+    Args:
+        allocator: the process's :class:`~.vmm.VMM`.
+        device: CUDA ordinal.
+        nbytes: its size, bytes.
+    """
+
+    def __init__(self, allocator: vmm.VMM, device: int, nbytes: int):
+        self.allocator, self.device, self.nbytes = allocator, device, nbytes
+        self.ptr: int | None = None
+        self.held = False
+
+    def take(self) -> int | None:
+        """Map the area; its address, or None when the device has no room for it."""
+        try:
+            if self.ptr is None:
+                self.ptr = self.allocator.malloc(self.nbytes, self.device)
+            else:
+                self.allocator.map(self.ptr)
+        except vmm.DeviceFull:
+            return None
+        self.held = True
+        return self.ptr
+
+    def give_back(self) -> None:
+        """Release its physical memory (the caller has synchronized the device)."""
+        if self.held:
+            self.allocator.unmap(self.ptr)
+            self.held = False
+
+    def free(self) -> None:
+        """Release its addresses too."""
+        if self.ptr is not None:
+            self.allocator.free(self.ptr, self.device)
+            self.ptr, self.held = None, False
+
+
 class PauseEngine:
     """Pauses and resumes every segment of the process's pausable allocator.
 
@@ -151,6 +199,7 @@ class PauseEngine:
         self.last_resume: Outcome | None = None
         self._paused: list[_Paused] = []
         self._lock = threading.Lock()
+        self._areas: dict[str, _WorkArea] = {}
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -176,36 +225,38 @@ class PauseEngine:
     def _view(self, ptr: int, nbytes: int):
         return devmem.view(self.torch, ptr, nbytes, self.device)
 
+    def _area(self, name: str, nbytes: int):
+        """``(area, tensor)`` of the work area ``name`` mapped now (:class:`_WorkArea`),
+        or None when the device has no room for it."""
+        area = self._areas.get(name)
+        if area is None:
+            area = self._areas[name] = _WorkArea(self.vmm, self.device, nbytes)
+        ptr = area.take()
+        return None if ptr is None else (area, self._view(ptr, nbytes))
+
     def _scratch(self):
-        """``(pointer, tensor)`` of a fresh scratch segment, or None when the device is full."""
+        """``(area, tensor)`` of the GPU path's scratch, bound to the codec, or None when
+        the device is full."""
         if self.device_codec is None:
             return None
-        nbytes = self.device_codec.scratch_bytes()
-        try:
-            ptr = self.vmm.malloc(nbytes, self.device)
-        except vmm.DeviceFull:
-            return None
-        tensor = self._view(ptr, nbytes)
-        self.device_codec.bind(tensor)
-        return ptr, tensor
+        scratch = self._area("scratch", self.device_codec.scratch_bytes())
+        if scratch is not None:
+            self.device_codec.bind(scratch[1])
+        return scratch
 
     def _staging(self):
-        """``(pointer, tensor)`` of device memory for the host path to join byte planes on
+        """``(area, tensor)`` of device memory for the host path to join byte planes on
         the GPU (one piece), or None: no GPU, the card is full, or no kernels to join with
         (the CPU joins them then)."""
         if self.device is None or self.host_path.gpu_join() is None:
             return None
-        try:
-            ptr = self.vmm.malloc(self.host_path.piece_bytes, self.device)
-        except vmm.DeviceFull:
-            return None
-        return ptr, self._view(ptr, self.host_path.piece_bytes)
+        return self._area("staging", self.host_path.piece_bytes)
 
     def _free_scratch(self, scratch) -> None:
+        """Give back a work area from :meth:`_scratch` or :meth:`_staging` (None: nothing)."""
         if scratch is not None:
-            if self.device is not None:
-                self.torch.cuda.synchronize(self.device)
-            self.vmm.free(scratch[0], self.device or 0)
+            self.torch.cuda.synchronize(self.device)
+            scratch[0].give_back()
 
     def _synchronize(self) -> None:
         if self.device is not None:
@@ -447,3 +498,5 @@ class PauseEngine:
         """Stop the host path's threads (the engine cannot pause afterwards)."""
         self.zstd.close()
         self.store.close()
+        for area in self._areas.values():
+            area.free()
