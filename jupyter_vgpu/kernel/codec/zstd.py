@@ -327,57 +327,70 @@ class Codec:
         return out.tobytes()
 
     def _decode_chunk(self, index: int, chunk: Chunk, out: np.ndarray, planar: bool = False) -> str | None:
-        target = out[chunk.offset : chunk.offset + chunk.length]
-        where = f"chunk at byte {chunk.offset} (number {index}, {chunk.kind.name}, {chunk.length} bytes)"
+        error = self._decode_into(chunk, out, planar)
+        if error:
+            where = f"chunk at byte {chunk.offset} (number {index}, {chunk.kind.name}, {chunk.length} bytes)"
+            return f"{where}: {error}"
+        return None
+
+    def _decode_into(self, chunk: Chunk, out: np.ndarray, planar: bool) -> str | None:
+        """Decode one chunk into its slice of ``out``; what went wrong in words, or None.
+        (Runs per chunk on many threads: what it does in Python holds the GIL.)"""
         if chunk.payload is None:
-            return f"{where}: payload missing"
+            return "payload missing"
+        target = out[chunk.offset : chunk.offset + chunk.length]
         try:
             if chunk.kind == Kind.RAW:
                 if len(chunk.payload) != chunk.length or zlib.crc32(chunk.payload) != chunk.checksum:
-                    return f"{where}: checksum mismatch"
+                    return "checksum mismatch"
                 target[:] = np.frombuffer(chunk.payload, dtype=np.uint8)
             elif chunk.kind == Kind.CONST:
                 item = chunk.payload
                 if len(item) not in _UINT or chunk.length % len(item) or zlib.crc32(item) != chunk.checksum:
-                    return f"{where}: checksum mismatch"
+                    return "checksum mismatch"
                 dtype = _UINT[len(item)]
                 target.view(dtype).fill(np.frombuffer(item, dtype=dtype)[0])
             elif chunk.planes > 1:
                 if chunk.planes not in _UINT or chunk.length % chunk.planes:
-                    return f"{where}: {chunk.planes} byte planes do not fit its length"
+                    return f"{chunk.planes} byte planes do not fit its length"
                 if len(chunk.parts) != chunk.planes or sum(chunk.parts) != len(chunk.payload):
-                    return f"{where}: payload size does not match its planes"
+                    return "payload size does not match its planes"
                 planes = target if planar else self._scratch(chunk.length)
                 error = self._decode_frames(chunk.payload, chunk.parts, planes)
                 if error:
-                    return f"{where}: {error}"
+                    return error
                 if not planar:
                     join_planes(planes.reshape(chunk.planes, -1), target)
             else:
-                error = self._decode_frames(chunk.payload, (len(chunk.payload),), target)
-                if error:
-                    return f"{where}: {error}"
+                return self._decode_frames(chunk.payload, (len(chunk.payload),), target)
         except (zstandard.ZstdError, ValueError) as e:
-            return f"{where}: {e}"
+            return str(e)
         return None
 
     def _decode_frames(self, payload: bytes, parts, out: np.ndarray) -> str | None:
         """Decode the zstd frames of ``payload`` (sizes ``parts``) into equal slices of
-        ``out``, each frame exactly filling its slice; an error in words, or None."""
+        ``out``, each frame exactly filling its slice; an error in words, or None.
+
+        Through zstd's C API the frames decode in one call: zstd decodes concatenated
+        frames one after another into consecutive output (``ZSTD_decompressDCtx``, zstd.h),
+        which is where the planes go. Every frame still carries its content size and
+        checksum, so a damaged frame fails, and the call must fill ``out`` exactly. One
+        call per chunk rather than per plane: each call gives the GIL up and takes it back,
+        and among 16 decoding threads taking it back costs more than the decoding saves
+        (H100 box, 16 cores, 1 GiB of bf16 weights: per-plane calls 10.6 GB/s, per-chunk
+        14.2; ``benchmarks/zstd_calls.py``, ``benchmarks/results/zstd-calls-h100.json``)."""
         size = out.size // len(parts)
         if _cffi is not None:
             lib, ffi = _cffi.lib, _cffi.ffi
             dctx = getattr(self._local, "raw_dctx", None)
             if dctx is None:
                 dctx = self._local.raw_dctx = ffi.gc(lib.ZSTD_createDCtx(), lib.ZSTD_freeDCtx)
-            src, dst, start = ffi.from_buffer(payload), ffi.from_buffer(out), 0
-            for k, part in enumerate(parts):
-                got = lib.ZSTD_decompressDCtx(dctx, dst + k * size, size, src + start, part)
-                if lib.ZSTD_isError(got):
-                    return ffi.string(lib.ZSTD_getErrorName(got)).decode()
-                if got != size:
-                    return f"a frame decoded to {got} bytes, not {size}"
-                start += part
+            dst, src = ffi.from_buffer(out), ffi.from_buffer(payload)
+            got = lib.ZSTD_decompressDCtx(dctx, dst, out.size, src, len(payload))
+            if lib.ZSTD_isError(got):
+                return ffi.string(lib.ZSTD_getErrorName(got)).decode()
+            if got != out.size:
+                return f"the frames decoded to {got} bytes, not {out.size}"
             return None
         payload, start = memoryview(payload), 0
         for k, part in enumerate(parts):
