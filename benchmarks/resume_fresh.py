@@ -1,14 +1,18 @@
-"""What freshly mapped device memory costs a resume, on the GPU machine.
+"""What memory released just before costs a resume, on the GPU machine.
 
-A resume maps new physical memory behind the paused addresses and writes the stored
-pieces into it. This measures, for ``--size`` GiB of bf16 weights N(0, 0.02) through
-the GPU path (median of ``--reps`` cycles after a warm one, GB/s of uncompressed bytes):
+The driver clears device memory after it is released, in the background. Memory mapped
+while that runs is written more slowly. This measures it two ways:
 
-- ``resume_gbps``: the whole resume, as the engine runs it;
-- ``unpack_fresh_gbps``: the codec's part of it, writing memory mapped just before;
-- ``unpack_settled_gbps``: the same, started ``--wait`` seconds after the mapping;
-- ``unpack_touched_gbps``: the codec writing the same pieces again into that memory;
-- ``raw_h2d_gbps``: the raw pinned copy of the same bytes, for scale.
+- ``resume_gbps_by_idle_s``: a pause of ``--size`` GiB of bf16 weights N(0, 0.02) through
+  the GPU path, then a resume started that many seconds later (median of ``--reps``
+  cycles after a warm one, GB/s of uncompressed bytes, the wait not timed);
+- ``driver_ms``: the same size through the CUDA driver alone, no codec (cuda-bindings'
+  ``cuMemCreate``, ``cuMemMap``): the milliseconds of one raw pinned copy to the device
+  (``copy_*``) and of one ``cuMemsetD32Async`` (``memset_*``) into memory that was
+  ``never_released`` (mapped, then written once already), mapped right after
+  releasing as much (``just_released``), mapped ``--wait`` seconds after releasing
+  (``released_then_waited``), or mapped right after releasing and then left ``--wait``
+  seconds (``mapped_then_waited``): median of ``--reps``.
 
 Usage (GPU machine): ``python benchmarks/resume_fresh.py --out benchmarks/results/resume-fresh-h100.json``
 """
@@ -22,83 +26,121 @@ import time
 
 from gpu_common import GiB, make, preloaded_or_reexec, raw_copies
 
+IDLE_S = (0.0, 0.005, 0.01, 0.02, 0.05, 0.2, 1.0)
+
+
+def engine_figures(torch, size: int, reps: int) -> dict[str, float]:
+    from jupyter_vgpu.kernel.pause import vmm
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+
+    engine = PauseEngine(torch, vmm.load(), 0)
+    if engine.device_codec is None:
+        raise SystemExit(f"the nvCOMP path is not available: {engine.nvcomp_reason}")
+    t = make(torch, "bf16_weights", size, torch.Generator(device="cuda").manual_seed(0))
+    engine.pause()
+    engine.resume()  # warm
+    figures = {}
+    for idle in IDLE_S:
+        samples = []
+        for _ in range(reps):
+            engine.pause()
+            time.sleep(idle)
+            samples.append(size / engine.resume().seconds / 1e9)
+        figures[str(idle)] = statistics.median(samples)
+    engine.close()
+    del t
+    torch.cuda.empty_cache()
+    return figures
+
+
+def driver_figures(torch, size: int, reps: int, wait: float) -> dict[str, float]:
+    from cuda.bindings import driver as cu
+
+    def check(result):
+        if result[0] != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(result)
+        return result[1] if len(result) > 1 else None
+
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    access = cu.CUmemAccessDesc()
+    access.location = prop.location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    va = check(cu.cuMemAddressReserve(size, 0, 0, 0))
+    host = torch.ones(size, dtype=torch.uint8, pin_memory=True)
+    stream = cu.CUstream(int(torch.cuda.Stream().cuda_stream))
+    handle = []
+
+    def mapped():
+        handle.append(check(cu.cuMemCreate(size, prop, 0)))
+        check(cu.cuMemMap(va, size, 0, handle[-1], 0))
+        check(cu.cuMemSetAccess(va, size, [access], 1))
+
+    def released():
+        check(cu.cuMemUnmap(va, size))
+        check(cu.cuMemRelease(handle.pop()))
+
+    def timed(kind: str) -> float:
+        t0 = time.perf_counter()
+        if kind == "copy":
+            check(cu.cuMemcpyHtoDAsync(va, host.data_ptr(), size, stream))
+        else:
+            check(cu.cuMemsetD32Async(va, 7, size // 4, stream))
+        check(cu.cuStreamSynchronize(stream))
+        return (time.perf_counter() - t0) * 1e3
+
+    samples: dict[str, list[float]] = {}
+    mapped()
+    timed("copy")
+    for _ in range(reps):
+        for kind in ("copy", "memset"):
+            samples.setdefault(f"{kind}_never_released", []).append(timed(kind))
+            released()
+            mapped()
+            samples.setdefault(f"{kind}_just_released", []).append(timed(kind))
+            released()
+            time.sleep(wait)
+            mapped()
+            samples.setdefault(f"{kind}_released_then_waited", []).append(timed(kind))
+            released()
+            mapped()
+            time.sleep(wait)
+            samples.setdefault(f"{kind}_mapped_then_waited", []).append(timed(kind))
+            time.sleep(wait)  # the next figure starts on settled memory
+    released()
+    check(cu.cuMemAddressFree(va, size))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=float, default=2.0, help="GiB of bf16 weights")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--wait", type=float, default=0.05, help="seconds between mapping and unpacking")
+    parser.add_argument("--size", type=float, default=2.0, help="GiB")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--wait", type=float, default=0.5, help="seconds of the driver's waits")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     preloaded_or_reexec()
     import torch
 
-    from jupyter_vgpu.kernel.pause import vmm
-    from jupyter_vgpu.kernel.pause.engine import PauseEngine
-
-    engine = PauseEngine(torch, vmm.load(), 0)
-    codec = engine.device_codec
-    if codec is None:
-        raise SystemExit(f"the nvCOMP path is not available: {engine.nvcomp_reason}")
-    t = make(torch, "bf16_weights", int(args.size * GiB), torch.Generator(device="cuda").manual_seed(0))
-    nbytes = t.numel() * t.element_size()
-    _, h2d = raw_copies(torch, [t])
-    unpacked: list[float] = []
-    plain_unpack, plain_map = codec.unpack, engine.vmm.map
-
-    def timed_unpack(*a):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        plain_unpack(*a)
-        torch.cuda.synchronize()
-        unpacked.append(time.perf_counter() - t0)
-
-    def settled_map(ptr):
-        plain_map(ptr)
-        torch.cuda.synchronize()
-        time.sleep(args.wait)
-
-    codec.unpack = timed_unpack
-    engine.pause()
-    engine.resume()  # warm
-    figures: dict[str, list[float]] = {k: [] for k in ("resume", "fresh", "settled", "touched")}
-    for _ in range(args.reps):
-        engine.pause()
-        items = [
-            (engine._view(p.segment.ptr + r.offset, r.length), r.pieces)
-            for p in engine._paused
-            for r in p.ranges
-            if r.path == "device"
-        ]
-        keep, engine.arena.clear = engine.arena.clear, lambda: None  # the pieces outlive the resume
-        figures["resume"].append(nbytes / engine.resume().seconds / 1e9)
-        figures["fresh"].append(nbytes / unpacked[-1] / 1e9)
-        scratch = engine._scratch()
-        timed_unpack(items, engine.arena)
-        figures["touched"].append(nbytes / unpacked[-1] / 1e9)
-        engine._free_scratch(scratch)
-        engine.arena.clear = keep
-        engine.arena.clear()
-        engine.vmm.map = settled_map
-        engine.pause()
-        engine.resume()
-        figures["settled"].append(nbytes / unpacked[-1] / 1e9)
-        engine.vmm.map = plain_map
+    size = int(args.size * GiB)
+    probe = torch.empty(size, dtype=torch.uint8, device="cuda")
+    _, h2d = raw_copies(torch, [probe])
+    del probe
+    torch.cuda.empty_cache()
     doc = {
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
-        "bytes": nbytes,
+        "bytes": size,
+        "raw_h2d_gbps": size / h2d / 1e9,
+        "resume_gbps_by_idle_s": engine_figures(torch, size, args.reps),
         "wait_s": args.wait,
-        "raw_h2d_gbps": nbytes / h2d / 1e9,
-        **{
-            ("resume_gbps" if k == "resume" else f"unpack_{k}_gbps"): statistics.median(v)
-            for k, v in figures.items()
-        },
-        "samples_gbps": figures,
+        "driver_ms": driver_figures(torch, size, args.reps, args.wait),
     }
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)
-    print(json.dumps({k: v for k, v in doc.items() if k != "samples_gbps"}, indent=1))
+    print(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":
