@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from jupyter_vgpu.kernel.pause import vmm
-from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError
+from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError, WorkArea
 from jupyter_vgpu.kernel.pause.ranges import live_ranges
 
 MiB = 1 << 20
@@ -196,3 +196,21 @@ def test_the_host_path_refuses_a_staging_area_smaller_than_a_piece():
         path = HostPath(torch, None, codec, piece_bytes=1 << 20)
         with pytest.raises(ValueError, match="staging holds 4096 bytes; a piece is 1048576"):
             path.unpack([], HostStore(None, None), torch.empty(4096, dtype=torch.uint8))
+
+
+def test_a_work_area_keeps_its_address_and_a_pause_never_stores_it(engine, allocator, segments):
+    area = WorkArea(allocator, 0, 4 * MiB)
+    ptr = area.take()
+    array(ptr, 4 * MiB)[:] = 7  # it is memory, mapped
+    area.give_back()
+    assert resident(ptr, 4 * MiB) == 0, "its memory went back to the system"
+    assert {s.ptr: s.mapped for s in allocator.segments()}[ptr] is False
+    out = engine.pause()  # the given-back area is a paused segment: not the kernel's, not stored
+    assert out.segment_bytes == out.live_bytes == 18 * MiB
+    engine.resume()
+    assert {s.ptr: s.mapped for s in allocator.segments()}[ptr] is False, "a resume leaves it alone"
+    assert area.take() == ptr, "taken again at the same address (the codec's graphs hold it)"
+    array(ptr, 4 * MiB)[:] = 1
+    area.free()
+    assert ptr not in {s.ptr for s in allocator.segments()}
+    assert all(np.array_equal(array(p, d.size), d) for p, d in segments)

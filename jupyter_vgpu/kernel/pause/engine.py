@@ -99,7 +99,7 @@ class Outcome:
         return self.live_bytes / self.host_bytes if self.host_bytes else None
 
 
-class _WorkArea:
+class WorkArea:
     """Device memory the engine holds only while it pauses or resumes (the GPU path's
     scratch, the host path's staging), at the same addresses every time.
 
@@ -199,7 +199,7 @@ class PauseEngine:
         self.last_resume: Outcome | None = None
         self._paused: list[_Paused] = []
         self._lock = threading.Lock()
-        self._areas: dict[str, _WorkArea] = {}
+        self._areas: dict[str, WorkArea] = {}
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -226,11 +226,11 @@ class PauseEngine:
         return devmem.view(self.torch, ptr, nbytes, self.device)
 
     def _area(self, name: str, nbytes: int):
-        """``(area, tensor)`` of the work area ``name`` mapped now (:class:`_WorkArea`),
+        """``(area, tensor)`` of the work area ``name`` mapped now (:class:`WorkArea`),
         or None when the device has no room for it."""
         area = self._areas.get(name)
         if area is None:
-            area = self._areas[name] = _WorkArea(self.vmm, self.device, nbytes)
+            area = self._areas[name] = WorkArea(self.vmm, self.device, nbytes)
         ptr = area.take()
         return None if ptr is None else (area, self._view(ptr, nbytes))
 
