@@ -104,7 +104,7 @@ class HostPath:
         return self._buffers, self._events, self._stream
 
     def release_buffers(self) -> None:
-        """Give the two pinned buffers back (they are made again on next use)."""
+        """Give the pinned buffers back (they are made again on next use)."""
         self._buffers, self._events = [], []
 
     def _pieces(self, length: int) -> list[tuple[int, int]]:

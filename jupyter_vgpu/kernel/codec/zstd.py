@@ -368,8 +368,8 @@ class Codec:
         return None
 
     def _decode_frames(self, payload: bytes, parts, out: np.ndarray) -> str | None:
-        """Decode the zstd frames of ``payload`` (sizes ``parts``) into equal slices of
-        ``out``, each frame exactly filling its slice; an error in words, or None.
+        """Decode the zstd frames of ``payload`` (sizes ``parts``), one per equal slice of
+        ``out``, so that together they fill ``out`` exactly; an error in words, or None.
 
         Through zstd's C API the frames decode in one call: zstd decodes concatenated
         frames one after another into consecutive output (``ZSTD_decompressDCtx``, zstd.h),
@@ -380,7 +380,6 @@ class Codec:
         (H100 box, 16 cores, 1 GiB of bf16 weights: per-plane calls 7.0 GB/s, per-chunk
         11.9, ``benchmarks/zstd_calls.py``, ``benchmarks/results/zstd-calls-h100.json``;
         10.6 and 14.2 on another machine of the same kind)."""
-        size = out.size // len(parts)
         if _cffi is not None:
             lib, ffi = _cffi.lib, _cffi.ffi
             dctx = getattr(self._local, "raw_dctx", None)
@@ -393,7 +392,7 @@ class Codec:
             if got != out.size:
                 return f"the frames decoded to {got} bytes, not {out.size}"
             return None
-        payload, start = memoryview(payload), 0
+        payload, start, size = memoryview(payload), 0, out.size // len(parts)
         for k, part in enumerate(parts):
             raw = self._dctx().decompress(payload[start : start + part], max_output_size=size)
             if len(raw) != size:

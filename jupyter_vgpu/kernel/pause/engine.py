@@ -252,11 +252,11 @@ class PauseEngine:
             return None
         return self._area("staging", self.host_path.piece_bytes)
 
-    def _free_scratch(self, scratch) -> None:
+    def _give_back(self, taken) -> None:
         """Give back a work area from :meth:`_scratch` or :meth:`_staging` (None: nothing)."""
-        if scratch is not None:
+        if taken is not None:
             self.torch.cuda.synchronize(self.device)
-            scratch[0].give_back()
+            taken[0].give_back()
 
     def _synchronize(self) -> None:
         if self.device is not None:
@@ -296,7 +296,7 @@ class PauseEngine:
                     todo = todo[len(batch) :]
                     paused += self._pause_batch(batch, live, scratch is not None, used)
             except BaseException as e:
-                self._free_scratch(scratch)
+                self._give_back(scratch)
                 self._paused = paused + getattr(e, "done", [])
                 self.state = "paused"
                 try:
@@ -305,7 +305,7 @@ class PauseEngine:
                     log.error("jupyter-vgpu: undoing a failed pause failed too (%s); still paused", again)
                     raise PauseError(f"pausing failed ({e}) and so did undoing it ({again})") from e
                 raise PauseError(f"pausing failed and was undone: {e}") from e
-            self._free_scratch(scratch)
+            self._give_back(scratch)
             self._paused = paused
             self.state = "paused"
             live_bytes = sum(r.length for p in paused for r in p.ranges)
@@ -445,14 +445,14 @@ class PauseEngine:
             self._synchronize()
         except BaseException as e:  # an interrupt too: whatever was written is not trusted
             self._synchronize()
-            self._free_scratch(scratch)
-            self._free_scratch(staging)
+            self._give_back(scratch)
+            self._give_back(staging)
             self._unmap(mapped)
             if isinstance(e, (DeviceCodecError, CodecError, OSError)):
                 raise ResumeError(f"resuming failed; still paused, the host copy is kept: {e}") from e
             raise
-        self._free_scratch(scratch)
-        self._free_scratch(staging)
+        self._give_back(scratch)
+        self._give_back(staging)
         live_bytes = sum(r.length for p in self._paused for r in p.ranges)
         host = 0
         for p in self._paused:
