@@ -1,19 +1,24 @@
 """Pause and resume: all the GPU memory of a kernel into compressed host memory and back.
 
-The pausable allocator (``vmm.c``, loaded with LD_PRELOAD) gives every ``cudaMalloc``
-of the process its own segment of reserved addresses. A pause (of an idle kernel:
-the caller guarantees that nothing runs) does, in order:
+The pausable allocator (``native/``, loaded with LD_PRELOAD) puts every device
+allocation of the process, whichever API makes it, in a unit whose physical memory can
+be released and mapped again at the same addresses (:mod:`.vmm`). A pause (of an idle
+kernel: the caller guarantees that nothing runs) does, in order:
 
-1. wait for the device, and release PyTorch's cached free segments
-   (``torch.cuda.empty_cache()``): they hold nothing worth keeping;
-2. find the live bytes of every remaining segment (:mod:`.ranges`);
+1. wait for the device, release PyTorch's cached free segments
+   (``torch.cuda.empty_cache()``) and the allocator's own free memory
+   (:meth:`~.vmm.VMM.collect`): they hold nothing worth keeping;
+2. find the live bytes of every pausable unit (:mod:`.ranges`);
 3. store them: on the GPU through nvCOMP (:mod:`..codec.device`) when it is installed
    and a scratch area of ``scratch_bytes`` can be had, else through zstandard on CPU
    threads (:mod:`..codec.host`); on a card too full for the scratch, the smallest
    segments go through the host path first until the scratch fits;
 4. release each segment's physical memory as soon as its bytes are on the host.
 
-NVML then shows the process at its CUDA context alone. A resume maps new physical
+NVML then shows the process at its CUDA context alone, unless some of its memory cannot
+be paused (shared with another process through CUDA IPC, managed memory, memory the
+driver allocated inside a graph capture): that stays, and :meth:`PauseEngine.stats` says
+how much (the kernel is suspended instead when room is needed). A resume maps new physical
 memory at the same addresses, writes every byte back, and checks every chunk's
 checksum before the kernel may run: every holder of a pointer (tensors, autograd's
 saved tensors, CUDA graphs, DLPack consumers, other threads) sees its bytes again.
@@ -280,8 +285,11 @@ class PauseEngine:
             self._synchronize()
             if self.device is not None:
                 self.torch.cuda.empty_cache()
-            segments = sorted((s for s in self.vmm.segments() if s.mapped), key=lambda s: s.size)
-            self._check_coverage(segments)
+            if self.vmm.backend == vmm.CUDA:
+                self.vmm.collect()
+            units = [s for s in self.vmm.segments() if s.mapped]
+            self._check_coverage(units)
+            segments = sorted((s for s in units if s.pausable), key=lambda s: s.size)
             snapshot = self.torch.cuda.memory_snapshot() if self.device is not None else None
             live = live_ranges(snapshot, ((s.ptr, s.size) for s in segments))
             paused: list[_Paused] = []
@@ -319,18 +327,24 @@ class PauseEngine:
             )
             return self.last_pause
 
-    def _check_coverage(self, segments) -> None:
+    def _check_coverage(self, units) -> None:
         """Refuse to pause when PyTorch holds device memory the pausable allocator does not
-        know (the process was not started with it): releasing only part of the memory
-        would report a pause that did not happen."""
+        know: releasing only part of the memory would report a pause that did not happen.
+
+        PyTorch's reserved bytes come from cudaMalloc, its expandable segments
+        (cuMemCreate) or its stream-ordered pool, all of which the allocator sees when it
+        was preloaded; what it does not know came another way (the message names the
+        difference, and the kernel is suspended instead when room is needed)."""
         if self.device is None:
             return
         reserved = self.torch.cuda.memory_reserved(self.device)
-        known = sum(s.size for s in segments if s.device == self.device)
+        figures = self.vmm.figures()
+        known = sum(s.size for s in units if s.device == self.device) + figures.let_through
         if reserved > known:
             raise PauseError(
                 f"PyTorch holds {reserved} bytes on the device and the pausable allocator knows "
-                f"{known}: this process's cudaMalloc is not the pausable allocator's (LD_PRELOAD)"
+                f"{known}: {reserved - known} bytes were allocated a way it does not cover, "
+                "so this kernel cannot be paused"
             )
 
     def _pause_batch(self, batch, live, on_device: bool, used: set[str]) -> list[_Paused]:
@@ -476,14 +490,17 @@ class PauseEngine:
     # -- figures -----------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """``state``, ``paused_bytes`` (device memory released), ``host_bytes`` (held on the
-        host for it), ``live_bytes``, ``ratio``, ``codec``, and the last pause's and
-        resume's ``seconds`` (None before the first)."""
+        """``state``, ``paused_bytes`` (device memory released), ``unpausable_bytes``
+        (device memory a pause leaves: :attr:`.vmm.Figures.unpausable`), ``host_bytes``
+        (held on the host for it), ``live_bytes``, ``ratio``, ``codec``, and the last
+        pause's and resume's ``seconds`` (None before the first)."""
         live = sum(r.length for p in self._paused for r in p.ranges)
         host = sum(piece.stored_bytes for p in self._paused for r in p.ranges for piece in r.pieces)
+        figures = self.vmm.figures()
         return {
             "state": self.state,
             "paused_bytes": self.paused_bytes,
+            "unpausable_bytes": figures.unpausable,
             "live_bytes": live,
             "host_bytes": host,
             "ratio": live / host if host else None,

@@ -1,47 +1,79 @@
-"""Which bytes of each segment hold live data, from PyTorch's allocator snapshot.
+"""Which bytes of each unit hold live data, from PyTorch's allocator snapshot.
 
 A pause must save what tensors hold, and nothing else: PyTorch's caching allocator
-cuts each segment (one ``cudaMalloc``, so one segment of the pausable allocator) into
-blocks, and ``torch.cuda.memory_snapshot()`` lists them with their state. Blocks that
-are allocated, or freed but still in use by a stream (``active_pending_free``), are
-live; ``inactive`` blocks are cached free space whose bytes need not survive. A
-segment PyTorch does not know (another library's ``cudaMalloc``) is live as a whole.
+cuts its segments into blocks, and ``torch.cuda.memory_snapshot()`` lists them with
+their state. Blocks that are allocated, or freed but still in use by a stream
+(``active_pending_free``), are live; ``inactive`` blocks are cached free space whose
+bytes need not survive.
+
+PyTorch's segments and the allocator's units need not coincide: with the default
+allocator each segment is one ``cudaMalloc``, so one unit, but an expandable segment is
+one reserved range whose pages are separate ``cuMemCreate`` allocations, each a unit of
+its own. So liveness is taken by address: a byte of a unit is live unless a PyTorch
+segment covers it with a free block. Bytes no PyTorch segment covers (another library's
+memory, CuPy's or JAX's) are live.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
+
+
+def _free_intervals(snapshot: Sequence[Mapping]) -> list[tuple[int, int]]:
+    """Address ranges ``(start, end)`` of PyTorch's free blocks, sorted, merged."""
+    free: list[tuple[int, int]] = []
+    for seg in snapshot:
+        pos = int(seg["address"])
+        for block in seg.get("blocks", ()):
+            address = int(block.get("address", pos))
+            size = int(block["size"])
+            if block.get("state") == "inactive" and size:
+                free.append((address, address + size))
+            pos = address + size
+    free.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in free:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def live_ranges(
     snapshot: Sequence[Mapping] | None, segments: Iterable[tuple[int, int]]
 ) -> dict[int, list[tuple[int, int]]]:
-    """Live ``(offset, length)`` ranges of each segment, in bytes, adjacent ones merged.
+    """Live ``(offset, length)`` ranges of each unit, in bytes, in address order, adjacent
+    ones merged.
 
     Args:
         snapshot: ``torch.cuda.memory_snapshot()`` (a list of segment dicts with
             ``address``, ``total_size`` and ``blocks``: dicts with ``size``, ``state``
-            and, from PyTorch 2.1 on, ``address``), or None to treat every segment as
+            and, from PyTorch 2.1 on, ``address``), or None to treat every unit as
             wholly live.
-        segments: ``(address, size)`` of the allocator's segments.
+        segments: ``(address, size)`` of the allocator's units, bytes.
 
     Returns:
-        For each segment address, its live ranges in address order (empty when the
-        segment holds only free blocks).
+        For each unit address, its live ranges (empty when only free blocks cover it).
     """
-    known = {}
-    for seg in snapshot or ():
-        start, pos, runs = int(seg["address"]), int(seg["address"]), []
-        for block in seg.get("blocks", ()):
-            address = int(block.get("address", pos))
-            size = int(block["size"])
-            if block.get("state") != "inactive":
-                if runs and runs[-1][0] + runs[-1][1] == address - start:
-                    runs[-1] = (runs[-1][0], runs[-1][1] + size)
-                else:
-                    runs.append((address - start, size))
-            pos = address + size
-        known[start] = runs
+    units = list(segments)
     if snapshot is None:
-        return {ptr: [(0, size)] for ptr, size in segments}
-    return {ptr: known.get(ptr, [(0, size)]) for ptr, size in segments}
+        return {ptr: [(0, size)] for ptr, size in units}
+    free = _free_intervals(snapshot)
+    starts = [start for start, _ in free]
+    out: dict[int, list[tuple[int, int]]] = {}
+    for ptr, size in units:
+        end, pos, runs = ptr + size, ptr, []
+        i = max(0, bisect.bisect_right(starts, ptr) - 1)
+        while pos < end:
+            while i < len(free) and free[i][1] <= pos:
+                i += 1
+            if i < len(free) and free[i][0] <= pos:  # pos is free: skip past the block
+                pos = min(end, free[i][1])
+                continue
+            stop = min(end, free[i][0]) if i < len(free) else end
+            runs.append((pos - ptr, stop - pos))
+            pos = stop
+        out[ptr] = runs
+    return out

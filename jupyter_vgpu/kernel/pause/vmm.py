@@ -1,12 +1,12 @@
-"""The pausable allocator's library (``vmm.c``), loaded with ctypes.
+"""The pausable allocator's library (``native/*.c``), loaded with ctypes.
 
-The library is built with the package (``hatch_build.py``) next to this module as
-``libjupyter_vgpu_vmm.so``. A checkout or an install whose build had no C compiler
-builds it on first use into the user's cache directory with the system ``cc``; where
-neither works, :func:`load` raises :class:`VMMUnavailable` with the reason, and
-kernels run without pause (``%vgpu status`` says why).
+The library is built once, beside this module as ``libjupyter_vgpu_vmm.so`` by the
+admin (``python -m jupyter_vgpu.kernel.pause.vmm build``), or else on first use into the
+user's cache directory with the system ``cc``; where neither works, :func:`load` raises
+:class:`VMMUnavailable` with the reason, and kernels run without pause (``%vgpu status``
+says why). ``native/vmm.c`` describes what the library does.
 
-Torch-free: the engine hands segment addresses to the codec itself.
+Torch-free: the engine hands unit addresses to the codec itself.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from pathlib import Path
 
 from ..cache import cache_dir
 
-SOURCE = Path(__file__).with_name("vmm.c")
+NATIVE = Path(__file__).with_name("native")
+#: The library's C sources, compiled together (``vmm.h`` is their shared header).
+SOURCES = tuple(NATIVE / name for name in ("vmm.c", "handles.c", "arena.c", "ipc.c", "interpose.c"))
+HEADERS = (NATIVE / "vmm.h",)
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
 
 #: Backends of :meth:`VMM.init`.
@@ -61,25 +64,105 @@ class DeviceFull(VMMError):
     """The device has no room for the segment's physical memory; nothing changed."""
 
 
+#: Flags of a unit (``native/vmm.h``, ``UNIT_*``).
+UNIT_MAPPED, UNIT_OTHERS, UNIT_PAUSABLE, UNIT_CHUNK, UNIT_EXPORTED, UNIT_ASYNC = 1, 2, 4, 8, 16, 32
+
+
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """One reserved address range of the allocator.
+    """One unit the engine pauses: a reserved address range of the allocator's own, or an
+    allocation another library made with ``cuMemCreate``, at the address of a mapping
+    that covers it whole.
 
     Attributes:
         ptr: first address.
         size: bytes (a multiple of the allocation granularity, 2 MiB on current GPUs).
         device: CUDA ordinal.
         mapped: physical memory is behind it (False: paused).
+        flags: ``UNIT_*`` bits (0 where the caller did not give them).
     """
 
     ptr: int
     size: int
     device: int
     mapped: bool
+    flags: int = UNIT_PAUSABLE
+
+    @property
+    def pausable(self) -> bool:
+        """False for memory shared with another process through CUDA IPC: a peer maps it."""
+        return bool(self.flags & UNIT_PAUSABLE)
+
+    @property
+    def kind(self) -> str:
+        """``own`` (cudaMalloc, cuMemAlloc), ``small`` (a chunk of small allocations),
+        ``async`` (stream-ordered) or ``others`` (made with cuMemCreate by a library)."""
+        if self.flags & UNIT_OTHERS:
+            return "others"
+        if self.flags & UNIT_CHUNK:
+            return "small"
+        return "async" if self.flags & UNIT_ASYNC else "own"
 
 
-def build(target: Path, source: Path = SOURCE) -> Path:
-    """Compile ``source`` into the shared library ``target`` with the system C compiler.
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """What the allocator holds, bytes (``vgpu_figures``); each byte is in one of the
+    first nine.
+
+    Attributes:
+        own: its own segments, mapped and pausable (cudaMalloc, cuMemAlloc,
+            stream-ordered allocations, chunks of small ones).
+        own_paused: its own segments, paused.
+        others: ``cuMemCreate`` memory of other libraries (PyTorch's expandable
+            segments, XLA), mapped and pausable.
+        others_paused: the same, paused.
+        exported: memory shared with other processes through CUDA IPC (never paused:
+            a peer maps it).
+        imported: other processes' memory mapped here (theirs to pause).
+        managed: managed (unified) memory, which the driver migrates itself.
+        let_through: stream-ordered memory the driver allocated itself (inside a CUDA
+            graph capture, or from a pool the caller made).
+        unmappable: ``cuMemCreate`` memory that no single mapping covers.
+        async_live: stream-ordered allocations in use (a part of ``own``).
+        async_cached: stream-ordered segments freed and kept for reuse (they hold nothing).
+        small_chunks: chunks holding allocations under 1 MiB (a part of ``own``).
+    """
+
+    own: int
+    own_paused: int
+    others: int
+    others_paused: int
+    exported: int
+    imported: int
+    managed: int
+    let_through: int
+    unmappable: int
+    async_live: int
+    async_cached: int
+    small_chunks: int
+
+    @property
+    def pausable(self) -> int:
+        """Device bytes a pause releases."""
+        return self.own + self.others
+
+    @property
+    def unpausable(self) -> int:
+        """Device bytes of this process the allocator knows and a pause cannot release."""
+        return self.exported + self.managed + self.let_through + self.unmappable
+
+    @property
+    def device(self) -> int:
+        """Device bytes the allocator knows of (pausable or not; the CUDA context and the
+        driver's own memory are not among them)."""
+        return self.pausable + self.unpausable + self.async_cached
+
+
+def build(target: Path, sources: tuple[Path, ...] = SOURCES) -> Path:
+    """Compile ``sources`` into the shared library ``target`` with the system C compiler.
+
+    ``-O2`` matters beyond speed: the library's ``dlsym`` must end in a sibling call to
+    glibc's, so that glibc resolves ``RTLD_NEXT`` and ``RTLD_DEFAULT`` for its caller.
 
     Raises:
         VMMUnavailable: no compiler (``$CC``, ``cc``, ``gcc``) or the build failed.
@@ -90,7 +173,7 @@ def build(target: Path, source: Path = SOURCE) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(source), "-ldl", "-lpthread"]
+    cmd = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, *map(str, sources), "-ldl", "-lpthread"]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         os.unlink(tmp)
@@ -106,9 +189,10 @@ def library_path() -> Path:
         VMMUnavailable: see :func:`build`.
     """
     packaged = Path(__file__).with_name(LIBRARY_NAME)
-    if packaged.exists() and packaged.stat().st_mtime >= SOURCE.stat().st_mtime:
+    newest = max(p.stat().st_mtime for p in (*SOURCES, *HEADERS))
+    if packaged.exists() and packaged.stat().st_mtime >= newest:
         return packaged
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))).hexdigest()[:16]
     cached = cache_dir() / f"vmm-{digest}.so"
     return cached if cached.exists() else build(cached)
 
@@ -132,14 +216,16 @@ class VMM:
         lib.vgpu_free.restype = None
         lib.vgpu_unmap.argtypes, lib.vgpu_unmap.restype = [u64], i32
         lib.vgpu_map.argtypes, lib.vgpu_map.restype = [u64], i32
-        lib.vgpu_segments.argtypes = [
+        lib.vgpu_units.argtypes = [
             ctypes.POINTER(u64),
             ctypes.POINTER(u64),
             ctypes.POINTER(i32),
             ctypes.POINTER(i32),
             sz,
         ]
-        lib.vgpu_segments.restype = sz
+        lib.vgpu_units.restype = sz
+        lib.vgpu_figures.argtypes, lib.vgpu_figures.restype = [ctypes.POINTER(u64), sz], sz
+        lib.vgpu_collect.argtypes, lib.vgpu_collect.restype = [], None
         for name in ("vgpu_mapped_bytes", "vgpu_paused_bytes"):
             getattr(lib, name).restype = u64
         lib.vgpu_backend.restype = i32
@@ -209,14 +295,30 @@ class VMM:
             self._raise(rc, f"resuming the segment at {ptr:#x}")
 
     def segments(self) -> list[Segment]:
-        """Every segment, in no particular order."""
+        """Every unit (segments of the allocator's own, and others' ``cuMemCreate``
+        allocations), in no particular order; freed segments kept for reuse are left out."""
         while True:
-            n = self._lib.vgpu_segments(None, None, None, None, 0) + 16
+            n = self._lib.vgpu_units(None, None, None, None, 0) + 16
             ptrs, sizes = (ctypes.c_uint64 * n)(), (ctypes.c_uint64 * n)()
-            devices, mapped = (ctypes.c_int * n)(), (ctypes.c_int * n)()
-            count = self._lib.vgpu_segments(ptrs, sizes, devices, mapped, n)
+            devices, flags = (ctypes.c_int * n)(), (ctypes.c_int * n)()
+            count = self._lib.vgpu_units(ptrs, sizes, devices, flags, n)
             if count <= n:
-                return [Segment(ptrs[i], sizes[i], devices[i], bool(mapped[i])) for i in range(count)]
+                return [
+                    Segment(ptrs[i], sizes[i], devices[i], bool(flags[i] & UNIT_MAPPED), flags[i])
+                    for i in range(count)
+                ]
+
+    def figures(self) -> Figures:
+        """What the allocator holds now (:class:`Figures`, bytes)."""
+        out = (ctypes.c_uint64 * 12)()
+        self._lib.vgpu_figures(out, 12)
+        return Figures(*out)
+
+    def collect(self) -> None:
+        """Give back memory that holds nothing: stream-ordered allocations freed on work
+        that has finished, freed segments kept for reuse, empty chunks of small
+        allocations. The caller has synchronized the device (a pause does first)."""
+        self._lib.vgpu_collect()
 
     @property
     def mapped_bytes(self) -> int:
@@ -251,7 +353,7 @@ def load() -> VMM:
 
 def preload_environment(environ: dict[str, str]) -> dict[str, str]:
     """``environ`` with the library first in ``LD_PRELOAD``, so that a process started
-    with it routes every ``cudaMalloc`` through the pausable allocator.
+    with it routes every device allocation through the pausable allocator.
 
     Raises:
         VMMUnavailable: the library cannot be found or built here.

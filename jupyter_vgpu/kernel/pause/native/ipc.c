@@ -1,0 +1,316 @@
+/*
+ * CUDA IPC (cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle) for memory
+ * of ours.
+ *
+ * The driver's legacy IPC works on cuMemAlloc memory only: on virtual-memory
+ * allocations cuIpcGetMemHandle fails with "invalid argument", so torch.multiprocessing,
+ * Hogwild training and anything else built on it broke in a kernel with the pausable
+ * allocator, with no pause at all. Segments of ours are made with a POSIX
+ * file-descriptor handle type, and their IPC goes through shareable handles instead,
+ * as PyTorch's own expandable segments share theirs:
+ *
+ *   - the exporter exports the segment's physical allocation as a file descriptor
+ *     (cuMemExportToShareableHandle), keeps it open while the segment lives, and writes
+ *     into the 64-byte IPC handle a magic word, its PID, a random token naming the
+ *     export, the segment's size and the pointer's offset in it;
+ *   - the importer (any process of the same user with this library: children inherit
+ *     LD_PRELOAD) connects to the exporter's Unix socket (abstract name with the PID),
+ *     which passes the descriptor (SCM_RIGHTS) to callers of the exporter's own user
+ *     (SO_PEERCRED) who name a live token; it imports the allocation
+ *     (cuMemImportFromShareableHandle), maps it at addresses of its own, and returns
+ *     them at the same offset. Opening one handle twice returns the same mapping.
+ *
+ * A socket rather than pidfd_getfd(2): that needs the right to ptrace the exporter,
+ * which Yama's default (ptrace_scope 1) refuses to a child opening its parent's handle.
+ *
+ * An exported segment is shared: a peer maps its physical memory, so releasing it
+ * would leave the peer on stale memory, and it is never paused (the kernel is suspended
+ * with its peers instead). Handles of other processes' memory (legacy cuMemAlloc) go
+ * to the driver unchanged.
+ */
+#include "vmm.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define MAGIC "VGPUIPC1"
+
+typedef struct {
+  char magic[8];
+  int32_t pid;
+  int32_t device;
+  uint64_t token;
+  uint64_t size;
+  uint64_t offset;
+  char spare[24];
+} Blob;
+_Static_assert(sizeof(Blob) == sizeof(CUipcMemHandle), "an IPC handle is 64 bytes");
+
+typedef struct {
+  int32_t pid;
+  uint64_t token;
+  uint64_t base, size;
+  CUmemGenericAllocationHandle real;
+  int refs;
+} Import;
+
+uint64_t g_exported_bytes = 0, g_imported_bytes = 0;
+static Import *g_imports = NULL;
+static size_t g_nimports = 0, g_cap_imports = 0;
+static int g_server_fd = -1;
+
+static void socket_name(struct sockaddr_un *addr, socklen_t *len, int32_t pid) {
+  memset(addr, 0, sizeof *addr);
+  addr->sun_family = AF_UNIX;
+  int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "jupyter-vgpu-ipc-%d", (int)pid);
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+/* ---- the exporter's side ---------------------------------------------------------- */
+static int send_fd(int sock, int fd) {
+  char byte = 0;
+  struct iovec iov = {&byte, 1};
+  char control[CMSG_SPACE(sizeof(int))];
+  memset(control, 0, sizeof control);
+  struct msghdr msg = {0};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1;
+}
+
+int vgpu_export_fd(uint64_t token); /* vmm.c; the lock is held */
+
+static void *serve(void *arg) {
+  int listener = (int)(intptr_t)arg;
+  for (;;) {
+    int c = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return NULL; /* closed (fork, exit) */
+    }
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    struct timeval tv = {5, 0};
+    uint64_t token = 0;
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid() &&
+        recv(c, &token, sizeof token, MSG_WAITALL) == (ssize_t)sizeof token) {
+      pthread_mutex_lock(&g_lock);
+      int fd = vgpu_export_fd(token);
+      if (fd >= 0) send_fd(c, fd);
+      pthread_mutex_unlock(&g_lock);
+    }
+    close(c);
+  }
+}
+
+static int start_server(void) {
+  if (g_server_fd >= 0) return 1;
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return 0;
+  struct sockaddr_un addr;
+  socklen_t len;
+  socket_name(&addr, &len, getpid());
+  if (bind(s, (struct sockaddr *)&addr, len) != 0 || listen(s, 64) != 0) {
+    close(s);
+    return 0;
+  }
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* the thread takes no signal of the process */
+  pthread_t thread;
+  int ok = pthread_create(&thread, NULL, serve, (void *)(intptr_t)s) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!ok) {
+    close(s);
+    return 0;
+  }
+  pthread_detach(thread);
+  g_server_fd = s;
+  return 1;
+}
+
+CUresult ipc_get_handle(CUipcMemHandle *handle, CUdeviceptr dptr) {
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&g_lock);
+  Segment *s = seg_containing(dptr);
+  CUresult r = CUDA_SUCCESS;
+  if (!s || (s->flags & SEG_CACHED)) r = CUDA_ERROR_NOT_FOUND;
+  else if (!s->mapped) r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (!(s->flags & SEG_FD) || !drv.cuMemExportToShareableHandle) r = CUDA_ERROR_NOT_SUPPORTED;
+  else if (!start_server()) r = CUDA_ERROR_OPERATING_SYSTEM;
+  else if (s->export_fd < 0) {
+    int fd = -1;
+    r = drv.cuMemExportToShareableHandle(&fd, s->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r == CUDA_SUCCESS) {
+      uint64_t token = 0;
+      while (!token && getrandom(&token, sizeof token, 0) != (ssize_t)sizeof token) {}
+      s->export_fd = fd;
+      s->token = token;
+      s->flags |= SEG_EXPORTED;
+      g_exported_bytes += s->size;
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    Blob b;
+    memset(&b, 0, sizeof b);
+    memcpy(b.magic, MAGIC, 8);
+    b.pid = getpid();
+    b.device = s->device;
+    b.token = s->token;
+    b.size = s->size;
+    b.offset = dptr - s->ptr;
+    memcpy(handle, &b, sizeof b);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return r;
+}
+
+/* The segment goes away: its export too (the lock is held). */
+void ipc_forget(Segment *s) {
+  if (s->export_fd < 0) return;
+  close(s->export_fd);
+  s->export_fd = -1;
+  g_exported_bytes -= s->size;
+}
+
+/* ---- the importer's side ---------------------------------------------------------- */
+static int fetch_fd(int32_t pid, uint64_t token) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct sockaddr_un addr;
+  socklen_t len;
+  socket_name(&addr, &len, pid);
+  struct timeval tv = {10, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int fd = -1;
+  if (connect(s, (struct sockaddr *)&addr, len) == 0 && send(s, &token, sizeof token, MSG_NOSIGNAL) == (ssize_t)sizeof token) {
+    char byte;
+    struct iovec iov = {&byte, 1};
+    char control[CMSG_SPACE(sizeof(int))];
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    if (recvmsg(s, &msg, MSG_CMSG_CLOEXEC) == 1) {
+      struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+      if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  close(s);
+  return fd;
+}
+
+CUresult ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle) {
+  Blob b;
+  memcpy(&b, handle, sizeof b);
+  if (memcmp(b.magic, MAGIC, 8) != 0) return CUDA_ERROR_NOT_FOUND;
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&g_lock);
+  for (size_t i = 0; i < g_nimports; i++)
+    if (g_imports[i].pid == b.pid && g_imports[i].token == b.token) {
+      g_imports[i].refs++;
+      *out = g_imports[i].base + b.offset;
+      pthread_mutex_unlock(&g_lock);
+      return CUDA_SUCCESS;
+    }
+  pthread_mutex_unlock(&g_lock);
+  int device;
+  CUresult r = current_device(&device);
+  if (r != CUDA_SUCCESS) return r;
+  int fd = fetch_fd(b.pid, b.token);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* the exporter is gone, or freed the memory */
+  CUmemGenericAllocationHandle real;
+  r = drv.cuMemImportFromShareableHandle(&real, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  close(fd);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = 1;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  size_t g = 0;
+  drv.cuMemGetAllocationGranularity(&g, &prop, 0);
+  CUdeviceptr va = 0;
+  r = drv.cuMemAddressReserve(&va, b.size, g, 0, 0);
+  if (r == CUDA_SUCCESS && (r = drv.cuMemMap(va, b.size, 0, real, 0)) != CUDA_SUCCESS) drv.cuMemAddressFree(va, b.size);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if ((r = drv.cuMemSetAccess(va, b.size, &access, 1)) != CUDA_SUCCESS) {
+      drv.cuMemUnmap(va, b.size);
+      drv.cuMemAddressFree(va, b.size);
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    drv.cuMemRelease(real);
+    return r;
+  }
+  pthread_mutex_lock(&g_lock);
+  if (g_nimports == g_cap_imports) {
+    size_t cap = g_cap_imports ? 2 * g_cap_imports : 16;
+    Import *grown = realloc(g_imports, cap * sizeof *grown);
+    if (grown) {
+      g_imports = grown;
+      g_cap_imports = cap;
+    }
+  }
+  if (g_nimports < g_cap_imports) {
+    Import imp = {b.pid, b.token, va, b.size, real, 1};
+    g_imports[g_nimports++] = imp;
+    g_imported_bytes += b.size;
+    *out = va + b.offset;
+  } else {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (r != CUDA_SUCCESS) {
+    drv.cuMemUnmap(va, b.size);
+    drv.cuMemAddressFree(va, b.size);
+    drv.cuMemRelease(real);
+  }
+  return r;
+}
+
+CUresult ipc_close(CUdeviceptr dptr) {
+  pthread_mutex_lock(&g_lock);
+  for (size_t i = 0; i < g_nimports; i++) {
+    Import *imp = &g_imports[i];
+    if (dptr < imp->base || dptr >= imp->base + imp->size) continue;
+    if (--imp->refs == 0) {
+      Import gone = *imp;
+      g_imports[i] = g_imports[--g_nimports];
+      g_imported_bytes -= gone.size;
+      pthread_mutex_unlock(&g_lock);
+      drv.cuMemUnmap(gone.base, gone.size);
+      drv.cuMemAddressFree(gone.base, gone.size);
+      drv.cuMemRelease(gone.real);
+      return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+/* A child of fork() neither serves its parent's exports nor keeps their socket. */
+void fork_child_reset(void) {
+  if (g_server_fd >= 0) close(g_server_fd);
+  g_server_fd = -1;
+}

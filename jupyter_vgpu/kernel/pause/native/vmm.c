@@ -1,0 +1,475 @@
+/*
+ * Pausable device memory: every device allocation of a process over the CUDA
+ * virtual-memory API, whichever API makes it.
+ *
+ * Loaded into a kernel with LD_PRELOAD (interpose.c), the library takes the place of
+ * the CUDA runtime's cudaMalloc and cudaFree and of the driver's allocation entry
+ * points, however a caller reaches them: linked directly, through dlsym, through
+ * cuGetProcAddress or the runtime's cudaGetDriverEntryPoint (how the runtime itself,
+ * PyTorch's driver calls, CuPy and JAX find the driver). Three kinds of memory result:
+ *
+ *   - segments of ours (this file): each cudaMalloc, cuMemAlloc and large
+ *     stream-ordered allocation is a reserved virtual address range
+ *     (cuMemAddressReserve) with one physical allocation (cuMemCreate) mapped into it.
+ *     Allocations under 1 MiB share 2 MiB segments (arena.c), as the driver packs
+ *     small allocations itself.
+ *   - allocations others make with cuMemCreate (PyTorch's expandable segments, XLA,
+ *     NCCL): the caller gets a handle of ours standing for the driver's (handles.c), so
+ *     that the physical memory behind every mapping of it can be released and created
+ *     again under the same handle and addresses.
+ *   - memory shared with other processes through CUDA IPC (ipc.c): exported segments
+ *     stay on the card (a peer maps them), imported ones belong to their exporter.
+ *
+ * Pausing a unit releases its physical memory (cuMemUnmap, cuMemRelease) and keeps its
+ * addresses reserved; resuming creates new physical memory and maps it at the same
+ * addresses. Whoever holds a pointer (a tensor, autograd, a CUDA graph, DLPack,
+ * another thread) sees the same addresses afterwards; the Python engine moves the
+ * bytes out before a pause and back after a resume. The same design as vLLM's
+ * CuMemAllocator and SGLang's torch_memory_saver (docs/design.md says why this project
+ * keeps its own: it must route every allocation of every thread and library, and hand
+ * the bytes to its own codec).
+ *
+ * A second backend ("host") does the same with anonymous host memory: mmap reserves
+ * the range, and pausing replaces its pages with an inaccessible mapping
+ * (MAP_FIXED | PROT_NONE), which returns them to the operating system. It lets the
+ * engine, the table and the codec path run, bit for bit, on machines without a GPU.
+ *
+ * Thread safety: one mutex guards every table; the entry points may be called from any
+ * thread (PyTorch calls them with its own allocator lock held). After fork() the child
+ * gets a fresh mutex (CUDA cannot be used in a child of a CUDA process anyway).
+ */
+#include "vmm.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+Driver drv;
+int g_backend = BACKEND_NONE;
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+uint64_t g_mapped_bytes = 0, g_paused_bytes = 0;
+
+static Segment **g_segments = NULL; /* sorted by ptr; pointers stay valid while listed */
+static size_t g_count = 0, g_capacity = 0;
+static uint64_t g_limit = 0; /* 0: none; else new segments refused past this many mapped bytes */
+static int g_fd_handles = 1; /* segments ask for POSIX fd handles (CUDA IPC) until refused */
+static int g_last_error = 0;
+static char g_message[256];
+
+void set_error(int code, const char *what) {
+  g_last_error = code;
+  snprintf(g_message, sizeof g_message, "%s failed with error %d", what, code);
+}
+
+static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+/* ---- the driver -------------------------------------------------------------------- */
+extern void *vgpu_real_dlsym(void *, const char *); /* interpose.c: dlsym, never ours */
+
+static pthread_once_t g_resolved_once = PTHREAD_ONCE_INIT;
+static int g_resolved = 0;
+static __thread int t_resolving = 0; /* libcuda's own start-up may look symbols up through us */
+
+static void resolve(void) {
+  t_resolving = 1;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  t_resolving = 0;
+  if (!lib) return;
+#define SYM(name) (*(void **)&drv.name = vgpu_real_dlsym(lib, #name))
+#define NEED(name) if (!SYM(name)) return
+  NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxGetCurrent); NEED(cuCtxSetCurrent); NEED(cuCtxGetDevice);
+  NEED(cuDevicePrimaryCtxRetain); NEED(cuMemGetAllocationGranularity); NEED(cuMemAddressReserve);
+  NEED(cuMemAddressFree); NEED(cuMemCreate); NEED(cuMemRelease); NEED(cuMemMap); NEED(cuMemUnmap);
+  NEED(cuMemSetAccess); NEED(cuCtxSynchronize); NEED(cuMemAlloc_v2); NEED(cuMemFree_v2);
+  /* the rest: wrapped or used when the driver has them */
+  SYM(cuDeviceGetAttribute); SYM(cuDeviceGetDefaultMemPool); SYM(cuDeviceGetMemPool);
+  SYM(cuMemRetainAllocationHandle); SYM(cuMemGetAllocationPropertiesFromHandle);
+  SYM(cuMemExportToShareableHandle); SYM(cuMemImportFromShareableHandle); SYM(cuMemAllocPitch_v2);
+  SYM(cuMemGetAddressRange_v2); SYM(cuMemAllocManaged); SYM(cuMemAllocAsync); SYM(cuMemAllocAsync_ptsz);
+  SYM(cuMemFreeAsync); SYM(cuMemFreeAsync_ptsz); SYM(cuMemAllocFromPoolAsync);
+  SYM(cuMemAllocFromPoolAsync_ptsz); SYM(cuMemPoolTrimTo); SYM(cuMemPoolGetAttribute);
+  SYM(cuMemPoolSetAttribute); SYM(cuPointerGetAttribute); SYM(cuPointerGetAttributes);
+  SYM(cuIpcGetMemHandle); SYM(cuIpcOpenMemHandle); SYM(cuIpcOpenMemHandle_v2); SYM(cuIpcCloseMemHandle); SYM(cuEventCreate);
+  SYM(cuEventRecord); SYM(cuEventRecord_ptsz); SYM(cuEventQuery); SYM(cuEventDestroy_v2);
+  SYM(cuStreamIsCapturing); SYM(cuStreamIsCapturing_ptsz); SYM(cuGetProcAddress);
+  SYM(cuGetProcAddress_v2);
+#undef NEED
+#undef SYM
+  g_resolved = 1;
+}
+
+int vgpu_resolve_driver(void) {
+  if (t_resolving) return 0;
+  pthread_once(&g_resolved_once, resolve);
+  return g_resolved;
+}
+
+static int load_driver(void) { return vgpu_resolve_driver() && drv.cuInit(0) == CUDA_SUCCESS; }
+
+/* The driver API needs a current context; threads PyTorch never touched have none. */
+CUresult ensure_context(int device) {
+  CUcontext ctx = NULL;
+  CUresult r = drv.cuCtxGetCurrent(&ctx);
+  if (r != CUDA_SUCCESS || ctx) return r;
+  CUdevice dev;
+  if ((r = drv.cuDeviceGet(&dev, device)) != CUDA_SUCCESS) return r;
+  if ((r = drv.cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS) return r;
+  return drv.cuCtxSetCurrent(ctx);
+}
+
+CUresult current_device(int *device) {
+  CUcontext ctx = NULL;
+  CUresult r = drv.cuCtxGetCurrent(&ctx);
+  if (r != CUDA_SUCCESS) return r;
+  if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+  CUdevice dev = 0;
+  r = drv.cuCtxGetDevice(&dev);
+  *device = dev;
+  return r;
+}
+
+static void props(CUmemAllocationProp *p, int device, int fd) {
+  memset(p, 0, sizeof *p);
+  p->type = 1;
+  p->requestedHandleTypes = fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+  p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->location.id = device;
+}
+
+static CUresult granularity(int device, uint64_t *out) {
+  CUmemAllocationProp p;
+  props(&p, device, 0);
+  size_t g = 0;
+  CUresult r = drv.cuMemGetAllocationGranularity(&g, &p, 0);
+  *out = g ? g : (2u << 20);
+  return r;
+}
+
+/* ---- the segment table ------------------------------------------------------------- */
+
+/* Index of the first segment whose ptr is > addr. */
+static size_t upper(uint64_t addr) {
+  size_t lo = 0, hi = g_count;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (g_segments[mid]->ptr <= addr) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+Segment *seg_containing(uint64_t addr) {
+  size_t i = upper(addr);
+  if (i == 0) return NULL;
+  Segment *s = g_segments[i - 1];
+  return addr < s->ptr + s->size ? s : NULL;
+}
+
+Segment *seg_at(uint64_t ptr) {
+  Segment *s = seg_containing(ptr);
+  return s && s->ptr == ptr ? s : NULL;
+}
+
+static int insert(Segment *s) {
+  if (g_count == g_capacity) {
+    size_t cap = g_capacity ? 2 * g_capacity : 256;
+    Segment **grown = realloc(g_segments, cap * sizeof *grown);
+    if (!grown) return 0;
+    g_segments = grown;
+    g_capacity = cap;
+  }
+  size_t i = upper(s->ptr);
+  memmove(g_segments + i + 1, g_segments + i, (g_count - i) * sizeof *g_segments);
+  g_segments[i] = s;
+  g_count++;
+  return 1;
+}
+
+static void unlist(Segment *s) {
+  size_t i = upper(s->ptr);
+  if (i == 0 || g_segments[i - 1] != s) return;
+  memmove(g_segments + i - 1, g_segments + i, (g_count - i) * sizeof *g_segments);
+  g_count--;
+}
+
+/* Physical memory for the segment's range, mapped read-write. */
+CUresult seg_back(Segment *s) {
+  if (g_backend == BACKEND_HOST) {
+    void *p = mmap((void *)(uintptr_t)s->ptr, s->size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? VGPU_ERROR_HOST : CUDA_SUCCESS;
+  }
+  CUmemAllocationProp p;
+  props(&p, s->device, (s->flags & SEG_FD) != 0);
+  CUresult r = drv.cuMemCreate(&s->handle, s->size, &p, 0);
+  if (r != CUDA_SUCCESS) return r;
+  if ((r = drv.cuMemMap(s->ptr, s->size, 0, s->handle, 0)) != CUDA_SUCCESS) {
+    drv.cuMemRelease(s->handle);
+    return r;
+  }
+  CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, s->device}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if ((r = drv.cuMemSetAccess(s->ptr, s->size, &access, 1)) != CUDA_SUCCESS) {
+    drv.cuMemUnmap(s->ptr, s->size);
+    drv.cuMemRelease(s->handle);
+  }
+  return r;
+}
+
+CUresult seg_unback(Segment *s) {
+  if (g_backend == BACKEND_HOST) {
+    void *p = mmap((void *)(uintptr_t)s->ptr, s->size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? VGPU_ERROR_HOST : CUDA_SUCCESS;
+  }
+  CUresult r = drv.cuMemUnmap(s->ptr, s->size);
+  if (r != CUDA_SUCCESS) return r;
+  return drv.cuMemRelease(s->handle);
+}
+
+/* A new mapped segment of at least size bytes (the lock is held). */
+CUresult seg_new(int device, uint64_t size, int flags, Segment **out) {
+  Segment *s = calloc(1, sizeof *s);
+  if (!s) return VGPU_ERROR_HOST;
+  s->device = device;
+  s->export_fd = -1;
+  s->flags = flags;
+  CUresult r;
+  if (g_backend == BACKEND_HOST) {
+    s->size = round_up(size, 2u << 20);
+    if (g_limit && g_mapped_bytes + s->size > g_limit) { free(s); return CUDA_ERROR_OUT_OF_MEMORY; }
+    void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { free(s); return VGPU_ERROR_HOST; }
+    s->ptr = (uint64_t)(uintptr_t)p;
+  } else if (g_backend == BACKEND_CUDA) {
+    uint64_t g;
+    if ((r = ensure_context(device)) != CUDA_SUCCESS || (r = granularity(device, &g)) != CUDA_SUCCESS) {
+      free(s);
+      return r;
+    }
+    s->size = round_up(size, g);
+    if (g_limit && g_mapped_bytes + s->size > g_limit) { free(s); return CUDA_ERROR_OUT_OF_MEMORY; }
+    if ((r = drv.cuMemAddressReserve((CUdeviceptr *)&s->ptr, s->size, g, 0, 0)) != CUDA_SUCCESS) {
+      free(s);
+      return r;
+    }
+    if (g_fd_handles) s->flags |= SEG_FD;
+    r = seg_back(s);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && (s->flags & SEG_FD)) {
+      g_fd_handles = 0; /* this driver or platform refuses shareable handles: ask for none */
+      s->flags &= ~SEG_FD;
+      r = seg_back(s);
+    }
+    if (r != CUDA_SUCCESS) {
+      drv.cuMemAddressFree(s->ptr, s->size);
+      free(s);
+      return r;
+    }
+  } else {
+    free(s);
+    return VGPU_ERROR_NOT_INITIALISED;
+  }
+  if (!insert(s)) {
+    if (g_backend == BACKEND_CUDA) { seg_unback(s); drv.cuMemAddressFree(s->ptr, s->size); }
+    else munmap((void *)(uintptr_t)s->ptr, s->size);
+    free(s);
+    return VGPU_ERROR_HOST;
+  }
+  s->mapped = 1;
+  g_mapped_bytes += s->size;
+  *out = s;
+  return CUDA_SUCCESS;
+}
+
+/* Free a segment, mapped or paused (the lock is held; the caller synchronized). */
+void seg_delete(Segment *s) {
+  unlist(s);
+  ipc_forget(s);
+  if (s->chunk) arena_chunk_released(s->chunk);
+  if (g_backend == BACKEND_CUDA) {
+    if (s->mapped) seg_unback(s);
+    drv.cuMemAddressFree(s->ptr, s->size);
+  } else {
+    munmap((void *)(uintptr_t)s->ptr, s->size);
+  }
+  if (s->mapped) g_mapped_bytes -= s->size;
+  else g_paused_bytes -= s->size;
+  free(s);
+}
+
+/* The descriptor of the CUDA IPC export named token, or -1 (the lock is held). */
+int vgpu_export_fd(uint64_t token) {
+  for (size_t i = 0; i < g_count; i++)
+    if (g_segments[i]->export_fd >= 0 && g_segments[i]->token == token) return g_segments[i]->export_fd;
+  return -1;
+}
+
+/* ---- entry points for the engine (vmm.py) ------------------------------------------ */
+
+/* Select the backend: 1 = CUDA (opens libcuda), 2 = host. Returns 0 or an error code. */
+int vgpu_init(int backend) {
+  pthread_mutex_lock(&g_lock);
+  int rc = 0;
+  if (g_backend != BACKEND_NONE && g_backend != backend) rc = VGPU_ERROR_BAD_STATE;
+  else if (backend == BACKEND_CUDA && g_backend == BACKEND_NONE && !load_driver())
+    rc = VGPU_ERROR_NO_DRIVER;
+  else if (backend != BACKEND_CUDA && backend != BACKEND_HOST) rc = VGPU_ERROR_BAD_STATE;
+  else g_backend = backend;
+  if (rc) set_error(rc, "vgpu_init");
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* Mapped bytes above which vgpu_malloc refuses (0: no limit). */
+void vgpu_set_limit(uint64_t bytes) { g_limit = bytes; }
+
+/* A new mapped segment of at least size bytes on device (PyTorch's pluggable-allocator
+ * malloc signature: void* (size_t size, int device, cudaStream_t)); NULL on failure. */
+void *vgpu_malloc(ssize_t size, int device, void *stream) {
+  (void)stream;
+  pthread_mutex_lock(&g_lock);
+  Segment *s = NULL;
+  CUresult r = g_backend == BACKEND_NONE ? VGPU_ERROR_NOT_INITIALISED : seg_new(device, (uint64_t)size, 0, &s);
+  if (r != CUDA_SUCCESS) set_error(r, "vgpu_malloc");
+  pthread_mutex_unlock(&g_lock);
+  return s ? (void *)(uintptr_t)s->ptr : NULL;
+}
+
+/* Free the segment at ptr, mapped or paused (the pluggable allocator's free signature). */
+void vgpu_free(void *ptr, ssize_t size, int device, void *stream) {
+  (void)size; (void)stream; (void)device;
+  pthread_mutex_lock(&g_lock);
+  Segment *s = seg_at((uint64_t)(uintptr_t)ptr);
+  if (!s) set_error(VGPU_ERROR_UNKNOWN_POINTER, "vgpu_free");
+  else {
+    if (g_backend == BACKEND_CUDA) {
+      ensure_context(s->device);
+      drv.cuCtxSynchronize(); /* cudaFree's contract: work still using the memory finishes first */
+    }
+    seg_delete(s);
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* Release the physical memory of the unit at ptr; its addresses stay reserved. */
+int vgpu_unmap(uint64_t ptr) {
+  pthread_mutex_lock(&g_lock);
+  int rc = 0;
+  Segment *s = seg_at(ptr);
+  if (!s) {
+    rc = handles_unmap(ptr);
+    if (rc < 0) rc = VGPU_ERROR_UNKNOWN_POINTER;
+  } else if (!s->mapped || (s->flags & (SEG_EXPORTED | SEG_CACHED))) rc = VGPU_ERROR_BAD_STATE;
+  else {
+    if (g_backend == BACKEND_CUDA) rc = ensure_context(s->device);
+    if (!rc) rc = seg_unback(s);
+    if (!rc) { s->mapped = 0; g_mapped_bytes -= s->size; g_paused_bytes += s->size; }
+  }
+  if (rc) set_error(rc, "unmap");
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* New physical memory behind the paused unit at ptr, at the same addresses.
+ * Returns 2 (CUDA_ERROR_OUT_OF_MEMORY) when the device has no room: nothing changes. */
+int vgpu_map(uint64_t ptr) {
+  pthread_mutex_lock(&g_lock);
+  int rc = 0;
+  Segment *s = seg_at(ptr);
+  if (!s) {
+    rc = handles_map(ptr);
+    if (rc < 0) rc = VGPU_ERROR_UNKNOWN_POINTER;
+  } else if (s->mapped) rc = VGPU_ERROR_BAD_STATE;
+  else {
+    if (g_backend == BACKEND_CUDA) rc = ensure_context(s->device);
+    if (!rc) rc = seg_back(s);
+    if (!rc) { s->mapped = 1; g_mapped_bytes += s->size; g_paused_bytes -= s->size; }
+  }
+  if (rc) set_error(rc, "map");
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+/* Copy up to n units into the arrays (address, bytes, device, UNIT_* flags); returns
+ * how many units there are: the segments of ours (cached ones left out: they hold
+ * nothing), then every allocation made with cuMemCreate by others that is mapped
+ * somewhere, at the address of a mapping that covers it whole. */
+size_t vgpu_units(uint64_t *ptrs, uint64_t *sizes, int *devices, int *flags, size_t n) {
+  pthread_mutex_lock(&g_lock);
+  size_t k = 0;
+  for (size_t i = 0; i < g_count; i++) {
+    Segment *s = g_segments[i];
+    if (s->flags & SEG_CACHED) continue;
+    if (k < n) {
+      ptrs[k] = s->ptr;
+      sizes[k] = s->size;
+      devices[k] = s->device;
+      flags[k] = (s->mapped ? UNIT_MAPPED : 0) | (s->chunk ? UNIT_CHUNK : 0) |
+                 ((s->flags & SEG_ASYNC) ? UNIT_ASYNC : 0) |
+                 ((s->flags & SEG_EXPORTED) ? UNIT_EXPORTED : UNIT_PAUSABLE);
+    }
+    k++;
+  }
+  k += handles_units(k < n ? ptrs + k : NULL, k < n ? sizes + k : NULL, k < n ? devices + k : NULL,
+                     k < n ? flags + k : NULL, k < n ? n - k : 0);
+  pthread_mutex_unlock(&g_lock);
+  return k;
+}
+
+/* Reap finished stream-ordered frees and let go of memory that holds nothing (freed
+ * segments kept for reuse, empty chunks); the caller synchronized the device. */
+void vgpu_collect(void) {
+  pthread_mutex_lock(&g_lock);
+  async_collect(1);
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* Figures, bytes, each byte in one of them: [0] segments of ours mapped and pausable,
+ * [1] paused, [2] others' cuMemCreate memory mapped and pausable, [3] paused, [4] memory
+ * exported through CUDA IPC (never paused), [5] other processes' memory imported here,
+ * [6] managed (unified) memory, [7] memory let through to the driver (stream-ordered
+ * allocations inside a graph capture, or from a pool of the caller's), [8] others'
+ * cuMemCreate memory no single mapping covers, [9] stream-ordered allocations live (a
+ * part of [0]), [10] freed stream-ordered segments kept for reuse (they hold nothing),
+ * [11] chunks of small allocations (a part of [0]). Returns how many it wrote (at most n). */
+size_t vgpu_figures(uint64_t *out, size_t n) {
+  uint64_t f[12] = {0};
+  pthread_mutex_lock(&g_lock);
+  handles_figures(&f[2], &f[3], &f[4], &f[5], &f[8]);
+  f[0] = g_mapped_bytes - g_exported_bytes - g_async_cached_bytes;
+  f[1] = g_paused_bytes;
+  f[4] += g_exported_bytes;
+  f[5] += g_imported_bytes;
+  f[6] = g_managed_bytes;
+  f[7] = g_passthrough_bytes;
+  f[9] = g_async_live_bytes;
+  f[10] = g_async_cached_bytes;
+  f[11] = g_arena_bytes;
+  pthread_mutex_unlock(&g_lock);
+  size_t k = n < 12 ? n : 12;
+  memcpy(out, f, k * sizeof *out);
+  return k;
+}
+
+uint64_t vgpu_mapped_bytes(void) { return g_mapped_bytes; }
+uint64_t vgpu_paused_bytes(void) { return g_paused_bytes; }
+int vgpu_backend(void) { return g_backend; }
+int vgpu_last_error(void) { return g_last_error; }
+const char *vgpu_last_message(void) { return g_message; }
+
+/* ---- fork ------------------------------------------------------------------------- */
+static void child_after_fork(void) {
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  g_lock = fresh;
+  fork_child_reset();
+}
+
+static void before_fork(void) { pthread_mutex_lock(&g_lock); }
+static void parent_after_fork(void) { pthread_mutex_unlock(&g_lock); }
+
+__attribute__((constructor)) static void at_load(void) {
+  pthread_atfork(before_fork, parent_after_fork, child_after_fork);
+}

@@ -1,0 +1,493 @@
+"""The pausable allocator's interposition, in real processes over a CUDA driver and runtime
+on host memory (``tests/native``): every way a program reaches the driver gets the
+allocator, every allocation path lands in a unit a pause releases, and what works
+without the allocator (CUDA IPC between processes, dlsym's own rules, fork) works with it.
+The same paths on the H100 are in ``tests/gpu/test_coverage.py``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..native import build, environment, run
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("native"))
+
+
+def test_every_way_to_the_driver_gets_the_allocator(native):
+    got = run(
+        native,
+        """
+        start()
+        ours = address(lib.cuMemAlloc_v2)
+        found = {"dlsym": address(cuda.cuMemAlloc_v2) == ours}
+        fp, status = vp(), ctypes.c_int()
+        cuda.cuGetProcAddress_v2(b"cuMemAlloc", ctypes.byref(fp), 13000, u64(0), ctypes.byref(status))
+        found["cuGetProcAddress_v2"] = fp.value == ours
+        cuda.cuGetProcAddress(b"cuMemCreate", ctypes.byref(fp), 11030, u64(0))
+        found["cuGetProcAddress"] = fp.value == address(lib.cuMemCreate)
+        cuda.cuGetProcAddress_v2(b"cuMemAllocAsync", ctypes.byref(fp), 13000, u64(2), ctypes.byref(status))
+        found["per-thread stream variant"] = fp.value == address(lib.cuMemAllocAsync_ptsz)
+        cuda.cuGetProcAddress_v2(b"cuGetProcAddress", ctypes.byref(fp), 13000, u64(0), ctypes.byref(status))
+        found["cuGetProcAddress itself"] = fp.value == address(lib.cuGetProcAddress_v2)
+        cuda.cuGetProcAddress_v2(b"cuMemAlloc", ctypes.byref(fp), 3000, u64(0), ctypes.byref(status))
+        found["an older ABI is left alone"] = fp.value == address(cuda.cuMemAlloc)
+        rt = ctypes.CDLL("libcudart.so.13")
+        st = ctypes.byref(status)
+        rt.cudaGetDriverEntryPointByVersion(b"cuMemMap", ctypes.byref(fp), 12000, u64(0), st)
+        found["cudaGetDriverEntryPointByVersion"] = fp.value == address(lib.cuMemMap)
+        cuda.cuGetProcAddress_v2(b"cuCtxSynchronize", ctypes.byref(fp), 13000, u64(0), ctypes.byref(status))
+        found["what is not wrapped is the driver's"] = fp.value == address(cuda.cuCtxSynchronize)
+        print(json.dumps(found))
+        """,
+    )
+    assert len(got) == 8
+    assert got == dict.fromkeys(got, True), got
+
+
+def test_every_allocation_path_lands_in_units_a_pause_releases(native):
+    got = run(
+        native,
+        """
+        import numpy as np, torch
+        from jupyter_vgpu.kernel.pause.engine import PauseEngine
+        start()
+        rt = ctypes.CDLL("libcudart.so.13")
+        blocks = {}
+        blocks["cuMemAlloc"] = alloc(24 * 2**20)
+        blocks["cuMemAlloc, small"] = alloc(3000)
+        p = vp()
+        assert rt.cudaMalloc(ctypes.byref(p), size_t(6 * 2**20)) == 0
+        blocks["the runtime's cudaMalloc"] = p.value
+        assert rt.cudaMallocAsync(ctypes.byref(p), size_t(10 * 2**20), None) == 0
+        blocks["cudaMallocAsync"] = p.value
+        assert rt.cudaMallocAsync(ctypes.byref(p), size_t(1000), None) == 0
+        blocks["cudaMallocAsync, small"] = p.value
+        q, pool = u64(), vp()
+        cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
+        assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(q), size_t(4 * 2**20), pool, None) == 0
+        blocks["cuMemAllocFromPoolAsync"] = q.value
+        # cuMemCreate pages in one reserved range, as PyTorch's expandable segments map them
+        base = u64()
+        r = cuda.cuMemAddressReserve(ctypes.byref(base), size_t(64 * 2**20), size_t(0), u64(0), u64(0))
+        assert r == 0
+        prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)  # pinned, fd handles, on device 0
+        access = (ctypes.c_int * 3)(1, 0, 3)
+        for i in range(3):
+            h = u64()
+            assert cuda.cuMemCreate(ctypes.byref(h), size_t(2 * 2**20), prop, u64(0)) == 0
+            assert h.value >> 48 == 0x7647, "the caller holds a handle of ours"
+            page = u64(base.value + i * 2 * 2**20)
+            assert cuda.cuMemMap(page, size_t(2 * 2**20), size_t(0), h, u64(0)) == 0
+            assert cuda.cuMemRelease(h) == 0  # the mapping keeps it alive
+        assert cuda.cuMemSetAccess(base, size_t(6 * 2**20), access, size_t(1)) == 0
+        blocks["cuMemCreate pages"] = base.value
+        sizes = {"cuMemAlloc, small": 3000, "cudaMallocAsync, small": 1000, "cuMemCreate pages": 6 * 2**20}
+        rng = np.random.default_rng(0)
+        data = {}
+        for name, ptr in blocks.items():
+            n = sizes.get(name, 2**20)
+            data[name] = rng.integers(0, 256, n, dtype=np.uint8)
+            ctypes.memmove(ptr, data[name].ctypes.data, n)
+        before = used()
+        kinds = sorted({k for _, _, k, _, _ in units()})
+        engine = PauseEngine(torch, _vmm.load(), None, threads=2)
+        engine.pause()
+        away = used()
+        engine.resume()
+        same = {
+            name: bool(np.array_equal(np.ctypeslib.as_array(
+                (ctypes.c_uint8 * data[name].size).from_address(ptr)), data[name]))
+            for name, ptr in blocks.items()
+        }
+        print(json.dumps({"before": before, "away": away, "back": used(), "same": same, "kinds": kinds,
+                          "figures": _vmm.load().figures().__dict__}))
+        """,
+    )
+    assert got["kinds"] == ["async", "others", "own", "small"], got["kinds"]
+    assert got["before"] >= 54 * MiB  # 24 + 6 + 10 + 4 + 6 and two chunks of small ones
+    assert got["away"] == 0, f"{got['away']} bytes stayed on the device through the pause"
+    assert got["back"] > 0
+    assert got["same"] == dict.fromkeys(got["same"], True), got["same"]
+    assert got["figures"]["unmappable"] == 0
+    assert got["figures"]["let_through"] == 0
+
+
+def test_cumemcreate_memory_keeps_the_drivers_rules_under_handles_of_ours(native):
+    got = run(
+        native,
+        """
+        start()
+        base = u64()
+        cuda.cuMemAddressReserve(ctypes.byref(base), size_t(8 * 2**20), size_t(0), u64(0), u64(0))
+        prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)
+        h = u64()
+        assert cuda.cuMemCreate(ctypes.byref(h), size_t(4 * 2**20), prop, u64(0)) == 0
+        # one allocation mapped twice: the engine pauses it through the mapping that covers it
+        assert cuda.cuMemMap(base, size_t(4 * 2**20), size_t(0), h, u64(0)) == 0
+        alias = base.value + 4 * 2**20
+        assert cuda.cuMemMap(u64(alias), size_t(2 * 2**20), size_t(2 * 2**20), h, u64(0)) == 0
+        access = (ctypes.c_int * 3)(1, 0, 3)
+        cuda.cuMemSetAccess(base, size_t(8 * 2**20), access, size_t(1))
+        ctypes.memset(base.value + 2 * 2**20, 9, 16)
+        seen_through_alias = ctypes.c_uint8.from_address(alias).value
+        out = {"alias": seen_through_alias, "units": len(units())}
+        r = u64()
+        retained = cuda.cuMemRetainAllocationHandle(ctypes.byref(r), vp(alias + 5))
+        out["retain"] = retained == 0 and r.value == h.value
+        cuda.cuMemRelease(r)
+        got_prop = (ctypes.c_int * 8)()
+        cuda.cuMemGetAllocationPropertiesFromHandle(got_prop, h)
+        out["properties"] = list(got_prop)[:4] == [1, 1, 1, 0]
+        cuda.cuMemRelease(h)
+        assert lib.vgpu_unmap(u64(base.value)) == 0
+        out["paused"] = used()
+        assert lib.vgpu_map(u64(base.value)) == 0
+        out["alias after resume"] = ctypes.c_uint8.from_address(alias).value  # new memory, same addresses
+        ctypes.memset(base.value + 2 * 2**20, 5, 16)
+        out["alias sees the new memory"] = ctypes.c_uint8.from_address(alias).value
+        cuda.cuMemUnmap(base, size_t(8 * 2**20))  # both mappings: the allocation is gone
+        out["after unmap"] = used()
+        out["units after unmap"] = len(units())
+        out["a stale handle"] = cuda.cuMemRelease(h)
+        print(json.dumps(out))
+        """,
+    )
+    assert got["alias"] == 9
+    assert got["units"] == 1
+    assert got["retain"]
+    assert got["properties"]
+    assert got["paused"] == 0
+    assert got["alias after resume"] == 0
+    assert got["alias sees the new memory"] == 5
+    assert got["after unmap"] == 0
+    assert got["units after unmap"] == 0
+    assert got["a stale handle"] != 0
+
+
+def test_small_allocations_share_chunks_and_keep_their_own_ranges(native):
+    got = run(
+        native,
+        """
+        start()
+        ptrs = [alloc(4000) for _ in range(1000)]
+        out = {"distinct": len(set(ptrs)), "aligned": all(p % 512 == 0 for p in ptrs), "used": used()}
+        base, size = u64(), size_t()
+        cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), u64(ptrs[10] + 100))
+        out["range"] = [base.value == ptrs[10], size.value]
+        start_attr = u64()
+        cuda.cuPointerGetAttribute(ctypes.byref(start_attr), 11, u64(ptrs[10] + 5))
+        out["range start attribute"] = start_attr.value == ptrs[10]
+        pitched, pitch = u64(), size_t()
+        pitch_of = lambda elem: cuda.cuMemAllocPitch_v2(
+            ctypes.byref(pitched), ctypes.byref(pitch), size_t(100), size_t(10), elem)
+        out["pitch"] = [pitch_of(4), pitch.value]
+        out["bad element size"] = pitch_of(3)
+        out["interior free"] = cuda.cuMemFree_v2(u64(ptrs[0] + 512))
+        for p in ptrs:
+            assert cuda.cuMemFree_v2(u64(p)) == 0
+        out["double free"] = cuda.cuMemFree_v2(u64(ptrs[0]))
+        out["after free"] = used()
+        print(json.dumps(out))
+        """,
+    )
+    assert got["distinct"] == 1000
+    assert got["aligned"]
+    assert got["used"] <= 8 * MiB, "1000 small allocations took a segment each"
+    assert got["range"] == [True, 4096]
+    assert got["range start attribute"]
+    assert got["pitch"] == [0, 128]
+    assert got["bad element size"] == 1
+    assert got["interior free"] != 0
+    assert got["double free"] != 0
+    assert got["after free"] <= 4 * MiB  # a chunk of each size stays for the next
+
+
+def test_stream_ordered_frees_wait_for_their_stream(native):
+    got = run(
+        native,
+        """
+        start()
+        rt = ctypes.CDLL("libcudart.so.13")
+        pool = vp()
+        cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
+        def attr(a):
+            v = u64()
+            cuda.cuMemPoolGetAttribute(pool, a, ctypes.byref(v))
+            return v.value
+        p, q = vp(), vp()
+        rt.cudaMallocAsync(ctypes.byref(p), size_t(8 * 2**20), None)
+        out = {"used in pool": attr(7), "reserved in pool": attr(5)}
+        cuda.fake_cuda_hold_events(1)  # the stream has not reached the free yet
+        rt.cudaFreeAsync(p, None)
+        rt.cudaMallocAsync(ctypes.byref(q), size_t(8 * 2**20), None)
+        out["reused before the stream got there"] = q.value == p.value
+        rt.cudaFreeAsync(q, None)
+        cuda.fake_cuda_hold_events(0)
+        r = vp()
+        rt.cudaMallocAsync(ctypes.byref(r), size_t(8 * 2**20), None)
+        out["reused once it did"] = r.value in (p.value, q.value)
+        out["high-water mark"] = attr(6) >= 16 * 2**20
+        rt.cudaFreeAsync(r, None)
+        cuda.fake_cuda_capture(1)  # inside a graph capture the driver allocates
+        c = vp()
+        rt.cudaMallocAsync(ctypes.byref(c), size_t(4 * 2**20), None)
+        out["let through"] = _vmm.load().figures().let_through
+        rt.cudaFreeAsync(c, None)
+        cuda.fake_cuda_capture(0)
+        out["let through after its free"] = _vmm.load().figures().let_through
+        lib.vgpu_collect()
+        out["after collect"] = used()
+        out["reserved after collect"] = attr(5)
+        print(json.dumps(out))
+        """,
+    )
+    assert got["used in pool"] == 8 * MiB
+    assert got["reserved in pool"] == 8 * MiB
+    assert not got["reused before the stream got there"]
+    assert got["reused once it did"]
+    assert got["high-water mark"]
+    assert got["let through"] == 4 * MiB
+    assert got["let through after its free"] == 0
+    assert got["after collect"] == 0
+    assert got["reserved after collect"] == 0
+
+
+IPC_EXPORT = """
+start()
+rt = ctypes.CDLL("libcudart.so.13")
+p = vp()
+assert rt.cudaMalloc(ctypes.byref(p), size_t(4 * 2**20)) == 0
+ctypes.memset(p.value + 1000, 42, 64)
+handle = ctypes.create_string_buffer(64)
+r = rt.cudaIpcGetMemHandle(handle, vp(p.value + 1000))
+"""
+
+IPC_OPEN = """
+start()
+class Handle(ctypes.Structure):  # passed by value, as cuda.h's CUipcMemHandle
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+handle = Handle.from_buffer_copy(bytes.fromhex(sys.argv[1]))
+cuda.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(u64), Handle, ctypes.c_uint]
+d = u64()
+r = cuda.cuIpcOpenMemHandle_v2(ctypes.byref(d), handle, 1)
+assert r == 0, r
+again = u64()
+cuda.cuIpcOpenMemHandle_v2(ctypes.byref(again), handle, 1)
+seen = ctypes.c_uint8.from_address(d.value).value
+ctypes.memset(d.value, 7, 64)
+cuda.cuIpcCloseMemHandle(again)
+cuda.cuIpcCloseMemHandle(d)
+print(json.dumps({"seen": seen, "same mapping": again.value == d.value}))
+"""
+
+
+def test_cuda_ipc_between_two_preloaded_processes(native, tmp_path):
+    """The parent shares memory of the allocator's with a child (torch.multiprocessing's
+    path: cudaIpcGetMemHandle, then cudaIpcOpenMemHandle in the child): the child sees the
+    parent's bytes and the parent sees the child's writes; the shared segment is never
+    paused."""
+    script = tmp_path / "open.py"
+    from ..native import PRELUDE
+
+    script.write_text(PRELUDE + IPC_OPEN)
+    got = run(
+        native,
+        IPC_EXPORT
+        + f"""
+import subprocess
+assert r == 0, r
+child = subprocess.run([sys.executable, {str(script)!r}, handle.raw.hex()], capture_output=True, text=True)
+assert child.returncode == 0, child.stderr
+seen = json.loads(child.stdout.strip().splitlines()[-1])
+shared = [u for u in units() if u[0] == p.value]
+print(json.dumps({{**seen, "parent sees": ctypes.c_uint8.from_address(p.value + 1000).value,
+                  "pausable": shared[0][3], "unmap": lib.vgpu_unmap(u64(p.value)),
+                  "exported": _vmm.load().figures().exported}}))
+""",
+    )
+    assert got == {
+        "seen": 42,
+        "same mapping": True,
+        "parent sees": 7,
+        "pausable": False,
+        "unmap": 902,
+        "exported": 4 * MiB,
+    }, got
+
+
+def test_an_export_goes_to_processes_of_its_own_user_only(native):
+    """The exporter hands its descriptor to callers of its own user: another user's
+    process naming a live token gets nothing."""
+    got = run(
+        native,
+        IPC_EXPORT
+        + """
+assert r == 0, r
+import socket  # before the child drops to an account that may not read this Python
+token = handle.raw[16:24]
+pid = os.getpid()
+child = os.fork()
+if child == 0:
+    try:
+        os.setgid(65534)
+        os.setuid(65534)
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        try:  # refused at once (the connection closed before the token) or after it
+            s.connect(b"\\0jupyter-vgpu-ipc-%d" % pid)
+            s.sendall(token)
+            anc = s.recvmsg(1, socket.CMSG_SPACE(4))[1]
+        except OSError:
+            anc = []
+        os._exit(3 if anc else 0)
+    except BaseException:
+        os._exit(4)
+_, status = os.waitpid(child, 0)
+print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
+""",
+    )
+    assert got["status"] == 0, "another user's process was given the exporter's memory"
+
+
+def test_dlsym_keeps_glibcs_rules_for_its_callers(native, tmp_path):
+    """glibc resolves RTLD_NEXT and RTLD_DEFAULT for the caller of dlsym: through the
+    allocator's dlsym, a library still finds the next definition after itself, and a
+    library loaded RTLD_LOCAL still finds its own dependency's symbols."""
+    sources = {
+        "libdep.c": "int dep_only(void) { return 7; }\nint shared_name(void) { return 2; }\n",
+        "libfirst.c": (
+            "#define _GNU_SOURCE\n#include <dlfcn.h>\nint shared_name(void) { return 1; }\n"
+            'void *next_of(void) { return dlsym(RTLD_NEXT, "shared_name"); }\n'
+            'void *default_of(void) { return dlsym(RTLD_DEFAULT, "dep_only"); }\n'
+        ),
+    }
+    for name, text in sources.items():
+        (tmp_path / name).write_text(text)
+    # -O0: the test library's own calls to dlsym must not be sibling calls, or glibc
+    # would see its caller's caller; --no-as-needed keeps libdep its dependency
+    cc = ["cc", "-O0", "-shared", "-fPIC"]
+    subprocess.run([*cc, "-o", str(tmp_path / "libdep.so"), str(tmp_path / "libdep.c")], check=True)
+    subprocess.run(
+        [
+            *cc,
+            "-o",
+            str(tmp_path / "libfirst.so"),
+            str(tmp_path / "libfirst.c"),
+            f"-L{tmp_path}",
+            "-Wl,--no-as-needed",
+            "-ldep",
+            "-ldl",
+        ],
+        check=True,
+    )
+    got = run(
+        native,
+        f"""
+        first = ctypes.CDLL({str(tmp_path / "libfirst.so")!r}, mode=os.RTLD_LOCAL)
+        dep = ctypes.CDLL({str(tmp_path / "libdep.so")!r})
+        first.next_of.restype = first.default_of.restype = vp
+        print(json.dumps({{
+            "next": first.next_of() == address(dep.shared_name),
+            "default finds the local dependency": first.default_of() == address(dep.dep_only),
+        }}))
+        """,
+        LD_LIBRARY_PATH=f"{tmp_path}:{native}",
+    )
+    assert got == {"next": True, "default finds the local dependency": True}
+
+
+def test_turned_off_every_entry_point_is_the_drivers(native):
+    got = run(
+        native,
+        """
+        start()
+        p = alloc(4 * 2**20)
+        print(json.dumps({"dlsym": address(cuda.cuMemAlloc_v2) == address(lib.cuMemAlloc_v2),
+                          "units": len(units()), "used": used()}))
+        """,
+        JUPYTER_VGPU_PAUSABLE="0",
+    )
+    assert got == {"dlsym": False, "units": 0, "used": 4 * MiB}
+
+
+def test_a_child_of_fork_allocates_without_waiting_on_the_parents_lock(native):
+    got = run(
+        native,
+        """
+        import threading
+        start()
+        stop = threading.Event()
+        def churn():  # another thread in and out of the allocator while the parent forks
+            start()
+            while not stop.is_set():
+                cuda.cuMemFree_v2(u64(alloc(3000)))
+        t = threading.Thread(target=churn)
+        t.start()
+        codes = []
+        for _ in range(20):
+            child = os.fork()
+            if child == 0:
+                start()
+                p = alloc(3 * 2**20)
+                os._exit(0 if cuda.cuMemFree_v2(u64(p)) == 0 else 1)
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+        stop.set()
+        t.join()
+        print(json.dumps({"codes": codes}))
+        """,
+        timeout=60,
+    )
+    assert got["codes"] == [0] * 20
+
+
+def test_managed_memory_is_counted_as_unpausable(native):
+    got = run(
+        native,
+        """
+        start()
+        rt = ctypes.CDLL("libcudart.so.13")
+        p = vp()
+        assert rt.cudaMallocManaged(ctypes.byref(p), size_t(3 * 2**20), 1) == 0
+        f = _vmm.load().figures()
+        out = {"managed": f.managed, "unpausable": f.unpausable}
+        cuda.cuMemFree_v2(u64(p.value))
+        out["after free"] = _vmm.load().figures().managed
+        print(json.dumps(out))
+        """,
+    )
+    assert got == {"managed": 3 * MiB, "unpausable": 3 * MiB, "after free": 0}
+
+
+def test_processes_that_never_use_cuda_load_nothing(native):
+    """Every process a kernel starts (pip, git, a shell) inherits LD_PRELOAD: the library
+    stays out of their way and never loads the driver."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, json; print(json.dumps(ctypes.CDLL('libc.so.6').getpid() > 0))",
+        ],
+        env=environment(native),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(result.stdout) is True
+    maps = subprocess.run(
+        ["sh", "-c", "cat /proc/self/maps"],
+        env=environment(native),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "libjupyter_vgpu_vmm" in maps or "vmm-" in maps
+    assert "libcuda.so" not in maps
