@@ -9,16 +9,17 @@ H100 box (``benchmarks/results/probe-h100.jsonl``): a process holding 4 GiB went
 4.94 GB in NVML to nothing in 2.6 s, came back in 1.2 s with its data intact, and a
 thread of it doing ``acc.add_(1)`` in a loop lost no update.
 
-Run as ``python -m jupyter_vgpu.node.checkpoint hold PID``: suspends PID, prints
-``suspended``, restores it when a line arrives on stdin (or stdin closes), prints
-``restored``. Kernels in chaos mode ``suspend`` use it; the node arbiter calls the
-functions directly.
+Run as ``python -m jupyter_vgpu.node.checkpoint hold PID [PID ...]``: suspends the
+processes (a kernel with its CUDA child processes), prints ``suspended``, restores them
+when a line arrives on stdin (or stdin closes), prints ``restored``. Kernels in chaos
+mode ``suspend`` use it; the node arbiter calls the functions directly.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
 
 _driver = None
 
@@ -71,51 +72,82 @@ def state(pid: int) -> str:
     return value.name.removeprefix("CU_PROCESS_STATE_").lower()
 
 
-def suspend(pid: int, timeout: float = 10.0) -> float:
-    """Lock ``pid`` (waiting up to ``timeout`` seconds for its running CUDA calls) and move
-    all its device memory to the host; returns the seconds it took.
+def _pids(pids: int | Iterable[int]) -> list[int]:
+    return [pids] if isinstance(pids, int) else list(pids)
+
+
+def suspend(pids: int | Iterable[int], timeout: float = 10.0) -> float:
+    """Lock every process of ``pids`` (waiting up to ``timeout`` seconds each for its
+    running CUDA calls), then move all their device memory to the host; returns the
+    seconds it took. A kernel goes with the processes it shares GPU memory with (CUDA
+    IPC peers, workers with CUDA contexts): all are locked before any is checkpointed,
+    so none runs against a peer that left the card.
 
     Raises:
         CheckpointUnavailable: no process checkpoint here.
-        CheckpointError: the driver refused (the process is unlocked again if it was locked).
+        CheckpointError: the driver refused; every process is back as it was (restored
+            and unlocked).
     """
     driver = _load()
+    group = _pids(pids)
     t0 = time.perf_counter()
     args = driver.CUcheckpointLockArgs()
     args.timeoutMs = int(timeout * 1000)
-    _call("cuCheckpointProcessLock", pid, args)
+    locked: list[int] = []
+    done: list[int] = []
     try:
-        _call("cuCheckpointProcessCheckpoint", pid, driver.CUcheckpointCheckpointArgs())
+        for pid in group:
+            _call("cuCheckpointProcessLock", pid, args)
+            locked.append(pid)
+        for pid in group:
+            _call("cuCheckpointProcessCheckpoint", pid, driver.CUcheckpointCheckpointArgs())
+            done.append(pid)
     except CheckpointError:
-        _call("cuCheckpointProcessUnlock", pid, driver.CUcheckpointUnlockArgs())
+        for pid in reversed(done):
+            _quietly("cuCheckpointProcessRestore", pid, driver.CUcheckpointRestoreArgs())
+        for pid in reversed(locked):
+            _quietly("cuCheckpointProcessUnlock", pid, driver.CUcheckpointUnlockArgs())
         raise
     return time.perf_counter() - t0
 
 
-def restore(pid: int) -> float:
-    """Bring a suspended ``pid`` back to the GPU and unlock it; returns the seconds it took.
+def _quietly(name: str, *args) -> None:
+    try:
+        _call(name, *args)
+    except CheckpointError:
+        pass
+
+
+def restore(pids: int | Iterable[int]) -> float:
+    """Bring suspended processes back to the GPU (in the reverse order of their suspend)
+    and unlock them; returns the seconds it took.
 
     Raises:
-        CheckpointError: the driver refused (e.g. no room on the device); still suspended.
+        CheckpointError: the driver refused (e.g. no room on the device); those not yet
+            restored stay suspended.
     """
     driver = _load()
+    group = list(reversed(_pids(pids)))
     t0 = time.perf_counter()
-    if state(pid) == "checkpointed":
-        _call("cuCheckpointProcessRestore", pid, driver.CUcheckpointRestoreArgs())
-    _call("cuCheckpointProcessUnlock", pid, driver.CUcheckpointUnlockArgs())
+    for pid in group:
+        if state(pid) == "checkpointed":
+            _call("cuCheckpointProcessRestore", pid, driver.CUcheckpointRestoreArgs())
+    for pid in group:
+        if state(pid) == "locked":
+            _call("cuCheckpointProcessUnlock", pid, driver.CUcheckpointUnlockArgs())
     return time.perf_counter() - t0
 
 
-def _hold(pid: int) -> int:
+def _hold(pids: list[int]) -> int:
     try:
-        seconds = suspend(pid)
+        seconds = suspend(pids)
     except (CheckpointUnavailable, CheckpointError) as e:
         print(f"failed {e}", flush=True)
         return 1
     print(f"suspended {seconds:.3f}", flush=True)
     sys.stdin.readline()
     try:
-        seconds = restore(pid)
+        seconds = restore(pids)
     except CheckpointError as e:
         print(f"failed {e}", flush=True)
         return 1
@@ -124,6 +156,6 @@ def _hold(pid: int) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "hold" or not sys.argv[2].isdigit():
-        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold PID")
-    sys.exit(_hold(int(sys.argv[2])))
+    if len(sys.argv) < 3 or sys.argv[1] != "hold" or not all(a.isdigit() for a in sys.argv[2:]):
+        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold PID [PID ...]")
+    sys.exit(_hold([int(a) for a in sys.argv[2:]]))

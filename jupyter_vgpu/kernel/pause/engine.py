@@ -290,7 +290,7 @@ class PauseEngine:
             units = [s for s in self.vmm.segments() if s.mapped]
             self._check_coverage(units)
             segments = sorted((s for s in units if s.pausable), key=lambda s: s.size)
-            snapshot = self.torch.cuda.memory_snapshot() if self.device is not None else None
+            snapshot = self._snapshot()
             live = live_ranges(snapshot, ((s.ptr, s.size) for s in segments))
             paused: list[_Paused] = []
             used: set[str] = set()
@@ -326,6 +326,17 @@ class PauseEngine:
                 tuple(sorted(used)),
             )
             return self.last_pause
+
+    def _snapshot(self):
+        """PyTorch's allocator snapshot, or None where it has none: the host stand-in, and
+        the ``cudaMallocAsync`` backend, which does not track blocks (then every unit is
+        saved whole)."""
+        if self.device is None:
+            return None
+        try:
+            return self.torch.cuda.memory_snapshot()
+        except RuntimeError:  # "Calling snapshot with backend:cudaMallocAsync is not meaningful"
+            return None
 
     def _check_coverage(self, units) -> None:
         """Refuse to pause when PyTorch holds device memory the pausable allocator does not
