@@ -12,11 +12,13 @@ thread of it doing ``acc.add_(1)`` in a loop lost no update.
 Run as ``python -m jupyter_vgpu.node.checkpoint hold PID``: suspends PID, prints
 ``suspended``, restores it when a line arrives on stdin (or stdin closes), prints
 ``restored``. Kernels in chaos mode ``suspend`` use it; the node arbiter calls the
-functions directly.
+functions directly. The helper ignores SIGINT: an interrupt of the kernel is not meant
+for it, and ending it would leave the kernel suspended.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -124,6 +126,7 @@ def _hold(pid: int) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if len(sys.argv) != 3 or sys.argv[1] != "hold" or not sys.argv[2].isdigit():
         sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold PID")
     sys.exit(_hold(int(sys.argv[2])))
