@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..waiting import wait_for
+from jupyter_vgpu.testing.waiting import wait_for
 
 
 def full_pipe() -> tuple[int, int, int]:
