@@ -11,7 +11,7 @@ the same bytes is measured in the same run.
 A paused kernel sits idle before it resumes; a cycle waits ``--idle`` seconds (default
 0.2) between its pause and its resume (not timed). The driver clears device memory after
 it is released, in the background, and memory mapped while that runs is written more
-slowly (``benchmarks/resume_fresh.py``): ``resume_right_after_pause_gbps`` is a resume
+slowly (docs/design.md): ``resume_right_after_pause_gbps`` is a resume
 started at once after a pause of the same bytes, as when the arbiter resumes one kernel
 into the memory another's pause has just released.
 

@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 from jupyter_vgpu import nvml  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
-from tests.arbiter_process import ArbiterProcess  # noqa: E402
-from tests.gpu.preloaded import environment  # noqa: E402
-from tests.integration.lab_client import LabClient  # noqa: E402
-from tests.kernel_runner import Kernel  # noqa: E402
-from tests.server_process import TERMINALS_ON, JupyterServer  # noqa: E402
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
+from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
+from jupyter_vgpu.testing.lab_client import LabClient  # noqa: E402
+from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
+from jupyter_vgpu.testing.server_process import TERMINALS_ON, JupyterServer  # noqa: E402
 
 GiB = 1 << 30
 HOLD = "import time\nprint('took', time.time(), flush=True)\ntime.sleep(6)\n"

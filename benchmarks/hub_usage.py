@@ -3,8 +3,8 @@
 The handler's whole work, in process: join 200 running slices with their latest
 reports (``hub_spawner.usage.slice_rows``), group them by GPU (``gpu_rows``) and encode
 the JSON answer. Stand-in spawners carry real ``Slice`` objects; reports (valid
-documents of the ``usage-report`` contract, ``tests/documents.py``) go through the same
-parser the POST endpoint uses. Goal (issue): under 50 ms.
+documents of the ``usage-report`` contract, :mod:`jupyter_vgpu.testing.documents`) go
+through the same parser the POST endpoint uses. Goal (issue): under 50 ms.
 
     python benchmarks/hub_usage.py --out benchmarks/results/hub-usage.json
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hub_spawner.inventory import GPU
 from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
 from jupyter_vgpu.slice import Slice
-from tests import documents
+from jupyter_vgpu.testing import documents
 
 GiB = 2**30
 

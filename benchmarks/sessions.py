@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 from jupyter_vgpu import nvml  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
-from tests.arbiter_process import ArbiterProcess  # noqa: E402
-from tests.gpu.preloaded import environment  # noqa: E402
-from tests.kernel_runner import Kernel  # noqa: E402
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
+from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
+from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 
 GiB = 1 << 30
 

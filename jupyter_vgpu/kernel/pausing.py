@@ -186,7 +186,10 @@ class PauseControl:
             if self._torch() is None or not self._torch().cuda.is_initialized():
                 return  # no CUDA context: nothing to move
             cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", str(os.getpid())]
-            helper = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            # its own session: the kernel's interrupts (SIGINT to its process group) are not for it
+            helper = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+            )
             line = helper.stdout.readline().strip()
             if not line.startswith("suspended"):
                 helper.wait(10)

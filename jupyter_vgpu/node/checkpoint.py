@@ -12,11 +12,14 @@ thread of it doing ``acc.add_(1)`` in a loop lost no update.
 Run as ``python -m jupyter_vgpu.node.checkpoint hold PID [PID ...]``: suspends the
 processes (a kernel with its CUDA child processes), prints ``suspended``, restores them
 when a line arrives on stdin (or stdin closes), prints ``restored``. Kernels in chaos
-mode ``suspend`` use it; the node arbiter calls the functions directly.
+mode ``suspend`` use it; the node arbiter calls the functions directly. The helper
+ignores SIGINT: an interrupt of the kernel is not meant for it, and ending it would
+leave the kernel suspended.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -156,6 +159,7 @@ def _hold(pids: list[int]) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if len(sys.argv) < 3 or sys.argv[1] != "hold" or not all(a.isdigit() for a in sys.argv[2:]):
         sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold PID [PID ...]")
     sys.exit(_hold([int(a) for a in sys.argv[2:]]))

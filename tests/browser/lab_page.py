@@ -7,7 +7,6 @@ timeout), never a sleep.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -15,14 +14,12 @@ import requests
 from playwright.sync_api import Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
+from .. import screenshots
+
 ROOT = Path(__file__).resolve().parents[2]
 # Screenshots go to test-artifacts/ (git-ignored); JUPYTER_VGPU_UPDATE_SCREENSHOTS=1
-# writes them to docs/screenshots/ instead, to refresh the documentation's pictures.
-SCREENSHOTS = (
-    ROOT / "docs" / "screenshots"
-    if os.environ.get("JUPYTER_VGPU_UPDATE_SCREENSHOTS") == "1"
-    else ROOT / "test-artifacts" / "screenshots"
-)
+# writes the documentation's to docs/screenshots/ instead (tests/screenshots.py).
+ARTIFACTS = ROOT / "test-artifacts" / "screenshots"
 LAUNCH_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -66,15 +63,33 @@ def prepare_lab(server_url: str, theme: str, headers=None, cookies=None) -> None
         assert r.status_code == 204, f"{plugin}: {r.status_code} {r.text[:300]}"
 
 
-def create_notebook(server_url: str, headers: dict[str, str], path: str) -> None:
-    """Write an empty Python 3 notebook at ``path`` through the contents API."""
+def create_notebook(
+    server_url: str, headers: dict[str, str], path: str, kernelspec: dict[str, str] | None = None
+) -> None:
+    """Write an empty Python notebook at ``path`` through the contents API, for the
+    kernel ``kernelspec`` (``{"name": ..., "display_name": ...}``; default Python 3)."""
+    content = json.loads(json.dumps(NOTEBOOK))
+    if kernelspec is not None:
+        content["metadata"]["kernelspec"] = {"language": "python", **kernelspec}
     r = requests.put(
         f"{server_url.rstrip('/')}/api/contents/{path}",
-        json={"type": "notebook", "format": "json", "content": NOTEBOOK},
+        json={"type": "notebook", "format": "json", "content": content},
         headers=headers,
         timeout=30,
     )
     assert r.status_code in (200, 201), f"create {path}: {r.status_code} {r.text[:300]}"
+
+
+def shut_down_sessions(server_url: str, headers: dict[str, str]) -> None:
+    """Shut every notebook session of the server at ``server_url`` down, kernels included.
+
+    Raises:
+        AssertionError: the server refused.
+    """
+    base = server_url.rstrip("/")
+    for session in requests.get(f"{base}/api/sessions", headers=headers, timeout=30).json():
+        r = requests.delete(f"{base}/api/sessions/{session['id']}", headers=headers, timeout=60)
+        assert r.status_code == 204, f"shut down {session['path']}: {r.status_code} {r.text[:300]}"
 
 
 def wait_for_lab(page: Page, timeout_ms: float = 120_000) -> None:
@@ -83,24 +98,37 @@ def wait_for_lab(page: Page, timeout_ms: float = 120_000) -> None:
     page.locator(".jp-vgpu-indicator").wait_for(timeout=timeout_ms)
 
 
-def show_panel(page: Page) -> None:
-    """Open the vGPU panel through the command palette ("Show vGPU usage").
+def run_command(page: Page, label: str, done, state: str = "visible") -> None:
+    """Run the command palette's item ``label`` until the locator ``done`` is in ``state``
+    (``visible``, or ``attached`` for what has no size of its own).
 
     The palette is a modal that closes when focus moves (a notebook still opening takes
     it), so it is opened again until the command could be chosen.
     """
     search = page.locator(".lm-CommandPalette-input").first
-    panel = page.locator("#jupyter-vgpu-panel")
     for _ in range(10):
         page.keyboard.press("Control+Shift+C")
         try:
-            search.fill("Show vGPU usage", timeout=3_000)
-            page.locator(".lm-CommandPalette-item", has_text="Show vGPU usage").first.click(timeout=3_000)
-            panel.wait_for(state="visible", timeout=3_000)
+            search.fill(label, timeout=3_000)
+            page.locator(".lm-CommandPalette-item", has_text=label).first.click(timeout=3_000)
+            done.wait_for(state=state, timeout=3_000)
             return
         except PlaywrightTimeoutError:
             page.keyboard.press("Escape")
-    expect(panel).to_be_visible()
+    done.wait_for(state=state, timeout=10_000)
+
+
+def show_panel(page: Page) -> None:
+    """Open the vGPU panel through the command palette ("Show vGPU usage")."""
+    run_command(page, "Show vGPU usage", page.locator("#jupyter-vgpu-panel"))
+
+
+def use_theme(page: Page, theme: str) -> None:
+    """Switch JupyterLab to ``theme`` (``light`` or ``dark``) in place, without a reload
+    (a reload would reconnect the notebooks' kernels)."""
+    name = THEMES[theme]
+    run_command(page, f"Use Theme: {name}", page.locator(f"body[data-jp-theme-name='{name}']"), "attached")
+    page.locator("#jupyterlab-splash").wait_for(state="detached")  # shown while the theme loads
 
 
 def wait_for_kernel(page: Page, timeout_ms: float = 120_000) -> None:
@@ -130,11 +158,11 @@ def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
         dialog = page.locator(".jp-Dialog")
         if not dialog.count():
             raise
-        screenshot(page, "dialog-before-run-cell")  # JupyterLab asks something: say what
+        screenshot(page, "dialog-before-run-cell", docs=False)  # JupyterLab asks something: say what
         text = dialog.first.inner_text()
         raise AssertionError(f"a JupyterLab dialog covers the notebook: {text!r}") from None
     page.keyboard.type(code)
-    expect(editor).to_have_text(code)
+    expect(editor).to_have_text(code.replace("\n", ""))  # one element per line, no newline
     sent = re.compile(r"\[(\*|\d+)\]:")
     for _ in range(6):
         page.keyboard.press("Control+Enter")
@@ -148,7 +176,7 @@ def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
     try:
         expect(prompt).to_have_text(re.compile(r"\[\d+\]:"), timeout=timeout_ms)
     except AssertionError:
-        screenshot(page, "failed-run-cell")
+        screenshot(page, "failed-run-cell", docs=False)
         raise
 
 
@@ -164,10 +192,16 @@ def used_bytes(page: Page) -> int:
     return int(page.locator("#jupyter-vgpu-panel .jp-vgpu-used").get_attribute("data-bytes"))
 
 
-def screenshot(page: Page, name: str, selector: str | None = None) -> Path:
-    """Save a PNG of the page (or of ``selector``) as ``<SCREENSHOTS>/<name>.png``."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+def screenshot(page: Page, name: str, selector: str | None = None, *, docs: bool = True) -> Path:
+    """Save a PNG of the page (or of ``selector``) as ``test-artifacts/screenshots/<name>.png``.
+
+    A picture of the documentation (``docs``) goes to ``docs/screenshots/`` instead while
+    JUPYTER_VGPU_UPDATE_SCREENSHOTS=1, recorded with the sources that drew it."""
+    folder = screenshots.DOCS if docs and screenshots.updating() else ARTIFACTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
     target = page.locator(selector).first if selector else page
     target.screenshot(path=str(path))
+    if folder == screenshots.DOCS:
+        screenshots.record(path)
     return path

@@ -1,19 +1,25 @@
-"""The vGPU panel and status-bar item in a real ``jupyter lab`` with a simulated slice."""
+"""The vGPU panel and status-bar item in a real ``jupyter lab`` with a simulated slice:
+the slice, usage following a cell live, and kernels paused and suspended (the stand-in:
+states for real, no memory moves)."""
 
+import json
 import re
+import sys
 
 import pytest
 from playwright.sync_api import expect
 
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.server_process import JupyterServer
 
-from ..server_process import JupyterServer
 from .lab_page import (
     create_notebook,
     prepare_lab,
     run_cell,
     screenshot,
     show_panel,
+    shut_down_sessions,
+    use_theme,
     used_bytes,
     wait_for_kernel,
     wait_for_lab,
@@ -35,14 +41,35 @@ SLICE = Slice(
     memory_request=2 * GiB,
     priority=70,
 )
+#: A kernel that suspends after every cell (chaos mode ``suspend``), chosen per notebook.
+SUSPENDING = {"name": "python3-suspend", "display_name": "Python 3 (suspends after every cell)"}
+
+
+def suspending_kernelspec(share) -> None:
+    """Write the :data:`SUSPENDING` kernel under ``share/kernels`` (a JUPYTER_PATH entry)."""
+    spec = share / "kernels" / SUSPENDING["name"]
+    spec.mkdir(parents=True)
+    kernel = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": SUSPENDING["display_name"],
+        "language": "python",
+        "env": {"JUPYTER_VGPU_CHAOS": "suspend"},
+    }
+    (spec / "kernel.json").write_text(json.dumps(kernel))
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
+    share = tmp_path_factory.mktemp("share")  # outside the server's root: not in the file browser
+    suspending_kernelspec(share)
     server = JupyterServer(
         root,
-        {"JUPYTER_VGPU_SLICE": SLICE.to_json(), "JUPYTERHUB_API_URL": ""},
+        {
+            "JUPYTER_VGPU_SLICE": SLICE.to_json(),
+            "JUPYTERHUB_API_URL": "",
+            "JUPYTER_PATH": str(share),  # the suspending kernel
+        },
         app="jupyterlab",
         args=[
             f"--VGPUServer.channel_dir={root / 'channel'}",
@@ -98,10 +125,40 @@ def test_panel_shows_the_slice_and_a_cell_changes_the_usage_live(lab, page, them
     assert streams
     assert not [u for u in streams if "token=" in u or "_xsrf=" in u], streams
 
-    screenshot(page, f"panel-{theme}", "#jupyter-vgpu-panel")
-    screenshot(page, f"lab-{theme}")
     if theme == "light":
         screenshot(page, "status-bar", "#jp-main-statusbar")
+
+
+def test_a_paused_and_a_suspended_kernel_show_their_state(lab, page):
+    shut_down_sessions(lab.url, _headers(lab))  # the panel shows these two kernels alone
+    prepare_lab(lab.url, "light", _headers(lab))
+    create_notebook(lab.url, _headers(lab), "suspended.ipynb", kernelspec=SUSPENDING)
+    create_notebook(lab.url, _headers(lab), "paused.ipynb")
+    page.goto(f"{lab.url}/lab/tree/suspended.ipynb?reset&token={lab.token}")
+    wait_for_lab(page)
+    run_cell(page, "import torch; state = torch.ones(32 * 2**20)")
+    # opening the other notebook with ?reset closes this one: nothing reconnects to its kernel
+    page.goto(f"{lab.url}/lab/tree/paused.ipynb?reset&token={lab.token}")
+    wait_for_lab(page)
+    run_cell(page, "import torch\nweights = torch.zeros(64 * 2**20)\n%vgpu pause")
+
+    show_panel(page)
+    panel = page.locator("#jupyter-vgpu-panel")
+    expect(panel.locator("tbody.jp-vgpu-kernel")).to_have_count(2, timeout=60_000)
+    for notebook, state in (("paused.ipynb", "paused"), ("suspended.ipynb", "suspended")):
+        details = panel.locator(f"tbody:has-text('{notebook}') .jp-vgpu-kernel-details")
+        expect(details).to_have_attribute("data-state", state, timeout=60_000)
+        expect(details).to_contain_text(state)
+    expect(panel.locator("tbody:has-text('paused.ipynb') .jp-vgpu-kernel-used")).to_have_text("256.0 MiB")
+    expect(panel.locator("tbody:has-text('suspended.ipynb') .jp-vgpu-kernel-used")).to_have_text("128.0 MiB")
+    screenshot(page, "panel-light", "#jupyter-vgpu-panel")
+    screenshot(page, "lab-light")
+    use_theme(page, "dark")
+    expect(panel.locator("tbody:has-text('suspended.ipynb') .jp-vgpu-kernel-details")).to_contain_text(
+        "suspended"
+    )
+    screenshot(page, "panel-dark", "#jupyter-vgpu-panel")
+    screenshot(page, "lab-dark")
 
 
 def test_status_bar_item_opens_the_panel(lab, page):

@@ -6,8 +6,8 @@ import pytest
 from playwright.sync_api import expect
 
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.server_process import JupyterServer
 
-from ..server_process import JupyterServer
 from .lab_page import (
     create_notebook,
     prepare_lab,

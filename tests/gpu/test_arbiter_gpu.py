@@ -6,10 +6,9 @@ import pytest
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
-
-from ..arbiter_process import ArbiterProcess
-from ..kernel_runner import Kernel
-from .preloaded import environment
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.preloaded import environment
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30

@@ -6,8 +6,7 @@ import pytest
 
 from jupyter_vgpu import channel, nvml
 from jupyter_vgpu.slice import Slice
-
-from ..kernel_runner import Kernel
+from jupyter_vgpu.testing.kernel_runner import Kernel
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30

@@ -4,7 +4,7 @@ uniform chunks store nothing; damage is caught and names the chunk."""
 
 import pytest
 
-from .preloaded import run
+from jupyter_vgpu.testing.preloaded import run
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,7 @@ every width and odd size; a damaged piece is still caught."""
 
 import pytest
 
-from .preloaded import run
+from jupyter_vgpu.testing.preloaded import run
 
 pytestmark = pytest.mark.gpu
 

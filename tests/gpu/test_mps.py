@@ -22,8 +22,7 @@ import pytest
 from jupyter_vgpu import nvml
 from jupyter_vgpu.node.mps import MPSDaemons
 from jupyter_vgpu.slice import Slice
-
-from .preloaded import environment
+from jupyter_vgpu.testing.preloaded import environment
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30

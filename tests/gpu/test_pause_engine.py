@@ -4,7 +4,7 @@ catches damage, and survives a long random fuzz."""
 
 import pytest
 
-from .preloaded import run
+from jupyter_vgpu.testing.preloaded import run
 
 pytestmark = pytest.mark.gpu
 

@@ -8,10 +8,9 @@ import json
 import pytest
 
 from jupyter_vgpu import nvml
-
-from ..kernel_runner import Kernel
-from ..waiting import wait_for
-from .preloaded import environment
+from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.preloaded import environment
+from jupyter_vgpu.testing.waiting import wait_for
 
 pytestmark = pytest.mark.gpu
 

@@ -9,9 +9,8 @@ import pytest
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
-
-from ..integration.lab_client import LabClient
-from ..server_process import JupyterServer
+from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.server_process import JupyterServer
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30

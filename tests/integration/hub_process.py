@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from ..server_process import free_port
-from ..waiting import wait_for
+from jupyter_vgpu.testing.server_process import free_port
+from jupyter_vgpu.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "hub_spawner" / "demo" / "jupyterhub_config.py"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from .lab_client import LabClient
+from jupyter_vgpu.testing.lab_client import LabClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "binder" / "example.ipynb"
 

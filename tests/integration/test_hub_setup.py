@@ -10,9 +10,9 @@ import pytest
 
 from hub_spawner import EXTRA_HANDLERS_NOTE
 from jupyter_vgpu import nvml
+from jupyter_vgpu.testing.lab_client import LabClient
 
 from .hub_process import HubProcess
-from .lab_client import LabClient
 
 
 def listening(process: psutil.Process) -> set[str]:

@@ -6,9 +6,9 @@ import json
 import pytest
 import requests
 
-from ..documents import kernel_usage, report
-from ..waiting import wait_for
-from .lab_client import LabClient
+from jupyter_vgpu.testing.documents import kernel_usage, report
+from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 TOTALS = {"used": 3 * GiB, "reserved": 3 * GiB, "offloaded": 2 * GiB, "offloaded_compressed": GiB}

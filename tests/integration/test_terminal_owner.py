@@ -8,9 +8,8 @@ from jupyter_vgpu.node import peers
 from jupyter_vgpu.node.books import Server
 from jupyter_vgpu.node.watchdog import owners
 from jupyter_vgpu.slice import Slice
-
-from ..server_process import TERMINALS_ON, JupyterServer
-from .lab_client import LabClient
+from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.server_process import TERMINALS_ON, JupyterServer
 
 GiB = 2**30
 HOLD = "python3 -c \"import os, time; print('pid', os.getpid(), 'up', flush=True); time.sleep(120)\""

@@ -3,9 +3,8 @@
 import pytest
 
 from jupyter_vgpu import contracts
-
-from ..waiting import wait_for
-from .lab_client import LabClient
+from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 

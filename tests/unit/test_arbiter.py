@@ -11,10 +11,9 @@ import pytest
 from jupyter_vgpu import channel
 from jupyter_vgpu.node.control import ControlError
 from jupyter_vgpu.slice import Slice
-
-from ..arbiter_process import ArbiterProcess
-from ..kernel_runner import Kernel
-from ..waiting import wait_for
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.waiting import wait_for
 
 MiB, GiB = 2**20, 2**30
 #: A 1 GiB simulated card and 600 MiB budgets: two kernels' budgets pass the card.

@@ -9,8 +9,7 @@ from hub_spawner.inventory import GPU
 from hub_spawner.metrics import SliceCollector
 from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
 from jupyter_vgpu.slice import Slice
-
-from ..documents import report
+from jupyter_vgpu.testing.documents import report
 
 GiB = 2**30
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "jupyter-vgpu.json"

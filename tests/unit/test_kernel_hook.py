@@ -8,8 +8,7 @@ import pytest
 
 from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice
-
-from ..kernel_runner import Kernel
+from jupyter_vgpu.testing.kernel_runner import Kernel
 
 GiB = 2**30
 SLICE = Slice(

@@ -7,9 +7,8 @@ import pytest
 
 from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice
-
-from ..kernel_runner import Kernel
-from ..waiting import wait_for
+from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3 (simulated)", 80 * GiB, 8 * GiB, 50, simulated=True)

@@ -1,5 +1,9 @@
 """Bytes held by tensors in a namespace: the "used" figure of a simulated GPU."""
 
+import pytest
+
+pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its CPU build)")
+
 import torch
 
 from jupyter_vgpu.kernel import usage

@@ -8,6 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("kubespawner", reason="needs the kubernetes extra: pip install -e '.[kubernetes]'")
+pytest.importorskip("kubernetes_asyncio", reason="needs the kubernetes extra: pip install -e '.[kubernetes]'")
+pytest.importorskip("yaml", reason="needs the kubernetes extra: pip install -e '.[kubernetes]'")
+
 import yaml
 from kubernetes_asyncio.client import ApiClient
 from traitlets.config import Config

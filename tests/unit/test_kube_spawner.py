@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
+pytest.importorskip("kubespawner", reason="needs the kubernetes extra: pip install -e '.[kubernetes]'")
+pytest.importorskip("kubernetes_asyncio", reason="needs the kubernetes extra: pip install -e '.[kubernetes]'")
+
 from kubernetes_asyncio.client import ApiClient
 from traitlets.config import Config
 

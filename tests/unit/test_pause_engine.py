@@ -7,6 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its CPU build)")
+
 import torch
 
 from jupyter_vgpu.kernel.pause import vmm

@@ -7,9 +7,8 @@ import requests
 
 from jupyter_vgpu import channel, contracts
 from jupyter_vgpu.slice import Slice
-
-from ..server_process import JupyterServer
-from ..waiting import wait_for
+from jupyter_vgpu.testing.server_process import JupyterServer
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 SLICE = Slice(

@@ -15,10 +15,9 @@ from jupyter_vgpu.server.hub_report import HubReport
 from jupyter_vgpu.server.hub_sync import HubSync, find_slice
 from jupyter_vgpu.server.state import ServerState
 from jupyter_vgpu.slice import Slice, SliceError
-
-from ..documents import usage
-from ..server_process import JupyterServer
-from ..waiting import wait_for
+from jupyter_vgpu.testing.documents import usage
+from jupyter_vgpu.testing.server_process import JupyterServer
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 TOKEN = "server-token"

@@ -1,5 +1,9 @@
 """The reachability walk over what notebooks hold tensors in."""
 
+import pytest
+
+pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its CPU build)")
+
 import torch
 
 from jupyter_vgpu.kernel.tensors import storage_key, unique_storage_bytes, walk

@@ -19,7 +19,7 @@ nvCOMP compresses (``codec.device``), and decide and restore each chunk's kind:
 - ``vgpu_place``: before the join, fills uniform chunks and copies raw ones into place.
 - ``vgpu_interleave``: the host path's join (``codec.host``): chunks decoded on the CPU
   as byte planes of 2, 4 or 8 are interleaved on the GPU after the copy, so that the
-  CPU threads only run zstd, which scales with them (``benchmarks/cpu_scaling.py``).
+  CPU threads only run zstd, which scales with them (``benchmarks/results/cpu-scaling-h100.json``).
 
 The split reads the piece's address, and the join the destination's, from a word of
 device memory rather than from a kernel argument, so that one captured CUDA graph per

@@ -378,7 +378,7 @@ class Codec:
         call per chunk rather than per plane: each call gives the GIL up and takes it back,
         and among 16 decoding threads taking it back costs more than the decoding saves
         (H100 box, 16 cores, 1 GiB of bf16 weights: per-plane calls 7.0 GB/s, per-chunk
-        11.9, ``benchmarks/zstd_calls.py``, ``benchmarks/results/zstd-calls-h100.json``;
+        11.9, ``benchmarks/results/zstd-calls-h100.json``;
         10.6 and 14.2 on another machine of the same kind)."""
         if _cffi is not None:
             lib, ffi = _cffi.lib, _cffi.ffi

@@ -1,4 +1,4 @@
-"""Valid documents of the contracts (``jupyter_vgpu/contracts``), for tests that send them."""
+"""Valid documents of the contracts (``jupyter_vgpu/contracts``), for tests and benchmarks that send them."""
 
 from __future__ import annotations
 

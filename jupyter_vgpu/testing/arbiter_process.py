@@ -1,4 +1,4 @@
-"""A real node arbiter in its own process, for the tests (``python -m jupyter_vgpu.node``)."""
+"""A real node arbiter in its own process, for tests and benchmarks (``python -m jupyter_vgpu.node``)."""
 
 from __future__ import annotations
 

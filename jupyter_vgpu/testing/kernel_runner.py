@@ -1,4 +1,4 @@
-"""Real IPython kernels for the tests, started with jupyter_client as a server would."""
+"""Real IPython kernels for tests and benchmarks, started with jupyter_client as a server would."""
 
 from __future__ import annotations
 
@@ -14,11 +14,18 @@ class Kernel:
     """A real ipykernel in its own process; ``run`` executes code and returns its text."""
 
     def __init__(
-        self, runtime: Path, env: dict[str, str], *, load_extension: bool = False, ready_timeout: float = 60
+        self,
+        runtime: Path,
+        env: dict[str, str],
+        *,
+        load_extension: bool = False,
+        ready_timeout: float = 60,
+        log: Path | None = None,
     ):
         """``load_extension`` loads the kernel hook explicitly (``--ext``), for checkouts
         run without installing the package (whose IPython config loads it);
-        ``ready_timeout`` is how long the kernel may take to start, seconds."""
+        ``ready_timeout`` is how long the kernel may take to start, seconds; ``log`` is a
+        file for the kernel's stdout and stderr (default: this process's)."""
         self.id = str(uuid.uuid4())
         self.manager = KernelManager(
             kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
@@ -26,7 +33,10 @@ class Kernel:
         self.manager.kernel_spec.argv[0] = sys.executable
         if load_extension:
             self.manager.kernel_spec.argv.append("--ext=jupyter_vgpu")
-        self.manager.start_kernel(env={**os.environ, **env})
+        output = {}
+        if log is not None:
+            output["stdout"] = output["stderr"] = open(log, "ab")  # noqa: SIM115 - the kernel owns it
+        self.manager.start_kernel(env={**os.environ, **env}, **output)
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=ready_timeout)

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from jupyter_vgpu.kernel.pause import vmm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding this jupyter_vgpu
 
 
 def environment(**extra: str) -> dict[str, str]:
-    """The environment of a preloaded process (this checkout first on ``PYTHONPATH``)."""
+    """The environment of a preloaded process (the folder holding this ``jupyter_vgpu``, a
+    checkout, first on ``PYTHONPATH``)."""
     env = vmm.preload_environment(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.update(extra)

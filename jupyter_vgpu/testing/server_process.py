@@ -1,4 +1,4 @@
-"""A real single-user Jupyter server in a subprocess, for the server extension's tests."""
+"""A real single-user Jupyter server in a subprocess, for tests and benchmarks."""
 
 from __future__ import annotations
 

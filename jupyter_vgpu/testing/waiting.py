@@ -1,4 +1,4 @@
-"""The one way tests wait for something: poll a condition until it holds or a deadline."""
+"""The one way tests and benchmarks wait for something: poll a condition until it holds or a deadline."""
 
 from __future__ import annotations
 
