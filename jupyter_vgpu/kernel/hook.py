@@ -72,7 +72,12 @@ class KernelHook:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.pausing = PauseControl(
-            self.config, lambda: self.torch, lambda: self.simulated, kernel=self.kernel, say=self._say
+            self.config,
+            lambda: self.torch,
+            lambda: self.simulated,
+            kernel=self.kernel,
+            say=self._say,
+            gpu_processes=self.gpu_processes,
         )
         self.pausing.listeners.append(lambda state: self.write_report())
         self.arbiter = None  # the ArbiterClient, under a node arbiter
@@ -253,6 +258,24 @@ class KernelHook:
         if self.pausing.state not in ("suspended", "suspending"):
             self._torch_memory = (int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved()))
         return self._torch_memory
+
+    def gpu_processes(self) -> dict[int, int]:
+        """Bytes per process on this kernel's GPU (every GPU without a slice), per NVML;
+        empty on a simulated GPU.
+
+        Raises:
+            Exception: NVML fails (the caller decides what that means).
+        """
+        if self.slice is not None and self.slice.simulated:
+            return {}
+        from jupyter_vgpu import nvml
+
+        uuids = [self.slice.gpu_uuid] if self.slice is not None else [g.uuid for g in nvml.list_gpus()]
+        out: dict[int, int] = {}
+        for uuid in uuids:
+            for pid, nbytes in nvml.process_memory(uuid).items():
+                out[pid] = out.get(pid, 0) + nbytes
+        return out
 
     def nvml_memory(self) -> int | None:
         """This process's memory on the slice's GPU per NVML, bytes, or None when unknown."""

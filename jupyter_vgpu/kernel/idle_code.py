@@ -4,8 +4,10 @@ Pausing releases the device memory behind every pointer of the process; a user t
 timer, asyncio task or GUI event loop that touched it while the kernel waits for its
 next message would fault (an illegal address kills the CUDA context) or, worse, write
 into memory on its way out. Before a pause the kernel lists such code with
-:func:`idle_code`: a kernel that has any is not paused (the driver's checkpoint, which
-blocks every CUDA call of every thread until restore, still applies where available).
+:func:`idle_code`: a kernel that has any is not paused but suspended when the GPU is
+needed (the driver's checkpoint blocks every CUDA call of every thread until restore).
+Each line says what the code is in a notebook user's words (a DataLoader's
+pin-memory thread, a timer, an asyncio task), as ``%vgpu status`` shows it.
 
 The kernel's own machinery does not count: ipykernel's and IPython's threads and
 tasks, pyzmq's and tornado's, this package's, tqdm's monitor, ``torch.compile``'s
@@ -51,6 +53,27 @@ def _idle_pool_worker(t: threading.Thread) -> bool:
     return frame is not None and frame.f_code.co_name == "_worker"
 
 
+#: Threads libraries start on the user's behalf, by their target's module and name: what
+#: a notebook user knows them as.
+KNOWN_THREADS = {
+    ("torch.utils.data._utils.pin_memory", "_pin_memory_loop"): (
+        "a DataLoader's pin-memory thread (pin_memory=True with persistent workers, "
+        "or an iterator not finished)"
+    ),
+}
+
+
+def _describe(t: threading.Thread) -> str:
+    target = getattr(t, "_target", None)
+    module, name = getattr(target, "__module__", None), getattr(target, "__name__", None)
+    if (module, name) in KNOWN_THREADS:
+        return KNOWN_THREADS[module, name]
+    if isinstance(t, threading.Timer):
+        return f"a timer ({t.name})"
+    what = getattr(target, "__qualname__", None) or type(t).__name__
+    return f"thread {t.name!r} ({what})"
+
+
 def _user_thread(t: threading.Thread) -> bool:
     if t is threading.main_thread() or isinstance(t, threading._DummyThread):
         return False
@@ -88,11 +111,7 @@ def idle_code(loop: asyncio.AbstractEventLoop | None = None, kernel=None) -> lis
         loop: the kernel's asyncio loop (its tasks are checked), or None.
         kernel: the ipykernel ``Kernel`` (its GUI event loop is checked), or None.
     """
-    found = [
-        f"thread {t.name!r} ({getattr(getattr(t, '_target', None), '__qualname__', type(t).__name__)})"
-        for t in threading.enumerate()
-        if t.is_alive() and _user_thread(t)
-    ]
+    found = [_describe(t) for t in threading.enumerate() if t.is_alive() and _user_thread(t)]
     if loop is not None:
         try:
             tasks = list(asyncio.all_tasks(loop))
@@ -100,7 +119,7 @@ def idle_code(loop: asyncio.AbstractEventLoop | None = None, kernel=None) -> lis
             tasks = []
         for task in tasks:
             if not task.done() and not _ours(_task_module(task)):
-                found.append(f"asyncio task {task.get_coro().__qualname__}")
+                found.append(f"an asyncio task ({task.get_coro().__qualname__})")
     if kernel is not None and getattr(kernel, "eventloop", None) is not None:
-        found.append(f"the GUI event loop {getattr(kernel.eventloop, '__name__', kernel.eventloop)}")
+        found.append(f"a GUI event loop ({getattr(kernel.eventloop, '__name__', kernel.eventloop)})")
     return found

@@ -22,8 +22,9 @@ class VGPUMagics(Magics):
         choices=["status", "pause", "resume", "offload", "restore"],
         help="status (default): the slice, this kernel's usage and its pause state; "
         "pause (or offload): move this kernel's GPU memory to compressed host memory as soon "
-        "as the cell ends, releasing it to the card; resume (or restore): nothing to do, a "
-        "paused kernel comes back by itself before any of its code runs.",
+        "as the cell ends, releasing it to the card (or, where a pause is not safe, suspend "
+        "the kernel: the driver's checkpoint); resume (or restore): nothing to do, a paused "
+        "or suspended kernel comes back by itself before any of its code runs.",
     )
     @line_magic
     def vgpu(self, line: str = ""):
@@ -32,13 +33,23 @@ class VGPUMagics(Magics):
         if args.action == "status":
             print(format_status(self.hook))
         elif args.action in ("pause", "offload"):
-            reason = self.hook.pausing.check()
-            if reason:
-                print(f"This kernel will not be paused: {reason}")
+            pausing = self.hook.pausing
+            reasons = pausing.blockers()
+            if not reasons:
+                pausing.pause_after_cell()
+                print(
+                    "This kernel will be paused as soon as the cell ends; "
+                    "it resumes before its next code runs."
+                )
                 return
-            self.hook.pausing.pause_after_cell()
+            why = pausing.suspend_unavailable()
+            if why:
+                print(f"This kernel will not be paused: {'; '.join(reasons)}; nor suspended: {why}")
+                return
+            pausing.pause_after_cell()
             print(
-                "This kernel will be paused as soon as the cell ends; it resumes before its next code runs."
+                f"This kernel cannot be paused safely ({'; '.join(reasons)}): it will be suspended "
+                "as soon as the cell ends instead, and restored before its next code runs."
             )
         else:
             print("Nothing to do: this kernel is running, so its memory is on the GPU.")

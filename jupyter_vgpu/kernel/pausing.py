@@ -4,9 +4,15 @@ Ties the :class:`~.gate.Gate` (no code runs while memory is away) to the
 :class:`~.pause.engine.PauseEngine` (the memory itself) and to the driver's checkpoint
 (the whole process). Pauses are asked for by the node arbiter (to make room for
 another kernel), by ``%vgpu pause`` (once the cell ends) and by chaos mode (after
-every cell). A pause is refused while the kernel runs a message, and while code of the
-user's could run on its own (:mod:`.idle_code`): a thread, a timer, an asyncio task, a
-GUI event loop.
+every cell). A pause is refused while the kernel runs a message, and whenever it could
+not release all of the kernel's GPU memory safely (:meth:`PauseControl.blockers`):
+code of the user's that could run on its own (:mod:`.idle_code`: a thread, a timer, an
+asyncio task, a GUI event loop), memory shared with another process (CUDA IPC),
+managed memory, memory allocated a way the allocator does not cover, child processes
+holding GPU memory. Such a kernel is suspended instead when the GPU is needed: the
+driver's checkpoint takes all of it, context included, and blocks every CUDA call of
+every thread and child until restore (managed memory excepted: the driver cannot
+checkpoint it, and such a kernel stays on the GPU). ``%vgpu status`` says which.
 
 The engine is made on the first pause, once the kernel uses CUDA: a kernel that never
 touched the GPU has nothing on it, and its pause moves nothing. On a simulated GPU (or
@@ -24,6 +30,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+
+from jupyter_vgpu.units import format_bytes
 
 from . import gate as g
 from .idle_code import idle_code
@@ -49,10 +57,13 @@ class PauseControl:
         simulated: Callable[[], bool],
         kernel=None,
         say: Callable[[str], None] = lambda text: None,
+        gpu_processes: Callable[[], dict[int, int]] = dict,
     ):
         self.config = config
         self._torch = torch_module
         self._simulated = simulated
+        self._gpu_processes = gpu_processes
+        self._blockers: tuple[float, list[str]] | None = None  # (monotonic time, reasons)
         self.kernel = kernel
         self.say = say
         self.gate = g.Gate(self._come_back, on_change=self._changed)
@@ -66,6 +77,7 @@ class PauseControl:
         self.ask_room: Callable[[str], None] | None = None
         self.listeners: list[Callable[[str], None]] = []
         self._helper: subprocess.Popen | None = None
+        self.suspended_with: list[int] = []  # child processes suspended with the kernel
         self._pause_after_cell = False
         self.last_suspend_seconds: float | None = None
         self.last_restore_seconds: float | None = None
@@ -142,25 +154,102 @@ class PauseControl:
 
     def check(self) -> str | None:
         """Why this kernel may not be paused now (None: it may)."""
+        reasons = self.blockers()
+        return "; ".join(reasons) if reasons else None
+
+    def blockers(self, max_age: float = 0.0) -> list[str]:
+        """What keeps a pause from releasing all of this kernel's GPU memory safely, each
+        in words a notebook user understands; empty when a pause would (or there is no
+        memory to pause). Reused for ``max_age`` seconds (reports ask every second).
+
+        Sources: the ``pause`` setting, code that may run while the kernel is idle
+        (:func:`.idle_code.idle_code`), the pausable allocator's own figures (memory
+        shared through CUDA IPC, managed memory, memory the driver allocated itself,
+        :class:`~.pause.vmm.Figures`), PyTorch memory it does not know, and child
+        processes of the kernel holding GPU memory (NVML). Never called while the kernel
+        is suspended: every driver call of a suspended process waits for its restore.
+        """
+        now = time.monotonic()
+        if self._blockers is not None and now - self._blockers[0] <= max_age:
+            return self._blockers[1]
+        reasons: list[str] = []
         if not self.config.pause:
-            return "pausing is turned off (VGPUKernel.pause)"
+            reasons.append("pausing is turned off (VGPUKernel.pause)")
         loop = getattr(getattr(self.kernel, "io_loop", None), "asyncio_loop", None)
-        found = idle_code(loop, self.kernel)
-        if found:
-            return "code of the kernel's may run while it is idle: " + "; ".join(found)
-        return None
+        idle = idle_code(loop, self.kernel)
+        reasons += [f"{what} may use the GPU while the kernel is idle" for what in idle]
+        reasons += self._memory_blockers()
+        self._blockers = (now, reasons)
+        return reasons
+
+    def _memory_blockers(self) -> list[str]:
+        torch = self._torch()
+        if self.stand_in or not torch.cuda.is_initialized():
+            return []
+        from .pause import vmm
+
+        try:
+            allocator = vmm.load()
+        except vmm.VMMUnavailable as e:
+            return [f"the pausable allocator is unavailable ({e})"]
+        if not allocator.preloaded:
+            return ["this kernel was not started with the pausable allocator (LD_PRELOAD)"]
+        f = allocator.figures()
+        out = []
+        for nbytes, what in (
+            (f.exported, "is shared with another process (CUDA IPC, e.g. torch.multiprocessing)"),
+            (f.managed, "is managed (unified) memory"),
+            (f.let_through, "was allocated by CUDA itself (in a CUDA graph capture, or a pool of its own)"),
+            (f.unmappable, "is mapped in pieces the allocator cannot restore"),
+        ):
+            if nbytes:
+                out.append(f"{format_bytes(nbytes)} of its GPU memory {what}")
+        known = f.pausable + f.unpausable + f.async_cached
+        with self._plain():
+            reserved = torch.cuda.memory_reserved()
+        if reserved > known:
+            out.append(
+                f"{format_bytes(reserved - known)} of PyTorch's GPU memory was allocated a way "
+                "the pausable allocator does not cover"
+            )
+        out += [
+            f"process {pid} ({_command(pid)}), started by this kernel, holds {format_bytes(n)} on the GPU"
+            for pid, n in self.gpu_children().items()
+        ]
+        return out
+
+    def gpu_children(self) -> dict[int, int]:
+        """Processes this kernel started (at any depth) that hold GPU memory: ``{pid:
+        bytes}`` (NVML's figures). They leave the GPU only with the kernel (suspended
+        together): a worker of ``torch.multiprocessing``, a DataLoader worker using CUDA."""
+        me = os.getpid()
+        try:
+            processes = self._gpu_processes()
+        except Exception:  # NVML unavailable: nothing known of children
+            return {}
+        return {pid: n for pid, n in processes.items() if pid != me and me in _ancestors(pid)}
+
+    def consequence(self, reasons: list[str]) -> str:
+        """What happens to a kernel that cannot be paused for ``reasons``, in words."""
+        if any("managed (unified) memory" in r for r in reasons):
+            return "this kernel stays on the GPU: the driver can neither pause nor suspend managed memory"
+        return "when the GPU is needed this kernel is suspended instead of paused"
 
     def pause(self) -> dict:
         """Pause the kernel now (it must be idle); returns the engine's figures.
 
         Raises:
-            gate.Refused: the kernel is not idle, or runs code of its own while idle.
+            gate.Refused: the kernel is not idle, or a pause could not release all of its
+                GPU memory safely (:meth:`blockers`; the message says why and what
+                happens instead).
             PauseError: the pause failed and was undone.
         """
-        reason = self.check()
-        if reason:
-            self.last_refusal = reason
-            raise g.Refused(reason)
+        if self.gate.state != g.IDLE:
+            raise g.Refused(f"the kernel is {self.gate.state}")
+        reasons = self.blockers()
+        if reasons:
+            self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
+            raise g.Refused(self.last_refusal)
         outcome = {}
 
         def work():
@@ -175,18 +264,31 @@ class PauseControl:
 
     def suspend_with_helper(self) -> None:
         """Suspend through a helper process (chaos mode ``suspend``, no arbiter): the driver
-        checkpoints this process from outside. The kernel must be paused or idle.
+        checkpoints this process, with the child processes that hold GPU memory, from
+        outside. The kernel must be paused or idle; an idle kernel is paused first when it
+        can be (the checkpoint then moves only the CUDA context), else the checkpoint
+        takes all of its memory.
 
         Raises:
             gate.Refused: the kernel is busy.
             RuntimeError: the driver refused; the kernel stays as it was.
         """
+        reasons = self.blockers() if self.gate.state == g.IDLE else []
 
         def work():
-            if self._torch() is None or not self._torch().cuda.is_initialized():
+            torch = self._torch()
+            if torch is None or not torch.cuda.is_initialized():
                 return  # no CUDA context: nothing to move
-            cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", str(os.getpid())]
-            # its own session: the kernel's interrupts (SIGINT to its process group) are not for it
+            if not reasons:
+                with self._plain():
+                    engine = self._engine()
+                    if engine is not None and engine.state == "active":
+                        engine.pause()
+            children = sorted(self.gpu_children())
+            pids = [*map(str, children), str(os.getpid())]
+            cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", *pids]
+            # its own session: an interrupt of the kernel (SIGINT to the kernel's process
+            # group) is not meant for it, and ending it would leave the kernel suspended
             helper = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
             )
@@ -195,9 +297,11 @@ class PauseControl:
                 helper.wait(10)
                 raise RuntimeError(f"suspending through the driver failed: {line or 'no answer'}")
             self.last_suspend_seconds = float(line.split()[1])
+            self.suspended_with = children
             self._helper = helper
 
         self.gate.away(work, to=g.SUSPENDED)
+        self.last_refusal = f"{'; '.join(reasons)}; suspended instead of paused" if reasons else None
 
     # -- coming back ---------------------------------------------------------------------
 
@@ -250,44 +354,84 @@ class PauseControl:
             self.last_restore_seconds = float(line.split()[1])
 
     def prepare_suspend(self) -> None:
-        """For the arbiter: pause (if not paused yet) and hold every message; the arbiter
-        then checkpoints the process from outside and restores it when a message comes.
+        """For the arbiter: pause (if not paused yet, and if a pause can release all of
+        the kernel's memory) and hold every message; the arbiter then checkpoints the
+        process, with the child processes that hold GPU memory, from outside, and
+        restores it when a message comes.
 
         Raises:
-            gate.Refused: the kernel is busy, or code of its own may run while idle.
+            gate.Refused: the kernel is busy, or pausing is turned off
+                (``VGPUKernel.pause``).
         """
-        if self.gate.state == g.IDLE:
-            reason = self.check()
-            if reason:
-                self.last_refusal = reason
-                raise g.Refused(reason)
+        if not self.config.pause:
+            raise g.Refused("pausing is turned off (VGPUKernel.pause)")
+        reasons = self.blockers() if self.gate.state == g.IDLE else []
 
         def work():
+            if reasons:
+                return  # the checkpoint takes all of the memory, context included
             with self._plain():
                 engine = self._engine()
                 if engine is not None and engine.state == "active":
                     engine.pause()
 
         self.gate.away(work, to=g.SUSPENDED)
+        self.last_refusal = f"{'; '.join(reasons)}; suspended instead of paused" if reasons else None
 
     # -- cells ---------------------------------------------------------------------------
 
     def pause_after_cell(self) -> None:
-        """Pause once the running cell has ended (``%vgpu pause``)."""
+        """Take the kernel off the GPU once the running cell has ended (``%vgpu pause``):
+        paused, or suspended where a pause is not safe (:meth:`take_off`)."""
         self._pause_after_cell = True
+
+    def suspend_unavailable(self) -> str | None:
+        """Why this kernel cannot be suspended here (None: it can): the driver's
+        checkpoint needs CUDA 12.8+ and ``cuda-bindings``; managed memory it cannot move."""
+        reasons = self._blockers[1] if self._blockers is not None else []
+        if any("managed (unified) memory" in r for r in reasons):
+            return "the driver cannot checkpoint managed memory"
+        torch = self._torch()
+        if self.stand_in or torch is None or not torch.cuda.is_initialized():
+            return None  # nothing on a GPU: a suspend is a stand-in
+        from jupyter_vgpu.node import checkpoint
+
+        return checkpoint.unavailable()
+
+    def take_off(self) -> dict:
+        """Free the GPU of this idle kernel as the node arbiter would: pause it, or suspend
+        it where a pause is not safe (:meth:`blockers`). Returns the engine's figures of a
+        pause (empty after a suspend).
+
+        Raises:
+            gate.Refused: the kernel is busy, or can be neither paused nor suspended (the
+                message says why).
+            PauseError, RuntimeError: the pause or suspend failed and was undone.
+        """
+        reasons = self.blockers()
+        if not reasons:
+            return self.pause()
+        why = self.suspend_unavailable()
+        if why:
+            self.last_refusal = f"{'; '.join(reasons)}; it cannot be suspended either: {why}"
+            raise g.Refused(self.last_refusal)
+        self.suspend_with_helper()
+        return {}
 
     def after(self, msg_type: str) -> None:
         """Called once a handler is done (in its thread): chaos mode and ``%vgpu pause``."""
         if msg_type != "execute_request" or self.gate.busy:
             return
-        wanted = self._pause_after_cell or self.config.chaos
-        self._pause_after_cell = False
-        if not wanted:
+        asked, self._pause_after_cell = self._pause_after_cell, False
+        if not (asked or self.config.chaos):
             return
         try:
-            self.pause()
             if self.config.chaos == "suspend":
-                self.suspend_with_helper()
+                self.suspend_with_helper()  # paused first when it can be
+            elif self.config.chaos == "pause":
+                self.pause()
+            else:
+                self.take_off()
             self.last_error = None
         except g.Refused as e:
             log.info("jupyter-vgpu: no pause after this cell: %s", e)
@@ -299,11 +443,15 @@ class PauseControl:
 
     def stats(self) -> dict:
         """The kernel's pause figures for reports and ``%vgpu status``: ``state``,
-        ``paused_bytes``, ``host_bytes``, ``ratio``, ``codec``, ``last_pause_seconds``,
-        ``last_resume_seconds``, ``stand_in``, ``unavailable``, ``refused``."""
+        ``paused_bytes``, ``unpausable_bytes``, ``host_bytes``, ``ratio``, ``codec``,
+        ``last_pause_seconds``, ``last_resume_seconds``, ``stand_in``, ``pausable`` (True,
+        False, or None where nothing is known: a simulated GPU, no CUDA yet),
+        ``not_pausable`` (why not and what happens instead, or None), ``unavailable``,
+        ``refused``."""
         out = {
             "state": self.state,
             "paused_bytes": 0,
+            "unpausable_bytes": 0,
             "live_bytes": 0,
             "host_bytes": 0,
             "ratio": None,
@@ -317,8 +465,16 @@ class PauseControl:
             with self._plain():  # reports run between cells, under any mode a user left entered
                 out.update(self.engine.stats())
             out["state"] = self.state
+        # asked afresh only while the kernel is on the GPU: every driver call of a
+        # suspended process (NVML's too) waits for its restore
+        fresh = self.state in ("active", "idle")
+        reasons = self.blockers(max_age=5.0) if fresh else (self._blockers or (0, None))[1]
+        pausable = None if reasons is None else not reasons
+        not_pausable = f"{'; '.join(reasons)}; {self.consequence(reasons)}" if reasons else None
         out.update(
             stand_in=self.stand_in,
+            pausable=pausable,
+            not_pausable=not_pausable,
             unavailable=self.unavailable,
             refused=self.last_refusal,
             error=self.last_error,
@@ -326,6 +482,30 @@ class PauseControl:
             last_restore_seconds=self.last_restore_seconds,
         )
         return out
+
+
+def _ancestors(pid: int, limit: int = 64) -> list[int]:
+    """``pid``'s parent, grandparent... (from ``/proc``), nearest first."""
+    chain = []
+    while pid > 1 and len(chain) < limit:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            break
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name may hold ')' and spaces
+        chain.append(pid)
+    return chain
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(a.decode(errors="replace") for a in argv if a)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def run_in_thread(fn: Callable[[], None], name: str) -> threading.Thread:

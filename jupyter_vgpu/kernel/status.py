@@ -70,7 +70,11 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
         rows.append(("pause", f"unavailable: {st['unavailable']}"))
     elif st.get("codec_name"):
         rows.append(("pause codec", st["codec_name"]))
-    if st.get("refused"):
+    if st.get("pausable") is True:
+        rows.append(("pausable", "yes: all of its GPU memory can be paused to host memory while it is idle"))
+    elif st.get("pausable") is False:
+        rows.append(("pausable", f"no: {st['not_pausable']}"))
+    if st.get("refused") and st.get("refused") != st.get("not_pausable"):
         rows.append(("not paused", st["refused"]))
     if st.get("error"):
         rows.append(("pause failed", st["error"]))
@@ -83,6 +87,8 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
                 f"{format_bytes(st.get('host_bytes'))} in host memory (ratio {ratio})",
             )
         )
+    if st.get("unpausable_bytes"):
+        rows.append(("stays on the GPU", f"{format_bytes(st['unpausable_bytes'])} a pause cannot release"))
     if st.get("last_pause_seconds") is not None or st.get("last_resume_seconds") is not None:
         rows.append(
             (
@@ -90,15 +96,10 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
                 f"{_seconds(st.get('last_pause_seconds'))}, resume {_seconds(st.get('last_resume_seconds'))}",
             )
         )
-    rows.append(
-        (
-            "not paused",
-            "memory CuPy or JAX allocate themselves is counted in NVML's figure but stays on the GPU",
-        )
-        if not st.get("stand_in")
-        else ("", "")
-    )
-    return [r for r in rows if r[0]]
+    if st.get("last_suspend_seconds") is not None:
+        restore = _seconds(st.get("last_restore_seconds"))
+        rows.append(("last suspend", f"{_seconds(st.get('last_suspend_seconds'))}, restore {restore}"))
+    return rows
 
 
 def format_status(hook: KernelHook) -> str:

@@ -478,23 +478,37 @@ class Arbiter:
         return short, reading
 
     async def _take_off(self, kernel: Kernel, action: str, reason: str) -> bool:
-        """Pause (or pause, then suspend) ``kernel``; True when its memory left the card."""
+        """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
+
+        A kernel that cannot be paused safely (it says why: a thread that may use the GPU
+        while idle, memory shared through CUDA IPC, child processes on the GPU...) is
+        suspended instead, where the driver's checkpoint is available. A suspend takes
+        the kernel's child processes that hold memory on the card with it.
+        """
         conn = self.conns.get(kernel.pid)
         if conn is None:
             return False
         uuid = kernel.slice.gpu_uuid
         t0 = time.monotonic()
-        before = (await self.read(uuid)).used
+        reading = await self.read(uuid)
+        before = reading.used
         answer = await conn.ask({"type": action}, self.config.pause_timeout)
+        if not answer.get("ok") and action == "pause" and self.checkpoint is not None:
+            self._decide("pause refused", server=kernel.server.key, message=answer.get("message", ""))
+            action = "suspend"
+            answer = await conn.ask({"type": action}, self.config.pause_timeout)
         if not answer.get("ok"):
             self._decide(f"{action} refused", server=kernel.server.key, message=answer.get("message", ""))
             return False
         if action == "suspend":
+            group = [p for p in reading.processes if p != kernel.pid and kernel.pid in peers.ancestors(p)]
+            group.append(kernel.pid)
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self.checkpoint.suspend, kernel.pid)
+                await asyncio.get_running_loop().run_in_executor(None, self.checkpoint.suspend, group)
             except Exception as e:
                 self._decide("suspend failed", server=kernel.server.key, message=str(e))
                 return False
+            kernel.group = group
             kernel.state, kernel.since = SUSPENDED, time.monotonic()
             self.metrics.suspends.labels(gpu=uuid).inc()
         else:
@@ -505,6 +519,8 @@ class Arbiter:
             await self._settle(uuid, before)
         took = time.monotonic() - t0
         fields = {"released": released} if released is not None else {}
+        if action == "suspend" and len(kernel.group) > 1:
+            fields["with"] = ",".join(map(str, kernel.group[:-1]))
         self._decide(
             action, server=kernel.server.key, pid=kernel.pid, reason=reason, seconds=round(took, 3), **fields
         )
@@ -523,7 +539,7 @@ class Arbiter:
     async def _restore(self, kernel: Kernel) -> tuple[bool, str]:
         try:
             seconds = await asyncio.get_running_loop().run_in_executor(
-                None, self.checkpoint.restore, kernel.pid
+                None, self.checkpoint.restore, kernel.group or [kernel.pid]
             )
         except Exception as e:
             return False, f"restoring the kernel failed: {e}"

@@ -67,6 +67,8 @@ class Kernel:
         host_bytes: bytes its paused memory takes in host memory.
         granted: bytes it was promised it may grow to for the cell it runs (its budget, or
             less when the card could never give that much: :func:`growth`).
+        group: the processes suspended together, the kernel last (its child processes
+            that held memory on the card first); empty unless suspended by the arbiter.
     """
 
     pid: int
@@ -78,6 +80,7 @@ class Kernel:
     paused_bytes: int = 0
     host_bytes: int = 0
     granted: int = 0
+    group: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def slice(self) -> Slice:

@@ -129,6 +129,9 @@ class Sampler:
             "last_pause_seconds": pause.get("last_pause_seconds"),
             "last_resume_seconds": pause.get("last_resume_seconds"),
             "codec": pause.get("codec"),
+            "pausable": pause.get("pausable"),
+            "not_pausable": pause.get("not_pausable"),
+            "unpausable_bytes": pause.get("unpausable_bytes"),
         }
 
     async def sample(self) -> dict[str, Any]:

@@ -34,10 +34,22 @@ export interface IPauseStats {
   stand_in: boolean;
   /** Why memory cannot be paused here, or null. */
   unavailable: string | null;
-  /** Why the last pause was refused (code that may run while idle), or null. */
+  /** Why the last pause was refused (the kernel was busy, or could not be paused safely), or null. */
   refused: string | null;
   /** Why the last pause after a cell failed, or null. */
   error: string | null;
+  /** A pause would release all of the kernel's GPU memory safely; null where nothing is known yet. */
+  pausable?: boolean | null;
+  /**
+   * Why not, and what happens instead (suspended, or kept on the GPU), in a notebook user's words;
+   * null when pausable.
+   */
+  not_pausable?: string | null;
+  /**
+   * GPU memory of the kernel a pause cannot release (shared through CUDA IPC, managed, allocated
+   * by CUDA itself).
+   */
+  unpausable_bytes?: number;
 }
 
 /**
@@ -221,6 +233,12 @@ export interface IKernelUsage {
   last_pause_seconds?: number | null;
   last_resume_seconds?: number | null;
   codec?: string | null;
+  /** A pause would release all of the kernel's GPU memory safely; null where nothing is known yet. */
+  pausable?: boolean | null;
+  /** Why not, and what happens instead, in a notebook user's words. */
+  not_pausable?: string | null;
+  /** GPU memory a pause cannot release. */
+  unpausable_bytes?: number | null;
 }
 
 /**

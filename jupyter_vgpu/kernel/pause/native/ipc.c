@@ -38,6 +38,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -75,6 +76,19 @@ static void socket_name(struct sockaddr_un *addr, socklen_t *len, int32_t pid) {
 }
 
 /* ---- the exporter's side ---------------------------------------------------------- */
+/* A token naming an export: random, never 0. Never blocks: a machine just started may
+ * not have its random pool ready (getrandom then fails with GRND_NONBLOCK), and a token
+ * only has to be unguessable to other users' processes, which the socket refuses anyway. */
+static uint64_t new_token(void) {
+  uint64_t token = 0;
+  if (getrandom(&token, sizeof token, GRND_NONBLOCK) != (ssize_t)sizeof token) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    token = ((uint64_t)t.tv_nsec << 32) ^ (uint64_t)t.tv_sec ^ ((uint64_t)getpid() << 16) ^ (uint64_t)(uintptr_t)&t;
+  }
+  return token ? token : 1;
+}
+
 static int send_fd(int sock, int fd) {
   char byte = 0;
   struct iovec iov = {&byte, 1};
@@ -108,6 +122,7 @@ static void *serve(void *arg) {
     struct timeval tv = {5, 0};
     uint64_t token = 0;
     setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    vgpu_trace("ipc: a request");
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid() &&
         recv(c, &token, sizeof token, MSG_WAITALL) == (ssize_t)sizeof token) {
       pthread_mutex_lock(&g_lock);
@@ -147,6 +162,7 @@ static int start_server(void) {
 
 CUresult ipc_get_handle(CUipcMemHandle *handle, CUdeviceptr dptr) {
   if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  vgpu_trace("ipc: export %#llx", (unsigned long long)dptr);
   pthread_mutex_lock(&g_lock);
   Segment *s = seg_containing(dptr);
   CUresult r = CUDA_SUCCESS;
@@ -158,8 +174,7 @@ CUresult ipc_get_handle(CUipcMemHandle *handle, CUdeviceptr dptr) {
     int fd = -1;
     r = drv.cuMemExportToShareableHandle(&fd, s->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (r == CUDA_SUCCESS) {
-      uint64_t token = 0;
-      while (!token && getrandom(&token, sizeof token, 0) != (ssize_t)sizeof token) {}
+      uint64_t token = new_token();
       s->export_fd = fd;
       s->token = token;
       s->flags |= SEG_EXPORTED;
@@ -178,6 +193,7 @@ CUresult ipc_get_handle(CUipcMemHandle *handle, CUdeviceptr dptr) {
     memcpy(handle, &b, sizeof b);
   }
   pthread_mutex_unlock(&g_lock);
+  vgpu_trace("ipc: export %#llx: %d", (unsigned long long)dptr, r);
   return r;
 }
 
@@ -234,7 +250,9 @@ CUresult ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle) {
   int device;
   CUresult r = current_device(&device);
   if (r != CUDA_SUCCESS) return r;
+  vgpu_trace("ipc: open an export of process %d", (int)b.pid);
   int fd = fetch_fd(b.pid, b.token);
+  vgpu_trace("ipc: descriptor %d from process %d", fd, (int)b.pid);
   if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* the exporter is gone, or freed the memory */
   CUmemGenericAllocationHandle real;
   r = drv.cuMemImportFromShareableHandle(&real, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -284,6 +302,7 @@ CUresult ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle) {
     drv.cuMemAddressFree(va, b.size);
     drv.cuMemRelease(real);
   }
+  vgpu_trace("ipc: opened at %#llx: %d", (unsigned long long)va, r);
   return r;
 }
 

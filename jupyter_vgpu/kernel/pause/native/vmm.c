@@ -42,6 +42,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,21 @@ void set_error(int code, const char *what) {
 }
 
 static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+void vgpu_trace(const char *fmt, ...) {
+  static int on = -1;
+  if (on < 0) {
+    const char *v = getenv("JUPYTER_VGPU_TRACE");
+    on = v && *v && strcmp(v, "0") != 0;
+  }
+  if (!on) return;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "jupyter-vgpu[%d]: %s\n", (int)getpid(), line);
+}
 
 /* ---- the driver -------------------------------------------------------------------- */
 extern void *vgpu_real_dlsym(void *, const char *); /* interpose.c: dlsym, never ours */

@@ -216,6 +216,10 @@ extern uint64_t g_exported_bytes, g_imported_bytes;
 extern uint64_t g_managed_bytes, g_passthrough_bytes;
 
 int interposing(void);
+
+/* JUPYTER_VGPU_TRACE=1: a line on stderr for each step of the rarer paths (CUDA IPC), to
+ * tell where a program waits or fails. */
+void vgpu_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fork_child_reset(void);
 
 #endif
