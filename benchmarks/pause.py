@@ -47,10 +47,14 @@ print(json.dumps(times))
 """
 
 
-def step_times(preloaded: bool, steps: int) -> list[float]:
+def step_times(preloaded: bool, steps: int, alloc_conf: str = "") -> list[float]:
+    """Seconds of each of ``steps`` training steps in a fresh process, preloaded with the
+    pausable allocator or not, under ``PYTORCH_CUDA_ALLOC_CONF=alloc_conf``."""
     from jupyter_vgpu.kernel.pause import vmm
 
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF")}
+    if alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     if preloaded:
         env = vmm.preload_environment(env)
     out = subprocess.run(

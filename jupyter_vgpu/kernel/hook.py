@@ -74,7 +74,7 @@ class KernelHook:
         self.pausing = PauseControl(
             self.config,
             lambda: self.torch,
-            lambda: self.simulated,
+            lambda: self.slice is not None and self.slice.simulated,
             kernel=self.kernel,
             say=self._say,
             gpu_processes=self.gpu_processes,

@@ -53,6 +53,11 @@ def _idle_pool_worker(t: threading.Thread) -> bool:
     return frame is not None and frame.f_code.co_name == "_worker"
 
 
+#: Threads that only wait for what the kernel's own code hands them (and so never run
+#: while it is idle), by their target's module and name: a multiprocessing queue's feeder
+#: (it pickles what a cell put, into a pipe: a DataLoader's index queues, a Pool's tasks).
+WAITING_ONLY = frozenset({("multiprocessing.queues", "_feed")})
+
 #: Threads libraries start on the user's behalf, by their target's module and name: what
 #: a notebook user knows them as.
 KNOWN_THREADS = {
@@ -86,6 +91,8 @@ def _user_thread(t: threading.Thread) -> bool:
         module = getattr(target, "__module__", None)
         if module == "concurrent.futures.thread":
             return not _idle_pool_worker(t)
+        if (module, getattr(target, "__name__", None)) in WAITING_ONLY:
+            return False
         return not _ours(module)
     if type(t) is threading.Thread:  # a plain Thread with no target has nothing to run
         return False

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from jupyter_vgpu.units import format_bytes
 
@@ -100,14 +101,44 @@ class PauseControl:
 
     # -- the engine ----------------------------------------------------------------------
 
+    def _allocator(self):
+        """The pausable allocator, when this process was started with it (LD_PRELOAD), else
+        None (never built or loaded otherwise)."""
+        preload = os.environ.get("LD_PRELOAD", "")
+        if not any(Path(p).name.startswith(("libjupyter_vgpu_vmm", "vmm-")) for p in preload.split(":") if p):
+            return None
+        from .pause import vmm
+
+        try:
+            allocator = vmm.load()
+        except vmm.VMMUnavailable:
+            return None
+        return allocator if allocator.preloaded else None
+
+    def _on_gpu(self) -> bool:
+        """True once the kernel has a CUDA context: PyTorch initialized CUDA, or any library
+        (CuPy, JAX) made the allocator's driver calls, or NVML lists the process."""
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return True
+        allocator = self._allocator()
+        if allocator is not None and allocator.backend == 1:  # vmm.CUDA: a driver call was made
+            return True
+        try:
+            return os.getpid() in self._gpu_processes()
+        except Exception:
+            return False
+
     def _engine(self):
-        """The engine, made on first use; None while the GPU holds nothing of this kernel."""
+        """The engine, made on first use; None while the GPU holds nothing of this kernel.
+
+        The engine moves bytes with PyTorch's copy kernels and streams: a kernel whose
+        memory another library made (CuPy, JAX) and that never imported PyTorch gets it
+        imported here, at its first pause, on the same CUDA context (the device's primary
+        context, which all of them use)."""
         if self.engine is not None:
             return self.engine
-        torch = self._torch()
-        if self.stand_in:
-            return None
-        if not torch.cuda.is_initialized():
+        if self.stand_in or not self._on_gpu():
             return None  # no CUDA context, no memory: nothing to pause
         from .pause import vmm
         from .pause.engine import PauseEngine
@@ -123,11 +154,18 @@ class PauseControl:
                 "(start it from a jupyter-vgpu server, which sets LD_PRELOAD)"
             )
             return None
+        torch = self._torch()
+        if torch is None:
+            import torch  # only for a kernel holding GPU memory without it
+        if not torch.cuda.is_initialized():
+            torch.cuda.init()
+        units = [s for s in allocator.segments() if s.mapped]
+        device = units[0].device if units else torch.cuda.current_device()
         cfg = self.config
         self.engine = PauseEngine(
             torch,
             allocator,
-            torch.cuda.current_device(),
+            device,
             use_nvcomp=cfg.use_nvcomp,
             scratch_bytes=cfg.scratch_bytes,
             host_cap_bytes=cfg.host_cap_bytes,
@@ -146,9 +184,10 @@ class PauseControl:
 
     @property
     def stand_in(self) -> bool:
-        """True on a simulated GPU or without CUDA: pauses move no memory."""
+        """True on a simulated GPU, or with a PyTorch built without CUDA: pauses move no
+        memory."""
         torch = self._torch()
-        return bool(self._simulated() or torch is None or not torch.cuda.is_available())
+        return bool(self._simulated() or (torch is not None and not torch.cuda.is_available()))
 
     # -- going away ----------------------------------------------------------------------
 
@@ -183,16 +222,10 @@ class PauseControl:
         return reasons
 
     def _memory_blockers(self) -> list[str]:
-        torch = self._torch()
-        if self.stand_in or not torch.cuda.is_initialized():
+        if self.stand_in or not self._on_gpu():
             return []
-        from .pause import vmm
-
-        try:
-            allocator = vmm.load()
-        except vmm.VMMUnavailable as e:
-            return [f"the pausable allocator is unavailable ({e})"]
-        if not allocator.preloaded:
+        allocator = self._allocator()
+        if allocator is None:
             return ["this kernel was not started with the pausable allocator (LD_PRELOAD)"]
         f = allocator.figures()
         out = []
@@ -205,8 +238,11 @@ class PauseControl:
             if nbytes:
                 out.append(f"{format_bytes(nbytes)} of its GPU memory {what}")
         known = f.pausable + f.unpausable + f.async_cached
-        with self._plain():
-            reserved = torch.cuda.memory_reserved()
+        torch = self._torch()
+        reserved = 0
+        if torch is not None and torch.cuda.is_initialized():
+            with self._plain():
+                reserved = torch.cuda.memory_reserved()
         if reserved > known:
             out.append(
                 f"{format_bytes(reserved - known)} of PyTorch's GPU memory was allocated a way "
@@ -276,8 +312,7 @@ class PauseControl:
         reasons = self.blockers() if self.gate.state == g.IDLE else []
 
         def work():
-            torch = self._torch()
-            if torch is None or not torch.cuda.is_initialized():
+            if self.stand_in or not self._on_gpu():
                 return  # no CUDA context: nothing to move
             if not reasons:
                 with self._plain():
@@ -391,8 +426,7 @@ class PauseControl:
         reasons = self._blockers[1] if self._blockers is not None else []
         if any("managed (unified) memory" in r for r in reasons):
             return "the driver cannot checkpoint managed memory"
-        torch = self._torch()
-        if self.stand_in or torch is None or not torch.cuda.is_initialized():
+        if self.stand_in or not self._on_gpu():
             return None  # nothing on a GPU: a suspend is a stand-in
         from jupyter_vgpu.node import checkpoint
 

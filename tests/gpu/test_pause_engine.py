@@ -169,7 +169,11 @@ print(json.dumps(dict(error=error, state=state, low=low, ctx=ctx, same=same(befo
     assert all(got["same"].values())
 
 
-def test_ten_thousand_random_ops_with_pauses_between_them_match_a_plain_run():
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "backend:cudaMallocAsync"])
+def test_ten_thousand_random_ops_with_pauses_between_them_match_a_plain_run(conf):
+    """The same random program with 2,000 pause and resume cycles gives the same bytes as a
+    plain run, with PyTorch's default allocator, its expandable segments (cuMemCreate of
+    its own) and its cudaMallocAsync backend (stream-ordered allocations)."""
     got = run(
         """
 import json, random, hashlib, torch
@@ -225,6 +229,7 @@ paused, cycles = program(engine)
 print(json.dumps(dict(plain=plain, paused=paused, cycles=cycles)))
 """,
         timeout=900,
+        PYTORCH_CUDA_ALLOC_CONF=conf,
     )
     assert got["cycles"] == 2000
     assert got["paused"] == got["plain"]

@@ -118,6 +118,42 @@ PATTERNS = {
         "print([round(p.grad.abs().sum().item(), 6) for p in net16.parameters()])\n"
         "print(net16[1].running_mean.sum().item())",
     ],
+    "pinned memory in flight at the end of a cell": [
+        "src18 = torch.randn(2**22, device='cuda')\ndst18 = torch.empty(2**22, pin_memory=True)\n"
+        "dst18.copy_(src18, non_blocking=True)\nev18 = torch.cuda.Event()\nev18.record()",
+        "ev18.synchronize()\nprint(torch.equal(dst18, src18.cpu()), dst18.double().sum().item())",
+    ],
+    "many tiny allocations and a few huge ones": [
+        "tiny19 = [torch.full((i % 7 + 1,), float(i), device='cuda') for i in range(20000)]\n"
+        "huge19 = torch.ones(3 * 2**28, dtype=torch.uint8, device='cuda')\nhuge19[-5:] = 7",
+        "print(sum(t.sum().item() for t in tiny19[::997]), huge19.double().sum().item())",
+    ],
+    "a thread pool allocating on its own threads": [
+        "from concurrent.futures import ThreadPoolExecutor\npool20 = ThreadPoolExecutor(3)\n"
+        "futs20 = [pool20.submit(torch.full, (999,), i, device='cuda') for i in range(9)]\n"
+        "made20 = [f.result() for f in futs20]",
+        "print(sum(m.sum().item() for m in made20))",
+    ],
+    "CuPy arrays of odd sizes beside PyTorch": [
+        "import cupy as cp\nc21 = [cp.arange(n, dtype=cp.float32) for n in (1, 1000, 12345, 3_000_001)]\n"
+        "c21.append(cp.cuda.alloc(1000))",
+        "print([float(x.sum()) for x in c21[:4]], c21[4].mem.size)",
+    ],
+    "CUDA memory allocated directly from the driver": [
+        "import ctypes\nlib22 = ctypes.CDLL('libcuda.so.1')\np22 = ctypes.c_uint64()\n"
+        "print(lib22.cuMemAlloc_v2(ctypes.byref(p22), ctypes.c_size_t(5 * 2**20 + 3)))\n"
+        "t22 = torch.arange(1000, device='cuda', dtype=torch.float32)\n"
+        "lib22.cuMemcpyDtoD_v2(p22, ctypes.c_uint64(t22.data_ptr()), ctypes.c_size_t(4000))",
+        "back22 = torch.empty(1000, device='cuda')\n"
+        "lib22.cuMemcpyDtoD_v2(ctypes.c_uint64(back22.data_ptr()), p22, ctypes.c_size_t(4000))\n"
+        "torch.cuda.synchronize()\nprint(back22.sum().item(), lib22.cuMemFree_v2(p22))",
+    ],
+    "the allocator's settings changed between cells": [
+        "before23 = torch.randn(3 * 2**20, device='cuda')\n"
+        "torch._C._accelerator_setAllocatorSettings('expandable_segments:True')",
+        "after23 = torch.randn(5 * 2**20 + 1, device='cuda') + before23.sum()",
+        "print(before23.double().sum().item(), after23.double().mean().item())",
+    ],
     "a large tensor kept across cells": [
         "big17 = torch.randn(1 << 28, device='cuda')\nsum17 = big17.double().sum().item()",
         "print(big17.double().sum().item() == sum17)",

@@ -50,11 +50,15 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t used = 0; /* physical bytes alive */
 static uint64_t pool_used = 0;
 static int hold_events = 0, capture = 0;
+static uint64_t limit = 0; /* 0: none; else cuMemCreate refuses past this many bytes alive */
+static uint64_t set_access_calls = 0;
 static __thread void *current = NULL;
 
 uint64_t fake_cuda_used(void) { return used; }
 void fake_cuda_hold_events(int on) { hold_events = on; }
 void fake_cuda_capture(int on) { capture = on; }
+void fake_cuda_limit(uint64_t bytes) { limit = bytes; }
+uint64_t fake_cuda_set_access_calls(void) { return set_access_calls; }
 
 /* ---- physical allocations and mappings ---------------------------------------------- */
 typedef struct {
@@ -137,6 +141,10 @@ CUresult cuMemCreate(CUhandle *h, size_t size, const CUmemAllocationProp *prop, 
   (void)flags;
   if (!size || size % GRANULE) return INVALID_VALUE;
   pthread_mutex_lock(&lock);
+  if (limit && used + size > limit) {
+    pthread_mutex_unlock(&lock);
+    return OUT_OF_MEMORY;
+  }
   Phys *p = phys_new(size);
   if (p) p->prop = *prop;
   pthread_mutex_unlock(&lock);
@@ -184,6 +192,7 @@ CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
 
 CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
   (void)desc; (void)count;
+  set_access_calls++;
   return mprotect((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE) == 0 ? OK : INVALID_VALUE;
 }
 

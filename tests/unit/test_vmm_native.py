@@ -173,6 +173,58 @@ def test_cumemcreate_memory_keeps_the_drivers_rules_under_handles_of_ours(native
     assert got["a stale handle"] != 0
 
 
+def test_units_come_back_all_or_none_with_one_access_call_per_run(native):
+    """A resume maps every paused unit again or none: with room for only some, each stays
+    paused and the device holds nothing more; adjacent pages (PyTorch's expandable
+    segments) get their access in one driver call."""
+    got = run(
+        native,
+        """
+        start()
+        cuda.fake_cuda_set_access_calls.restype = u64
+        base = u64()
+        cuda.cuMemAddressReserve(ctypes.byref(base), size_t(32 * 2**20), size_t(0), u64(0), u64(0))
+        prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)
+        access = (ctypes.c_int * 3)(1, 0, 3)
+        for i in range(8):
+            h = u64()
+            cuda.cuMemCreate(ctypes.byref(h), size_t(2 * 2**20), prop, u64(0))
+            cuda.cuMemMap(u64(base.value + i * 2 * 2**20), size_t(2 * 2**20), size_t(0), h, u64(0))
+            cuda.cuMemRelease(h)
+        cuda.cuMemSetAccess(base, size_t(16 * 2**20), access, size_t(1))
+        ctypes.memset(base.value, 3, 16 * 2**20)
+        own = alloc(8 * 2**20)
+        A = _vmm.load()
+        ptrs = sorted(s.ptr for s in A.segments() if s.mapped)
+        for p in ptrs:
+            A.unmap(p)
+        out = {"paused": used()}
+        cuda.fake_cuda_limit(u64(10 * 2**20))  # room for the segment of ours and one page
+        try:
+            A.map_many(ptrs)
+            out["error"] = None
+        except _vmm.DeviceFull as e:
+            out["error"] = type(e).__name__
+        out["after refusal"] = used()
+        out["still paused"] = all(not s.mapped for s in A.segments())
+        cuda.fake_cuda_limit(u64(0))
+        calls = cuda.fake_cuda_set_access_calls()
+        A.map_many(ptrs)
+        out["access calls"] = cuda.fake_cuda_set_access_calls() - calls
+        out["mapped"] = all(s.mapped for s in A.segments())
+        ctypes.memset(base.value, 4, 16 * 2**20)  # writable again, at the same addresses
+        ctypes.memset(own, 4, 8 * 2**20)
+        print(json.dumps(out))
+        """,
+    )
+    assert got["paused"] == 0
+    assert got["error"] == "DeviceFull"
+    assert got["after refusal"] == 0
+    assert got["still paused"]
+    assert got["access calls"] == 2  # one for the eight pages side by side, one for the segment
+    assert got["mapped"]
+
+
 def test_small_allocations_share_chunks_and_keep_their_own_ranges(native):
     got = run(
         native,

@@ -432,14 +432,8 @@ class PauseEngine:
         if self.state != "paused":
             return Outcome(0.0, 0, 0, 0, ())
         t0 = time.perf_counter()
-        mapped: list[_Paused] = []
-        try:
-            for p in self._paused:
-                self.vmm.map(p.segment.ptr)
-                mapped.append(p)
-        except vmm.DeviceFull:
-            self._unmap(mapped)
-            raise
+        self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
+        mapped: list[_Paused] = list(self._paused)
         needs_device = any(r.path == "device" for p in self._paused for r in p.ranges)
         scratch = self._scratch() if needs_device else None
         if needs_device and scratch is None:

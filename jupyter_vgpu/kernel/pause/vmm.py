@@ -216,6 +216,7 @@ class VMM:
         lib.vgpu_free.restype = None
         lib.vgpu_unmap.argtypes, lib.vgpu_unmap.restype = [u64], i32
         lib.vgpu_map.argtypes, lib.vgpu_map.restype = [u64], i32
+        lib.vgpu_map_many.argtypes, lib.vgpu_map_many.restype = [ctypes.POINTER(u64), sz], i32
         lib.vgpu_units.argtypes = [
             ctypes.POINTER(u64),
             ctypes.POINTER(u64),
@@ -293,6 +294,22 @@ class VMM:
         rc = self._lib.vgpu_map(ptr)
         if rc:
             self._raise(rc, f"resuming the segment at {ptr:#x}")
+
+    def map_many(self, ptrs: list[int]) -> None:
+        """:meth:`map` for many paused units at once, all or none (the access of adjacent
+        units is set in one driver call).
+
+        Raises:
+            DeviceFull: no room on the device for all of them; every one stays paused.
+            VMMError: an unknown unit, one not paused, or the driver refused; every one
+                stays paused.
+        """
+        if not ptrs:
+            return
+        array = (ctypes.c_uint64 * len(ptrs))(*ptrs)
+        rc = self._lib.vgpu_map_many(array, len(ptrs))
+        if rc:
+            self._raise(rc, f"resuming {len(ptrs)} units")
 
     def segments(self) -> list[Segment]:
         """Every unit (segments of the allocator's own, and others' ``cuMemCreate``

@@ -354,9 +354,11 @@ CUresult async_free(uint64_t ptr, CUstream stream, int ptsz) {
         drv.cuEventDestroy_v2(p.ev);
         p.ev = NULL;
       }
-      if (!p.ev) { /* no event: wait for the device instead, then reclaim at once */
+      if (!p.ev) { /* no event: wait for the device (without the lock), then reclaim */
+        pthread_mutex_unlock(&g_lock);
         drv.cuCtxSynchronize();
-        reclaim(ptr, 0);
+        pthread_mutex_lock(&g_lock);
+        if (async_reclaim_now(ptr) == 0) r = CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_unlock(&g_lock);
         return r;
       }

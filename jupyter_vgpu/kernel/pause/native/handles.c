@@ -20,8 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_ACCESS 8
-
 typedef struct {
   int used;
   uint32_t gen;
@@ -361,7 +359,12 @@ int handles_unmap(uint64_t va) {
   return 0;
 }
 
-int handles_map(uint64_t va) {
+int handles_map(uint64_t va) { return handles_map_unset(va, NULL, NULL); }
+
+/* New physical memory behind every mapping of the paused allocation whose window is va;
+ * with note NULL the access is set here, else note() is told each mapping's access to
+ * set (vgpu_map_many sets it once per run of adjacent mappings). */
+int handles_map_unset(uint64_t va, AccessNote note, void *ctx) {
   uint32_t slot;
   Alloc *a = by_window(va, &slot);
   if (!a) return -1;
@@ -375,7 +378,7 @@ int handles_map(uint64_t va) {
     Mapping *m = &g_maps[i];
     if (m->alloc != slot) continue;
     r = drv.cuMemMap(m->va, m->size, m->offset, real, 0);
-    if (r == CUDA_SUCCESS && m->naccess) {
+    if (r == CUDA_SUCCESS && m->naccess && !note) {
       r = drv.cuMemSetAccess(m->va, m->size, m->access, m->naccess);
       if (r != CUDA_SUCCESS) drv.cuMemUnmap(m->va, m->size);
     }
@@ -387,6 +390,10 @@ int handles_map(uint64_t va) {
     drv.cuMemRelease(real);
     return r;
   }
+  if (note)
+    for (i = 0; i < g_nmaps; i++)
+      if (g_maps[i].alloc == slot && g_maps[i].naccess)
+        note(ctx, g_maps[i].va, g_maps[i].size, g_maps[i].access, g_maps[i].naccess);
   a->real = real;
   a->paused = 0;
   return 0;

@@ -96,24 +96,31 @@ static CUresult alloc_sync(int device, uint64_t size, uint64_t *out) {
 }
 
 /* Free memory of ours synchronously (cudaFree's and cuMemFree's contract: work still
- * using it finishes first). CUDA_ERROR_NOT_FOUND: not ours. */
+ * using it finishes first). The device is synchronized without the lock held: a
+ * synchronize lasts as long as the longest kernel queued, and every other thread of the
+ * process (allocations, the kernel's usage reports) would wait on the lock meanwhile.
+ * CUDA_ERROR_NOT_FOUND: not ours. */
 static CUresult free_sync(uint64_t ptr) {
   pthread_mutex_lock(&g_lock);
   Segment *s = seg_containing(ptr);
+  int device = s ? s->device : 0;
+  int ours = s && !(s->flags & SEG_CACHED);
+  pthread_mutex_unlock(&g_lock);
+  if (!ours) return CUDA_ERROR_NOT_FOUND;
+  ensure_context(device);
+  drv.cuCtxSynchronize();
+  pthread_mutex_lock(&g_lock);
   CUresult r = CUDA_SUCCESS;
-  if (!s || (s->flags & SEG_CACHED)) r = CUDA_ERROR_NOT_FOUND;
-  else {
-    ensure_context(s->device);
-    drv.cuCtxSynchronize();
-    if (s->flags & SEG_ASYNC) {
-      if (!async_reclaim_now(ptr)) r = CUDA_ERROR_INVALID_VALUE;
-    } else if (s->chunk) {
-      if (!arena_free(ptr)) r = CUDA_ERROR_INVALID_VALUE;
-    } else if (s->ptr != ptr) {
-      r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation */
-    } else {
-      seg_delete(s);
-    }
+  s = seg_containing(ptr);
+  if (!s || (s->flags & SEG_CACHED)) r = CUDA_ERROR_INVALID_VALUE; /* freed meanwhile by another thread */
+  else if (s->flags & SEG_ASYNC) {
+    if (!async_reclaim_now(ptr)) r = CUDA_ERROR_INVALID_VALUE;
+  } else if (s->chunk) {
+    if (!arena_free(ptr)) r = CUDA_ERROR_INVALID_VALUE;
+  } else if (s->ptr != ptr) {
+    r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation */
+  } else {
+    seg_delete(s);
   }
   pthread_mutex_unlock(&g_lock);
   return r;

@@ -164,6 +164,7 @@ Segment *seg_at(uint64_t ptr);          /* the segment starting at ptr, or NULL 
 CUresult seg_new(int device, uint64_t size, int flags, Segment **out);
 void seg_delete(Segment *s); /* synchronize first; frees addresses and memory */
 CUresult seg_back(Segment *s);
+CUresult seg_back_unset(Segment *s); /* physical memory mapped, no access set yet */
 CUresult seg_unback(Segment *s);
 CUresult current_device(int *device); /* the calling thread's context's device */
 CUresult ensure_context(int device);
@@ -189,6 +190,8 @@ void async_let_through(uint64_t ptr, uint64_t size);
 int async_forget_through(uint64_t ptr);
 extern uint64_t g_async_live_bytes, g_async_cached_bytes, g_arena_bytes;
 
+#define MAX_ACCESS 8 /* locations whose access a mapping keeps */
+
 /* Flags of the units the engine pauses (vgpu_units). */
 #define UNIT_MAPPED 1
 #define UNIT_OTHERS 2   /* made with cuMemCreate by someone else (handles.c) */
@@ -205,6 +208,9 @@ uint64_t handles_count(void);
 size_t handles_units(uint64_t *ptrs, uint64_t *sizes, int *devices, int *flags, size_t n);
 int handles_unmap(uint64_t window);  /* -1: no such unit */
 int handles_map(uint64_t window);
+/* handles_map without setting access: note(ctx, va, size, access, count) for each mapping. */
+typedef void (*AccessNote)(void *ctx, uint64_t va, uint64_t size, const CUmemAccessDesc *access, int count);
+int handles_map_unset(uint64_t window, AccessNote note, void *ctx);
 void handles_figures(uint64_t *mapped, uint64_t *paused, uint64_t *exported, uint64_t *imported,
                      uint64_t *other);
 
