@@ -8,6 +8,9 @@
 # Environment: that of jupyterhub_config.py, and
 #   JUPYTER_VGPU_DEMO_SLURM       the cluster's description (DIR/cluster.json of scripts/slurm-cluster)
 #   JUPYTER_VGPU_DEMO_NODE_TOKEN  the node arbiters' token (service vgpu-nodes)
+#   JUPYTER_VGPU_DEMO_PLACEMENT   binpack (default) or spread
+#   JUPYTER_VGPU_DEMO_SLURM_PENDING  seconds a job may pend before the spawn gives up (default 60)
+#   JUPYTER_VGPU_DEMO_SLURM_PROFILES the spawn form's profiles, as JSON (profile_list)
 #
 # The test cluster runs every job as root (the Hub's own account): this Python may live
 # where other accounts cannot run it (a virtual environment made from a Python under
@@ -50,6 +53,7 @@ c.VGPUSlurmSpawner.vgpu_pending_timeout = float(os.environ.get("JUPYTER_VGPU_DEM
 # 1 GiB per shard: the nodes' simulated GPUs have shards_per_gpu shards each
 c.GPUInventory.simulated_memory = cluster["shards_per_gpu"] * 2**30
 c.GPUInventory.simulated_name = f"Simulated GPU, {cluster['shards_per_gpu']} GiB (Slurm GRES)"
+c.VGPUHub.placement = os.environ.get("JUPYTER_VGPU_DEMO_PLACEMENT", "binpack")
 profiles = os.environ.get("JUPYTER_VGPU_DEMO_SLURM_PROFILES")
 if profiles:  # the spawn form's choices, as JSON (VGPUSlurmSpawner.profile_list)
     c.VGPUSlurmSpawner.profile_list = json.loads(profiles)
