@@ -27,9 +27,11 @@ c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 load_subconfig(str(Path(__file__).with_name("jupyterhub_config.py")))  # noqa: F821
 
 cluster = json.loads(Path(os.environ["JUPYTER_VGPU_DEMO_SLURM"]).read_text())
-# No arbiter beside the Hub: one per node instead (scripts/slurm-cluster arbiters).
-c.JupyterHub.services = [s for s in c.JupyterHub.services if s.get("name") != hub_spawner.ARBITER_SERVICE]
-c.JupyterHub.load_roles = [r for r in c.JupyterHub.load_roles if r.get("name") != hub_spawner.ARBITER_SERVICE]
+# No arbiter beside the Hub: one per node instead (scripts/slurm-cluster arbiters), whose
+# token setup_slurm registers (in place of the demo's Kubernetes node service).
+others = (hub_spawner.ARBITER_SERVICE, "vgpu-node")
+c.JupyterHub.services = [s for s in c.JupyterHub.services if s.get("name") not in others]
+c.JupyterHub.load_roles = [r for r in c.JupyterHub.load_roles if r.get("name") not in others]
 c.VGPUHub.arbiter_socket = ""
 hub_spawner.setup_slurm(c, node_token=os.environ.get("JUPYTER_VGPU_DEMO_NODE_TOKEN"))
 c.JupyterHub.spawner_class = "hub_spawner.demo.slurm.DemoSlurmSpawner"

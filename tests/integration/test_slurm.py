@@ -66,14 +66,27 @@ def hub(cluster):
         process.shutdown()
 
 
+def progress(hub, user: str) -> list[dict]:
+    """The spawn's progress events as the spawn page follows them, until ready or failed."""
+    events = []
+    with hub.api("GET", f"/users/{user}/server/progress", stream=True) as stream:
+        for line in stream.iter_lines(decode_unicode=True):
+            if line.startswith("data:"):
+                events.append(json.loads(line[len("data:") :]))
+                if events[-1].get("ready") or events[-1].get("failed"):
+                    break
+    return events
+
+
 def mine(hub, user: str) -> dict:
     return next(s for s in hub.api("GET", "/vgpu/slices").json() if s["user"] == user)
 
 
 @pytest.fixture(scope="module")
 def ada(hub, cluster):
-    """Ada logs in through the login form and spawns from the spawn form's default
-    profile (a 2 GiB budget; her quota guarantees 2 GiB): her server runs as a Slurm job."""
+    """Ada logs in through the login form; on the spawn form the 12 GiB profile is refused
+    (above her 6 GiB quota) and the small one (a 2 GiB budget, all of it guaranteed) runs
+    as a Slurm job."""
     session = hub.login("ada")
     assert hub.api("PUT", "/vgpu/quotas/users/ada", json={"memory_limit": "6G"}).status_code == 200
     form = session.get(f"{hub.url}/hub/spawn")
@@ -81,8 +94,15 @@ def ada(hub, cluster):
     assert 'value="small"' in form.text
     assert "vGPU: 2.00 GiB budget, all of it guaranteed" in form.text
     assert "Above your vGPU quota" in form.text  # the 12 GiB profile
-    events = hub.spawn_events("ada", options={"profile": "small"}, timeout=120)
+    xsrf = session.cookies.get("_xsrf", path="/hub/")
+    refused = session.post(f"{hub.url}/hub/spawn", data={"profile": "large", "_xsrf": xsrf}, timeout=30)
+    assert "The profile &#39;large&#39; asks for a vGPU budget of 12.00 GiB" in refused.text
+    assert "more than your quota&#39;s 6.00 GiB" in refused.text
+    chosen = session.post(f"{hub.url}/hub/spawn", data={"profile": "small", "_xsrf": xsrf}, timeout=30)
+    assert chosen.status_code == 200, chosen.text[:500]
+    events = progress(hub, "ada")
     assert events[-1].get("ready"), events
+    hub.spawn("ada")  # ready through the proxy too
     lab = LabClient(f"{hub.url}/user/ada/", session=session)
     kernel = lab.start_kernel()
     yield lab, kernel, events
@@ -217,6 +237,21 @@ def test_no_shards_left_reaches_the_spawn_page_with_slurms_reason(hub, cluster, 
         assert "(Resources)" in page.text
     finally:
         cluster.run("scancel", *(j for _, j in taken), check=False)
+
+
+def test_the_job_and_its_slice_survive_a_hub_restart(hub, ada):
+    lab, kernel, _ = ada
+    before = mine(hub, "ada")
+    hub.restart()
+    after = mine(hub, "ada")
+    assert {k: after[k] for k in ("node", "job_id", "slurm_gres", "slice")} == {
+        k: before[k] for k in ("node", "job_id", "slurm_gres", "slice")
+    }
+    # the restored placement still counts: a change is checked and applied live
+    r = hub.api("PUT", "/vgpu/quotas/users/ada", json={"memory_limit": "1536M", "priority": 70})
+    assert r.status_code == 200, r.text
+    shown = lambda: "1.50 GiB" in lab.execute(kernel, "%vgpu status")  # noqa: E731
+    wait_for(shown, 15, "1.50 GiB in ada's %vgpu status", interval=0.5)
 
 
 def test_stopping_the_server_ends_the_job(hub, cluster, ada):
