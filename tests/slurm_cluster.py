@@ -5,6 +5,7 @@ per node."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +23,8 @@ NODE_TOKEN = "slurm-node-arbiters-token-0123456789abcdef"
 
 def why_not() -> str | None:
     """Why this machine cannot run the cluster (not root, Slurm missing, ...), or None."""
+    if importlib.util.find_spec("batchspawner") is None:
+        return "batchspawner is not installed (pip install -e '.[slurm]'; scripts/install does)"
     r = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, check=False)
     return None if r.returncode == 0 else (r.stdout.strip() or r.stderr.strip() or "unknown")
 
