@@ -34,7 +34,10 @@ class VGPUPageHandler(BaseHandler):
             )
         hub = VGPUHub.instance(config=self.settings["config"])
         _, gpus = hub.snapshot(self.users)
+        nodes = hub.nodes.nodes()
         arbiter, arbiter_problem = await arbiter_books(hub.arbiter_socket)
+        if not hub.arbiter_socket and nodes:
+            arbiter_problem = "The node arbiters run on the nodes (Kubernetes, Slurm): see Nodes above."
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
@@ -45,7 +48,7 @@ class VGPUPageHandler(BaseHandler):
             size=format_bytes,
             arbiter=arbiter,
             arbiter_problem=arbiter_problem,
-            nodes=hub.nodes.nodes(),
+            nodes=nodes,
             clock=lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"),
         )
         self.finish(html)

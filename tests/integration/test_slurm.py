@@ -184,6 +184,7 @@ def test_both_nodes_are_on_the_hub_page(hub, cluster, ada):
         assert f'data-node="{node}"' in page.text
         assert f"{node} GPU 0" in page.text  # its simulated GPUs, from Slurm's GRES
     assert "ada" in page.text
+    assert "The node arbiters run on the nodes" in page.text
 
 
 def test_sbatch_refusing_the_job_reaches_the_spawn_page(hub, cluster, ada):
