@@ -9,10 +9,10 @@ Slurm batch job, as with batchspawner alone; what the slice adds:
    (binpack or spread, overcommit, guarantees): the GPUs are the nodes' ``gpu`` GRES,
    named and sized by each node arbiter's report (:mod:`hub_spawner.slurm_nodes`).
 2. **The job asks Slurm for it**: ``--nodelist=<node>`` and ``--gres=shard:<n>``, the
-   shards the slice's guaranteed memory needs (``vgpu_gres = "shard"``), or
-   ``--gres=gpu:1`` for a whole GPU (``"gpu"``). Slurm then holds those shards for the
-   job: its own accounting agrees with the Hub's guarantees, and batch jobs outside the
-   Hub see them taken.
+   shards the slice's guaranteed memory needs (``vgpu_gres = "shard"``), or every shard
+   of one GPU for a whole GPU (``"gpu"``; ``--gres=gpu:1`` on a node without shards).
+   Slurm then holds those shards for the job: its own accounting agrees with the Hub's
+   guarantees, and batch jobs outside the Hub see them taken.
 3. **The slice records where the job landed**: its node, and the GPU Slurm gave the
    shards on (``scontrol show job -d``: ``GRES=shard:3(IDX:1)``); Slurm, not the Hub,
    picks the GPU within the node. The job id is in the slice listing, so that the
@@ -82,7 +82,9 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         default_value="shard",
         help="""What the job asks Slurm for: 'shard' (--gres=shard:<n>, the shards of the
         slice's GPU its guaranteed memory needs, rounded up; several users per GPU) or
-        'gpu' (--gres=gpu:1, a whole GPU: the slice's budget and guarantee are the card).""",
+        'gpu' (a whole GPU: every shard of one GPU, --gres=shard:<Count>, so that no
+        shard job shares it; --gres=gpu:1 on a node without shards). A whole GPU is the
+        slice's budget and guarantee, if the quota allows it.""",
     ).tag(config=True)
 
     vgpu_memory_limit = ByteSpecification(
@@ -362,7 +364,9 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         node = VGPUSlurmSpawner._nodes.get(gpu.node)
         per_gpu = node.shards_per_gpu if node else 0
         if ask["mode"] == "gpu":
-            gres, shards = "gpu:1", 0
+            # every shard of one GPU, so that no shard job shares it (Slurm 22.05 lets a
+            # gpu:1 job and shard jobs share a card); gpu:1 on a node without shards
+            gres, shards = (f"shard:{per_gpu}", per_gpu) if per_gpu else ("gpu:1", 0)
         else:
             try:
                 shards = slurm_nodes.shards_for(request, gpu.memory, per_gpu)

@@ -32,6 +32,7 @@ PROFILES = [
     {"display_name": "Large", "slug": "large", "spawner_override": {"vgpu_memory_limit": "12G"}},
     {"display_name": "Nowhere", "slug": "nowhere", "spawner_override": {"req_partition": "nowhere"}},
     {"display_name": "Much memory", "slug": "much-memory", "spawner_override": {"req_memory": "900G"}},
+    {"display_name": "Whole GPU", "slug": "whole", "spawner_override": {"vgpu_gres": "gpu"}},
 ]
 
 
@@ -238,6 +239,26 @@ def test_no_shards_left_reaches_the_spawn_page_with_slurms_reason(hub, cluster, 
         assert "(Resources)" in page.text
     finally:
         cluster.run("scancel", *(j for _, j in taken), check=False)
+        ids = ",".join(j for _, j in taken)
+        ended = lambda: cluster.run("squeue", "-h", "-j", ids, check=False).strip() == ""  # noqa: E731
+        wait_for(ended, 30, "the batch jobs to end")
+
+
+def test_a_whole_gpu_is_every_shard_of_one_gpu(hub, cluster, ada):
+    hub.user_token("dora")
+    assert hub.api("PUT", "/vgpu/quotas/users/dora", json={"memory_limit": "16G"}).status_code == 200
+    events = hub.spawn_events("dora", options={"profile": "whole"}, timeout=120)
+    assert events[-1].get("ready"), events
+    try:
+        dora, ada_slice = mine(hub, "dora"), mine(hub, "ada")
+        assert dora["slurm_gres"] == "shard:16"
+        assert (dora["memory_limit"], dora["memory_request"]) == (16 * GiB, 16 * GiB)
+        # Slurm gave it a GPU no shard job holds: not ada's
+        assert (dora["node"], dora["gpu_index"]) != (ada_slice["node"], ada_slice["gpu_index"])
+        detail = cluster.run("scontrol", "show", "job", "-d", dora["job_id"])
+        assert f"GRES=shard:16(IDX:{dora['gpu_index']})" in detail, detail
+    finally:
+        hub.stop_server("dora", timeout=60)
 
 
 def test_the_job_and_its_slice_survive_a_hub_restart(hub, ada):
