@@ -22,8 +22,9 @@ Slurm batch job, as with batchspawner alone; what the slice adds:
    ``vgpu_pending_timeout`` (its reason: ``Resources`` when the GPU's shards are taken)
    end the spawn with Slurm's words.
 
-Choices on the spawn form come from ``profile_list``, in KubeSpawner's shape: each
-profile's ``spawner_override`` sets this spawner's settings (``vgpu_*`` sizes, and
+Choices on the spawn form come from ``profile_list``, in KubeSpawner's shape
+(:mod:`hub_spawner.slurm_profiles`): each profile's ``spawner_override`` sets this
+spawner's settings (``vgpu_*`` sizes, and
 batchspawner's ``req_*``: partition, runtime, ...). A running job keeps the shards Slurm
 gave it, so a quota change resizes the budget live and the guarantee up to those shards.
 """
@@ -31,7 +32,6 @@ gave it, so a quota change resizes the budget live and the guarantee up to those
 from __future__ import annotations
 
 import asyncio
-import html
 import re
 import time
 from typing import Any
@@ -44,7 +44,7 @@ from traitlets import Dict, Enum, Float, Integer, List, TraitError, Unicode, def
 from jupyter_vgpu.node.socket_path import SOCKET_ENV
 from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, Slice, SliceError
 
-from . import kube_profiles, slurm_nodes
+from . import kube_profiles, slurm_nodes, slurm_profiles
 from .inventory import GPU
 from .placement import Placement, PlacementError
 from .spawner import STATE_KEY, VGPUSpawnerMixin
@@ -68,10 +68,6 @@ class SlurmRefused(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.jupyterhub_message = message
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "profile"
 
 
 class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
@@ -176,56 +172,30 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
     def _vgpu_slurm_options_form(self):
         return VGPUSlurmSpawner._vgpu_render_form if self.profile_list else ""
 
-    def _profiles(self) -> list[dict]:
-        out = []
-        for i, p in enumerate(self.profile_list):
-            out.append({**p, "slug": p.get("slug") or _slug(p.get("display_name", f"profile {i + 1}"))})
-        return out
-
     def _profile(self, user_options) -> dict | None:
-        """The profile ``user_options`` choose (the default one, else the first), or None
-        without a profile list.
+        """The profile ``user_options`` choose (:func:`hub_spawner.slurm_profiles.chosen`).
 
         Raises:
             ValueError: no profile of that slug.
         """
-        profiles = self._profiles()
-        if not profiles:
-            return None
-        slug = (user_options or {}).get("profile")
-        if slug:
-            for p in profiles:
-                if p["slug"] == slug:
-                    return p
-            raise ValueError(f"No profile {slug!r}; the profiles: {', '.join(p['slug'] for p in profiles)}")
-        return next((p for p in profiles if p.get("default")), profiles[0])
+        return slurm_profiles.chosen(self.profile_list, user_options)
 
     def _vgpu_render_form(self) -> str:
-        """Radio buttons, one per profile, each saying the slice it gives (or why it is
+        """One radio button per profile, each saying the slice it gives (or why it is
         above the user's quota)."""
         effective = self.vgpu_resolve()
-        chosen = self._profile({})
-        rows = []
-        for p in self._profiles():
+        lines = {}
+        for p in slurm_profiles.normalized(self.profile_list):
             try:
                 ask = self.vgpu_ask(p.get("spawner_override", {}))
                 sized = kube_profiles.size(ask, effective, what="It")
-                line = kube_profiles.describe(self._describe_ask(ask), sized, "time-slicing")
+                lines[p["slug"]] = kube_profiles.describe(self._describe_ask(ask), sized, "time-slicing")
             except kube_profiles.QuotaExceeded as e:
-                line = f"Above your vGPU quota: {e}"
+                lines[p["slug"]] = f"Above your vGPU quota: {e}"
             except (ValueError, TraitError) as e:
                 self.log.error("vGPU: profile %r is misconfigured: %s", p["slug"], e)
-                line = f"Misconfigured, ask an admin: {e}"
-            checked = " checked" if p is chosen or p["slug"] == chosen["slug"] else ""
-            rows.append(
-                f'<div class="form-check mb-2"><input class="form-check-input" type="radio" name="profile" '
-                f'id="profile-{html.escape(p["slug"])}" value="{html.escape(p["slug"])}"{checked}>'
-                f'<label class="form-check-label" for="profile-{html.escape(p["slug"])}">'
-                f"<strong>{html.escape(p.get('display_name', p['slug']))}</strong>"
-                + (f"<br>{p['description']}" if p.get("description") else "")
-                + f'<br><span class="vgpu-size">{html.escape(line)}</span></label></div>'
-            )
-        return '<div class="vgpu-profiles">' + "".join(rows) + "</div>"
+                lines[p["slug"]] = f"Misconfigured, ask an admin: {e}"
+        return slurm_profiles.render(self.profile_list, lines, self._profile({})["slug"])
 
     def options_from_form(self, formdata):
         """``{"profile": slug}`` from the form, refused (the form comes back with the

@@ -15,7 +15,7 @@ import sys
 import pytest
 import tornado.web
 
-from hub_spawner import slurm_nodes
+from hub_spawner import slurm_nodes, slurm_profiles
 from hub_spawner.inventory import GPU
 from hub_spawner.placement import Allocator, PlacementError
 from jupyter_vgpu.node import slurm
@@ -199,3 +199,22 @@ async def test_the_arbiter_takes_the_hubs_slices_of_its_own_nodes_jobs(jobs):
     finally:
         server.stop()
         await asyncio.sleep(0)
+
+
+def test_profiles_in_kubespawners_shape():
+    profiles = [
+        {"display_name": "Small GPU", "spawner_override": {"vgpu_memory_limit": "4G"}},
+        {"display_name": "<Whole> GPU", "slug": "whole", "default": True, "description": "<em>8 h</em>"},
+    ]
+    assert [p["slug"] for p in slurm_profiles.normalized(profiles)] == ["small-gpu", "whole"]
+    assert slurm_profiles.chosen(profiles, {})["slug"] == "whole"  # the default one
+    assert slurm_profiles.chosen(profiles, {"profile": "small-gpu"})["display_name"] == "Small GPU"
+    assert slurm_profiles.chosen([], {"profile": "x"}) is None
+    with pytest.raises(ValueError, match="No profile 'huge'; the profiles: small-gpu, whole"):
+        slurm_profiles.chosen(profiles, {"profile": "huge"})
+    form = slurm_profiles.render(profiles, {"small-gpu": "vGPU: 4.00 GiB <budget>"}, "whole")
+    assert 'value="whole" checked>' in form
+    assert 'value="small-gpu">' in form
+    assert "&lt;Whole&gt; GPU" in form  # names are escaped; descriptions are the admin's HTML
+    assert "<em>8 h</em>" in form
+    assert "vGPU: 4.00 GiB &lt;budget&gt;" in form
