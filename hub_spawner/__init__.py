@@ -123,8 +123,9 @@ def setup_slurm(c, *, node_token: str | None = None) -> None:
     """:func:`setup`, for a Hub whose users' servers run as Slurm jobs: the ``vgpu-slurm``
     spawner (batchspawner's SlurmSpawner with slices, :mod:`hub_spawner.slurm`), GPUs from
     the Slurm nodes and their arbiters' reports instead of NVML on the Hub's host, and
-    batchspawner's API (``/hub/api/batchspawner``, where a job's server says its port).
-    The arbiters run on the nodes (a systemd unit each), not as a service of the Hub.
+    an API where a job's server says its port (``/hub/api/batchspawner``, in place of
+    batchspawner's own handler: :mod:`hub_spawner.slurm_api`). The arbiters run on the
+    nodes (a systemd unit each), not as a service of the Hub.
 
     Args:
         c: the config object of ``jupyterhub_config.py``.
@@ -132,9 +133,12 @@ def setup_slurm(c, *, node_token: str | None = None) -> None:
             unit): registered as the service ``vgpu-nodes`` with ``read:users`` and
             ``custom:vgpu-nodes:write``. None: configure their service yourself.
     """
-    import batchspawner.api  # noqa: F401 - registers /hub/api/batchspawner with JupyterHub
+    from .slurm_api import replace_batchspawners_handler
 
     setup(c, arbiter=False)
+    ours = replace_batchspawners_handler()
+    existing = list(c.JupyterHub.extra_handlers)
+    c.JupyterHub.extra_handlers = existing + [h for h in ours if h not in existing]
     c.JupyterHub.spawner_class = "vgpu-slurm"
     c.GPUInventory.source = "nodes"
     if node_token:

@@ -172,6 +172,21 @@ def test_vgpu_status_and_a_live_quota_change(hub, ada):
     assert slice_["memory_request"] == 1 * GiB  # at most the budget; the job keeps its 2 shards
 
 
+def test_a_servers_token_may_say_its_port_and_nothing_else(hub, ada):
+    lab, kernel, _ = ada
+    token = hub.server_token(lab, kernel)  # the user can read it in her server
+    before = mine(hub, "ada")
+    for body in ({"exec_prefix": "touch /tmp/vgpu-slurm-pwned;"}, {"port": 8888, "req_partition": "x"}):
+        r = hub.api("POST", "/batchspawner", token=token, json=body)
+        assert r.status_code == 400, r.text
+        assert "nothing else" in r.json()["message"]
+    r = hub.api("POST", "/batchspawner", token=token, json={"port": 8888})
+    assert r.status_code == 409, r.text  # the running server's port is known
+    assert hub.api("POST", "/batchspawner", json={"port": 8888}).status_code == 403  # not a server's token
+    assert mine(hub, "ada") == before
+    assert "1.00 GiB" in lab.execute(kernel, "%vgpu status")  # the server still answers
+
+
 def test_both_nodes_are_on_the_hub_page(hub, cluster, ada):
     def reported():
         nodes = hub.api("GET", "/vgpu/nodes").json()["nodes"]
