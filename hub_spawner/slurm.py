@@ -220,10 +220,22 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         return f"The profile {profile['slug']!r}" if profile else "Your server's profile"
 
     def _vgpu_apply_profile(self) -> dict | None:
-        """Set the chosen profile's overrides on this spawner (undoing the last spawn's)."""
+        """Set the chosen profile's overrides on this spawner (undoing the last spawn's).
+
+        Raises:
+            SlurmRefused: ``user_options`` name anything but ``profile``. batchspawner
+                renders every user option into the batch script (``cmd``, ``gres``,
+                ``options``...), which would let a user rewrite their job around the slice.
+        """
         for name, value in self._vgpu_saved.items():
             setattr(self, name, value)
         self._vgpu_saved = {}
+        unknown = sorted(set(self.user_options or {}) - {"profile"})
+        if unknown:
+            raise SlurmRefused(
+                f"Unknown spawn option(s) {', '.join(map(repr, unknown))}: a server on Slurm takes "
+                'only a profile ({"profile": <slug>})'
+            )
         try:
             profile = self._profile(self.user_options)
         except ValueError as e:

@@ -216,6 +216,15 @@ def test_sbatch_refusing_the_job_reaches_the_spawn_page(hub, cluster, ada):
     assert all(s["user"] != "bob" for s in hub.api("GET", "/vgpu/slices").json())
 
 
+def test_spawn_options_cannot_rewrite_the_job(hub, cluster, ada):
+    # batchspawner renders user options into the batch script: only a profile passes
+    options = {"profile": "small", "options": "--gres=shard:16", "cmd": "sleep"}
+    events = hub.spawn_events("bob", options=options)
+    assert events[-1].get("failed"), events
+    assert "Unknown spawn option(s) 'cmd', 'options'" in events[-1]["message"]
+    assert cluster.run("squeue", "-h", "-o", "%i").strip().splitlines() == [mine(hub, "ada")["job_id"]]
+
+
 def test_a_partition_without_gpu_nodes_is_named(hub, ada):
     events = hub.spawn_events("bob", options={"profile": "nowhere"})
     assert events[-1].get("failed"), events
