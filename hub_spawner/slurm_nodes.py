@@ -9,7 +9,7 @@ GPUs come from:
 
 - the node arbiter's report (:mod:`hub_spawner.nodes`): NVML's UUID, name and memory of
   each GPU, by NVML index, which is Slurm's GRES index where ``gres.conf`` lists the
-  devices in order (``File=/dev/nvidia[0-3]``, or ``AutoDetect=nvml``);
+  devices in order (``File=/dev/nvidia[0-3]``; ``AutoDetect=nvml`` where Slurm has it);
 - else the node's ``Gres=gpu:<count>`` and the memory the admin names
   (``VGPUSlurmSpawner.vgpu_gpu_memory``), with placeholder ids ``<node>/gpu-<index>``
   until its arbiter reports;
