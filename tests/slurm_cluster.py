@@ -8,12 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from .integration.hub_process import ROOT, HubProcess
+from .integration.hub_process import ARTIFACTS, ROOT, HubProcess
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
 CONFIG = ROOT / "hub_spawner" / "demo" / "slurm_config.py"
@@ -83,7 +84,11 @@ class SlurmCluster:
         return str(self.dir / "arbiter" / node / "arbiter.sock")
 
     def stop(self) -> None:
+        """Stop every daemon, keep the logs in ``test-artifacts/slurm-<folder>/``, remove the folder."""
         subprocess.run(["bash", str(SCRIPT), "stop", str(self.dir)], check=False, capture_output=True)
+        if (self.dir / "log").is_dir():
+            shutil.copytree(self.dir / "log", ARTIFACTS / f"slurm-{self.dir.name}", dirs_exist_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def slurm_hub(cluster: SlurmCluster, name: str, extra_env: dict[str, str] | None = None) -> HubProcess:
