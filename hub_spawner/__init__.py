@@ -119,6 +119,47 @@ def setup_kubernetes(c) -> None:
     c.GPUInventory.source = "nodes"
 
 
+def setup_slurm(c, *, node_token: str | None = None) -> None:
+    """:func:`setup`, for a Hub whose users' servers run as Slurm jobs: the ``vgpu-slurm``
+    spawner (batchspawner's SlurmSpawner with slices, :mod:`hub_spawner.slurm`), GPUs from
+    the Slurm nodes and their arbiters' reports instead of NVML on the Hub's host, and
+    an API where a job's server says its port (``/hub/api/batchspawner``, in place of
+    batchspawner's own handler: :mod:`hub_spawner.slurm_api`). The arbiters run on the
+    nodes (a systemd unit each), not as a service of the Hub.
+
+    Args:
+        c: the config object of ``jupyterhub_config.py``.
+        node_token: the token the node arbiters use (``JUPYTERHUB_API_TOKEN`` of their
+            unit): registered as the service ``vgpu-nodes`` with ``read:users`` and
+            ``custom:vgpu-nodes:write``. None: configure their service yourself.
+    """
+    from .slurm_api import replace_batchspawners_handler
+
+    setup(c, arbiter=False)
+    ours = replace_batchspawners_handler()
+    existing = list(c.JupyterHub.extra_handlers)
+    c.JupyterHub.extra_handlers = existing + [h for h in ours if h not in existing]
+    c.JupyterHub.spawner_class = "vgpu-slurm"
+    c.GPUInventory.source = "nodes"
+    if node_token:
+        services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+        c.JupyterHub.services = [s for s in services if s.get("name") != NODES_SERVICE] + [
+            {"name": NODES_SERVICE, "api_token": node_token}
+        ]
+        role = {
+            "name": NODES_SERVICE,
+            "description": "Node arbiters: read the running vGPU slices and report their nodes.",
+            "scopes": ["read:users", "custom:vgpu-nodes:write"],
+            "services": [NODES_SERVICE],
+        }
+        roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+        c.JupyterHub.load_roles = [r for r in roles if r.get("name") != NODES_SERVICE] + [role]
+
+
+#: Name of the node arbiters' service (and role) on Slurm (:func:`setup_slurm`).
+NODES_SERVICE = "vgpu-nodes"
+
+
 def _snapshot():
     """The running Hub's slices and GPUs for the metrics collector (None before it runs)."""
     from jupyterhub.app import JupyterHub

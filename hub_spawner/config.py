@@ -162,9 +162,12 @@ class VGPUHub(SingletonConfigurable):
         return self._nodes
 
     def devices(self) -> list:
-        """Every device slices may be on: this host's (the allocator's) and every
-        Kubernetes node's (:attr:`nodes`)."""
-        return [*self.allocator.gpus, *self.nodes.devices()]
+        """Every device slices may be on: this host's (the allocator's; on Slurm, the
+        nodes') and every node's its arbiter reported (:attr:`nodes`), each once."""
+        seen: dict[str, object] = {}
+        for d in [*self.allocator.gpus, *self.nodes.devices()]:
+            seen.setdefault(d.uuid, d)
+        return list(seen.values())
 
     @property
     def usage(self) -> UsageBoard:

@@ -1,7 +1,8 @@
 """The admin page ``/hub/vgpu``: every GPU and MIG instance, its slices, limits and
-requests against usage, overcommit, why a GPU takes no slice (NVML failures), and the
-node arbiter's kernels and latest decisions (who was paused for whom, queued, refused,
-over budget), read from its socket when the arbiter runs on the Hub's host.
+requests against usage, overcommit, why a GPU takes no slice (NVML failures), every
+node whose arbiter reports (Kubernetes, Slurm), and the node arbiter's kernels and
+latest decisions (who was paused for whom, queued, refused, over budget), read from its
+socket when the arbiter runs on the Hub's host.
 
 Rendered with the Hub's own templates (``templates/vgpu.html`` extends the Hub's
 ``page.html``); ``templates/page.html`` adds a "vGPU" link to the Hub's navigation bar
@@ -33,7 +34,10 @@ class VGPUPageHandler(BaseHandler):
             )
         hub = VGPUHub.instance(config=self.settings["config"])
         _, gpus = hub.snapshot(self.users)
+        nodes = hub.nodes.nodes()
         arbiter, arbiter_problem = await arbiter_books(hub.arbiter_socket)
+        if not hub.arbiter_socket and nodes:
+            arbiter_problem = "The node arbiters run on the nodes (Kubernetes, Slurm): see Nodes above."
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
@@ -44,6 +48,7 @@ class VGPUPageHandler(BaseHandler):
             size=format_bytes,
             arbiter=arbiter,
             arbiter_problem=arbiter_problem,
+            nodes=nodes,
             clock=lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"),
         )
         self.finish(html)

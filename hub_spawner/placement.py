@@ -146,6 +146,7 @@ class Allocator:
         compute_share: int,
         policy: str = "binpack",
         memory_request: int | None = None,
+        only=None,
     ) -> GPU:
         """Place a new slice on a shared GPU (replacing any earlier placement of ``key``).
 
@@ -155,6 +156,8 @@ class Allocator:
             compute_share: percent, 1-100.
             policy: ``"binpack"`` or ``"spread"``.
             memory_request: guaranteed bytes (default: the whole limit).
+            only: ``GPU -> bool``, the GPUs it may go on (default: every shared GPU; on
+                Slurm, those of the job's partition).
 
         Returns:
             The GPU chosen.
@@ -180,10 +183,12 @@ class Allocator:
         fits = [
             g
             for g in self.shared
-            if self.free(g, excluding=key) >= memory_limit and self.free_request(g, excluding=key) >= request
+            if self.free(g, excluding=key) >= memory_limit
+            and self.free_request(g, excluding=key) >= request
+            and (only is None or only(g))
         ]
         if not fits:
-            raise PlacementError(self._refusal(key, memory_limit, request))
+            raise PlacementError(self._refusal(key, memory_limit, request, only))
         sign = 1 if policy == "binpack" else -1
         chosen = min(
             fits,
@@ -314,12 +319,14 @@ class Allocator:
         """Forget slice ``key`` (no error when absent)."""
         self.placements.pop(key, None)
 
-    def _refusal(self, key: str, memory_limit: int, request: int) -> str:
+    def _refusal(self, key: str, memory_limit: int, request: int, only=None) -> str:
         guaranteed = f" ({format_size(request)} guaranteed)" if request != memory_limit else ""
         lines = [f"No GPU has room for a {format_size(memory_limit)} vGPU slice{guaranteed}:"]
         for g in self.shared:
+            if only is not None and not only(g):
+                continue
             lines.append(
-                f"GPU {g.index} ({g.name}) has {format_size(max(self.free(g, excluding=key), 0))} left of "
+                f"{g.label} ({g.name}) has {format_size(max(self.free(g, excluding=key), 0))} left of "
                 f"{format_size(g.memory)} × overcommit {self.overcommit_ratio:g}, "
                 f"{format_size(max(self.free_request(g, excluding=key), 0))} of it not yet guaranteed"
                 f" ({len(self._on(g, key))} slices placed)."

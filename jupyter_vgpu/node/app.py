@@ -14,7 +14,9 @@ slice over the socket (benchmarks, tests). Nothing a kernel sends is an authorit
 On Kubernetes (``node_name`` set, from the pod's ``spec.nodeName``) the arbiter takes
 the slices of its own node's pods, each known by its pod's uid rather than a process
 tree (:mod:`.namespaces`), and reports the node's GPUs and pods to the Hub every
-``report_seconds`` (:mod:`.report`).
+``report_seconds`` (:mod:`.report`). On a Slurm node (``node_name`` set to the node's
+Slurm name) it does the same for the Slurm jobs of its node, each known by its job's
+cgroup (:mod:`.slurm`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class HubLink:
     """Reads the running slices from the Hub with the service's token.
 
     Each entry of ``GET {JUPYTERHUB_API_URL}/vgpu/slices`` with a ``slice`` and either a
-    ``pid`` (the server's process on this host) or a ``pod_uid`` (its pod, on this
-    arbiter's ``node``) registers that server. Slices whose GPU the Hub does not know
+    ``pid`` (the server's process on this host), a ``pod_uid`` (its pod, on this
+    arbiter's ``node``) or a ``job_id`` (its Slurm job, on this ``node``) registers that
+    server. Slices whose GPU the Hub does not know
     yet (``gpu_uuid`` ``"pending"``) wait: their kernels are admitted once it does.
     """
 
@@ -77,15 +80,15 @@ class HubLink:
         for entry in entries if isinstance(entries, list) else []:
             if not isinstance(entry, dict):
                 continue
-            pid, pod = entry.get("pid"), entry.get("pod_uid")
-            if isinstance(pod, str) and pod:
+            pid, pod, job = entry.get("pid"), entry.get("pod_uid"), entry.get("job_id")
+            pod = pod if isinstance(pod, str) and pod else None
+            job = job if isinstance(job, str) and job else None
+            if pod or job:
                 if self.node and entry.get("node") != self.node:
-                    continue  # another node's pod
+                    continue  # another node's pod or job
                 pid = 0
             elif not isinstance(pid, int) or pid <= 0:
                 continue
-            else:
-                pod = None
             try:
                 slice_ = Slice.from_dict(entry["slice"])
             except (SliceError, KeyError, TypeError) as e:
@@ -93,9 +96,8 @@ class HubLink:
                 continue
             if slice_.gpu_uuid == PENDING:
                 continue
-            server = self.arbiter.register(
-                pid, str(entry.get("user", "")), str(entry.get("server_name", "")), slice_, pod_uid=pod
-            )
+            user, name = str(entry.get("user", "")), str(entry.get("server_name", ""))
+            server = self.arbiter.register(pid, user, name, slice_, pod_uid=pod, job_id=job)
             seen.add(server.root)
         for root in [r for r in self.arbiter.servers if r not in seen]:
             del self.arbiter.servers[root]  # stopped on the Hub
@@ -142,9 +144,10 @@ class ArbiterApp(Application):
     hub_poll_seconds = Float(5.0, help="Seconds between two reads of the Hub's slices.").tag(config=True)
 
     node_name = Unicode(
-        help="""The Kubernetes node this arbiter runs on (default: $JUPYTER_VGPU_NODE, which
-        the DaemonSet sets from spec.nodeName); '' off Kubernetes. When set, the arbiter
-        takes the slices of this node's pods only and reports the node to the Hub."""
+        help="""The Kubernetes or Slurm node this arbiter runs on (default: $JUPYTER_VGPU_NODE,
+        which the DaemonSet sets from spec.nodeName; on Slurm the node's NodeName); '' on a
+        single host. When set, the arbiter takes the slices of this node's pods or jobs
+        only and reports the node to the Hub."""
     ).tag(config=True)
 
     @default("node_name")

@@ -27,7 +27,7 @@ from pathlib import Path
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
-from . import books, cards, mps, namespaces, peers, protocol
+from . import books, cards, mps, namespaces, peers, protocol, slurm
 from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
 from .cards import Reading
 from .metrics import Metrics
@@ -79,12 +79,15 @@ class Arbiter:
             (:mod:`.checkpoint`), or None where the driver lacks it.
         pod_of: maps a PID to the uid of its Kubernetes pod, or None
             (:func:`.namespaces.pod_uid`, which reads its cgroup).
+        job_of: maps a PID to the id of its Slurm job, or None (:func:`.slurm.job_id`,
+            which reads its cgroup).
     """
 
-    def __init__(self, config, checkpoint=None, pod_of=namespaces.pod_uid):
+    def __init__(self, config, checkpoint=None, pod_of=namespaces.pod_uid, job_of=slurm.job_id):
         self.config = config
         self.checkpoint = checkpoint
         self.pod_of = pod_of  # a PID's pod uid (its cgroup), for servers known by their pod
+        self.job_of = job_of  # a PID's Slurm job id (its cgroup), for servers known by their job
         self.servers: dict[int | str, Server] = {}  # by Server.root
         self.conns: dict[int, _Conn] = {}  # kernel pid -> its connection
         self.unknown: dict[int, tuple[_Conn, str]] = {}  # pid -> (connection, kernel id): no server yet
@@ -112,22 +115,34 @@ class Arbiter:
 
     def root_of(self, pid: int) -> int | str | None:
         """The registered server ``pid`` belongs to, by its key: the nearest registered
-        root PID it descends from, else ``"pod:<uid>"`` of its pod when that pod is
-        registered; None when it belongs to none."""
+        root PID it descends from, else ``"pod:<uid>"`` of its pod or ``"job:<id>"`` of its
+        Slurm job when that one is registered; None when it belongs to none."""
         root = peers.root_in(pid, [k for k in self.servers if isinstance(k, int)])
-        if root is None and any(isinstance(k, str) for k in self.servers):
+        if root is None and any(isinstance(k, str) and k.startswith("pod:") for k in self.servers):
             uid = self.pod_of(pid)
             root = f"pod:{uid}" if uid and f"pod:{uid}" in self.servers else None
+        if root is None and any(isinstance(k, str) and k.startswith("job:") for k in self.servers):
+            job = self.job_of(pid)
+            root = f"job:{job}" if job and f"job:{job}" in self.servers else None
         return root
 
     def server_of(self, pid: int) -> Server | None:
         root = self.root_of(pid)
         return self.servers.get(root) if root is not None else None
 
-    def register(self, pid: int, user: str, name: str, slice_: Slice, pod_uid: str | None = None) -> Server:
+    def register(
+        self,
+        pid: int,
+        user: str,
+        name: str,
+        slice_: Slice,
+        pod_uid: str | None = None,
+        job_id: str | None = None,
+    ) -> Server:
         """Give a server a slice (from the Hub or a trusted client): the process tree
-        rooted at ``pid``, or (``pid`` 0) every process of the pod ``pod_uid``."""
-        server = Server(pid, user, name, slice_, pod_uid)
+        rooted at ``pid``, or (``pid`` 0) every process of the pod ``pod_uid`` or of the
+        Slurm job ``job_id``."""
+        server = Server(pid, user, name, slice_, pod_uid, job_id)
         root = server.root
         old = self.servers.get(root)
         self.servers[root] = server
@@ -200,6 +215,7 @@ class Arbiter:
                     "pid": s.pid,
                     "key": s.key,
                     "pod_uid": s.pod_uid,
+                    "job_id": s.job_id,
                     "user": s.user,
                     "server": s.name,
                     "gpu_uuid": s.slice.gpu_uuid,

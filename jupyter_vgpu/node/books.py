@@ -34,6 +34,8 @@ class Server:
         slice: its slice (the budget is per kernel, as everywhere).
         pod_uid: on Kubernetes, the uid of its pod: every process in the pod's cgroup
             belongs to it (:mod:`.namespaces`); None on one host.
+        job_id: on Slurm, the id of its job: every process in the job's cgroup belongs
+            to it (:mod:`.slurm`); None elsewhere.
     """
 
     pid: int
@@ -41,6 +43,7 @@ class Server:
     name: str
     slice: Slice
     pod_uid: str | None = None
+    job_id: str | None = None
 
     @property
     def key(self) -> str:
@@ -48,7 +51,9 @@ class Server:
 
     @property
     def root(self) -> int | str:
-        """Its key in the arbiter's books: the root PID, or ``"pod:<uid>"``."""
+        """Its key in the arbiter's books: the root PID, ``"pod:<uid>"`` or ``"job:<id>"``."""
+        if self.job_id:
+            return f"job:{self.job_id}"
         return f"pod:{self.pod_uid}" if self.pod_uid else self.pid
 
 

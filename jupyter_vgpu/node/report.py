@@ -1,5 +1,5 @@
-"""The node arbiter's report to the Hub, on Kubernetes: this node's GPUs and which pods
-use them (the contract ``node-report``).
+"""The node arbiter's report to the Hub, on Kubernetes and Slurm: this node's GPUs and
+which pods (or Slurm jobs, as ``job:<id>``) use them (the contract ``node-report``).
 
 Every ``report_seconds`` the arbiter POSTs it to
 ``{JUPYTERHUB_API_URL}/vgpu/nodes/{node}`` with its token (which needs the scope
@@ -165,8 +165,17 @@ class NodeReporter:
             [k.pid for k in self.arbiter.kernels],
             watermark=self.watermark,
             problems=problems,
-            pod_of=self.arbiter.pod_of,
+            pod_of=self.owner,
         )
+
+    def owner(self, pid: int) -> str | None:
+        """What the report files process ``pid`` under: its pod's uid, or ``"job:<id>"`` of
+        its Slurm job (:mod:`.slurm`); None for neither."""
+        pod = self.arbiter.pod_of(pid)
+        if pod:
+            return pod
+        job = self.arbiter.job_of(pid)
+        return f"job:{job}" if job else None
 
     async def send(self) -> bool:
         """Send one report; False (logged once until it works again) when it failed."""

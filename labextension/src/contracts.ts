@@ -107,7 +107,7 @@ export interface INodeGPU {
 
 /** A pod whose processes hold GPU memory or are kernels connected to the arbiter. */
 export interface INodePod {
-  /** The pod's metadata.uid. */
+  /** The pod's metadata.uid, or 'job:<id>' for a Slurm job. */
   uid: string;
   /** UUIDs of the GPUs (or MIG instances) its processes hold memory on. */
   gpus: string[];

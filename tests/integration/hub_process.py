@@ -37,10 +37,12 @@ class HubProcess:
     Args:
         name: names the Hub's log in ``test-artifacts/``.
         extra_env: more of the demo config's environment (``JUPYTER_VGPU_DEMO_MIG``...).
+        config: the Hub's config file (default: the demo's).
     """
 
-    def __init__(self, name: str = "hub", extra_env: dict[str, str] | None = None):
+    def __init__(self, name: str = "hub", extra_env: dict[str, str] | None = None, config: Path = CONFIG):
         self.name = name
+        self.config = config
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"vgpu-{name}-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -64,7 +66,7 @@ class HubProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")  # noqa: SIM115 - the child process writes to it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)],
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
             cwd=self.state_dir,
             env=self.env,
             stdout=log,

@@ -1,0 +1,677 @@
+"""Slices on Slurm: :class:`VGPUSlurmSpawner`, the slice mixin on batchspawner's
+``SlurmSpawner``.
+
+``hub_spawner.setup_slurm(c)`` in ``jupyterhub_config.py`` (spawner ``vgpu-slurm``; the
+``slurm`` extra: ``pip install jupyter-vgpu[slurm]``). Each user's server runs as a
+Slurm batch job, as with batchspawner alone; what the slice adds:
+
+1. **The Hub places the slice** on a GPU of a node of the partition, as on one host
+   (binpack or spread, overcommit, guarantees): the GPUs are the nodes' ``gpu`` GRES,
+   named and sized by each node arbiter's report (:mod:`hub_spawner.slurm_nodes`).
+2. **The job asks Slurm for it**: ``--nodelist=<node>`` and ``--gres=shard:<n>``, the
+   shards the slice's guaranteed memory needs (``vgpu_gres = "shard"``), or every shard
+   of one GPU for a whole GPU (``"gpu"``; ``--gres=gpu:1`` on a node without shards).
+   Slurm then holds those shards for the job: its own accounting agrees with the Hub's
+   guarantees, and batch jobs outside the Hub see them taken.
+3. **The slice records where the job landed**: its node, and the GPU Slurm gave the
+   shards on (``scontrol show job -d``: ``GRES=shard:3(IDX:1)``); Slurm, not the Hub,
+   picks the GPU within the node. The job id is in the slice listing, so that the
+   node's arbiter knows the job's processes by its cgroup (``job:<id>``).
+4. **Slurm's refusals reach the spawn page**: ``sbatch`` refusing the job (an unknown
+   partition, more GRES than the node has) and a job Slurm keeps pending longer than
+   ``vgpu_pending_timeout`` (its reason: ``Resources`` when the GPU's shards are taken)
+   end the spawn with Slurm's words.
+
+Choices on the spawn form come from ``profile_list``, in KubeSpawner's shape
+(:mod:`hub_spawner.slurm_profiles`): each profile's ``spawner_override`` sets this
+spawner's settings (``vgpu_*`` sizes, and
+batchspawner's ``req_*``: partition, runtime, ...). A running job keeps the shards Slurm
+gave it, so a quota change resizes the budget live and the guarantee up to those shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+from batchspawner import SlurmSpawner
+from batchspawner.batchspawner import JobStatus
+from jupyterhub.traitlets import ByteSpecification
+from traitlets import Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
+
+from jupyter_vgpu.node.socket_path import SOCKET_ENV
+from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, Slice, SliceError
+
+from . import kube_profiles, slurm_nodes, slurm_profiles
+from .inventory import GPU
+from .placement import Placement, PlacementError
+from .spawner import STATE_KEY, VGPUSpawnerMixin
+
+#: The spawner state's key for where the job runs.
+WHERE_KEY = "vgpu_where"
+#: The settings a profile may override to size a slice (``vgpu_`` + field).
+SLICE_SETTINGS = (
+    "vgpu_gres",
+    "vgpu_memory_limit",
+    "vgpu_memory_request",
+    "vgpu_compute_share",
+    "vgpu_priority",
+)
+
+
+class SlurmRefused(Exception):
+    """Slurm refused or would not start a server's job; JupyterHub shows the message on
+    the spawn page."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.jupyterhub_message = message
+
+
+class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
+    """batchspawner's SlurmSpawner with a vGPU slice per server (entry point ``vgpu-slurm``)."""
+
+    vgpu_gres = Enum(
+        ["shard", "gpu"],
+        default_value="shard",
+        help="""What the job asks Slurm for: 'shard' (--gres=shard:<n>, the shards of the
+        slice's GPU its guaranteed memory needs, rounded up; several users per GPU) or
+        'gpu' (a whole GPU: every shard of one GPU, --gres=shard:<Count>, so that no
+        shard job shares it; --gres=gpu:1 on a node without shards). A whole GPU is the
+        slice's budget and guarantee, if the quota allows it.""",
+    ).tag(config=True)
+
+    vgpu_memory_limit = ByteSpecification(
+        None, allow_none=True, help="The slice's budget, bytes or a size like '8G'; None: the user's quota."
+    ).tag(config=True)
+
+    vgpu_memory_request = ByteSpecification(
+        None,
+        allow_none=True,
+        help="The slice's guaranteed memory, bytes or a size; None: the user's quota (capped at the budget).",
+    ).tag(config=True)
+
+    vgpu_compute_share = Integer(
+        None, allow_none=True, help="Compute share, percent 1-100; None: the user's quota."
+    ).tag(config=True)
+
+    vgpu_priority = Integer(
+        None, allow_none=True, help=f"Priority {MIN_PRIORITY}-{MAX_PRIORITY}; None: the user's quota."
+    ).tag(config=True)
+
+    vgpu_gpu_memory = ByteSpecification(
+        None,
+        allow_none=True,
+        help="""Memory of each GPU of a node whose node arbiter has not reported yet, bytes
+        or a size like '80G'; None: such a node takes no slice until its arbiter reports
+        the real cards (NVML).""",
+    ).tag(config=True)
+
+    vgpu_arbiter_socket = Unicode(
+        "/run/jupyter-vgpu/arbiter.sock",
+        help="""The node arbiter's socket on every Slurm node (its systemd unit's), named to
+        servers and kernels in JUPYTER_VGPU_ARBITER; '{node}' in it is replaced by the
+        node's name (test clusters whose nodes share one filesystem). '' names none.""",
+    ).tag(config=True)
+
+    vgpu_pending_timeout = Float(
+        120.0,
+        help="""Seconds Slurm may keep a server's job pending (Resources, Priority, ...)
+        before the spawn gives up, cancels the job and shows Slurm's reason. Keep it below
+        start_timeout.""",
+    ).tag(config=True)
+
+    vgpu_nodes_cmd = Unicode(
+        "scontrol show node -o", help="Lists the cluster's nodes, one a line (run as the Hub's user)."
+    ).tag(config=True)
+
+    vgpu_job_cmd = Unicode(
+        "scontrol show job -d -o {job_id}",
+        help="Shows one job in detail on one line, where its GRES landed (run as the Hub's user).",
+    ).tag(config=True)
+
+    profile_list = List(
+        Dict(),
+        help="""Choices on the spawn form, in KubeSpawner's shape: [{"display_name": "Small
+        GPU", "slug": "small", "description": "...", "default": True, "spawner_override":
+        {"vgpu_memory_limit": "4G", "req_partition": "gpu"}}]. A choice's overrides set this
+        spawner's settings for that spawn; sizes it leaves unset come from the user's quota,
+        and sizes above the quota are refused. Empty: no form, the quota's slice.""",
+    ).tag(config=True)
+
+    @validate("vgpu_compute_share")
+    def _check_share(self, proposal):
+        if proposal.value is not None and not 1 <= proposal.value <= 100:
+            raise TraitError(f"vgpu_compute_share must be 1-100, not {proposal.value}")
+        return proposal.value
+
+    @validate("vgpu_priority")
+    def _check_priority(self, proposal):
+        if proposal.value is not None and not MIN_PRIORITY <= proposal.value <= MAX_PRIORITY:
+            raise TraitError(f"vgpu_priority must be {MIN_PRIORITY}-{MAX_PRIORITY}, not {proposal.value}")
+        return proposal.value
+
+    #: Where the job runs: ``{"node", "job_id", "gres", "shards", "shards_per_gpu"}``.
+    vgpu_where: dict[str, Any] = {}
+    #: The cluster's nodes by name, as the last look at Slurm found them (shared).
+    _nodes: dict[str, slurm_nodes.SlurmNode] = {}
+    #: Why some node takes no slice (the last look), for the log.
+    vgpu_node_problems: list[str] = []
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._vgpu_events: list[dict] = []
+        self._vgpu_done = False
+        self._vgpu_saved: dict[str, Any] = {}  # settings as they were before a profile's overrides
+
+    # -- the spawn form ---------------------------------------------------------------
+
+    @default("options_form")
+    def _vgpu_slurm_options_form(self):
+        return VGPUSlurmSpawner._vgpu_render_form if self.profile_list else ""
+
+    def _profile(self, user_options) -> dict | None:
+        """The profile ``user_options`` choose (:func:`hub_spawner.slurm_profiles.chosen`).
+
+        Raises:
+            ValueError: no profile of that slug.
+        """
+        return slurm_profiles.chosen(self.profile_list, user_options)
+
+    def _vgpu_render_form(self) -> str:
+        """One radio button per profile, each saying the slice it gives (or why it is
+        above the user's quota)."""
+        effective = self.vgpu_resolve()
+        lines = {}
+        for p in slurm_profiles.normalized(self.profile_list):
+            try:
+                ask = self.vgpu_ask(p.get("spawner_override", {}))
+                sized = kube_profiles.size(ask, effective, what="It")
+                lines[p["slug"]] = kube_profiles.describe(self._describe_ask(ask), sized, "time-slicing")
+            except kube_profiles.QuotaExceeded as e:
+                lines[p["slug"]] = f"Above your vGPU quota: {e}"
+            except (ValueError, TraitError) as e:
+                self.log.error("vGPU: profile %r is misconfigured: %s", p["slug"], e)
+                lines[p["slug"]] = f"Misconfigured, ask an admin: {e}"
+        return slurm_profiles.render(self.profile_list, lines, self._profile({})["slug"])
+
+    def options_from_form(self, formdata):
+        """``{"profile": slug}`` from the form, refused (the form comes back with the
+        message) when the choice asks for more than the user's quota."""
+        slug = (formdata.get("profile") or [""])[0]
+        options = {"profile": slug} if slug else {}
+        self.vgpu_check_choice(options)
+        return options
+
+    def vgpu_check_choice(self, user_options) -> kube_profiles.Size:
+        """The sizes a spawn's ``user_options`` would get.
+
+        Raises:
+            hub_spawner.kube_profiles.QuotaExceeded: more than the quota.
+            ValueError: no such profile.
+        """
+        profile = self._profile(user_options)
+        ask = self.vgpu_ask((profile or {}).get("spawner_override", {}))
+        return kube_profiles.size(ask, self.vgpu_resolve(), what=self._vgpu_what(profile))
+
+    def _vgpu_what(self, profile) -> str:
+        return f"The profile {profile['slug']!r}" if profile else "Your server's profile"
+
+    def _vgpu_apply_profile(self) -> dict | None:
+        """Set the chosen profile's overrides on this spawner (undoing the last spawn's).
+
+        Raises:
+            SlurmRefused: ``user_options`` name anything but ``profile``. batchspawner
+                renders every user option into the batch script (``cmd``, ``gres``,
+                ``options``...), which would let a user rewrite their job around the slice.
+        """
+        for name, value in self._vgpu_saved.items():
+            setattr(self, name, value)
+        self._vgpu_saved = {}
+        unknown = sorted(set(self.user_options or {}) - {"profile"})
+        if unknown:
+            raise SlurmRefused(
+                f"Unknown spawn option(s) {', '.join(map(repr, unknown))}: a server on Slurm takes "
+                'only a profile ({"profile": <slug>})'
+            )
+        try:
+            profile = self._profile(self.user_options)
+        except ValueError as e:
+            raise kube_profiles.QuotaExceeded(str(e)) from None
+        for name, value in ((profile or {}).get("spawner_override") or {}).items():
+            if not self.has_trait(name):
+                raise SlurmRefused(f"The profile {profile['slug']!r} sets {name!r}, which is no setting here")
+            self._vgpu_saved.setdefault(name, getattr(self, name))
+            setattr(self, name, value)
+        return profile
+
+    # -- sizing and placing the slice -------------------------------------------------
+
+    def vgpu_ask(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the settings ask (``overrides`` in place of the settings they name):
+        ``mode`` (the GRES kind), sizes in bytes or None."""
+        values = {name: getattr(self, name) for name in SLICE_SETTINGS}
+        for name, value in (overrides or {}).items():
+            if name in SLICE_SETTINGS:
+                values[name] = self.traits()[name]._validate(self, value)
+        ask = {name[len("vgpu_") :]: value for name, value in values.items()}
+        ask["mode"] = ask.pop("gres")
+        for name in ("memory_limit", "memory_request"):
+            if ask[name] is not None:
+                ask[name] = int(ask[name])
+        return ask
+
+    @staticmethod
+    def _describe_ask(ask: dict[str, Any]) -> dict[str, Any]:
+        return {**ask, "mode": "whole" if ask["mode"] == "gpu" else ask["mode"]}
+
+    async def vgpu_refresh_nodes(self) -> None:
+        """Read the cluster's nodes (``vgpu_nodes_cmd``) and give the allocator their GPUs.
+
+        Raises:
+            SlurmRefused: Slurm does not answer.
+        """
+        try:
+            text = await self.run_command(self.vgpu_nodes_cmd)
+        except RuntimeError as e:
+            raise SlurmRefused(f"Slurm does not answer ({self.vgpu_nodes_cmd}): {e}") from None
+        nodes = slurm_nodes.parse_nodes(text)
+        VGPUSlurmSpawner._nodes = {n.name: n for n in nodes}
+        hub = self.vgpu_hub
+        board = hub.nodes
+        reports = {}
+        for node in nodes:
+            report = board.report(node.name)
+            if report is not None:
+                reports[node.name] = list(report.devices)
+        inventory = hub.inventory
+        found, problems = slurm_nodes.devices(
+            nodes,
+            reports,
+            gpu_memory=None if self.vgpu_gpu_memory is None else int(self.vgpu_gpu_memory),
+            simulate=inventory.simulate,
+            simulated_memory=int(inventory.simulated_memory),
+            simulated_name=inventory.simulated_name,
+        )
+        if problems != VGPUSlurmSpawner.vgpu_node_problems:
+            for p in problems:
+                self.log.warning("vGPU: %s", p)
+        VGPUSlurmSpawner.vgpu_node_problems = problems
+        allocator = hub.allocator
+        known = {d.uuid for d in found}
+        held = {p.gpu_uuid for p in allocator.placements.values()}
+        # a device that left Slurm's list keeps the slices placed on it until they stop
+        allocator.gpus = found + [g for g in allocator.gpus if g.uuid not in known and g.uuid in held]
+        allocator.unavailable = "; ".join(problems) or "no Slurm node has a GPU (Gres=gpu:…)"
+        partition = self.req_partition
+        if partition and not any(partition in n.partitions for n in nodes if n.gpus):
+            offered = sorted({p for n in nodes if n.gpus for p in n.partitions})
+            raise SlurmRefused(
+                f"Slurm has no GPU node in partition {partition!r} (partitions with GPUs: "
+                f"{', '.join(offered) or 'none'}); ask an admin"
+            )
+
+    def _in_partition(self, gpu: GPU) -> bool:
+        """Whether ``gpu``'s node is in the job's partition (any, without one)."""
+        node = VGPUSlurmSpawner._nodes.get(gpu.node)
+        return node is not None and (not self.req_partition or self.req_partition in node.partitions)
+
+    def vgpu_place(self) -> Slice:
+        """Size this server's slice (settings after the profile's overrides, and the
+        quota) and place it on a GPU of the cluster.
+
+        Raises:
+            hub_spawner.kube_profiles.QuotaExceeded: more than the quota.
+            hub_spawner.placement.PlacementError: no GPU has room.
+        """
+        hub = self.vgpu_hub
+        allocator = hub.allocator
+        ask = self.vgpu_ask()
+        effective = self.vgpu_resolve()
+        sized = kube_profiles.size(ask, effective, what=self._vgpu_what(self._profile(self.user_options)))
+        limit, request = sized.memory_limit, sized.memory_request
+        if ask["mode"] == "gpu":
+            card = max((g.memory for g in allocator.shared if self._in_partition(g)), default=0)
+            if card > effective.memory_limit:
+                raise kube_profiles.QuotaExceeded(
+                    f"A whole GPU ({card / 2**30:.2f} GiB) is more than your vGPU quota of "
+                    f"{effective.memory_limit / 2**30:.2f} GiB; choose a smaller profile or ask an admin."
+                )
+            limit = request = card
+        gpu = allocator.place(
+            self.vgpu_key, limit, sized.compute_share, hub.placement, request, only=self._in_partition
+        )
+        node = VGPUSlurmSpawner._nodes.get(gpu.node)
+        per_gpu = node.shards_per_gpu if node else 0
+        if ask["mode"] == "gpu":
+            # every shard of one GPU, so that no shard job shares it (Slurm 22.05 lets a
+            # gpu:1 job and shard jobs share a card); gpu:1 on a node without shards
+            gres, shards = (f"shard:{per_gpu}", per_gpu) if per_gpu else ("gpu:1", 0)
+        else:
+            try:
+                shards = slurm_nodes.shards_for(request, gpu.memory, per_gpu)
+            except ValueError:
+                allocator.release(self.vgpu_key)
+                raise PlacementError(
+                    f"Slurm node {gpu.node} has no GPU shards (gres.conf: Name=shard Count=…): ask an admin"
+                ) from None
+            gres = f"shard:{shards}"
+        self.vgpu_where = {
+            "node": gpu.node,
+            "job_id": "",
+            "gres": gres,
+            "shards": shards,
+            "shards_per_gpu": per_gpu,
+        }
+        self.vgpu_slice = Slice(
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            gpu_name=gpu.name,
+            gpu_memory=gpu.memory,
+            memory_limit=limit,
+            memory_request=request,
+            compute_share=sized.compute_share,
+            priority=sized.priority,
+            isolation="time-slicing",
+            placement=hub.placement,
+            overcommit_ratio=hub.overcommit_ratio,
+            simulated=gpu.simulated,
+            idle_seconds=hub.idle_seconds,
+            high_watermark=hub.high_watermark,
+        )
+        self.log.info("vGPU slice for %s: %s; asks Slurm for %s", self._log_name, self.vgpu_describe(), gres)
+        return self.vgpu_slice
+
+    def vgpu_describe(self) -> str:
+        where = self.vgpu_where.get("node")
+        text = super().vgpu_describe()
+        return f"Slurm node {where}, {text}" if where else text
+
+    # -- the job ----------------------------------------------------------------------
+
+    def _vgpu_event(self, progress: int, message: str) -> None:
+        self._vgpu_events.append({"progress": progress, "message": message})
+        self.log.info("vGPU spawn of %s: %s", self._log_name, message)
+
+    async def _get_batch_script(self, **subvars):
+        """batchspawner's script with the slice's GRES and node (``#SBATCH`` lines right
+        after the first line)."""
+        if self.vgpu_slice is not None and self.vgpu_where:
+            subvars["gres"] = self.vgpu_where["gres"]
+        script = await super()._get_batch_script(**subvars)
+        if self.vgpu_slice is None or not self.vgpu_where:
+            return script
+        head, _, rest = script.partition("\n")
+        ours = f"#SBATCH --nodelist={self.vgpu_where['node']}\n"
+        if "--gres=" not in script:
+            ours += f"#SBATCH --gres={self.vgpu_where['gres']}\n"
+        return f"{head}\n{ours}{rest}"
+
+    async def start(self):
+        self._vgpu_events = []
+        self._vgpu_done = False
+        try:
+            self._vgpu_apply_profile()
+            await self.vgpu_refresh_nodes()
+            self.vgpu_place()
+            self._vgpu_event(40, f"Placed your vGPU slice on {self.vgpu_describe()}")
+            return await self._vgpu_run_job()
+        except BaseException:
+            self.vgpu_release()
+            raise
+        finally:
+            self._vgpu_done = True
+
+    async def _vgpu_run_job(self):
+        """Submit the job, wait until it runs (or Slurm's refusal), record where it
+        landed, wait for the server's port; batchspawner's start, with Slurm's reasons."""
+        self.ip = self.traits()["ip"].default_value
+        self.port = self.traits()["port"].default_value
+        if self.server:
+            self.server.port = self.port
+        try:
+            await self.submit_batch_script()
+        except RuntimeError as e:
+            raise SlurmRefused(f"Slurm refused your server's job: {_slurm_words(e)}") from None
+        if not self.job_id:
+            raise SlurmRefused("Slurm accepted no job (sbatch printed no job id); ask an admin")
+        where = self.vgpu_where
+        where["job_id"] = self.job_id
+        self._vgpu_event(
+            50, f"Submitted Slurm job {self.job_id} to node {where['node']} (--gres={where['gres']})"
+        )
+        since, told = time.monotonic(), None
+        while True:
+            status = await self.query_job_status()
+            if status == JobStatus.RUNNING:
+                break
+            if status == JobStatus.NOTFOUND:
+                message = (
+                    f"Slurm job {self.job_id} ended before your server started; its log is "
+                    f"jupyterhub_slurmspawner_{self.job_id}.log in {self.req_homedir}"
+                )
+                self.clear_state()
+                raise SlurmRefused(message)
+            place = await self._vgpu_read_job()
+            reason = place.reason if place is not None else "unknown"
+            if reason != told and reason not in ("None", ""):
+                self._vgpu_event(55, f"Slurm job {self.job_id} is pending: {reason}")
+                told = reason
+            waited = time.monotonic() - since
+            if waited >= self.vgpu_pending_timeout:
+                await self.cancel_batch_job()
+                raise SlurmRefused(
+                    f"Slurm kept your server's job {self.job_id} pending for {waited:.0f} s on node "
+                    f"{where['node']} ({reason}) and it was cancelled: the GPU shards it needs "
+                    f"(--gres={where['gres']}) are taken there. Try again later, or ask an admin."
+                )
+            await asyncio.sleep(self.startup_poll_interval)
+        place = await self._vgpu_read_job()
+        if place is not None:
+            self.vgpu_locate(place)
+        node = VGPUSlurmSpawner._nodes.get(where["node"])
+        self.ip = node.address if node else self.state_gethost()
+        s = self.vgpu_slice
+        self._vgpu_event(
+            70,
+            f"Slurm job {self.job_id} runs on node {where['node']}, GPU {s.gpu_index}; starting your server",
+        )
+        await self._vgpu_port()
+        self.log.info("Slurm job %s of %s serves at %s:%s", self.job_id, self._log_name, self.ip, self.port)
+        return self.ip, self.port
+
+    async def _vgpu_port(self) -> None:
+        """Wait for the server's port, which batchspawner's API sets when the server posts it."""
+        known = asyncio.Event()
+
+        def seen(change):
+            if change.new:
+                known.set()
+
+        self.observe(seen, "port")
+        try:
+            if self.port == 0:
+                await known.wait()
+        finally:
+            self.unobserve(seen, "port")
+
+    async def _vgpu_read_job(self) -> slurm_nodes.JobPlace | None:
+        """The job as ``vgpu_job_cmd`` shows it, or None when Slurm does not say."""
+        try:
+            text = await self.run_command(self.vgpu_job_cmd.format(job_id=self.job_id))
+        except RuntimeError as e:
+            self.log.warning("vGPU: cannot read Slurm job %s: %s", self.job_id, e)
+            return None
+        return slurm_nodes.parse_job(text)
+
+    def vgpu_locate(self, place: slurm_nodes.JobPlace) -> Slice:
+        """Record the node and GPU the running job got: Slurm picks the GPU within the
+        node, so the slice (and the Hub's placement) moves to it if it differs."""
+        where = self.vgpu_where
+        if place.node:
+            where["node"] = place.node
+        if place.gpu_indices:
+            self._vgpu_move_to(where["node"], place.gpu_indices[0])
+        return self.vgpu_slice
+
+    def _vgpu_move_to(self, node: str, index: int, device: GPU | None = None) -> bool:
+        allocator = self.vgpu_hub.allocator
+        if device is None:
+            device = next((g for g in allocator.gpus if g.node == node and g.index == index), None)
+        s = self.vgpu_slice
+        if device is None or s is None or device.uuid == s.gpu_uuid:
+            return False
+        old = allocator.placements.get(self.vgpu_key)
+        if old is not None:
+            if device.uuid not in {g.uuid for g in allocator.gpus}:
+                allocator.gpus.append(device)
+            allocator.restore(
+                Placement(self.vgpu_key, device.uuid, old.memory_limit, old.compute_share, old.memory_request)
+            )
+        try:
+            self.vgpu_slice = s.replace(
+                gpu_uuid=device.uuid, gpu_index=device.index, gpu_name=device.name, gpu_memory=device.memory
+            )
+        except SliceError as e:
+            self.log.error("vGPU: cannot record %s's GPU %s: %s", self._log_name, device.uuid, e)
+            return False
+        self.log.info("vGPU slice of %s is on %s", self._log_name, device.label)
+        return True
+
+    def vgpu_relocate(self, board) -> bool:
+        """Take the GPU from the node arbiter's report of this job's node: the one it saw
+        the job's processes on, else the reported GPU of the slice's index (a placeholder
+        until the node reported). Simulated slices stay.
+
+        Returns:
+            True when the slice changed (its state is then saved).
+        """
+        where, s = self.vgpu_where, self.vgpu_slice
+        if not where.get("job_id") or s is None or s.simulated:
+            return False
+        report = board.report(where["node"])
+        if report is None:
+            return False
+        found = board.device_of(where["node"], f"job:{where['job_id']}", s.gpu_uuid)
+        if found is None:
+            whole = [d for d in report.devices if d.mig_profile is None]
+            found = next((d for d in whole if d.index == s.gpu_index), None)
+        if found is None or not self._vgpu_move_to(where["node"], found.index, found):
+            return False
+        if self.orm_spawner is not None:
+            self.orm_spawner.state = self.get_state()
+            self.user.db.commit()
+        return True
+
+    async def progress(self):
+        """The slice's placement, the job's submission, Slurm's pending reasons and where
+        it landed, as they happen."""
+        seen = 0
+        while True:
+            while seen < len(self._vgpu_events):
+                yield self._vgpu_events[seen]
+                seen += 1
+            if self._vgpu_done:
+                return
+            await asyncio.sleep(0.25)
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        # Slurm shows the job the GPU its GRES are on (CUDA_VISIBLE_DEVICES); the Hub's
+        # host's arbiter socket and MPS pipes mean nothing on a node.
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
+        env.pop(SOCKET_ENV, None)
+        if self.vgpu_slice is not None and self.vgpu_arbiter_socket:
+            env[SOCKET_ENV] = self.vgpu_arbiter_socket.replace("{node}", self.vgpu_where.get("node", ""))
+        return env
+
+    def vgpu_listing(self) -> dict[str, Any]:
+        """Where the slice runs, for ``GET /hub/api/vgpu/slices``: ``node``, ``job_id``
+        (the node arbiter knows the job's processes by it) and ``slurm_gres``."""
+        where = self.vgpu_where
+        if not where:
+            return {}
+        return {"node": where["node"], "job_id": where["job_id"] or None, "slurm_gres": where["gres"]}
+
+    # -- quota changes ----------------------------------------------------------------
+
+    def _vgpu_resized(self, effective) -> tuple[int, int, int, int]:
+        """``(limit, request, share, priority)`` for a running job under ``effective``: the
+        profile's sizes capped at the new quota; the guarantee at most what the job's
+        shards hold (Slurm does not resize a running job's GRES)."""
+        ask = self.vgpu_ask()
+        s = self.vgpu_slice
+
+        def capped(field):
+            quota = getattr(effective, field)
+            return quota if ask[field] is None else min(ask[field], quota)
+
+        if ask["mode"] == "gpu":  # the whole card stays the job's
+            return s.memory_limit, s.memory_request, capped("compute_share"), capped("priority")
+
+        limit = capped("memory_limit")
+        held = slurm_nodes.shard_bytes(
+            self.vgpu_where.get("shards", 0), s.gpu_memory, self.vgpu_where.get("shards_per_gpu", 0)
+        )
+        request = min(capped("memory_request"), limit, held or limit)
+        return limit, request, capped("compute_share"), capped("priority")
+
+    def vgpu_check_update(self, effective) -> None:
+        limit, request, _, _ = self._vgpu_resized(effective)
+        self.vgpu_hub.allocator.check_resize(self.vgpu_key, limit, request)
+
+    def vgpu_update(self, effective) -> Slice:
+        """The budget, share and priority follow the quota; the guarantee too, up to the
+        shards Slurm holds for the job."""
+        limit, request, share, priority = self._vgpu_resized(effective)
+        self.vgpu_hub.allocator.resize(self.vgpu_key, limit, share, request)
+        self.vgpu_slice = self.vgpu_slice.replace(
+            memory_limit=limit, memory_request=request, compute_share=share, priority=priority
+        )
+        self.orm_spawner.state = self.get_state()
+        self.user.db.commit()
+        return self.vgpu_slice
+
+    # -- the Hub's books --------------------------------------------------------------
+
+    def vgpu_release(self) -> None:
+        super().vgpu_release()
+        self.vgpu_where = {}
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.vgpu_slice is not None and self.vgpu_where:
+            state[WHERE_KEY] = dict(self.vgpu_where)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        # batchspawner's job id; the slice's device joins the allocator until the next
+        # look at Slurm lists the nodes again
+        SlurmSpawner.load_state(self, state)
+        data = state.get(STATE_KEY)
+        if not data:
+            return
+        try:
+            s = Slice.from_dict(data)
+        except (SliceError, KeyError) as e:
+            self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
+            return
+        self.vgpu_slice = s
+        self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+        allocator = self.vgpu_hub.allocator
+        if s.gpu_uuid not in {g.uuid for g in allocator.gpus}:
+            node = self.vgpu_where.get("node")
+            device = GPU(s.gpu_index, s.gpu_uuid, s.gpu_name, s.gpu_memory, s.simulated, node=node)
+            allocator.gpus.append(device)
+        placement = Placement(self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request)
+        allocator.restore(placement)
+
+
+def _slurm_words(error: Exception) -> str:
+    """sbatch's message without its ``sbatch: error:`` prefixes, one line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    words = [re.sub(r"^sbatch: error: (Batch job submission failed: )?", "", line) for line in lines]
+    return "; ".join(dict.fromkeys(words)) or "no reason given"
