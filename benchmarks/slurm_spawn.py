@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration.hub_process import HubProcess
-from tests.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
+from jupyter_vgpu.testing.hub_process import HubProcess
+from jupyter_vgpu.testing.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
 
 USERS = [f"user{i:02d}" for i in range(10)]
 

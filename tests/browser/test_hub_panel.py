@@ -6,7 +6,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from ..integration.hub_process import PASSWORD, HubProcess
+from jupyter_vgpu.testing.hub_process import PASSWORD, HubProcess
+
 from .lab_page import (
     create_notebook,
     prepare_lab,

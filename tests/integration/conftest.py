@@ -1,6 +1,6 @@
 import pytest
 
-from .hub_process import HubProcess
+from jupyter_vgpu.testing.hub_process import HubProcess
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,9 @@ import psutil
 import pytest
 
 from jupyter_vgpu.node.control import Control
+from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for
-
-from .hub_process import HubProcess
 
 MiB = 2**20
 QUOTA = {"memory_limit": "600M", "memory_request": "300M", "compute_share": 50}

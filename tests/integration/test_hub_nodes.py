@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_vgpu.node import report
-
-from .hub_process import HubProcess
+from jupyter_vgpu.testing.hub_process import HubProcess
 
 GiB = 2**30
 TOKEN = "arbiter-token-for-the-node-tests-0123456789"

@@ -10,9 +10,8 @@ import pytest
 
 from hub_spawner import EXTRA_HANDLERS_NOTE
 from jupyter_vgpu import nvml
+from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
-
-from .hub_process import HubProcess
 
 
 def listening(process: psutil.Process) -> set[str]:

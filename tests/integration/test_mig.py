@@ -8,10 +8,9 @@ import re
 import pytest
 
 from jupyter_vgpu.node.socket_path import mps_pipe_directory
+from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for
-
-from .hub_process import HubProcess
 
 GiB = 2**30
 PROFILES = "3g.40gb,2g.20gb,1g.10gb,1g.10gb"

@@ -14,10 +14,9 @@ import time
 import pytest
 
 from jupyter_vgpu.node.control import Control
-
-from ..slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
-from jupyter_vgpu.testing.waiting import wait_for
 from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
+from jupyter_vgpu.testing.waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 

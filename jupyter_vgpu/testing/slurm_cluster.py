@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .integration.hub_process import ARTIFACTS, ROOT, HubProcess
+from .hub_process import ARTIFACTS, ROOT, HubProcess
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster"
 CONFIG = ROOT / "hub_spawner" / "demo" / "slurm_config.py"
