@@ -11,7 +11,8 @@ second is measured. Per path:
   before, CUDA context included;
 - ``nvml_away_bytes``: the same while paused or suspended (goal: at most the CUDA
   context, 0.75 GiB, when paused; 0 when suspended);
-- ``tier``: ``pause`` or ``suspend``, what the kernel chose, and ``why`` when not paused;
+- ``tier``: ``pause``, ``suspend`` or ``gpu`` (neither: it stays), what the kernel chose,
+  and ``why`` when not paused;
 - ``pause_s`` / ``resume_s``: the kernel's own figures for the second cycle (a suspend's
   checkpoint and restore for the suspend tier);
 - ``bit_exact``: a SHA-256 of every byte the path holds, before and after.
@@ -148,8 +149,14 @@ def nvml_of(pids: list[int]) -> int:
 
 
 def cycle(kernel: Kernel, channel: Path, pids: list[int]) -> dict:
-    """``%vgpu pause``, wait until the kernel is away, read NVML, bring it back."""
-    kernel.run("%vgpu pause")
+    """``%vgpu pause``, wait until the kernel is away (or stays: it says so), read NVML,
+    bring it back."""
+    said = kernel.run("%vgpu pause")
+    if "will not be paused" in said:  # neither paused nor suspended: it stays on the GPU
+        away = nvml_of(pids)
+        out = kernel.run("print(digest(host()))", timeout=600).strip().splitlines()
+        why = report(channel, kernel)["pause"].get("not_pausable")
+        return {"tier": "gpu", "away": away, "pause_s": None, "resume_s": None, "digest": out[-1], "why": why}
     wait_for(
         lambda: report(channel, kernel).get("state") in ("paused", "suspended"),
         timeout=300,
@@ -234,10 +241,12 @@ def main() -> None:
         if "error" in row:
             print(f"{row['name']}: {row['error']}")
             continue
+        times = ""
+        if row["pause_s"] is not None:
+            times = f", pause {row['pause_s']:.3f} s, resume {row['resume_s']:.3f} s"
         print(
             f"{row['name']}: {row['gpu_bytes'] / GiB:.2f} GiB, {row['tier']}, "
-            f"away {row['nvml_away_bytes'] / GiB:.2f} GiB, pause {row['pause_s']:.3f} s, "
-            f"resume {row['resume_s']:.3f} s, bit-exact {row['bit_exact']}"
+            f"away {row['nvml_away_bytes'] / GiB:.2f} GiB{times}, bit-exact {row['bit_exact']}"
         )
 
 

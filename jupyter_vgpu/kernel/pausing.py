@@ -229,8 +229,11 @@ class PauseControl:
             return ["this kernel was not started with the pausable allocator (LD_PRELOAD)"]
         f = allocator.figures()
         out = []
+        if f.imported:
+            mapped = format_bytes(f.imported)
+            out.append(f"{mapped} of another process's GPU memory is mapped in it ({CUDA_IPC})")
         for nbytes, what in (
-            (f.exported, "is shared with another process (CUDA IPC, e.g. torch.multiprocessing)"),
+            (f.exported, f"is shared with another process ({CUDA_IPC}, e.g. torch.multiprocessing)"),
             (f.managed, "is managed (unified) memory"),
             (f.let_through, "was allocated by CUDA itself (in a CUDA graph capture, or a pool of its own)"),
             (f.unmappable, "is mapped in pieces the allocator cannot restore"),
@@ -267,8 +270,9 @@ class PauseControl:
 
     def consequence(self, reasons: list[str]) -> str:
         """What happens to a kernel that cannot be paused for ``reasons``, in words."""
-        if any("managed (unified) memory" in r for r in reasons):
-            return "this kernel stays on the GPU: the driver can neither pause nor suspend managed memory"
+        why = _unsuspendable(reasons)
+        if why:
+            return f"this kernel stays on the GPU: {why}"
         return "when the GPU is needed this kernel is suspended instead of paused"
 
     def pause(self) -> dict:
@@ -306,10 +310,15 @@ class PauseControl:
         takes all of its memory.
 
         Raises:
-            gate.Refused: the kernel is busy.
+            gate.Refused: the kernel is busy, or cannot be suspended (managed memory, CUDA
+                IPC: the message says why).
             RuntimeError: the driver refused; the kernel stays as it was.
         """
         reasons = self.blockers() if self.gate.state == g.IDLE else []
+        why = _unsuspendable(reasons)
+        if why:
+            self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
+            raise g.Refused(self.last_refusal)
 
         def work():
             if self.stand_in or not self._on_gpu():
@@ -395,12 +404,17 @@ class PauseControl:
         restores it when a message comes.
 
         Raises:
-            gate.Refused: the kernel is busy, or pausing is turned off
-                (``VGPUKernel.pause``).
+            gate.Refused: the kernel is busy, pausing is turned off
+                (``VGPUKernel.pause``), or the kernel cannot be suspended (managed memory,
+                CUDA IPC: the message says why).
         """
         if not self.config.pause:
             raise g.Refused("pausing is turned off (VGPUKernel.pause)")
         reasons = self.blockers() if self.gate.state == g.IDLE else []
+        why = _unsuspendable(reasons)
+        if why:
+            self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
+            raise g.Refused(self.last_refusal)
 
         def work():
             if reasons:
@@ -422,10 +436,14 @@ class PauseControl:
 
     def suspend_unavailable(self) -> str | None:
         """Why this kernel cannot be suspended here (None: it can): the driver's
-        checkpoint needs CUDA 12.8+ and ``cuda-bindings``; managed memory it cannot move."""
+        checkpoint needs CUDA 12.8+ and ``cuda-bindings``; it cannot move managed memory,
+        and it cannot bring back a process that maps another's memory or lets another map
+        its own through CUDA IPC (on the H100 with driver 580 it checkpointed such a
+        process and then refused to restore it)."""
         reasons = self._blockers[1] if self._blockers is not None else []
-        if any("managed (unified) memory" in r for r in reasons):
-            return "the driver cannot checkpoint managed memory"
+        why = _unsuspendable(reasons)
+        if why:
+            return why
         if self.stand_in or not self._on_gpu():
             return None  # nothing on a GPU: a suspend is a stand-in
         from jupyter_vgpu.node import checkpoint
@@ -516,6 +534,19 @@ class PauseControl:
             last_restore_seconds=self.last_restore_seconds,
         )
         return out
+
+
+#: How the blockers name memory shared between processes.
+CUDA_IPC = "CUDA IPC"
+
+
+def _unsuspendable(reasons: list[str]) -> str | None:
+    """Why the driver's checkpoint cannot take a kernel blocked by ``reasons`` (None: it can)."""
+    if any("managed (unified) memory" in r for r in reasons):
+        return "the driver can neither pause nor suspend managed memory"
+    if any(CUDA_IPC in r for r in reasons):
+        return "the driver cannot bring back a process that shares GPU memory with another through CUDA IPC"
+    return None
 
 
 def _ancestors(pid: int, limit: int = 64) -> list[int]:

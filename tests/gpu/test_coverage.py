@@ -6,7 +6,7 @@ Real kernels on the H100, in chaos mode ``pause`` (paused after every cell) and
 when a pause is not safe): PyTorch's caching allocator, its expandable segments and its
 ``cudaMallocAsync`` backend, CuPy's default and stream-ordered pools, JAX with and without
 its preallocation; CUDA IPC between a kernel and a ``torch.multiprocessing`` worker both
-ways across suspends; a DataLoader with persistent workers and pinned memory; and the
+ways (such a kernel stays on the GPU); a DataLoader with persistent workers and pinned memory; and the
 node arbiter suspending, on its own, a kernel it cannot pause when another needs room.
 """
 
@@ -163,41 +163,41 @@ IPC_CELLS = [
 ]
 
 
-def run_ipc(tmp_path, mode: str) -> tuple[list[str], list[list[int]], str]:
+def run_ipc(tmp_path, mode: str) -> tuple[list[str], str]:
     tmp_path.mkdir()
     (tmp_path / "ipcworker.py").write_text(WORKER)
     kernel, channel = start(tmp_path, mode)
-    outputs, away = [], []
+    outputs = []
     try:
-        for i, cell in enumerate(IPC_CELLS):
+        for cell in IPC_CELLS:
             outputs.append(kernel.run(cell.format(dir=str(tmp_path)), timeout=180))
-            worker = int(outputs[0].split()[-1])
-            if mode == "suspend":
-                away.append(away_bytes(kernel, channel, mode, [worker]))
-            elif mode == "pause" and i == 0:
-                # the worker maps the kernel's memory: a pause is refused and says why
-                wait_for(lambda: report_state(channel, kernel) == "idle", what="the kernel idle (not paused)")
+            if mode:  # neither paused nor suspended: it stays on the GPU and says why
+                wait_for(lambda: report_state(channel, kernel) == "idle", what="the kernel idle, not away")
         status = kernel.run("%vgpu status")
         kernel.run("inbox.put(None)\nworker.join(30)")
     finally:
         kernel.shutdown()
     outputs[0] = outputs[0].rsplit(maxsplit=1)[0]  # the worker's PID differs between runs
-    return outputs, away, status
+    return outputs, status
 
 
-def test_cuda_ipc_with_a_worker_both_ways_across_pauses_and_suspends(tmp_path):
-    plain, _, _ = run_ipc(tmp_path / "plain", "")
+def test_cuda_ipc_with_a_worker_both_ways_keeps_the_kernel_on_the_gpu(tmp_path):
+    """A kernel and a torch.multiprocessing worker share CUDA tensors both ways and see
+    each other's writes, as without the allocator. Such a kernel is neither paused (the
+    worker maps its memory) nor suspended (on the H100 the driver checkpointed such a
+    pair, then refused to restore it): in both chaos modes it stays on the GPU, its
+    outputs identical, and ``%vgpu status`` says why."""
+    plain, _ = run_ipc(tmp_path / "plain", "")
     assert "Error" not in "".join(plain), plain
     assert plain[1].split() == ["('added',", "1.0)", "1.0"]  # the worker's write is the kernel's
     assert "('read', 134217728.0)" in plain[2]  # and the kernel's write the worker's
     assert "('mine', 100663296.0)" in plain[3]  # a tensor the worker exported, written by the kernel
     for mode in ("pause", "suspend"):
-        outputs, away, status = run_ipc(tmp_path / mode, mode)
+        outputs, status = run_ipc(tmp_path / mode, mode)
         assert outputs == plain, f"chaos {mode}: {outputs}"
         line = next(x for x in status.splitlines() if x.strip().startswith("pausable"))
         assert "CUDA IPC" in line, line
-        if mode == "suspend":  # the kernel and its worker leave the card together
-            assert all(used == [0, 0] for used in away), away
+        assert "stays on the GPU" in line, line
 
 
 LOADER_CELLS = [
