@@ -34,6 +34,11 @@ class Server:
         slice: its slice (the budget is per kernel, as everywhere).
         pod_uid: on Kubernetes, the uid of its pod: every process in the pod's cgroup
             belongs to it (:mod:`.namespaces`); None on one host.
+        cgroup: on one host, the path of the server's own cgroup (from the root of
+            ``cgroup_hierarchy``): every process in it or below it belongs to it
+            (:mod:`.cgroups`); None where the server has none (its process tree, then).
+        cgroup_hierarchy: the hierarchy of ``cgroup`` (:data:`.cgroups.V2`, or a v1
+            hierarchy's name).
     """
 
     pid: int
@@ -41,6 +46,8 @@ class Server:
     name: str
     slice: Slice
     pod_uid: str | None = None
+    cgroup: str | None = None
+    cgroup_hierarchy: str = "cgroup2"
 
     @property
     def key(self) -> str:
@@ -48,8 +55,11 @@ class Server:
 
     @property
     def root(self) -> int | str:
-        """Its key in the arbiter's books: the root PID, or ``"pod:<uid>"``."""
-        return f"pod:{self.pod_uid}" if self.pod_uid else self.pid
+        """Its key in the arbiter's books: ``"pod:<uid>"``, ``"cgroup:<path>"``, or the
+        root PID of its process tree."""
+        if self.pod_uid:
+            return f"pod:{self.pod_uid}"
+        return f"cgroup:{self.cgroup}" if self.cgroup else self.pid
 
 
 @dataclasses.dataclass
