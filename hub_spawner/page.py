@@ -1,7 +1,9 @@
 """The admin page ``/hub/vgpu``: every GPU and MIG instance, its slices, limits and
-requests against usage, overcommit, why a GPU takes no slice (NVML failures), and the
-node arbiter's kernels and latest decisions (who was paused for whom, queued, refused,
-over budget), read from its socket when the arbiter runs on the Hub's host.
+requests against usage, overcommit, why a GPU takes no slice (NVML failures), how users
+are kept apart on this host (per-server cgroups, or why not; users sharing one account),
+and the node arbiter's kernels, GPU processes that belong to no server, and latest
+decisions (who was paused for whom, queued, refused, over budget, unowned), read from its
+socket when the arbiter runs on the Hub's host.
 
 Rendered with the Hub's own templates (``templates/vgpu.html`` extends the Hub's
 ``page.html``); ``templates/page.html`` adds a "vGPU" link to the Hub's navigation bar
@@ -19,6 +21,7 @@ from tornado import web
 
 from jupyter_vgpu.units import format_bytes
 
+from . import isolation
 from .config import VGPUHub
 
 
@@ -34,6 +37,9 @@ class VGPUPageHandler(BaseHandler):
         hub = VGPUHub.instance(config=self.settings["config"])
         _, gpus = hub.snapshot(self.users)
         arbiter, arbiter_problem = await arbiter_books(hub.arbiter_socket)
+        kept_apart = isolation.summary(
+            self.settings.get("spawner_class"), self.settings["config"], hub.running(self.users), self.log
+        )
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
@@ -44,6 +50,7 @@ class VGPUPageHandler(BaseHandler):
             size=format_bytes,
             arbiter=arbiter,
             arbiter_problem=arbiter_problem,
+            kept_apart=kept_apart,
             clock=lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"),
         )
         self.finish(html)
