@@ -53,13 +53,13 @@ CASES = {
     ),
     "nohup … & disown": (
         "import shlex, subprocess, sys\n"
-        "subprocess.run(['bash', '-c', f'nohup {{shlex.quote(sys.executable)}} -c {{shlex.quote({daemon!r})}} "
-        ">/dev/null 2>&1 & disown'])\n"
+        "py, code = shlex.quote(sys.executable), shlex.quote({daemon!r})\n"
+        "subprocess.run(['bash', '-c', f'nohup {{py}} -c {{code}} >/dev/null 2>&1 & disown'])\n"
     ),
     "a daemonizing tool (start-stop-daemon --background)": (
         "import subprocess, sys\n"
-        "subprocess.run(['start-stop-daemon', '--start', '--background', '--exec', sys.executable, '--',\n"
-        "                '-c', {daemon!r}])\n"
+        "subprocess.run(['start-stop-daemon', '--start', '--background', '--make-pidfile',\n"
+        "                '--pidfile', {pidfile!r}, '--exec', sys.executable, '--', '-c', {daemon!r}])\n"
     ),
     "re-parented to init through a subreaper that exits": (
         "import ctypes, os, sys, time\n"
@@ -74,7 +74,7 @@ CASES = {
 def kernel_code(case: str, took: Path) -> str:
     """The kernel code of ``case``: leave the daemon behind, then print its ``took`` line."""
     daemon = DAEMON.format(took=str(took))
-    return CASES[case].format(daemon=daemon) + WAIT.format(took=str(took))
+    return CASES[case].format(daemon=daemon, pidfile=f"{took}.pid") + WAIT.format(took=str(took))
 
 
 def terminal_command(took: Path) -> str:

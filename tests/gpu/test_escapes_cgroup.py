@@ -63,7 +63,9 @@ def test_an_escape_from_the_tree_is_mapped_by_cgroup_caught_and_ended(tmp_path, 
         assert warned["mapped_by"] == "cgroup", warned
         assert warned["time"] - took < 2.0, (warned, took)
         assert killed["total"] >= escape_cases.HOLD
-        wait_for(lambda: nvml.process_memory(gpu.uuid).get(killed["pid"]) is None, 10, "its memory to be freed")
+        wait_for(
+            lambda: nvml.process_memory(gpu.uuid).get(killed["pid"]) is None, 10, "its memory to be freed"
+        )
         assert killed["pid"] != kernel.pid, "the process that took the memory was ended, not the kernel"
     finally:
         kernel.shutdown()
