@@ -318,3 +318,24 @@ def test_unowned_policy_follows_over_budget_unless_set():
     assert ArbiterApp(over_budget="kill", unowned_policy="report").unowned_policy == "report"
     assert "nvidia-cuda-mps-server" in ArbiterApp().allowed_executables
     assert ArbiterApp().managed_gpus == ["all"]
+
+
+def test_a_trusted_client_registers_a_server_by_its_cgroup(tmp_path):
+    from jupyter_vgpu.node.control import ControlError
+
+    from ..arbiter_process import ArbiterProcess
+
+    arbiter = ArbiterProcess(tmp_path).start()
+    try:
+        with arbiter.control() as c:
+            c.register(os.getpid() + 10**6, "ada", "", SLICE, cgroup="pids:/jupyter-vgpu/ada-default-1a2b")
+            c.register(os.getpid() + 10**6 + 1, "bob", "", SLICE)
+            with pytest.raises(ControlError, match="absolute path"):
+                c.register(1, "eve", "", SLICE, cgroup="../escape")
+            servers = {s["user"]: s for s in c.books()["servers"]}
+        assert servers["ada"]["key"] == "ada/"
+        assert servers["ada"]["cgroup"] == "pids:/jupyter-vgpu/ada-default-1a2b"
+        assert servers["bob"]["cgroup"] is None
+        assert "eve" not in servers
+    finally:
+        arbiter.stop()
