@@ -302,6 +302,18 @@ class ServerCgroupMixin(HasTraits):
         account = pwd.getpwnam(self.user.name)
         return account.pw_uid, account.pw_gid
 
+    def cgroup_workdir(self) -> str:
+        """systemd mode: the directory the server starts in (the user's home)."""
+        home = getattr(self, "home_dir", "")  # SimpleLocalProcessSpawner's
+        if home:
+            return home
+        import pwd
+
+        try:
+            return pwd.getpwnam(self.user.name).pw_dir
+        except KeyError:
+            return "/"
+
     def cgroup_prepare(self) -> None:
         """systemd mode: what the child does as root before ``systemd-run`` (nothing here;
         the privileges are dropped by ``setpriv`` after the scope is made)."""
@@ -349,7 +361,7 @@ class ServerCgroupMixin(HasTraits):
                     raise RuntimeError(f"cannot make the server's cgroup {directory}: {e}") from None
         saved = self.cmd
         if host is not None and host.mode == "systemd":
-            workdir = getattr(self, "home_dir", "") or "/"
+            workdir = self.cgroup_workdir()
             self.cmd = scope_command(
                 self._cgroup_unit, self.cgroup_systemd_slice, self.cgroup_account(), list(saved), workdir
             )

@@ -136,6 +136,10 @@ class HubProcess:
                 directory.rmdir()
             kill_all(top)
             top.rmdir()
+            try:
+                top.parent.rmdir()  # the tests' top cgroup, when no other Hub uses it
+            except OSError:
+                pass
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -233,6 +233,7 @@ def server_in_cgroup():
         wait_for(lambda: not cgroups.procs(directory), 10, f"{directory} to empty")
         directory.rmdir()
         host.mount.directory(host.parent).rmdir()
+        _remove_if_empty(host.mount.directory(host.parent).parent)
 
 
 @needs_cgroups
@@ -269,6 +270,14 @@ def test_a_daemon_leaves_the_process_tree_but_not_its_cgroup(server_in_cgroup, h
     finally:
         server_cgroup.kill_all(directory)
     wait_for(lambda: not peers.alive(daemon) or _zombie(daemon), 10, f"daemon {daemon} to be ended")
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove the tests' top cgroup when no other test (a Hub's) still uses it."""
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
 
 
 def _zombie(pid: int) -> bool:
@@ -339,3 +348,36 @@ def test_a_trusted_client_registers_a_server_by_its_cgroup(tmp_path):
         assert "eve" not in servers
     finally:
         arbiter.stop()
+
+
+def test_the_hub_page_warns_where_users_share_an_account():
+    import logging
+    from types import SimpleNamespace
+
+    from traitlets.config import Config
+
+    from hub_spawner import isolation
+    from hub_spawner.demo.spawner import DemoSpawner
+    from hub_spawner.spawner import VGPUSimpleSpawner, VGPUSpawner
+
+    log = logging.getLogger("test")
+    parent = f"/jupyter-vgpu-tests/page-{os.getpid()}"  # where a probe may make its parent
+    config = Config({"Spawner": {"cgroup_parent": parent}})
+    assert isolation.summary(VGPUSpawner, config, [], log)["warning"] is None
+    assert "run as one Unix account" in isolation.summary(VGPUSimpleSpawner, config, [], log)["warning"]
+    assert isolation.summary(DemoSpawner, config, [], log)["warning"]
+    per_user = Config({"Spawner": {"cgroup_parent": parent}, "DemoSpawner": {"accounts_per_user": True}})
+    assert isolation.summary(DemoSpawner, per_user, [], log)["warning"] is None
+    # two users' servers seen running as one account (this process's): named in the warning
+    running = [(SimpleNamespace(name=n), SimpleNamespace(pid=os.getpid())) for n in ("ada", "bob")]
+    found = isolation.summary(VGPUSpawner, config, running, log)
+    assert [s["users"] for s in found["shared"]] == [["ada", "bob"]]
+    assert "ada, bob" in found["warning"]
+    assert found["root"] == (["ada", "bob"] if os.geteuid() == 0 else [])
+    cgroup_state = found["cgroups"]
+    assert (cgroup_state["describe"] is None) != (cgroup_state["problem"] is None)
+    for mount in cgroups.mounts():
+        directory = mount.directory(parent)
+        if directory is not None and directory.is_dir():
+            directory.rmdir()
+            _remove_if_empty(directory.parent)
