@@ -1,7 +1,9 @@
 """The admin page ``/hub/vgpu``: every GPU and MIG instance, its slices, limits and
 requests against usage, overcommit, why a GPU takes no slice (NVML failures), every
-node whose arbiter reports (Kubernetes, Slurm), and the node arbiter's kernels and
-latest decisions (who was paused for whom, queued, refused, over budget), read from its
+node whose arbiter reports (Kubernetes, Slurm), how users are kept apart on this host
+(per-server cgroups, or why not; users sharing one account), and the node arbiter's
+kernels, GPU processes that belong to no server, and latest decisions (who was paused
+for whom, queued, refused, over budget, unowned), read from its
 socket when the arbiter runs on the Hub's host.
 
 Rendered with the Hub's own templates (``templates/vgpu.html`` extends the Hub's
@@ -20,6 +22,7 @@ from tornado import web
 
 from jupyter_vgpu.units import format_bytes
 
+from . import isolation
 from .config import VGPUHub
 
 
@@ -38,6 +41,9 @@ class VGPUPageHandler(BaseHandler):
         arbiter, arbiter_problem = await arbiter_books(hub.arbiter_socket)
         if not hub.arbiter_socket and nodes:
             arbiter_problem = "The node arbiters run on the nodes (Kubernetes, Slurm): see Nodes above."
+        kept_apart = isolation.summary(
+            self.settings.get("spawner_class"), self.settings["config"], hub.running(self.users), self.log
+        )
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
@@ -49,6 +55,7 @@ class VGPUPageHandler(BaseHandler):
             arbiter=arbiter,
             arbiter_problem=arbiter_problem,
             nodes=nodes,
+            kept_apart=kept_apart,
             clock=lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"),
         )
         self.finish(html)

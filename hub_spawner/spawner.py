@@ -26,6 +26,7 @@ from . import options, ports
 from .config import VGPUHub
 from .placement import Placement, PlacementError
 from .quotas import QuotaStore
+from .server_cgroup import ServerCgroupMixin
 from .sizes import format_size
 
 STATE_KEY = "vgpu_slice"
@@ -36,6 +37,8 @@ class VGPUSpawnerMixin(HasTraits):
 
     #: The running server's slice, or None while it is stopped.
     vgpu_slice: Slice | None = None
+    #: Whether servers of different users run as one Unix account (the Hub page warns).
+    vgpu_shared_account = False
 
     @default("server_token_scopes")
     def _vgpu_server_token_scopes(self):
@@ -298,12 +301,19 @@ class LocalPortsMixin(HasTraits):
         return await super().start()
 
 
-class VGPUSpawner(VGPUSpawnerMixin, LocalPortsMixin, LocalProcessSpawner):
-    """``LocalProcessSpawner`` with a vGPU slice per server (entry point ``vgpu``)."""
+class VGPUSpawner(ServerCgroupMixin, VGPUSpawnerMixin, LocalPortsMixin, LocalProcessSpawner):
+    """``LocalProcessSpawner`` with a vGPU slice per server (entry point ``vgpu``), each
+    server in a cgroup of its own (:mod:`hub_spawner.server_cgroup`), as its user's own
+    system account: users cannot touch each other's processes."""
 
 
-class VGPUSimpleSpawner(VGPUSpawnerMixin, LocalPortsMixin, SimpleLocalProcessSpawner):
-    """``SimpleLocalProcessSpawner`` with a vGPU slice per server (entry point ``vgpu-simple``).
+class VGPUSimpleSpawner(ServerCgroupMixin, VGPUSpawnerMixin, LocalPortsMixin, SimpleLocalProcessSpawner):
+    """``SimpleLocalProcessSpawner`` with a vGPU slice per server (entry point ``vgpu-simple``),
+    each server in a cgroup of its own.
 
-    Runs every server as the Hub's own user: for demos and tests only, like its base.
+    Runs every server as the Hub's own user: any user can signal, trace or read another's
+    kernels. For demos and tests only, like its base.
     """
+
+    #: Every server runs as one account (the Hub page warns the admin).
+    vgpu_shared_account = True

@@ -4,8 +4,8 @@
 #   jupyterhub -f hub_spawner/demo/jupyterhub_config.py
 #
 # It listens on 127.0.0.1 only: anyone who can reach it and knows the shared password
-# runs code on this machine. Run as root, it runs every user's server as the
-# unprivileged system account `vgpu-demo` (created here when missing).
+# runs code on this machine. Run as root, it runs each user's server as a system account
+# of that user's own (vgpu-<name>, created at first spawn), in a cgroup of its own.
 #
 # Environment (all optional):
 #   JUPYTER_VGPU_DEMO_PASSWORD  shared password of every demo user (default: vgpu-demo)
@@ -18,6 +18,7 @@
 #                               e.g. "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
 #   JUPYTER_VGPU_DEMO_ISOLATION isolation backend of shared GPUs: time-slicing (default) or mps
 #   JUPYTER_VGPU_DEMO_NODE_TOKEN  a token for Kubernetes node arbiters' reports (service vgpu-node)
+#   JUPYTER_VGPU_DEMO_CGROUP_PARENT the cgroup servers' cgroups go under (default: /jupyter-vgpu)
 import logging
 import os
 import sys
@@ -64,30 +65,53 @@ c.DemoAuthenticator.password = os.environ.get("JUPYTER_VGPU_DEMO_PASSWORD", "vgp
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"admin"}
 
-# Demo users are not system users: every server runs as one account, in this very
-# Python, with JupyterLab. As root, that account is the unprivileged `vgpu-demo`.
+# Demo users are not system users: the demo makes each one a system account of their
+# own (hub_spawner.demo.system_user) when the Hub is root, and runs their server as it,
+# in this very Python, with JupyterLab, in a cgroup of its own.
 c.JupyterHub.spawner_class = "hub_spawner.demo.spawner.DemoSpawner"
 c.SimpleLocalProcessSpawner.home_dir_template = str(homes / "{username}")
-c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+python = sys.executable
 c.Spawner.default_url = "/lab"
 # Show the spawn page (with where the vGPU slice went) at once instead of a blank wait.
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 c.Spawner.http_timeout = 60
 c.Spawner.start_timeout = 120
+if os.environ.get("JUPYTER_VGPU_DEMO_CGROUP_PARENT"):
+    c.DemoSpawner.cgroup_parent = os.environ["JUPYTER_VGPU_DEMO_CGROUP_PARENT"]
 if os.geteuid() == 0:
-    account = system_user.ensure()
-    why_not = "it could not be created" if account is None else system_user.cannot_run_servers(account, homes)
+    probe = system_user.ensure(system_user.PROBE_ACCOUNT)
+    why_not = (
+        f"no account {system_user.PROBE_ACCOUNT}"
+        if probe is None
+        else system_user.cannot_run_servers(probe, homes)
+    )
+    if why_not is not None and probe is not None:
+        # This Python lives where other accounts cannot run it (a virtual environment
+        # made from a Python under /root): run servers with the system's Python of the
+        # same version over this environment's packages, if it has one.
+        shared, why_shared = system_user.shared_python(state / "python")
+        if shared is not None and system_user.cannot_run_servers(probe, homes, shared) is None:
+            log.info(
+                "jupyter-vgpu demo: other accounts cannot run %s (%s); servers run with %s, the system's "
+                "Python over this environment's packages",
+                sys.executable,
+                why_not,
+                shared,
+            )
+            python, why_not = shared, None
+        else:
+            why_not = f"{why_not}; {why_shared or system_user.cannot_run_servers(probe, homes, shared)}"
     if why_not is None:
-        c.DemoSpawner.run_as = account.pw_name
-        log.info("jupyter-vgpu demo: users' servers run as the unprivileged account %s", account.pw_name)
+        c.DemoSpawner.accounts_per_user = True
+        log.info("jupyter-vgpu demo: each user's server runs as a system account of that user's own")
     else:
         c.Spawner.args = ["--ServerApp.allow_root=True"]
         log.warning(
-            "jupyter-vgpu demo: servers run as root, because the account %s cannot run them: %s. "
+            "jupyter-vgpu demo: servers run as root, because other accounts cannot run this Python: %s. "
             "Anyone with the demo password can then act as root on this machine.",
-            system_user.NAME,
             why_not,
         )
+c.Spawner.cmd = [python, "-m", "jupyterhub.singleuser"]
 
 simulate = os.environ.get("JUPYTER_VGPU_DEMO_SIMULATE")
 if simulate is None:

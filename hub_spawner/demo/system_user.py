@@ -1,22 +1,35 @@
-"""The demo's unprivileged system account: created when missing, checked before use.
+"""The demo's system accounts: one per demo user, created on first login, checked before use.
 
-When the demo Hub runs as root (containers, CI), every demo user's server runs as one
-dedicated system user instead of root, so that a demo login cannot read the Hub's
-cookie secret or database, or act as root on the machine.
+When the demo Hub runs as root (containers, CI), each demo user's server runs as a
+system account of that user's own, as JupyterHub's ``LocalAuthenticator`` with
+``create_system_users`` gives each user one: a demo login cannot read the Hub's cookie
+secret or database, act as root, or signal, trace or read another user's kernels (the
+Linux kernel allows those only within one account).
+
+Demo user names are anything typed on the login form, so an account's name is made from
+the user's name (:func:`account_name`) and never *is* it: ``root`` logs in as the
+account ``vgpu-root``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import time
 from pathlib import Path
 
-#: The account demo servers run as.
-NAME = "vgpu-demo"
-#: How it is created: a system account with no home and no login shell.
+#: Accounts' names start with this, so that no demo user gets an existing account.
+PREFIX = "vgpu-"
+#: The longest account name ``useradd`` takes.
+MAX_NAME = 32
+#: How accounts are created: system accounts with no home and no login shell (the demo
+#: gives each server its home in the demo's state directory).
 USERADD = [
     "useradd",
     "--system",
@@ -26,36 +39,54 @@ USERADD = [
     "--shell",
     "/usr/sbin/nologin",
 ]
+#: The account a Python is tried with before accounts are made (Debian's unprivileged one).
+PROBE_ACCOUNT = "nobody"
 
 
-def ensure(name: str = NAME) -> pwd.struct_passwd | None:
+def account_name(username: str) -> str:
+    """The system account of demo user ``username``, one per name, never shared.
+
+    A name of lower-case letters, digits and ``-`` that fits gives ``vgpu-<name>``
+    (``"ada"`` -> ``"vgpu-ada"``). Any other name gives ``vgpu_``, its first 10
+    characters with every other character replaced by ``-``, ``_`` and 16 hex digits of
+    its SHA-1 (``"Ada Lovelace"`` -> ``"vgpu_ada-lovela_<16 hex>"``): the two forms never
+    meet (``vgpu-`` against ``vgpu_``), and another name with the same digits would need
+    a 64-bit SHA-1 collision. At most 32 characters, as ``useradd`` takes.
+    """
+    if re.fullmatch(r"[a-z0-9-]+", username) and len(PREFIX + username) <= MAX_NAME:
+        return PREFIX + username
+    clean = re.sub(r"[^a-z0-9-]", "-", username.lower())[:10]
+    return f"vgpu_{clean}_{hashlib.sha1(username.encode()).hexdigest()[:16]}"
+
+
+def ensure(name: str, attempts: int = 20) -> pwd.struct_passwd | None:
     """The system account ``name``, created (``useradd --system``, no login shell, no
     home) when missing and this process is root; None when it is missing and cannot be
-    created."""
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        return None
-    subprocess.run(
-        [*USERADD, name],
-        check=False,
-        capture_output=True,
-    )
+    created. ``useradd`` is retried while another one holds the password file's lock."""
+    for _ in range(attempts):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            pass
+        if os.geteuid() != 0 or not shutil.which("useradd"):
+            return None
+        done = subprocess.run([*USERADD, name], check=False, capture_output=True, text=True)
+        if done.returncode in (0, 9):  # 9: created meanwhile by another process
+            continue
+        time.sleep(0.1)  # e.g. 10: /etc/passwd is locked by another useradd
     try:
         return pwd.getpwnam(name)
     except KeyError:
         return None
 
 
-def cannot_run_servers(account: pwd.struct_passwd, workdir: Path) -> str | None:
-    """Why ``account`` cannot run a single-user server with this Python from ``workdir``
+def cannot_run_servers(account: pwd.struct_passwd, workdir: Path, python: str = sys.executable) -> str | None:
+    """Why ``account`` cannot run a single-user server with ``python`` from ``workdir``
     (e.g. the virtual environment lives in a directory it cannot read), or None when it
     can."""
     try:
         result = subprocess.run(
-            [sys.executable, "-c", "import jupyterhub.singleuser, jupyter_vgpu.server"],
+            [python, "-c", "import jupyterhub.singleuser, jupyter_vgpu.server"],
             user=account.pw_uid,
             group=account.pw_gid,
             extra_groups=[],
@@ -70,3 +101,51 @@ def cannot_run_servers(account: pwd.struct_passwd, workdir: Path) -> str | None:
     if result.returncode != 0:
         return (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
     return None
+
+
+def shared_python(directory: Path) -> tuple[str | None, str]:
+    """A Python that other accounts can run, with this one's packages, for when this
+    Python lives where they cannot (a virtual environment made from a Python under
+    ``/root``, as pyenv installs it): a virtual environment in ``directory`` made from
+    the system's Python of the same version (``/usr/bin/python3.X``: the same ABI, so
+    the same compiled packages), whose site directory adds this environment's (a
+    ``.pth`` line), and whose ``etc`` and ``share`` are this environment's (Jupyter's
+    config and data: the server extension, JupyterLab, the kernel's hook).
+
+    Returns:
+        ``(its python, "")``, or ``(None, why not)``.
+    """
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    base = Path("/usr/bin", version)
+    if not os.access(base, os.X_OK):
+        return None, f"no system {version} at {base} to run this environment's packages with"
+    site = Path(sysconfig.get_paths()["purelib"])
+    python = directory / "bin" / "python3"
+    try:
+        if not python.exists():
+            subprocess.run(
+                [str(base), "-m", "venv", "--without-pip", str(directory)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        own_site = Path(
+            subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
+        (own_site / "jupyter_vgpu_shared.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+        for name in ("etc", "share"):
+            link = directory / name
+            if not link.is_symlink():
+                link.symlink_to(Path(sys.prefix, name))
+        for path in [directory, *directory.rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    except (OSError, subprocess.CalledProcessError) as e:
+        said = getattr(e, "stderr", "") or str(e)
+        return None, f"cannot make a Python for other accounts in {directory}: {said.strip()[-300:]}"
+    return str(python), ""

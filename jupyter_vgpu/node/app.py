@@ -28,7 +28,7 @@ import logging
 import os
 import signal
 
-from traitlets import Bool, Enum, Float, Int, Unicode, default
+from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
 from jupyter_vgpu.slice import Slice, SliceError
@@ -46,9 +46,10 @@ class HubLink:
     """Reads the running slices from the Hub with the service's token.
 
     Each entry of ``GET {JUPYTERHUB_API_URL}/vgpu/slices`` with a ``slice`` and either a
-    ``pid`` (the server's process on this host), a ``pod_uid`` (its pod, on this
-    arbiter's ``node``) or a ``job_id`` (its Slurm job, on this ``node``) registers that
-    server. Slices whose GPU the Hub does not know
+    ``pid`` (the server's process on this host, with its ``cgroup`` and
+    ``cgroup_hierarchy`` where it has one), a ``pod_uid`` (its pod, on this arbiter's
+    ``node``) or a ``job_id`` (its Slurm job, on this ``node``) registers that server.
+    Slices whose GPU the Hub does not know
     yet (``gpu_uuid`` ``"pending"``) wait: their kernels are admitted once it does.
     """
 
@@ -89,6 +90,13 @@ class HubLink:
                 pid = 0
             elif not isinstance(pid, int) or pid <= 0:
                 continue
+            cgroup, hierarchy = entry.get("cgroup"), entry.get("cgroup_hierarchy") or "cgroup2"
+            if (
+                pod
+                or job
+                or not (isinstance(cgroup, str) and cgroup.startswith("/") and isinstance(hierarchy, str))
+            ):
+                cgroup, hierarchy = None, "cgroup2"
             try:
                 slice_ = Slice.from_dict(entry["slice"])
             except (SliceError, KeyError, TypeError) as e:
@@ -97,7 +105,9 @@ class HubLink:
             if slice_.gpu_uuid == PENDING:
                 continue
             user, name = str(entry.get("user", "")), str(entry.get("server_name", ""))
-            server = self.arbiter.register(pid, user, name, slice_, pod_uid=pod, job_id=job)
+            server = self.arbiter.register(
+                pid, user, name, slice_, pod_uid=pod, job_id=job, cgroup=cgroup, cgroup_hierarchy=hierarchy
+            )
             seen.add(server.root)
         for root in [r for r in self.arbiter.servers if r not in seen]:
             del self.arbiter.servers[root]  # stopped on the Hub
@@ -181,6 +191,58 @@ class ArbiterApp(Application):
 
     grace_seconds = Float(
         10.0, help="Seconds a process may stay over its budget before over_budget applies."
+    ).tag(config=True)
+
+    unowned_policy = Enum(
+        ["report", "kill"],
+        help="""What happens to a process that uses a managed GPU (managed_gpus) and belongs
+        to no server, nor to the allowlist (allowed_executables, allowed_cgroups): it is
+        reported at once (the log, the Hub's /hub/vgpu page, the metric
+        jupyter_vgpu_unowned_processes); after grace_seconds, 'report' keeps reporting it
+        every minute and 'kill' ends it. Default: 'kill' when over_budget is 'kill', else
+        'report'. This arbiter's process and its ancestors (the Hub) are never ended.""",
+    ).tag(config=True)
+
+    @default("unowned_policy")
+    def _unowned_default(self):
+        return "kill" if self.over_budget == "kill" else "report"
+
+    managed_gpus = List(
+        Unicode(),
+        default_value=["all"],
+        help="""GPUs whose every process must belong to a server (default deny), by NVML UUID
+        (GPU-… or MIG-…) or index; 'all' (default): every GPU, or MIG instance, NVML lists on
+        this host. The GPUs of the registered slices are always watched.""",
+    ).tag(config=True)
+
+    allowed_executables = List(
+        Unicode(),
+        default_value=[
+            "nvidia-cuda-mps-server",
+            "nvidia-cuda-mps-control",
+            "nvidia-smi",
+            "nvidia-persistenced",
+            "nv-hostengine",
+            "dcgm-exporter",
+            "dcgmi",
+            "nvidia_gpu_exporter",
+            "Xorg",
+            "Xwayland",
+        ],
+        help="""Programs that may use a managed GPU outside every server: an absolute path
+        (matched against /proc/<pid>/exe), or a bare name, which matches a program of that
+        name only where the file and its directory are root's and writable by root alone
+        (a user cannot copy a program there). Default: NVIDIA's MPS daemons, nvidia-smi,
+        the persistence daemon, DCGM's host engine, exporter and CLI, the GPU exporter for
+        Prometheus, and X servers.""",
+    ).tag(config=True)
+
+    allowed_cgroups = List(
+        Unicode(),
+        help="""cgroups whose processes may use a managed GPU outside every server (and those
+        below them): a path in the unified hierarchy ('/system.slice/dcgm.service') or
+        'HIERARCHY:PATH' for a v1 one ('name=systemd:/system.slice/dcgm.service'). Empty by
+        default: name the services of monitoring agents and admin jobs here.""",
     ).tag(config=True)
 
     registrars = Enum(

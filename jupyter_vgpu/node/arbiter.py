@@ -1,7 +1,8 @@
 """The node arbiter: owns the host's cards and makes room for whoever runs a cell.
 
 Kernels connect to its Unix socket (:mod:`.protocol`); the arbiter knows each by its
-peer credentials and the registered process tree it descends from (:mod:`.peers`),
+peer credentials and the registered server whose cgroup it is in (:mod:`.cgroups`; a
+pod's on Kubernetes), or else whose process tree it descends from (:mod:`.peers`),
 never by what it says. Before a kernel runs code it asks for room; the arbiter pauses
 or suspends idle kernels on that card (:func:`.books.victims`), waiting for each one's
 acknowledgement and for the memory to show up free, and grants the request, or queues
@@ -27,13 +28,43 @@ from pathlib import Path
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
-from . import books, cards, mps, namespaces, peers, protocol, slurm
+from . import books, cards, cgroups, mps, namespaces, peers, protocol, slurm
 from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
 from .cards import Reading
 from .metrics import Metrics
 from .watchdog import Watchdog, owners
 
 log = logging.getLogger("jupyter_vgpu.node")
+
+
+def _root_only(path: str) -> bool:
+    """Whether the directory holding ``path`` and the file itself are writable by root alone."""
+    try:
+        for p in (os.path.dirname(path), path):
+            st = os.stat(p)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _describe(pid: int) -> dict:
+    """What /proc says of a process: its executable, uid and cgroup (None where unreadable)."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = None
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        uid = None
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            cgroup = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        cgroup = None
+    return {"exe": exe, "uid": uid, "cgroup": cgroup}
 
 
 class _Conn:
@@ -102,7 +133,24 @@ class Arbiter:
         self._mps_watched = 0.0  # monotonic seconds of the last look at the daemons
         self._mps_asked: set[str] = set()  # GPUs whose daemon was started (or found missing)
         self.refresh_servers = None  # async callable re-reading registrations (the Hub link)
-        self.watchdog = Watchdog(config.over_budget, config.grace_seconds)
+        self.watchdog = Watchdog(
+            config.over_budget,
+            config.grace_seconds,
+            unowned_policy=getattr(config, "unowned_policy", "report"),
+        )
+        # never ended, never reported: this arbiter and whoever started it (the Hub)
+        self.protected = set(peers.ancestors(os.getpid()))
+        self.unowned: dict[int, dict] = {}  # pid -> what is known of an unowned GPU process now
+        self._managed: set[str] | None = None  # the managed cards besides the slices' (read once)
+        self._card_of: dict[int, str] = {}  # pid -> the managed card it holds most on (last look)
+        self._unowned_cards: set[str] = set()  # cards with unowned processes at the last look
+        # How a process is mapped to a server, tried in order: (name, function to a key or None).
+        self.mappers = [
+            ("cgroup", self._by_cgroup),
+            ("pod", self._by_pod),
+            ("job", self._by_job),
+            ("tree", self._by_tree),
+        ]
 
     # -- the books -------------------------------------------------------------------
 
@@ -113,18 +161,50 @@ class Arbiter:
     def on_card(self, uuid: str) -> list[Kernel]:
         return [k for k in self.kernels if k.slice.gpu_uuid == uuid]
 
+    def mapping(self, pid: int) -> tuple[int | str, str] | None:
+        """``(key, how)``: the registered server ``pid`` belongs to, by its key in the
+        books, and which of :attr:`mappers` found it (``cgroup``: the deepest registered
+        server cgroup the process is in; ``pod``: its pod; ``tree``: the nearest
+        registered server process it descends from); None when it belongs to none."""
+        for how, mapper in self.mappers:
+            key = mapper(pid)
+            if key is not None:
+                return key, how
+        return None
+
     def root_of(self, pid: int) -> int | str | None:
-        """The registered server ``pid`` belongs to, by its key: the nearest registered
-        root PID it descends from, else ``"pod:<uid>"`` of its pod or ``"job:<id>"`` of its
-        Slurm job when that one is registered; None when it belongs to none."""
-        root = peers.root_in(pid, [k for k in self.servers if isinstance(k, int)])
-        if root is None and any(isinstance(k, str) and k.startswith("pod:") for k in self.servers):
-            uid = self.pod_of(pid)
-            root = f"pod:{uid}" if uid and f"pod:{uid}" in self.servers else None
-        if root is None and any(isinstance(k, str) and k.startswith("job:") for k in self.servers):
-            job = self.job_of(pid)
-            root = f"job:{job}" if job and f"job:{job}" in self.servers else None
-        return root
+        """The key of the registered server ``pid`` belongs to (:meth:`mapping`), or None."""
+        found = self.mapping(pid)
+        return found[0] if found is not None else None
+
+    def _by_cgroup(self, pid: int) -> str | None:
+        held = [s for s in self.servers.values() if s.cgroup]
+        if not held:
+            return None
+        memberships = cgroups.of(pid)
+        best = None
+        for s in held:
+            deeper = best is None or len(s.cgroup) > len(best.cgroup)
+            if deeper and cgroups.Cgroup(s.cgroup_hierarchy, s.cgroup).holds(memberships):
+                best = s
+        return best.root if best is not None else None
+
+    def _by_pod(self, pid: int) -> str | None:
+        if not any(s.pod_uid for s in self.servers.values()):
+            return None
+        uid = self.pod_of(pid)
+        return f"pod:{uid}" if uid and f"pod:{uid}" in self.servers else None
+
+    def _by_job(self, pid: int) -> str | None:
+        if not any(s.job_id for s in self.servers.values()):
+            return None
+        job = self.job_of(pid)
+        return f"job:{job}" if job and f"job:{job}" in self.servers else None
+
+    def _by_tree(self, pid: int) -> int | str | None:
+        roots = {s.pid: s.root for s in self.servers.values() if s.pid and not s.pod_uid and not s.job_id}
+        root = peers.root_in(pid, roots) if roots else None
+        return roots[root] if root is not None else None
 
     def server_of(self, pid: int) -> Server | None:
         root = self.root_of(pid)
@@ -137,12 +217,17 @@ class Arbiter:
         name: str,
         slice_: Slice,
         pod_uid: str | None = None,
+        cgroup: str | None = None,
+        cgroup_hierarchy: str = cgroups.V2,
         job_id: str | None = None,
     ) -> Server:
-        """Give a server a slice (from the Hub or a trusted client): the process tree
-        rooted at ``pid``, or (``pid`` 0) every process of the pod ``pod_uid`` or of the
-        Slurm job ``job_id``."""
-        server = Server(pid, user, name, slice_, pod_uid, job_id)
+        """Give a server a slice (from the Hub or a trusted client): every process in its
+        ``cgroup`` (a path in ``cgroup_hierarchy``) and below, or (``pid`` 0) every
+        process of the pod ``pod_uid`` or of the Slurm job ``job_id``, or the process
+        tree rooted at ``pid``."""
+        server = Server(
+            pid, user, name, slice_, pod_uid, job_id=job_id, cgroup=cgroup, cgroup_hierarchy=cgroup_hierarchy
+        )
         root = server.root
         old = self.servers.get(root)
         self.servers[root] = server
@@ -216,6 +301,7 @@ class Arbiter:
                     "key": s.key,
                     "pod_uid": s.pod_uid,
                     "job_id": s.job_id,
+                    "cgroup": str(cgroups.Cgroup(s.cgroup_hierarchy, s.cgroup)) if s.cgroup else None,
                     "user": s.user,
                     "server": s.name,
                     "gpu_uuid": s.slice.gpu_uuid,
@@ -242,6 +328,7 @@ class Arbiter:
                 for k in self.kernels
             ],
             "decisions": list(self.decisions),
+            "unowned": sorted(self.unowned.values(), key=lambda u: u["pid"]),
         }
 
     def spawn_every(self, seconds: float, step) -> None:
@@ -381,10 +468,19 @@ class Arbiter:
             except SliceError as e:
                 await self._send(conn, {"type": "error", "message": f"register: {e}"})
                 return
-            self.register(msg["pid"], msg["user"], msg["server"], slice_)
+            try:
+                where = cgroups.Cgroup.parse_name(msg["cgroup"]) if msg.get("cgroup") else None
+            except ValueError as e:
+                await self._send(conn, {"type": "error", "message": f"register: {e}"})
+                return
+            cgroup, hierarchy = (where.path, where.hierarchy) if where else (None, cgroups.V2)
+            self.register(
+                msg["pid"], msg["user"], msg["server"], slice_, cgroup=cgroup, cgroup_hierarchy=hierarchy
+            )
             await self._send(conn, {"type": "ok"})
         elif kind == "unregister":
-            self.servers.pop(msg["pid"], None)
+            for key in [k for k, s in self.servers.items() if s.pid == msg["pid"] and not s.pod_uid]:
+                del self.servers[key]
             await self._send(conn, {"type": "ok"})
         elif kind == "refresh":
             if self.refresh_servers is not None:
@@ -565,29 +661,135 @@ class Arbiter:
 
     # -- budgets -----------------------------------------------------------------------
 
+    async def managed_cards(self) -> set[str]:
+        """The real cards whose processes the watchdog looks at: those of the registered
+        slices, and ``ArbiterApp.managed_gpus`` (by default every GPU, or MIG instance,
+        NVML lists on this host; read once)."""
+        cards_now = {s.slice.gpu_uuid for s in self.servers.values() if not s.slice.simulated}
+        if self._managed is None:
+            self._managed = await asyncio.get_running_loop().run_in_executor(None, self._list_managed)
+        return cards_now | self._managed
+
+    def _list_managed(self) -> set[str]:
+        wanted = list(getattr(self.config, "managed_gpus", None) or ["all"])
+        try:
+            from jupyter_vgpu import nvml
+
+            devices = []
+            for g in nvml.list_gpus():
+                if g.mig_enabled:
+                    devices += [(m.uuid, str(g.index), g.uuid) for m in nvml.mig_devices(g.index)]
+                else:
+                    devices.append((g.uuid, str(g.index), g.uuid))
+        except Exception as e:  # no driver: only simulated cards, nothing to police
+            log.info("no GPU to watch beyond the slices' (%s)", e)
+            return set()
+        return {
+            uuid for uuid, index, parent in devices if "all" in wanted or {uuid, index, parent} & set(wanted)
+        }
+
+    def allowed(self, pid: int) -> bool:
+        """Whether a process of no server may use a managed card: this arbiter and its
+        ancestors (the Hub) always; else a process whose executable is one of
+        ``ArbiterApp.allowed_executables`` (a path, or a bare name of a program in a
+        directory only root may write), or whose cgroup lies within one of
+        ``allowed_cgroups``. A process gone meanwhile is allowed (nothing to act on)."""
+        if pid in self.protected:
+            return True
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+        except FileNotFoundError:
+            return True
+        except OSError:
+            exe = ""
+        for entry in getattr(self.config, "allowed_executables", ()):
+            if exe and (
+                exe == entry or ("/" not in entry and os.path.basename(exe) == entry and _root_only(exe))
+            ):
+                return True
+        held = getattr(self.config, "allowed_cgroups", ())
+        if held:
+            memberships = cgroups.of(pid)
+            if memberships is None:
+                return True
+            for entry in held:
+                try:
+                    if cgroups.Cgroup.parse_name(entry).holds(memberships):
+                        return True
+                except ValueError:
+                    continue
+        return False
+
     async def enforce(self, now: float) -> None:
-        """Compare every process of every registered server with its budget (real cards)."""
-        owner = owners(self.servers.values(), self.root_of)
-        for uuid in {s.slice.gpu_uuid for s in self.servers.values() if not s.slice.simulated}:
-            reading = await self.read(uuid)
-            for action in self.watchdog.step(now, reading.processes, owner):
-                await self._act(action, uuid)
+        """Compare every server's processes on the managed cards, together, with its
+        budget, and find the cards' processes that belong to no server (real cards)."""
+        processes: dict[int, int] = {}
+        self._card_of = {}
+        for uuid in sorted(await self.managed_cards()):
+            try:
+                reading = await self.read(uuid)
+            except Exception as e:
+                log.warning("cannot read GPU %s: %s", uuid, e)
+                continue
+            for pid, used in reading.processes.items():
+                processes[pid] = processes.get(pid, 0) + used
+                if used >= processes[pid] - used:
+                    self._card_of[pid] = uuid
+        owner = owners(self.servers.values(), self.mapping)
+        actions = self.watchdog.step(now, processes, owner, self.allowed)
+        self.unowned = {
+            pid: entry for pid, entry in self.unowned.items() if pid in processes and owner(pid) is None
+        }
+        for action in actions:
+            await self._act(action, self._card_of.get(action.pid, ""))
+        for uuid in {self._card_of.get(pid, "") for pid in self.unowned} | set(self._unowned_cards):
+            self.metrics.unowned.labels(gpu=uuid).set(
+                sum(1 for pid in self.unowned if self._card_of.get(pid) == uuid)
+            )
+        self._unowned_cards = {self._card_of.get(pid, "") for pid in self.unowned}
 
     async def _act(self, action, uuid: str) -> None:
+        if action.unowned:
+            await self._act_unowned(action, uuid)
+            return
         self._decide(
             f"over budget: {action.kind}", server=action.server, pid=action.pid, used=action.used,
-            budget=action.budget, message=action.message(),
+            total=action.total, budget=action.budget, mapped_by=action.mapped_by, message=action.message(),
         )  # fmt: skip
         self.metrics.enforcement.labels(gpu=uuid, action=action.kind).inc()
         kernel_pid = peers.root_in(action.pid, self.conns)  # the kernel it runs under, if any
         conn = self.conns.get(kernel_pid) if kernel_pid is not None else None
-        if conn is not None:
-            await self._send(conn, {"type": "notice", "message": action.message()})
+        key = self.root_of(action.pid)
+        for other in self.conns.values():  # every kernel of the server hears of it
+            if other.kernel is not None and other.kernel.server.root == key:
+                await self._send(other, {"type": "notice", "message": action.message()})
         if action.kind == "kill":
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(action.pid, 9)
+            self._end(action.pid)
         elif action.kind == "pause" and conn is not None and conn.kernel.state in (books.IDLE,):
             await self._take_off(conn.kernel, "pause", reason="over budget")
+
+    def _end(self, pid: int) -> None:
+        if pid in self.protected:  # never this arbiter or the Hub
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, 9)
+
+    async def _act_unowned(self, action, uuid: str) -> None:
+        """Report (log, books, Hub page, metric) and, under ``unowned_policy``, end a
+        process that uses a managed card and belongs to no server."""
+        entry = self.unowned.get(action.pid)
+        if entry is None:
+            entry = {"pid": action.pid, "gpu": uuid, "since": time.time(), **_describe(action.pid)}
+            self.unowned[action.pid] = entry
+        entry["used"] = action.used
+        self._decide(
+            f"unowned: {action.kind}", gpu=uuid, pid=action.pid, used=action.used, mapped_by="unowned",
+            message=f"{action.message()}: {entry['exe'] or '?'}, uid {entry['uid']}, "
+            f"cgroup {entry['cgroup'] or '?'}",
+        )  # fmt: skip
+        self.metrics.unowned_actions.labels(gpu=uuid, action=action.kind).inc()
+        if action.kind == "kill":
+            self._end(action.pid)
 
     # -- in the background -----------------------------------------------------------
 

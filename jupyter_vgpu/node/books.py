@@ -36,6 +36,11 @@ class Server:
             belongs to it (:mod:`.namespaces`); None on one host.
         job_id: on Slurm, the id of its job: every process in the job's cgroup belongs
             to it (:mod:`.slurm`); None elsewhere.
+        cgroup: on one host, the path of the server's own cgroup (from the root of
+            ``cgroup_hierarchy``): every process in it or below it belongs to it
+            (:mod:`.cgroups`); None where the server has none (its process tree, then).
+        cgroup_hierarchy: the hierarchy of ``cgroup`` (:data:`.cgroups.V2`, or a v1
+            hierarchy's name).
     """
 
     pid: int
@@ -44,6 +49,8 @@ class Server:
     slice: Slice
     pod_uid: str | None = None
     job_id: str | None = None
+    cgroup: str | None = None
+    cgroup_hierarchy: str = "cgroup2"
 
     @property
     def key(self) -> str:
@@ -51,10 +58,13 @@ class Server:
 
     @property
     def root(self) -> int | str:
-        """Its key in the arbiter's books: the root PID, ``"pod:<uid>"`` or ``"job:<id>"``."""
+        """Its key in the arbiter's books: ``"job:<id>"``, ``"pod:<uid>"``,
+        ``"cgroup:<path>"``, or the root PID of its process tree."""
         if self.job_id:
             return f"job:{self.job_id}"
-        return f"pod:{self.pod_uid}" if self.pod_uid else self.pid
+        if self.pod_uid:
+            return f"pod:{self.pod_uid}"
+        return f"cgroup:{self.cgroup}" if self.cgroup else self.pid
 
 
 @dataclasses.dataclass

@@ -33,13 +33,18 @@ class Control:
             raise ControlError(answer.get("message", str(answer)))
         return answer
 
-    def register(self, pid: int, user: str, server: str, slice_: Slice) -> None:
-        """Give the process tree rooted at ``pid`` the slice ``slice_``.
+    def register(self, pid: int, user: str, server: str, slice_: Slice, cgroup: str | None = None) -> None:
+        """Give the process tree rooted at ``pid`` the slice ``slice_``; with ``cgroup``
+        (``PATH`` in the unified hierarchy, or ``HIERARCHY:PATH``), every process in that
+        cgroup and below.
 
         Raises:
             ControlError: the arbiter refused.
         """
-        self._ask({"type": "register", "pid": pid, "user": user, "server": server, "slice": slice_.to_dict()})
+        msg = {"type": "register", "pid": pid, "user": user, "server": server, "slice": slice_.to_dict()}
+        if cgroup is not None:
+            msg["cgroup"] = cgroup
+        self._ask(msg)
 
     def unregister(self, pid: int) -> None:
         self._ask({"type": "unregister", "pid": pid})

@@ -24,7 +24,8 @@ checkpoints the process), and notices: ``{"type": "slice", "slice": <slice>}``,
 
 Trusted clients (the arbiter's own user, or root: the Hub's spawner, a benchmark) may
 also send ``{"type": "register", "pid": int, "user": str, "server": str, "slice":
-<slice>}`` (the process tree rooted at ``pid`` has that slice), ``{"type":
+<slice>}`` (the process tree rooted at ``pid`` has that slice; with an optional
+``"cgroup": str``, every process in that cgroup, ``PATH`` or ``HIERARCHY:PATH``), ``{"type":
 "unregister", "pid": int}``, ``{"type": "books"}`` (the arbiter's view, for tests and
 the Hub's page) and ``{"type": "refresh"}`` (the Hub's slices changed: read them now,
 sent by the Hub after a quota change); each is answered ``{"type": "ok", ...}`` or
@@ -77,6 +78,8 @@ _FIELDS = {
     "refresh": {"type"},
 }
 TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
+#: Fields a message may leave out.
+_OPTIONAL = {"register": {"cgroup"}}
 
 
 def decode(line: bytes) -> dict[str, Any]:
@@ -95,7 +98,8 @@ def decode(line: bytes) -> dict[str, Any]:
     fields = _FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
         raise ProtocolError(f"unknown message type {kind!r}")
-    extra, missing = set(msg) - fields, fields - set(msg)
+    optional = _OPTIONAL.get(kind, set())
+    extra, missing = set(msg) - fields - optional, fields - set(msg)
     if extra or missing:
         raise ProtocolError(f"{kind}: fields {sorted(fields)} expected, got {sorted(msg)}")
     if kind == "hello":
@@ -130,6 +134,8 @@ def decode(line: bytes) -> dict[str, Any]:
             _str(msg, "server")
             if not isinstance(msg["slice"], dict):
                 raise ProtocolError("register: slice must be a slice object")
+            if "cgroup" in msg and msg["cgroup"] is not None:
+                _str(msg, "cgroup", 4096)
     return msg
 
 

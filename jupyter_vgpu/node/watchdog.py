@@ -2,13 +2,20 @@
 
 ``torch.cuda.set_per_process_memory_fraction`` is a courtesy the user can undo (the
 design map: a 2 GiB kernel set it to 1.0 and took 20 GiB). The watchdog looks at the
-card instead: every ``poll_seconds`` it takes NVML's bytes per process, maps each
-process to the registered server whose process tree it belongs to (kernels, their
-subprocesses, terminals: whatever runs under the server), and compares each with the
-slice's budget. A process over its budget is warned at once (its kernel shows the
-notice, the arbiter logs it); if it is still over after ``grace_seconds`` the admin's
-policy applies: ``report`` (keep warning), ``pause`` (pause the kernel if it is idle,
-else keep warning), or ``kill`` (end the process). Each action is logged and counted.
+cards instead: every ``poll_seconds`` it takes NVML's bytes per process on every card
+the arbiter manages, maps each process to the registered server it belongs to (by its
+cgroup, its pod, or its process tree: kernels, their subprocesses, terminals, daemons
+they started), and compares **each server's sum** with its slice's budget. A server over
+its budget is warned at once (its kernels show the notice, the arbiter logs it, naming
+each of its processes and their bytes); if it is still over after ``grace_seconds`` the
+admin's policy applies: ``report`` (keep warning, every ``remind_seconds``), ``pause``
+(pause its idle kernels, then keep warning), or ``kill`` (end its processes, largest
+first, until the rest fits; again at each look while it is over).
+
+**Default deny**: a process on a managed card that belongs to no server, and that the
+allowlist does not name (the arbiter, MPS daemons, monitoring agents, admin processes:
+``ArbiterApp.allowed_executables``, ``allowed_cgroups``), is *unowned*: warned at once,
+then ``unowned_policy`` applies (``report`` or ``kill``) after the same grace period.
 
 :meth:`Watchdog.step` is pure: it turns one reading into actions, so its decisions are
 tested without a driver.
@@ -20,6 +27,20 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 POLICIES = ("report", "pause", "kill")
+UNOWNED_POLICIES = ("report", "kill")
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Whose a process is: its server's key in the books (``Server.root``), the server's
+    name (``user/name``), its budget (bytes) and how it was found (``cgroup``, ``pod``,
+    ``tree``)."""
+
+    key: int | str
+    server: str
+    budget: int
+    mapped_by: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,107 +48,180 @@ class Action:
     """One thing to do about one process.
 
     Attributes:
-        kind: ``warn`` (first seen over), or the policy once the grace period has passed
-            (``report``, ``pause``, ``kill``).
+        kind: ``warn`` (first seen over, or first seen unowned), or the policy once the
+            grace period has passed (``report``, ``pause``, ``kill``).
         pid: the process.
-        server: the server it belongs to (``user/name``).
-        used: its bytes on the card, per NVML.
-        budget: its slice's budget, bytes.
-        over_for: seconds since it was first seen over.
+        server: the server it belongs to (``user/name``); "" for an unowned process.
+        used: its bytes on the managed cards, per NVML.
+        total: its server's bytes on them, all processes together (``used`` when unowned).
+        budget: the server's budget, bytes (None when unowned).
+        over_for: seconds since the server (or the unowned process) was first seen.
+        mapped_by: how the process was mapped: ``cgroup``, ``pod``, ``tree``, or
+            ``unowned``.
+        processes: the server's processes on the cards, ``(pid, bytes)``, largest first.
     """
 
     kind: str
     pid: int
     server: str
     used: int
-    budget: int
+    total: int
+    budget: int | None
     over_for: float
+    mapped_by: str
+    processes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def unowned(self) -> bool:
+        return self.budget is None
 
     def message(self) -> str:
-        gib = 2**30
+        if self.unowned:
+            what = {
+                "warn": "belongs to no vGPU server",
+                "report": "still belongs to no vGPU server",
+                "kill": "belonged to no vGPU server: ended",
+            }[self.kind]
+            return f"process {self.pid} on a managed GPU {what} ({self.used / GiB:.2f} GiB on the GPU)"
         what = {
             "warn": "is over its vGPU budget",
             "report": "is still over its vGPU budget",
             "pause": "was over its vGPU budget: paused",
             "kill": "was over its vGPU budget: ended",
         }[self.kind]
+        each = ", ".join(f"process {pid}: {used / GiB:.2f} GiB" for pid, used in self.processes)
         return (
             f"process {self.pid} of {self.server} {what} "
-            f"({self.used / gib:.2f} GiB on the GPU, budget {self.budget / gib:.2f} GiB)"
+            f"({self.total / GiB:.2f} GiB on the GPU for the server, "
+            f"budget {self.budget / GiB:.2f} GiB; {each})"
         )
 
 
 class Watchdog:
-    """Decides what to do about processes over their budget.
+    """Decides what to do about servers over their budget and unowned processes.
 
     Args:
-        policy: one of :data:`POLICIES`.
-        grace_seconds: how long a process may stay over before the policy applies.
+        policy: one of :data:`POLICIES`, for servers over their budget.
+        grace_seconds: how long a server may stay over (or an unowned process run)
+            before the policy applies.
         remind_seconds: how often ``report`` repeats itself.
+        unowned_policy: one of :data:`UNOWNED_POLICIES`, for unowned processes.
     """
 
-    def __init__(self, policy: str = "report", grace_seconds: float = 10.0, remind_seconds: float = 60.0):
+    def __init__(
+        self,
+        policy: str = "report",
+        grace_seconds: float = 10.0,
+        remind_seconds: float = 60.0,
+        unowned_policy: str = "report",
+    ):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        if unowned_policy not in UNOWNED_POLICIES:
+            raise ValueError(
+                f"unowned_policy must be one of {', '.join(UNOWNED_POLICIES)}, not {unowned_policy!r}"
+            )
         self.policy, self.grace, self.remind = policy, grace_seconds, remind_seconds
-        self._since: dict[int, float] = {}  # pid -> when first seen over
-        self._acted: dict[int, float] = {}  # pid -> when the policy last applied
+        self.unowned_policy = unowned_policy
+        self._since: dict = {}  # server key or ("unowned", pid) -> when first seen
+        self._acted: dict = {}  # same keys -> when the policy last applied
+
+    def _due(self, key, policy: str, now: float) -> bool:
+        """Whether ``policy`` applies to ``key`` now (past its grace period; ``kill``
+        at every look, the others once and then every ``remind_seconds`` as reports)."""
+        if now - self._since[key] < self.grace:
+            return False
+        last = self._acted.get(key)
+        if policy == "kill" or last is None or now - last >= self.remind:
+            self._acted[key] = now
+            return True
+        return False
 
     def step(
         self,
         now: float,
         processes: dict[int, int],
-        owner: Callable[[int], tuple[str, int] | None],
+        owner: Callable[[int], Owner | None],
+        allowed: Callable[[int], bool] = lambda pid: True,
     ) -> list[Action]:
         """The actions for one reading.
 
         Args:
             now: seconds (monotonic).
-            processes: bytes on the card per PID (NVML).
-            owner: maps a PID to ``(server key, budget bytes)``, or None for processes
-                of no registered server (they are not ours to police).
+            processes: bytes on the managed cards per PID (NVML, summed over cards).
+            owner: maps a PID to its :class:`Owner`, or None for processes of no server.
+            allowed: whether a process of no server may use a managed card (the
+                allowlist); the default allows every one (no default deny).
         """
-        actions = []
-        over_now = set()
+        actions: list[Action] = []
+        servers: dict = {}
+        how: dict[int, str] = {}  # pid -> how it was mapped to its server
+        seen = set()
         for pid, used in processes.items():
             found = owner(pid)
-            if found is None:
+            if found is not None:
+                servers.setdefault(found.key, (found, []))[1].append((pid, used))
+                how[pid] = found.mapped_by
                 continue
-            server, budget = found
-            if used <= budget:
+            if allowed(pid):
                 continue
-            over_now.add(pid)
-            since = self._since.setdefault(pid, now)
-            over_for = now - since
+            key = ("unowned", pid)
+            seen.add(key)
+            since = self._since.setdefault(key, now)
             if since == now:
-                actions.append(Action("warn", pid, server, used, budget, 0.0))
-            elif over_for >= self.grace:
-                last = self._acted.get(pid)
-                if last is None or (self.policy == "report" and now - last >= self.remind):
-                    self._acted[pid] = now
-                    actions.append(Action(self.policy, pid, server, used, budget, over_for))
-        for pid in list(self._since):  # back under budget, or gone: forget
-            if pid not in over_now:
-                self._since.pop(pid, None)
-                self._acted.pop(pid, None)
+                actions.append(Action("warn", pid, "", used, used, None, 0.0, "unowned"))
+            elif self._due(key, self.unowned_policy, now):
+                actions.append(Action(self.unowned_policy, pid, "", used, used, None, now - since, "unowned"))
+        for key, (found, procs) in servers.items():
+            total = sum(used for _, used in procs)
+            if total <= found.budget:
+                continue
+            seen.add(key)
+            procs.sort(key=lambda p: -p[1])
+            since = self._since.setdefault(key, now)
+
+            def action(kind: str, pid: int, used: int, found=found, procs=procs, total=total, since=since):
+                return Action(
+                    kind, pid, found.server, used, total, found.budget, now - since, how[pid], tuple(procs)
+                )
+
+            if since == now:
+                actions.append(action("warn", *procs[0]))
+            elif self._due(key, self.policy, now):
+                if self.policy == "kill":  # largest first, until the rest fits
+                    left = total
+                    for pid, used in procs:
+                        if left <= found.budget:
+                            break
+                        actions.append(action("kill", pid, used))
+                        left -= used
+                elif self.policy == "pause":
+                    actions += [action("pause", pid, used) for pid, used in procs]
+                else:
+                    actions.append(action("report", *procs[0]))
+        for key in list(self._since):  # back under budget, or gone: forget
+            if key not in seen:
+                self._since.pop(key, None)
+                self._acted.pop(key, None)
         return actions
 
 
 def owners(
-    servers: Iterable, root_of: Callable[[int], int | str | None]
-) -> Callable[[int], tuple[str, int] | None]:
+    servers: Iterable, mapping: Callable[[int], tuple[int | str, str] | None]
+) -> Callable[[int], Owner | None]:
     """The ``owner`` function of :meth:`Watchdog.step` over registered servers.
 
     Args:
         servers: the arbiter's :class:`~.books.Server` objects.
-        root_of: maps a PID to the root it belongs to (a registered root PID it
-            descends from, or ``"pod:<uid>"`` of its pod), or None.
+        mapping: maps a PID to ``(server key, how)`` (``Arbiter.mapping``), or None.
     """
     by_root = {s.root: s for s in servers}
 
-    def owner(pid: int):
-        root = root_of(pid)
-        server = by_root.get(root) if root is not None else None
-        return (server.key, server.slice.memory_limit) if server is not None else None
+    def owner(pid: int) -> Owner | None:
+        found = mapping(pid)
+        server = by_root.get(found[0]) if found is not None else None
+        if server is None:
+            return None
+        return Owner(server.root, server.key, server.slice.memory_limit, found[1])
 
     return owner

@@ -3,8 +3,9 @@
 The Hub runs as a subprocess on loopback with its own state directory; everything is
 reached over HTTP exactly as a browser or an admin script would. The state directory
 is a new one under the system's temporary directory (pytest's own is private to its
-user, and demo servers run as the unprivileged ``vgpu-demo`` when the tests run as
-root); the Hub's log is kept in ``test-artifacts/``.
+user, and demo servers run as accounts of their own when the tests run as root); its
+servers' cgroups go under a cgroup of its own (``/jupyter-vgpu-tests/<state>``), removed
+with it; the Hub's log is kept in ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class HubProcess:
             "JUPYTER_VGPU_DEMO_HUB_PORT": str(free_port()),
             "JUPYTER_VGPU_DEMO_PASSWORD": PASSWORD,
             "JUPYTER_VGPU_DEMO_SIMULATE": "1",
+            "JUPYTER_VGPU_DEMO_CGROUP_PARENT": f"/jupyter-vgpu-tests/{self.state_dir.name}",
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen | None = None
@@ -115,10 +117,31 @@ class HubProcess:
             except psutil.Error:
                 pass
         psutil.wait_procs(victims, timeout=10)
+        self.remove_cgroups()
         ARTIFACTS.mkdir(exist_ok=True)
         if self.log_path.exists():
             shutil.copy(self.log_path, ARTIFACTS / f"{self.name}-{self.port}.log")
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def remove_cgroups(self) -> None:
+        """End whatever is left in this Hub's servers' cgroups and remove them."""
+        from hub_spawner.server_cgroup import kill_all
+        from jupyter_vgpu.node import cgroups
+
+        for mount in cgroups.mounts():
+            top = mount.directory(self.env["JUPYTER_VGPU_DEMO_CGROUP_PARENT"])
+            if top is None or not top.is_dir():
+                continue
+            for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                kill_all(directory)
+                wait_for(lambda d=directory: not cgroups.procs(d), 10, f"{directory} to empty")
+                directory.rmdir()
+            kill_all(top)
+            top.rmdir()
+            try:
+                top.parent.rmdir()  # the tests' top cgroup, when no other Hub uses it
+            except OSError:
+                pass
 
     def log_tail(self, lines: int = 60) -> str:
         try:

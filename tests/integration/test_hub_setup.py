@@ -1,5 +1,6 @@
-"""How the demo hub is set up: loopback only, servers not as root where the machine
-allows it, GPUs simulated only when asked, one quiet line about extra_handlers."""
+"""How the demo hub is set up: loopback only, each user's server as an account of their
+own where the machine allows it, GPUs simulated only when asked, one quiet line about
+extra_handlers."""
 
 import os
 import re
@@ -9,6 +10,7 @@ import psutil
 import pytest
 
 from hub_spawner import EXTRA_HANDLERS_NOTE
+from hub_spawner.demo import system_user
 from jupyter_vgpu import nvml
 from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
@@ -47,9 +49,9 @@ def test_everything_listens_on_loopback_only(hub):
 
 
 def test_servers_run_unprivileged_where_the_machine_allows_it(hub):
-    """As root, users' servers run as the account vgpu-demo, which cannot read the Hub's
-    cookie secret or database; where that account cannot run this Python, the Hub says
-    so in its log, with the reason."""
+    """As root, each user's server runs as a system account of that user's own, which
+    cannot read the Hub's cookie secret or database; where other accounts cannot run this
+    Python, the Hub says so in its log, with the reason."""
     token = hub.user_token("una")
     lab = LabClient(hub.spawn("una"), token=token)
     kernel = lab.start_kernel()
@@ -59,14 +61,14 @@ def test_servers_run_unprivileged_where_the_machine_allows_it(hub):
         if os.geteuid() != 0:
             assert who == psutil.Process().username()
             return
-        if "users' servers run as the unprivileged account vgpu-demo" in log:
-            assert who == "vgpu-demo"
+        if "each user's server runs as a system account of that user's own" in log:
+            assert who == system_user.account_name("una") == "vgpu-una"
             for secret in ("jupyterhub_cookie_secret", "jupyterhub.sqlite"):
                 out = lab.execute(kernel, f"open({str(hub.state_dir / secret)!r}, 'rb').read()")
                 assert "PermissionError" in out, out
         else:
             warning = re.search(
-                r"servers run as root, because the account vgpu-demo cannot run them: (.+)\.", log
+                r"servers run as root, because other accounts cannot run this Python: (.+)\.", log
             )
             assert warning, "the Hub runs servers as root without saying why"
             assert warning.group(1).strip()

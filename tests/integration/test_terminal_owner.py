@@ -6,7 +6,7 @@ import re
 
 from jupyter_vgpu.node import peers
 from jupyter_vgpu.node.books import Server
-from jupyter_vgpu.node.watchdog import owners
+from jupyter_vgpu.node.watchdog import Owner, owners
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.server_process import TERMINALS_ON, JupyterServer
@@ -24,8 +24,9 @@ def test_a_terminal_process_is_owned_by_its_server(tmp_path):
         lab = LabClient(server.url + "/", server.token)
         _, text = lab.terminal(HOLD, until=" up")
         pid = int(re.search(r"pid (\d+) up", text).group(1))
-        owner = owners(books, lambda p: peers.root_in(p, [s.root for s in books]))
-        assert owner(pid) == (books[0].key, 2 * GiB), (pid, peers.ancestors(pid))
+        owner = owners(books, lambda p: (peers.root_in(p, [s.root for s in books]), "tree"))
+        expected = Owner(server.proc.pid, books[0].key, 2 * GiB, "tree")
+        assert owner(pid) == expected, (pid, peers.ancestors(pid))
         assert server.proc.pid in peers.ancestors(pid)
         assert other.proc.pid not in peers.ancestors(pid)
     finally:

@@ -21,7 +21,7 @@ from jupyter_vgpu import contracts, nvml
 from jupyter_vgpu.node import report
 from jupyter_vgpu.node.app import ArbiterApp, HubLink
 from jupyter_vgpu.node.arbiter import Arbiter
-from jupyter_vgpu.node.watchdog import owners
+from jupyter_vgpu.node.watchdog import Owner, owners
 from jupyter_vgpu.slice import Slice
 
 GiB = 2**30
@@ -60,13 +60,15 @@ def test_a_server_known_by_its_pod_owns_every_process_of_the_pod(pods):
     assert arbiter.server_of(bob_pid) is None  # bob's pod is not registered
     assert arbiter.root_of(bob_pid) is None
     # the watchdog attributes NVML's host PIDs through the same books
-    owner = owners(arbiter.servers.values(), arbiter.root_of)
-    assert owner(ada_pid) == ("ada/", 8 * GiB)
+    owner = owners(arbiter.servers.values(), arbiter.mapping)
+    assert owner(ada_pid) == Owner(f"pod:{ADA_POD}", "ada/", 8 * GiB, "pod")
     assert owner(bob_pid) is None
     # a process tree registered by PID still wins for its own processes
     tree = arbiter.register(bob_pid, "bob", "", SLICE.replace(memory_limit=4 * GiB))
     assert arbiter.server_of(bob_pid) is tree
-    assert owners(arbiter.servers.values(), arbiter.root_of)(bob_pid) == ("bob/", 4 * GiB)
+    assert owners(arbiter.servers.values(), arbiter.mapping)(bob_pid) == Owner(
+        bob_pid, "bob/", 4 * GiB, "tree"
+    )
     assert arbiter.snapshot()["servers"][0]["pod_uid"] == ADA_POD
 
 

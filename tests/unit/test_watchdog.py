@@ -1,6 +1,8 @@
-"""The budgets' watchdog decides on per-process figures (as NVML gives them): a warning
-the moment a process of a server is over, the admin's policy once the grace period has
-passed, nothing for processes under budget or of no registered server."""
+"""The budgets' watchdog decides on each server's sum over its processes (NVML gives
+per-process figures): a warning the moment a server is over, naming each process, the
+admin's policy once the grace period has passed, nothing for servers under budget; and,
+by default deny, a warning then the unowned policy for processes of no server that the
+allowlist does not name."""
 
 import pytest
 
@@ -10,26 +12,52 @@ from jupyter_vgpu.slice import Slice
 
 GiB = 2**30
 SLICE = Slice("GPU-0", 0, "H100", 80 * GiB, 2 * GiB, 50)
-TREE = {100: 100, 101: 100, 102: 100, 200: 200}  # pid -> registered root (101, 102: children of 100)
+# pid -> (server key, how it was mapped): 101, 102 are ada's (102 a daemon found by cgroup)
+MAPPING = {100: (100, "tree"), 101: (100, "tree"), 102: (100, "cgroup"), 200: (200, "tree")}
 
 
 def owner():
-    return owners([Server(100, "ada", "", SLICE), Server(200, "bob", "", SLICE)], TREE.get)
+    return owners([Server(100, "ada", "", SLICE), Server(200, "bob", "", SLICE)], MAPPING.get)
 
 
 @pytest.mark.parametrize("policy", ["report", "pause", "kill"])
-def test_a_process_over_budget_is_warned_then_the_policy_applies(policy):
+def test_a_server_over_budget_is_warned_then_the_policy_applies(policy):
     dog = Watchdog(policy, grace_seconds=5, remind_seconds=60)
     usage = {100: GiB, 101: 3 * GiB, 200: GiB, 999: 70 * GiB}  # 101: ada's subprocess; 999: not ours
     first = dog.step(0.0, usage, owner())
-    assert [(a.kind, a.pid, a.server) for a in first] == [("warn", 101, "ada/")]
-    assert "3.00 GiB on the GPU, budget 2.00 GiB" in first[0].message()
+    assert [(a.kind, a.pid, a.server, a.total) for a in first] == [("warn", 101, "ada/", 4 * GiB)]
+    message = first[0].message()
+    assert "4.00 GiB on the GPU for the server, budget 2.00 GiB" in message
+    assert "process 101: 3.00 GiB, process 100: 1.00 GiB" in message
     assert dog.step(4.9, usage, owner()) == []
     late = dog.step(5.0, usage, owner())
-    assert [(a.kind, a.pid) for a in late] == [(policy, 101)]
-    assert dog.step(6.0, usage, owner()) == []  # applied once (report repeats after remind_seconds)
-    if policy == "report":
-        assert [a.kind for a in dog.step(65.0, usage, owner())] == ["report"]
+    # kill: the largest until the rest fits (4 GiB - 3 GiB <= 2 GiB); pause: every process (its kernels)
+    expected = {"report": [101], "pause": [101, 100], "kill": [101]}[policy]
+    assert [(a.kind, a.pid) for a in late] == [(policy, pid) for pid in expected]
+    if policy == "kill":  # ended at every look while the server is over
+        assert [(a.kind, a.pid) for a in dog.step(6.0, usage, owner())] == [("kill", 101)]
+        return
+    assert dog.step(6.0, usage, owner()) == []  # applied once, then reminders
+    assert [a.kind for a in dog.step(65.0, usage, owner())] == [policy] * len(expected)
+
+
+def test_processes_each_under_budget_count_together():
+    """Three processes of 1.5 GiB against 2 GiB: each under, the server over."""
+    dog = Watchdog("kill", grace_seconds=1)
+    usage = {100: GiB + GiB // 2, 101: GiB + GiB // 2, 102: GiB + GiB // 2}
+    assert [(a.kind, a.mapped_by) for a in dog.step(0.0, usage, owner())] == [("warn", "tree")]
+    killed = dog.step(1.0, usage, owner())
+    # largest first (ties in reading order) until the rest fits: 4.5 -> 3.0 -> 1.5 GiB
+    assert [(a.kind, a.pid) for a in killed] == [("kill", 100), ("kill", 101)]
+    assert dog.step(2.0, {102: GiB + GiB // 2}, owner()) == []
+
+
+def test_the_largest_process_is_ended_first_and_only_as_many_as_needed():
+    dog = Watchdog("kill", grace_seconds=0.5)
+    usage = {100: GiB // 2, 102: 4 * GiB}  # the kernel's context, and its escaped daemon
+    warn = dog.step(0.0, usage, owner())
+    assert [(a.kind, a.pid, a.mapped_by) for a in warn] == [("warn", 102, "cgroup")]
+    assert [(a.kind, a.pid) for a in dog.step(0.5, usage, owner())] == [("kill", 102)]
 
 
 def test_back_under_budget_starts_the_grace_period_again():
@@ -41,6 +69,30 @@ def test_back_under_budget_starts_the_grace_period_again():
     assert [a.kind for a in dog.step(9.0, {102: 3 * GiB}, owner())] == ["kill"]
 
 
+@pytest.mark.parametrize("policy", ["report", "kill"])
+def test_default_deny_a_process_of_no_server_is_reported_then_the_unowned_policy_applies(policy):
+    dog = Watchdog("report", grace_seconds=2, unowned_policy=policy)
+    allowlist = {500}.__contains__  # e.g. an MPS daemon
+    usage = {100: GiB, 999: 3 * GiB, 500: GiB}
+    first = dog.step(0.0, usage, owner(), allowlist)
+    assert [(a.kind, a.pid, a.server, a.mapped_by, a.budget) for a in first] == [
+        ("warn", 999, "", "unowned", None)
+    ]
+    assert (
+        first[0].message() == "process 999 on a managed GPU belongs to no vGPU server (3.00 GiB on the GPU)"
+    )
+    assert dog.step(1.0, usage, owner(), allowlist) == []
+    assert [(a.kind, a.pid) for a in dog.step(2.0, usage, owner(), allowlist)] == [(policy, 999)]
+    assert dog.step(10.0, {100: GiB}, owner(), allowlist) == []  # gone: forgotten
+    assert [a.kind for a in dog.step(11.0, usage, owner(), allowlist)] == ["warn"]
+
+
+def test_without_an_allowlist_processes_of_no_server_are_left_alone():
+    assert Watchdog("kill", grace_seconds=0).step(0.0, {999: 70 * GiB}, owner()) == []
+
+
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="report, pause, kill"):
         Watchdog("ignore")
+    with pytest.raises(ValueError, match="report, kill"):
+        Watchdog("report", unowned_policy="pause")
