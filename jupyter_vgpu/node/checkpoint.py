@@ -12,13 +12,19 @@ thread of it doing ``acc.add_(1)`` in a loop lost no update.
 Run as ``python -m jupyter_vgpu.node.checkpoint hold PID``: suspends PID, prints
 ``suspended``, restores it when a line arrives on stdin (or stdin closes), prints
 ``restored``. Kernels in chaos mode ``suspend`` use it; the node arbiter calls the
-functions directly.
+functions directly. ``python -m jupyter_vgpu.node.checkpoint restore PID`` restores (or
+unlocks) PID whoever suspended it and prints ``restored``: a kernel whose checkpoint's
+holder ended (the helper, or the node arbiter with no successor) restores itself so.
+The driver keeps a process's checkpoint state whatever becomes of its holder
+(:func:`state`), so any later process can finish the job.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+from jupyter_vgpu import failpoints
 
 _driver = None
 
@@ -84,6 +90,7 @@ def suspend(pid: int, timeout: float = 10.0) -> float:
     args = driver.CUcheckpointLockArgs()
     args.timeoutMs = int(timeout * 1000)
     _call("cuCheckpointProcessLock", pid, args)
+    failpoints.hit("checkpoint.locked")
     try:
         _call("cuCheckpointProcessCheckpoint", pid, driver.CUcheckpointCheckpointArgs())
     except CheckpointError:
@@ -94,14 +101,21 @@ def suspend(pid: int, timeout: float = 10.0) -> float:
 
 def restore(pid: int) -> float:
     """Bring a suspended ``pid`` back to the GPU and unlock it; returns the seconds it took.
+    Whatever holds it now may call it: a process left ``locked`` (a suspend cut short) is
+    unlocked, one already ``running`` is left alone (a restore that ended before its
+    caller heard of it).
 
     Raises:
         CheckpointError: the driver refused (e.g. no room on the device); still suspended.
     """
     driver = _load()
     t0 = time.perf_counter()
-    if state(pid) == "checkpointed":
+    where = state(pid)
+    if where == "running":
+        return 0.0
+    if where == "checkpointed":
         _call("cuCheckpointProcessRestore", pid, driver.CUcheckpointRestoreArgs())
+        failpoints.hit("checkpoint.restored")
     _call("cuCheckpointProcessUnlock", pid, driver.CUcheckpointUnlockArgs())
     return time.perf_counter() - t0
 
@@ -113,6 +127,7 @@ def _hold(pid: int) -> int:
         print(f"failed {e}", flush=True)
         return 1
     print(f"suspended {seconds:.3f}", flush=True)
+    failpoints.hit("checkpoint.held")
     sys.stdin.readline()
     try:
         seconds = restore(pid)
@@ -123,7 +138,17 @@ def _hold(pid: int) -> int:
     return 0
 
 
+def _restore(pid: int) -> int:
+    try:
+        seconds = restore(pid)
+    except (CheckpointUnavailable, CheckpointError) as e:
+        print(f"failed {e}", flush=True)
+        return 1
+    print(f"restored {seconds:.3f}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "hold" or not sys.argv[2].isdigit():
-        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold PID")
-    sys.exit(_hold(int(sys.argv[2])))
+    if len(sys.argv) != 3 or sys.argv[1] not in ("hold", "restore") or not sys.argv[2].isdigit():
+        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold|restore PID")
+    sys.exit((_hold if sys.argv[1] == "hold" else _restore)(int(sys.argv[2])))
