@@ -209,9 +209,11 @@ class ArbiterClient:
 
     def _answer(self, msg: dict) -> None:
         with self._room_cond:
-            if msg.get("id") in self._rooms:
-                self._rooms[msg["id"]] = {**msg, "seq": self._rooms[msg["id"]]["seq"] + 1}
-                self._room_cond.notify_all()
+            was = self._rooms.get(msg.get("id"))
+            if was is not None:
+                if was.get("type") not in ("grant", "deny", "gone"):  # an answer is final
+                    self._rooms[msg["id"]] = {**msg, "seq": was["seq"] + 1}
+                    self._room_cond.notify_all()
                 return
         if msg.get("type") == "grant":  # a request given up (interrupted): set the books right
             self.send_state()
@@ -286,7 +288,11 @@ class ArbiterClient:
             self.pausing.last_notice = str(msg.get("message"))[:1000]
             self.say(f"jupyter-vgpu: {self.pausing.last_notice}")
         elif kind == "node":
-            self.node = {k: msg.get(k) for k in ("host_used", "host_limit", "disk_used")}
+            figures = {k: msg.get(k) for k in ("host_used", "host_limit", "disk_used")}
+            if all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 for v in figures.values()
+            ):
+                self.node = figures
         elif kind == "error":
             self.last_error = str(msg.get("message"))[:1000]
             log.debug("jupyter-vgpu: the arbiter refused a message: %s", self.last_error)

@@ -35,6 +35,17 @@ KERNEL_STATES = {"pausing": "idle", "suspending": "paused", "resuming": "active"
 KERNEL_STATES.update({s: s for s in ("active", "idle", "paused", "suspended")})
 
 
+def tier_of(pause: dict) -> str:
+    """Where the kernel's memory is, from its pause figures: ``gpu``, ``host`` (paused,
+    in host memory), ``disk`` (paused, in the node's disk tier) or ``suspended``."""
+    state = KERNEL_STATES.get(pause["state"], "idle")
+    if state == "suspended":
+        return "suspended"
+    if state == "paused":
+        return "disk" if pause.get("disk_bytes") else "host"
+    return "gpu"
+
+
 def current_kernel_id() -> str | None:
     """This kernel's id, from its connection file's name (``kernel-<id>.json``), or None."""
     try:
@@ -322,6 +333,8 @@ class KernelHook:
             "busy": pause["state"] == "active",
             "state": KERNEL_STATES.get(pause["state"], "idle"),
             "pause": pause,
+            "tier": tier_of(pause),
+            "node": self.arbiter.node if self.arbiter is not None else None,
         }
 
     def write_report(self) -> None:

@@ -484,6 +484,7 @@ class PauseControl:
             "paused_bytes": 0,
             "live_bytes": 0,
             "host_bytes": 0,
+            "disk_bytes": 0,
             "ratio": None,
             "codec": None,
             "codec_name": None,

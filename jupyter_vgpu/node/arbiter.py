@@ -338,7 +338,9 @@ class Arbiter:
             self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=why)
             return False
         if tell is not None:
-            tell(f"moving {kernel.server.key}'s paused memory ({format_bytes(kernel.host_bytes)}) to disk")
+            await tell(
+                f"moving {kernel.server.key}'s paused memory ({format_bytes(kernel.host_bytes)}) to disk"
+            )
         t0 = time.monotonic()
         held = kernel.host_bytes
         answer = await conn.ask(
@@ -384,7 +386,8 @@ class Arbiter:
             )
             candidates = tiers.spillable(self.kernels, time.monotonic(), exclude=(victim,))
             if not candidates:
-                return why
+                disk_why = self._disk_usable(0) or "no other paused kernel holds host memory to move there"
+                return f"{why}, and the disk tier takes nothing now: {disk_why}"
             if not await self.spill(candidates[0], tell):
                 disk_why = self.disk_problem or self._disk_usable(candidates[0].host_bytes)
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
@@ -727,22 +730,24 @@ class Arbiter:
         deadline = t0 + self.config.queue_timeout
         told = False
 
-        def tell(message: str) -> None:  # what the cell waits for now, shown in its output
-            self._spawn(self._send(conn, {"type": "wait", "id": rid, "message": message}))
+        async def tell(message: str) -> None:  # what the cell waits for now, shown in its output
+            await self._send(conn, {"type": "wait", "id": rid, "message": message})
 
         while True:
             async with self._locks[uuid]:
                 short, reading = await self._make_room(kernel, uuid, tell)
                 if short <= 0:
                     if purpose == "restore" and kernel.state == SUSPENDED:
-                        tell("restoring this kernel from the driver's checkpoint")
+                        await tell("restoring this kernel from the driver's checkpoint")
                         ok, why = await self._restore(kernel)
                         if not ok:
                             await self._send(conn, {"type": "deny", "id": rid, "message": why})
                             return
                     if kernel.tier in ("host", "disk"):
                         where = "disk" if kernel.tier == "disk" else "host memory"
-                        tell(f"room granted: bringing {format_bytes(kernel.paused_bytes)} back from {where}")
+                        await tell(
+                            f"room granted: bringing {format_bytes(kernel.paused_bytes)} back from {where}"
+                        )
                     others = [k for k in self.on_card(uuid) if k is not kernel]
                     kernel.granted = books.growth(kernel, reading.free, others)
                     kernel.state, kernel.since = ACTIVE, time.monotonic()
@@ -777,7 +782,7 @@ class Arbiter:
 
     async def _make_room(self, kernel: Kernel, uuid: str, tell=None) -> tuple[int, Reading]:
         """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short.
-        ``tell(message)`` hears what is being done and why, as it starts."""
+        ``await tell(message)`` hears what is being done and why, as it starts."""
         reading = await self.read(uuid)
         others = [k for k in self.on_card(uuid) if k is not kernel]
         short = books.shortfall(kernel, reading.free, others)
@@ -788,7 +793,7 @@ class Arbiter:
                 continue
             if tell is not None:
                 verb = "pausing" if action == "pause" else "suspending"
-                tell(
+                await tell(
                     f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
                     f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free"
                 )

@@ -87,6 +87,17 @@ def test_the_idle_user_is_paused_so_that_the_other_gets_room(small_hub, two):
     wait_for(lambda: (kernel_of(hub, "ada") or {}).get("resident") == 500 * MiB, 30, "ada's 500 MiB")
     assert bob.execute(bob_kernel, "print(1 + 1)").strip() == "2"
     assert kernel_of(hub, "ada")["state"] == "paused"
+    assert kernel_of(hub, "ada")["tier"] == "host"
+    # ada's own server says where her kernel's memory is, and what the node holds
+    usage = wait_for(
+        lambda: (u := ada.get("api/vgpu/usage").json())["kernels"][0]["tier"] == "host" and u,
+        30,
+        "ada's tier",
+    )
+    assert usage["node"]["host_limit"] > 0
+    page = hub.login("admin").get(f"{hub.url}/hub/vgpu").text
+    assert '<tr class="vgpu-kernel" data-tier="host">' in page
+    assert "Host memory held by paused kernels" in page
     decisions = books(hub)["decisions"]
     assert any(d["what"] == "pause" and d["server"] == "ada/" and "bob/" in d["reason"] for d in decisions)
     assert ada.execute(ada_kernel, "print(x.numel() * 4 // 2**20)").strip() == "500"
