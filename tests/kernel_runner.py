@@ -14,11 +14,18 @@ class Kernel:
     """A real ipykernel in its own process; ``run`` executes code and returns its text."""
 
     def __init__(
-        self, runtime: Path, env: dict[str, str], *, load_extension: bool = False, ready_timeout: float = 60
+        self,
+        runtime: Path,
+        env: dict[str, str],
+        *,
+        load_extension: bool = False,
+        ready_timeout: float = 60,
+        args: tuple[str, ...] = (),
     ):
         """``load_extension`` loads the kernel hook explicitly (``--ext``), for checkouts
         run without installing the package (whose IPython config loads it);
-        ``ready_timeout`` is how long the kernel may take to start, seconds."""
+        ``ready_timeout`` is how long the kernel may take to start, seconds; ``args`` are
+        more command-line settings of the kernel (``--VGPUKernel.resume_timeout=5``)."""
         self.id = str(uuid.uuid4())
         self.manager = KernelManager(
             kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
@@ -26,6 +33,7 @@ class Kernel:
         self.manager.kernel_spec.argv[0] = sys.executable
         if load_extension:
             self.manager.kernel_spec.argv.append("--ext=jupyter_vgpu")
+        self.manager.kernel_spec.argv.extend(args)
         self.manager.start_kernel(env={**os.environ, **env})
         self.client = self.manager.client()
         self.client.start_channels()

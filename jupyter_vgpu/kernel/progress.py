@@ -87,10 +87,11 @@ class Progress:
                 return
             time.sleep(min(left, EVERY / 4))
 
-    def run(self, work: Callable[[], object], outcome: str | None = None):
+    def run(self, work: Callable[[], object]):
         """Run ``work()`` in a thread of its own while this thread keeps the line alive;
-        returns its result or raises what it raised. An interrupt of this thread waits for
-        the work to end first (its effects are kept), then is raised."""
+        returns its result or raises what it raised (the line stays up: the caller ends
+        it with :meth:`done`). An interrupt of this thread waits for the work to end first
+        (its effects are kept), then is raised."""
         box: dict = {}
 
         def target():
@@ -110,9 +111,7 @@ class Progress:
                 interrupted = e
                 self.update(f"{self.what} (interrupted: finishing this first)")
         if "error" in box:
-            self.done(f"failed: {self.what}")
             raise box["error"]
-        self.done(outcome)
         if interrupted is not None:
             raise interrupted
         return box.get("result")

@@ -371,13 +371,15 @@ class Arbiter:
 
     async def _host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
         """Spill colder paused kernels until ``need`` bytes of ``victim`` fit in host memory;
-        None when they fit, else why not (a pause that would pass the node's budget is
-        not made: the host OOM killer would take whole kernels)."""
+        None when they fit, else why not. A pause that would eat into the host's reserve
+        is never made (the OOM killer would take whole kernels); one that would pass the
+        node's budget only when nothing colder is left to spill and the disk tier can take
+        the victim next (a kernel larger than the budget on its own)."""
         while True:
             budget = self.host_budget()
             available = tiers.meminfo().get("MemAvailable", 0)
-            short = tiers.host_room(self.kernels, budget, need, available)
-            if short <= 0:
+            over_budget, over_reserve = tiers.host_room(self.kernels, budget, need, available)
+            if not over_budget and not over_reserve:
                 return None
             held = format_bytes(tiers.host_used(self.kernels))
             why = (
@@ -386,7 +388,14 @@ class Arbiter:
             )
             candidates = tiers.spillable(self.kernels, time.monotonic(), exclude=(victim,))
             if not candidates:
-                disk_why = self._disk_usable(0) or "no other paused kernel holds host memory to move there"
+                disk_why = self._disk_usable(need)
+                if not over_reserve and disk_why is None:
+                    note = f"{why}: nothing else to move to disk; it goes there next"
+                    self._decide(
+                        "past the host budget", server=victim.server.key, pid=victim.pid, message=note
+                    )
+                    return None
+                disk_why = disk_why or "no other paused kernel holds host memory to move there"
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
             if not await self.spill(candidates[0], tell):
                 disk_why = self.disk_problem or self._disk_usable(candidates[0].host_bytes)

@@ -84,10 +84,11 @@ def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: flo
     return out
 
 
-def host_room(kernels: list[Kernel], budget: HostBudget, need: int, available: int) -> int:
-    """Host bytes still to free before ``need`` more bytes may go to host memory
-    (0: it fits): under the node budget, and leaving ``budget.reserve`` of the host's
-    available memory."""
+def host_room(kernels: list[Kernel], budget: HostBudget, need: int, available: int) -> tuple[int, int]:
+    """``(bytes over the budget, bytes into the reserve)`` were ``need`` more bytes put in
+    host memory now (0, 0: it fits). The budget is the node's target, which spilling
+    holds; the reserve (``available``, bytes, from ``MemAvailable``, against
+    ``budget.reserve``) is what keeps the host's OOM killer away."""
     over_budget = host_used(kernels) + need - budget.limit
     over_reserve = need - (available - budget.reserve)
-    return max(0, over_budget, over_reserve)
+    return max(0, over_budget), max(0, over_reserve)
