@@ -358,7 +358,7 @@ class PauseControl:
             if not alone:
                 raise RuntimeError(f"restoring through the driver failed: {line or 'no answer'}")
         elif helper is not None:
-            log.warning(
+            log.info(
                 "jupyter-vgpu: the checkpoint helper ended (exit code %s); restoring anew", helper.returncode
             )
         if not alone:
@@ -421,6 +421,8 @@ class PauseControl:
         """
         if not directory:
             raise RuntimeError("no directory of the disk tier was named")
+        if self.gate.state in (g.SUSPENDING, g.SUSPENDED):  # its CUDA calls wait for a restore
+            raise RuntimeError("the kernel is suspended: its memory stays where the checkpoint left it")
         engine = self.engine
         if engine is None or engine.state != "paused":
             return

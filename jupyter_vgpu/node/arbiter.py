@@ -409,8 +409,9 @@ class Arbiter:
             )
             if not todo or self._disk_usable(todo[0].host_bytes) is not None:
                 return
-            if not await self.spill(todo[0]):
-                return
+            before = todo[0].host_bytes
+            if not await self.spill(todo[0]) or todo[0].host_bytes >= before:
+                return  # refused, or it held nothing it could move
 
     async def _tiers(self, now: float) -> None:
         """The host budget's background step: spill what is over the mark, tell the kernels
@@ -743,8 +744,11 @@ class Arbiter:
             await self._send(conn, {"type": "wait", "id": rid, "message": message})
 
         while True:
+            if self.conns.get(conn.pid) is not conn:
+                return  # the kernel left: nobody to make room for
+            notes: list[str] = []  # why victims stayed where they are
             async with self._locks[uuid]:
-                short, reading = await self._make_room(kernel, uuid, tell)
+                short, reading = await self._make_room(kernel, uuid, tell, notes)
                 if short <= 0:
                     if purpose == "restore" and kernel.state == SUSPENDED:
                         await tell("restoring this kernel from the driver's checkpoint")
@@ -770,6 +774,8 @@ class Arbiter:
                 f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) running, "
                 f"{format_bytes(short + reading.free)} needed, {format_bytes(reading.free)} free"
             )
+            if notes:
+                message += f"; {notes[-1]}"
             if time.monotonic() >= deadline:
                 self._decide("denied", server=kernel.server.key, gpu=uuid, message=message)
                 await self._send(
@@ -789,7 +795,7 @@ class Arbiter:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), 1.0)
 
-    async def _make_room(self, kernel: Kernel, uuid: str, tell=None) -> tuple[int, Reading]:
+    async def _make_room(self, kernel: Kernel, uuid: str, tell=None, notes=None) -> tuple[int, Reading]:
         """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short.
         ``await tell(message)`` hears what is being done and why, as it starts."""
         reading = await self.read(uuid)
@@ -806,7 +812,9 @@ class Arbiter:
                     f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
                     f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free"
                 )
-            ok = await self._take_off(victim, action, reason=f"room for {kernel.server.key}", tell=tell)
+            ok = await self._take_off(
+                victim, action, reason=f"room for {kernel.server.key}", tell=tell, notes=notes
+            )
             if not ok:
                 continue
             reading = await self.read(uuid)
@@ -815,16 +823,20 @@ class Arbiter:
                 break
         return short, reading
 
-    async def _take_off(self, kernel: Kernel, action: str, reason: str, tell=None) -> bool:
+    async def _take_off(self, kernel: Kernel, action: str, reason: str, tell=None, notes=None) -> bool:
         """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
         Host memory for it is made first (:meth:`_host_room`); where none can be, it stays."""
         conn = self.conns.get(kernel.pid)
         if conn is None:
             return False
-        need = kernel.resident if action == "pause" or kernel.state != PAUSED else 0
+        need = (
+            kernel.resident
+        )  # a pause's compressed copy, or the checkpoint of what is left, is at most this
         why = await self._host_room(kernel, need, tell)
         if why is not None:
             self._decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)
+            if notes is not None:
+                notes.append(f"{kernel.server.key} stays: {why}")
             return False
         uuid = kernel.slice.gpu_uuid
         t0 = time.monotonic()
@@ -834,6 +846,8 @@ class Arbiter:
         )
         if not answer.get("ok"):
             self._decide(f"{action} refused", server=kernel.server.key, message=answer.get("message", ""))
+            if notes is not None:
+                notes.append(f"{kernel.server.key} stays: {answer.get('message', '')}")
             return False
         if action == "suspend":
             failpoints.hit("arbiter.suspend")

@@ -105,9 +105,10 @@ class Timed:
         return max(b - a for a, b in itertools.pairwise(marks))
 
 
-def run(kernel: Kernel, code: str, timeout: float = 120) -> Timed:
-    """Run ``code`` in ``kernel``, timing every message of its output."""
-    out = Timed()
+def run(kernel: Kernel, code: str, timeout: float = 120, out: Timed | None = None) -> Timed:
+    """Run ``code`` in ``kernel``, timing every message of its output (into ``out``, which
+    another thread may watch as it fills)."""
+    out = out if out is not None else Timed()
     parts: list[str] = []
 
     def hook(msg):
@@ -134,15 +135,25 @@ def run(kernel: Kernel, code: str, timeout: float = 120) -> Timed:
 
 
 class Background:
-    """A cell run in a thread of the test, while the test does something else."""
+    """A cell run in a thread of the test, while the test does something else.
+
+    Attributes:
+        partial: the cell's outcome as it fills (``times`` grows with each message).
+    """
 
     def __init__(self, kernel: Kernel, code: str, timeout: float = 120):
         self.result: Timed | None = None
+        self.partial = Timed()
         self._thread = threading.Thread(target=self._go, args=(kernel, code, timeout), daemon=True)
         self._thread.start()
 
     def _go(self, kernel, code, timeout):
-        self.result = run(kernel, code, timeout)
+        self.result = run(kernel, code, timeout, out=self.partial)
+
+    def said(self, n: int, timeout: float = 30) -> None:
+        """Wait until the cell has shown ``n`` messages: it has waited that many seconds,
+        saying so."""
+        wait_for(lambda: len(self.partial.times) >= n, timeout, f"the waiting cell's message number {n}")
 
     def join(self, timeout: float = 120) -> Timed:
         self._thread.join(timeout)

@@ -121,6 +121,7 @@ def test_the_arbiter_dies_while_it_pauses_a_kernel_for_another(people, how):
     arbiter, ada, bob = people(env={"JUPYTER_VGPU_FAILPOINTS": "arbiter.pause=stop"})
     waiting = scene.Background(bob, "print('bob ran')")
     scene.stopped_at_failpoint(arbiter.process.pid, "the arbiter, asking ada to pause")
+    waiting.said(3)  # bob waits on a stopped arbiter, and says so
     scene.kill(arbiter.process.pid, how)
     out = waiting.join(60)  # the arbiter is gone: bob holds his memory and runs
     assert out.text.rstrip().endswith("bob ran"), out.text

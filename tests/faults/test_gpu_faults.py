@@ -146,6 +146,8 @@ def test_a_kernel_dies_at_a_step_of_the_gpu_path(node, step):
             scene.Background(victim, DIGEST, timeout=30)
         cell = None
     scene.stopped_at_failpoint(victim.pid, f"the victim at {step}", timeout=120)
+    if cell is not None:
+        cell.said(3)  # the asker waits for the victim, and says so
     scene.kill(victim.pid, "kill")
     if cell is not None:
         out = cell.join(300)

@@ -84,6 +84,7 @@ def test_a_kernel_killed_while_it_is_paused_for_another(node, step, how):
     ada = ada_at(node, step)
     waiting = scene.Background(bob, "print('bob ran')")  # needs ada's room: she is paused for him
     scene.stopped_at_failpoint(ada.pid, f"ada at {step}")
+    waiting.said(3)  # bob waits for her, seconds long, and says so
     scene.kill(ada.pid, how)
     after_death(node, ada, waiting)
 
