@@ -6,7 +6,8 @@
 
 - ``kill``: SIGKILL, the process ends on the spot (no handler, no cleanup);
 - ``term``: SIGTERM, the process ends the way its own handler for it says;
-- ``stop``: SIGSTOP, the process freezes at that step until someone sends it SIGCONT,
+- ``stop``: SIGSTOP, the process freezes at that step (the thread that reached it before
+  its next line: the signal is sent to that thread) until someone sends it SIGCONT,
   SIGKILL or SIGTERM (then SIGCONT). A test waits for the process to be stopped
   (``/proc/<pid>/stat`` state ``T``), then kills it the way it wants: the failure is at
   the named step, never a matter of sleeping and hoping.
@@ -17,7 +18,7 @@ jupyter_vgpu.node.checkpoint``). :data:`STEPS` lists them all; a name not there 
 refused when the variable is read, so a misspelt step fails a test instead of passing it.
 
 Why this cannot be abused: an action only ever signals the process that reached the
-step (``os.getpid()``); it never changes a figure, skips a check or touches another
+step (the thread that reached it); it never changes a figure, skips a check or touches another
 process. A user may set the variable in their own kernel (and in what it starts, such
 as the checkpoint helper of chaos mode), which can end only processes the user may end
 anyway (``os._exit``), and the node arbiter survives any of its kernels dying at any
@@ -96,4 +97,6 @@ def hit(step: str) -> None:
     with _lock:
         action = _armed.pop(step, None)
     if action is not None:
-        os.kill(os.getpid(), ACTIONS[action])
+        # directed at this thread: it stops (or ends) right here, before its next line; a
+        # signal sent to the process would let this thread run on until its next system call
+        signal.pthread_kill(threading.get_ident(), ACTIONS[action])

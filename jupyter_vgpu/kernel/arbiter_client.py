@@ -85,7 +85,7 @@ class ArbiterClient:
         self.reconnects = 0
         #: seconds a request for room may go without a word from the arbiter before it is
         #: given up (an arbiter that hangs): the kernel then decides for itself
-        self.patience = 600.0
+        self.patience = 60.0
         self._hello_version = HELLO_VERSION
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()

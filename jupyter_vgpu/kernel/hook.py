@@ -111,7 +111,9 @@ class KernelHook:
             self.arbiter = ArbiterClient(
                 path, self.kernel_id or "", self._adopt_arbiter_slice, self._figures, self.pausing, self._say
             )
-            self.arbiter.patience = self.config.resume_timeout
+            # an arbiter that says nothing for a minute about a request (hung, stopped) is
+            # given up on: the kernel decides for itself, as without one
+            self.arbiter.patience = min(60.0, self.config.resume_timeout)
             self.pausing.ask_room = self.arbiter.room
             self.pausing.listeners.append(self.arbiter.send_state)
             self.arbiter.start()

@@ -186,9 +186,11 @@ def kill(pid: int, how: str) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
-def start_kernel(tmp_path: Path, arbiter: ArbiterProcess, user: str, env: dict | None = None) -> Kernel:
+def start_kernel(
+    tmp_path: Path, arbiter: ArbiterProcess, user: str, env: dict | None = None, args: tuple[str, ...] = ()
+) -> Kernel:
     """A kernel of ``user`` under ``arbiter`` (registered over the socket, as a standalone
-    arbiter's harness does), its slice :data:`SLICE`."""
+    arbiter's harness does), its slice :data:`SLICE`; ``args``: the kernel's settings."""
     chan = tmp_path / f"channel-{user}-{time.monotonic_ns()}"
     chan.mkdir()
     kernel = Kernel(
@@ -199,6 +201,7 @@ def start_kernel(tmp_path: Path, arbiter: ArbiterProcess, user: str, env: dict |
             "JUPYTER_VGPU_SLICE": "",
             **(env or {}),
         },
+        args=args,
     )
     kernel.channel = chan
     kernel.user = user

@@ -39,9 +39,10 @@ def people(tmp_path):
     arbiter is restarted with them."""
     made = []
 
-    def make(*args, env=None):
+    def make(*args, env=None, bob_args=()):
         arbiter = ArbiterProcess(tmp_path, *arbiter_args(tmp_path, *args)).start()
-        ada, bob = scene.start_kernel(tmp_path, arbiter, "ada"), scene.start_kernel(tmp_path, arbiter, "bob")
+        ada = scene.start_kernel(tmp_path, arbiter, "ada")
+        bob = scene.start_kernel(tmp_path, arbiter, "bob", args=bob_args)
         made.extend([ada, bob])
         made.append(arbiter)
         for k, (seed, n), mib in (
@@ -126,6 +127,23 @@ def test_the_arbiter_dies_while_it_pauses_a_kernel_for_another(people, how):
     out = waiting.join(60)  # the arbiter is gone: bob holds his memory and runs
     assert out.text.rstrip().endswith("bob ran"), out.text
     assert out.longest_silence <= scene.SILENCE, (out.longest_silence, out.text)
+    arbiter.process.wait(30)
+    restart(arbiter, {ada.pid: "", bob.pid: "gpu"})
+    same_bytes(ada, ADA)
+    same_bytes(bob, BOB)
+
+
+def test_an_arbiter_that_hangs_is_given_up_on(people):
+    # stopped (not dead) after asking ada to pause: bob's request hears nothing more; after
+    # a minute (his resume_timeout here, 3 s) he runs without it, having said so
+    arbiter, ada, bob = people(
+        env={"JUPYTER_VGPU_FAILPOINTS": "arbiter.pause=stop"}, bob_args=("--VGPUKernel.resume_timeout=3",)
+    )
+    out = scene.run(bob, "print('bob ran')", timeout=60)
+    assert out.text.rstrip().endswith("bob ran"), out.text
+    assert out.longest_silence <= scene.SILENCE, (out.longest_silence, out.text)
+    assert scene.process_state(arbiter.process.pid) in ("t", "T")
+    scene.kill(arbiter.process.pid, "kill")
     arbiter.process.wait(30)
     restart(arbiter, {ada.pid: "", bob.pid: "gpu"})
     same_bytes(ada, ADA)
