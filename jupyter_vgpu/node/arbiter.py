@@ -27,6 +27,7 @@ the disk tier's file work run in a thread pool so the loop never waits on them.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import contextlib
 import logging
@@ -46,6 +47,14 @@ from .metrics import Metrics
 from .watchdog import Watchdog, owners
 
 log = logging.getLogger("jupyter_vgpu.node")
+
+
+def _disk_error(message: str) -> bool:
+    """True when a kernel's refusal to spill names an error of the file system (``OSError``
+    and its kinds, ``SpillError``), not of the kernel (suspended, not paused)."""
+    name = message.split(":", 1)[0].strip()
+    kind = getattr(builtins, name, None)
+    return name == "SpillError" or (isinstance(kind, type) and issubclass(kind, OSError))
 
 
 class _Conn:
@@ -129,6 +138,7 @@ class Arbiter:
         self._disk_retry = 0.0  # monotonic seconds after which the disk tier is tried again
         self._swept = 0.0
         self._spilling: asyncio.Task | None = None
+        self._spills: dict[int, asyncio.Future] = {}  # kernel pid -> its spill in progress
         self.started = time.monotonic()
 
     # -- the books -------------------------------------------------------------------
@@ -327,7 +337,15 @@ class Arbiter:
 
     async def spill(self, kernel: Kernel, tell=None) -> bool:
         """Move a paused kernel's host memory to the disk tier; True when it did. A refusal
-        (a full or failing disk) is a decision and leaves the data where it was."""
+        (a full or failing disk) is a decision and leaves the data where it was. Callers
+        at the same time share one request to the kernel."""
+        running = self._spills.get(kernel.pid)
+        if running is None or running.done():
+            running = self._spills[kernel.pid] = asyncio.ensure_future(self._spill(kernel, tell))
+            running.add_done_callback(lambda _, pid=kernel.pid: self._spills.pop(pid, None))
+        return await asyncio.shield(running)
+
+    async def _spill(self, kernel: Kernel, tell=None) -> bool:
         conn = self.conns.get(kernel.pid)
         if conn is None or conn.kernel is not kernel or kernel.state != PAUSED or kernel.host_bytes <= 0:
             return False
@@ -354,9 +372,10 @@ class Arbiter:
             )
             return False
         if not answer.get("ok"):
-            self.disk_problem = f"spilling {kernel.server.key} failed: {answer.get('message', '')}"
-            self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
             self.metrics.spill_failures.inc()
+            if _disk_error(answer.get("message", "")):  # a full or failing disk: left alone a while
+                self.disk_problem = f"spilling {kernel.server.key} failed: {answer.get('message', '')}"
+                self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
             self._decide(
                 "spill failed", server=kernel.server.key, pid=kernel.pid, message=answer.get("message", "")
             )
@@ -397,8 +416,11 @@ class Arbiter:
                     return None
                 disk_why = disk_why or "no other paused kernel holds host memory to move there"
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
-            if not await self.spill(candidates[0], tell):
-                disk_why = self.disk_problem or self._disk_usable(candidates[0].host_bytes)
+            before = candidates[0].host_bytes
+            if not await self.spill(candidates[0], tell) or candidates[0].host_bytes >= before:
+                disk_why = (
+                    self.disk_problem or self._disk_usable(candidates[0].host_bytes) or "it moved nothing"
+                )
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
 
     async def _spill_coldest(self) -> None:
