@@ -305,14 +305,8 @@ class Arbiter:
         }
 
     def _disk_dir_of(self, conn: _Conn) -> str | None:
-        """The disk tier directory of the kernel on ``conn`` (its user's directory made)."""
+        """The disk tier directory of the kernel on ``conn`` (made at its first spill)."""
         if not self.disk_root:
-            return None
-        try:
-            disk.user_dir(self.disk_root, conn.uid)
-        except OSError as e:
-            self.disk_problem = f"the disk tier's directory cannot be made: {e}"
-            log.error("%s", self.disk_problem)
             return None
         return disk.kernel_dir(self.disk_root, conn.uid, conn.pid)
 
@@ -354,6 +348,13 @@ class Arbiter:
             why = "the kernel has no directory in the disk tier"
         if why is not None:
             self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=why)
+            return False
+        try:  # the user's directory, theirs and private
+            await asyncio.get_running_loop().run_in_executor(None, disk.user_dir, self.disk_root, kernel.uid)
+        except OSError as e:
+            self.disk_problem = f"the disk tier's directory cannot be made: {e}"
+            self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
+            self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=self.disk_problem)
             return False
         if tell is not None:
             await tell(
