@@ -270,7 +270,7 @@ def kernel_fault(work, tmp: Path, step: str) -> dict:
             "longest_silent_wait_s": round(max([silence, *silences]), 3),
         }
     finally:
-        shut(*(x for x in (asker, arbiter) if x is not None))
+        shut(*(x for x in (victim, asker, arbiter) if x is not None))
 
 
 def arbiter_fault(work, tmp: Path, step: str) -> dict:

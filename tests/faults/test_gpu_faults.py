@@ -111,7 +111,10 @@ def node(tmp_path_factory):
     ).start()
     asker = gpu_kernel(tmp, arbiter, "asker", 8 * GiB)
     expected = fill(asker, 99, n=1)
-    yield tmp, arbiter, asker, expected
+    victims: list = []
+    yield tmp, arbiter, asker, expected, victims
+    for victim in victims:  # one a failed case left stopped at its step
+        scene.reap(victim)
     asker.shutdown()
     arbiter.stop()
 
@@ -130,8 +133,9 @@ STEPS = [
 
 @pytest.mark.parametrize("step", STEPS)
 def test_a_kernel_dies_at_a_step_of_the_gpu_path(node, step):
-    tmp, arbiter, asker, expected = node
+    tmp, arbiter, asker, expected, victims = node
     victim = gpu_kernel(tmp, arbiter, "victim", 8 * GiB, env={"JUPYTER_VGPU_FAILPOINTS": f"{step}=stop"})
+    victims.append(victim)
     fill(victim, 1)
     needs_the_victim(arbiter, asker)
     if step.startswith("kernel.pause"):

@@ -35,15 +35,19 @@ def node(tmp_path_factory):
     ).start()
     bob = scene.start_kernel(tmp, arbiter, "bob")
     assert not scene.run(bob, scene.hold_code(2, BOB_BYTES)).error
-    yield tmp, arbiter, bob
+    victims: list = []
+    yield tmp, arbiter, bob, victims
+    for ada in victims:  # one a failed case left stopped at its step
+        scene.reap(ada)
     bob.shutdown()
     arbiter.stop()
 
 
 def ada_at(node, step: str):
     """A new ada, holding real bytes and 700 MiB of the simulated card, armed to stop at ``step``."""
-    tmp, arbiter, _ = node
+    tmp, arbiter, _, victims = node
     ada = scene.start_kernel(tmp, arbiter, "ada", {"JUPYTER_VGPU_FAILPOINTS": f"{step}=stop"})
+    victims.append(ada)
     out = scene.run(ada, scene.hold_code(1, ADA_BYTES, simulated_mib=700))
     assert out.error is None, out.error
     assert "Error" not in out.text, out.text
@@ -57,7 +61,7 @@ def ada_at(node, step: str):
 
 def after_death(node, ada, waiting: scene.Background | None):
     """The invariants once ada is dead."""
-    tmp, arbiter, bob = node
+    tmp, arbiter, bob, _ = node
     if waiting is not None:
         out = waiting.join(90)
         assert out.error is None, out.error
@@ -103,7 +107,7 @@ def paused_ada(node, step: str):
     [("kernel.resume.mapped", "kill"), ("kernel.resume.copy", "kill"), ("kernel.resume.copy", "term")],
 )
 def test_a_kernel_killed_while_it_comes_back(node, step, how):
-    _, arbiter, _ = node
+    arbiter = node[1]
     ada = paused_ada(node, step)
     wait_for(lambda: arbiter.kernel(ada.pid)["tier"] == "disk", 30, "ada moved to the disk tier")
     scene.Background(ada, scene.DIGEST, timeout=20)  # her resume stops at the step; she dies in it
