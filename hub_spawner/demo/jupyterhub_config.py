@@ -46,6 +46,10 @@ port = int(os.environ.get("JUPYTER_VGPU_DEMO_PORT", "8000"))
 # side by side (the tests) each have their own; a socket path has at most 107 bytes.
 arbiter_socket = state / "arbiter" / "arbiter.sock"
 hub_spawner.setup(c, arbiter_socket=str(arbiter_socket) if len(str(arbiter_socket)) < 100 else None)
+# ... and keeps its disk tier (paused kernels moved out of host memory) there too
+for service in c.JupyterHub.services:
+    if service["name"] == hub_spawner.ARBITER_SERVICE:
+        service["command"].append(f"--ArbiterApp.disk_dir={state / 'disk'}")
 
 c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"
 c.JupyterHub.hub_ip = "127.0.0.1"

@@ -1,33 +1,53 @@
 """This kernel's link to the node arbiter (:mod:`jupyter_vgpu.node`), over its Unix socket.
 
 The socket's path comes from ``JUPYTER_VGPU_ARBITER`` (set by the spawner). A thread of
-this package connects, says hello, and from then on:
+this package connects, says hello with where the kernel's memory is (so that an arbiter
+that started after the kernel, after a crash or an upgrade, has it in its books), and
+from then on:
 
 - adopts the slice the arbiter sends (the only authority on limits once connected:
   ``server.json`` and the environment are ignored);
 - tells the arbiter every change of the kernel's state, with its figures;
-- answers the arbiter's requests to pause or to prepare a suspension;
+- answers the arbiter's requests to pause, to prepare a suspension, to move its paused
+  memory to the disk tier;
 - asks for room before the first message that runs code (:meth:`ArbiterClient.room`,
   called by the gate), waiting while the arbiter makes it or queues the request, and
-  showing the arbiter's reason in the cell's output.
+  showing what it waits for in the cell's output (:class:`~.progress.Progress`).
 
-When the arbiter cannot be reached the kernel runs as if there were none (its budget
-still applies) and keeps trying to connect; a request for room then passes at once.
+When the link breaks, the thread connects again on its own, with backoff (from 50 ms,
+doubling, at most :data:`MAX_BACKOFF` seconds), for as long as the kernel lives. While
+there is no arbiter, :meth:`ArbiterClient.room` raises :class:`ArbiterUnavailable` and
+the kernel decides for itself (:mod:`.pausing`: a resident kernel runs, a paused one
+comes back if the card has room). What the arbiter says in protocol words (an ``error``
+message) is kept for ``%vgpu status`` and the kernel's log, never printed into a cell.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
 import threading
 import time
 from collections.abc import Callable
 
+from jupyter_vgpu import failpoints
+
 log = logging.getLogger("jupyter_vgpu")
 
 _STATES = {"busy": "active", "idle": "idle", "pausing": "idle", "paused": "paused"}
-_STATES.update(suspending="paused", suspended="suspended")
+_STATES.update(suspending="paused", suspended="suspended", resuming="active")
+#: The longest wait between two attempts to connect, seconds: a restarted arbiter has
+#: every kernel back within about this long after it listens.
+MAX_BACKOFF = 1.0
+#: Protocol version of the hello this client sends first.
+HELLO_VERSION = 2
+
+
+class ArbiterUnavailable(RuntimeError):
+    """No node arbiter answers for this kernel now (none runs, it is restarting, or it
+    does not know the kernel's server); the message says which."""
 
 
 class ArbiterClient:
@@ -37,9 +57,12 @@ class ArbiterClient:
         path: the arbiter's socket.
         kernel_id: this kernel's id (a figure for the arbiter's books).
         adopt_slice: called with the slice dict (or None) the arbiter gives.
-        figures: returns ``(resident, paused_bytes, host_bytes, resume_seconds)`` now.
+        figures: returns the kernel's figures now: a dict with ``state`` (one of the
+            protocol's states), ``resident``, ``paused_bytes``, ``host_bytes``,
+            ``disk_bytes``, ``budget`` (bytes or None), ``idle_seconds`` and
+            ``resume_seconds`` (the last resume's, once, else None).
         pausing: the kernel's :class:`~.pausing.PauseControl`.
-        say: shows a line in the running cell's output.
+        say: shows text in the running cell's output: ``say(text, end="\\n")``.
     """
 
     def __init__(
@@ -47,14 +70,23 @@ class ArbiterClient:
         path: str,
         kernel_id: str,
         adopt_slice: Callable[[dict | None], None],
-        figures: Callable[[], tuple],
+        figures: Callable[[], dict],
         pausing,
-        say: Callable[[str], None],
+        say: Callable[..., None],
     ):
         self.path, self.kernel_id = path, kernel_id
         self.adopt_slice, self.figures, self.pausing, self.say = adopt_slice, figures, pausing, say
         self.connected = threading.Event()
         self.managed = False  # the arbiter knows our server and sent a slice
+        self.disk_dir: str | None = None  # our directory of the node's disk tier
+        self.node: dict | None = None  # the node's host and disk figures, as last told
+        self.last_error: str | None = None  # the arbiter's last protocol error (status, logs)
+        self.lost_at: float | None = None  # monotonic seconds the link broke (None: up, or never was)
+        self.reconnects = 0
+        #: seconds a request for room may go without a word from the arbiter before it is
+        #: given up (an arbiter that hangs): the kernel then decides for itself
+        self.patience = 60.0
+        self._hello_version = HELLO_VERSION
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._rooms: dict[int, dict] = {}
@@ -73,6 +105,16 @@ class ArbiterClient:
         if sock is not None:
             sock.close()
 
+    def unavailable(self) -> str | None:
+        """Why there is no arbiter for this kernel now, in words (None: there is)."""
+        if self.connected.is_set() and self.managed:
+            return None
+        if self.connected.is_set():
+            return "the node arbiter does not know this kernel's server"
+        if self.lost_at is None:
+            return f"the node arbiter at {self.path} cannot be reached"
+        return f"the node arbiter went away {time.monotonic() - self.lost_at:.0f} s ago and is not back"
+
     # -- sending -----------------------------------------------------------------------
 
     def _send(self, msg: dict) -> bool:
@@ -87,101 +129,136 @@ class ArbiterClient:
         except OSError:
             return False
 
-    def send_state(self, gate_state: str) -> None:
+    def send_state(self, gate_state: str | None = None) -> None:
         """Tell the arbiter the kernel's state and figures (a gate listener)."""
-        state = _STATES.get(gate_state)
-        if state is None or not self.connected.is_set():
+        if gate_state is not None and gate_state not in _STATES:
             return
-        resident, paused, host, resume_seconds = self.figures()
-        self._send(
-            {
-                "type": "state",
-                "state": state,
-                "resident": int(resident),
-                "paused_bytes": int(paused),
-                "host_bytes": int(host),
-                "resume_seconds": resume_seconds,
-            }
-        )
+        if not self.connected.is_set():
+            return
+        f = self.figures()
+        msg = {"type": "state", "state": f["state"]}
+        msg.update({k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes", "disk_bytes")})
+        msg["resume_seconds"] = f["resume_seconds"]
+        if self._hello_version < 2:
+            del msg["disk_bytes"]
+        self._send(msg)
+
+    def _hello(self) -> dict:
+        if self._hello_version < 2:
+            return {"type": "hello", "version": 1, "kernel_id": self.kernel_id}
+        f = self.figures()
+        msg = {"type": "hello", "version": 2, "kernel_id": self.kernel_id, "state": f["state"]}
+        msg.update({k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes", "disk_bytes")})
+        msg.update(budget=f["budget"], idle_seconds=round(max(0.0, f["idle_seconds"]), 3))
+        return msg
 
     # -- room --------------------------------------------------------------------------
 
-    def room(self, purpose: str) -> None:
+    def room(self, purpose: str, progress=None) -> None:
         """Ask for room before the kernel runs code; blocks until granted.
 
         Args:
             purpose: ``run``, ``resume`` (the kernel is paused) or ``restore`` (suspended).
+            progress: the cell's :class:`~.progress.Progress`: it shows what the arbiter
+                says it is doing (pausing someone, queueing) and keeps the line alive.
 
         Raises:
             MemoryError: the arbiter refused (no room before its timeout); the message
                 is the arbiter's.
+            ArbiterUnavailable: there is no arbiter for this kernel now, or it went away
+                while the request waited.
         """
-        if not (self.connected.is_set() and self.managed):
-            if purpose == "restore":
-                raise MemoryError(
-                    "the kernel is suspended and the node arbiter cannot be reached to restore it"
-                )
-            return
+        why = self.unavailable()
+        if why:
+            raise ArbiterUnavailable(why)
         with self._room_cond:
             rid = self._next
             self._next += 1
-            self._rooms[rid] = {}
+            self._rooms[rid] = {"type": None, "seq": 0}
         if not self._send({"type": "room", "id": rid, "for": purpose}):
-            self._rooms.pop(rid, None)
-            return
-        told = False
-        with self._room_cond:
+            with self._room_cond:
+                self._rooms.pop(rid, None)
+            raise ArbiterUnavailable("the node arbiter went away as this kernel asked it for room")
+        seen = 0
+        heard = time.monotonic()
+        try:
             while True:
-                answer = self._rooms[rid]
+                with self._room_cond:
+                    if self._rooms[rid]["seq"] == seen:
+                        self._room_cond.wait(0.25)
+                    answer = dict(self._rooms[rid])
+                if answer["seq"] != seen:
+                    heard = time.monotonic()
+                elif time.monotonic() - heard > self.patience:
+                    raise ArbiterUnavailable(f"the node arbiter has not answered for {self.patience:.0f} s")
+                seen = answer["seq"]
                 kind = answer.get("type")
                 if kind in ("grant", "deny", "gone"):
                     break
-                if kind == "wait" and not told:
-                    told = True
-                    self._room_cond.release()
-                    try:
-                        self.say(f"jupyter-vgpu: {answer['message']}")
-                    finally:
-                        self._room_cond.acquire()
-                self._room_cond.wait(1.0)
-            del self._rooms[rid]
+                if progress is not None:
+                    if kind == "wait":
+                        progress.update(str(answer.get("message", ""))[:500])
+                    progress.tick()
+        finally:
+            with self._room_cond:
+                self._rooms.pop(rid, None)
         if kind == "deny":
             raise MemoryError(answer.get("message") or "no room on the GPU")
+        if kind == "gone":
+            raise ArbiterUnavailable("the node arbiter went away while this cell waited for room")
 
     def _answer(self, msg: dict) -> None:
         with self._room_cond:
-            if msg.get("id") in self._rooms:
-                self._rooms[msg["id"]] = msg
-                self._room_cond.notify_all()
+            was = self._rooms.get(msg.get("id"))
+            if was is not None:
+                if was.get("type") not in ("grant", "deny", "gone"):  # an answer is final
+                    self._rooms[msg["id"]] = {**msg, "seq": was["seq"] + 1}
+                    self._room_cond.notify_all()
+                return
+        if msg.get("type") == "grant":  # a request given up (interrupted): set the books right
+            self.send_state()
 
     # -- receiving -------------------------------------------------------------------
 
     def _run(self) -> None:
+        delay = 0.05
         while not self._stop.is_set():
+            t0 = time.monotonic()
             try:
                 self._session()
             except OSError as e:
                 log.debug("jupyter-vgpu: arbiter link: %s", e)
+            if self.connected.is_set() or self.managed:
+                self.lost_at = time.monotonic()
             self.connected.clear()
+            self.managed = False
             with self._room_cond:  # requests in flight are answered: the arbiter is gone
-                for rid in self._rooms:
-                    self._rooms[rid] = {"type": "gone"}
+                for rid, was in self._rooms.items():
+                    self._rooms[rid] = {"type": "gone", "seq": was["seq"] + 1}
                 self._room_cond.notify_all()
-            self._stop.wait(2.0)
+            if time.monotonic() - t0 > 5:
+                delay = 0.05  # it was up a while: a restart, come back quickly
+            self._stop.wait(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, MAX_BACKOFF)
 
     def _session(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(self.path)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
         self._sock = sock
         try:
-            self._send({"type": "hello", "version": 1, "kernel_id": self.kernel_id})
+            self._send(self._hello())
             reader = sock.makefile("rb")
             for line in reader:
                 try:
                     msg = json.loads(line)
                 except ValueError:
                     continue
-                self._handle(msg)
+                if isinstance(msg, dict):
+                    self._handle(msg)
         finally:
             self._sock = None
             sock.close()
@@ -190,20 +267,40 @@ class ArbiterClient:
         kind = msg.get("type")
         if kind == "welcome":
             self.managed = msg.get("slice") is not None
+            dir_ = msg.get("disk_dir")
+            self.disk_dir = dir_ if isinstance(dir_, str) and dir_ else None
             self.adopt_slice(msg.get("slice"))
+            if self.lost_at is not None:
+                self.reconnects += 1
+                log.info(
+                    "jupyter-vgpu: back with the node arbiter after %.1f s", time.monotonic() - self.lost_at
+                )
+            self.lost_at = None
             self.connected.set()
-            self.send_state(self.pausing.gate.state)
+            self.send_state()
         elif kind == "slice":
             self.adopt_slice(msg.get("slice"))
         elif kind in ("grant", "wait", "deny"):
             self._answer(msg)
-        elif kind in ("pause", "suspend"):
+        elif kind in ("pause", "suspend", "spill"):
             threading.Thread(target=self._obey, args=(msg,), name="jupyter-vgpu-pause", daemon=True).start()
         elif kind == "notice":
             self.pausing.last_notice = str(msg.get("message"))[:1000]
             self.say(f"jupyter-vgpu: {self.pausing.last_notice}")
+        elif kind == "node":
+            figures = {k: msg.get(k) for k in ("host_used", "host_limit", "disk_used")}
+            if all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 for v in figures.values()
+            ):
+                self.node = figures
         elif kind == "error":
-            log.warning("jupyter-vgpu: the arbiter says: %s", msg.get("message"))
+            self.last_error = str(msg.get("message"))[:1000]
+            log.debug("jupyter-vgpu: the arbiter refused a message: %s", self.last_error)
+            if self._hello_version > 1 and "hello" in self.last_error and "version" in self.last_error:
+                self._hello_version = 1  # an arbiter older than this kernel: speak its version
+                sock = self._sock
+                if sock is not None:
+                    sock.close()
 
     def _obey(self, msg: dict) -> None:
         t0 = time.monotonic()
@@ -214,9 +311,16 @@ class ArbiterClient:
                 # device bytes the pause gave back (0: nothing to release, e.g. no CUDA
                 # memory yet), so the arbiter knows whether to wait for NVML to drop
                 reply["released"] = outcome.segment_bytes if outcome is not None else 0
+            elif msg["type"] == "spill":
+                self.pausing.spill(str(msg.get("dir") or self.disk_dir or ""))
             else:
                 self.pausing.prepare_suspend()
             ok, message = True, f"done in {time.monotonic() - t0:.3f} s"
         except Exception as e:
             ok, message = False, f"{type(e).__name__}: {e}"
+        self.send_state()  # the figures after it, before the answer
+        if msg["type"] == "pause":
+            failpoints.hit("kernel.pause.reply")
+        elif msg["type"] == "suspend":
+            failpoints.hit("kernel.suspend.prepared")
         self._send({**reply, "ok": ok, "message": message[:4000]})

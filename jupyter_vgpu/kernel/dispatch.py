@@ -71,7 +71,7 @@ def _wrap(kernel, gate: Gate, handler: Callable, msg_type: str, after: Callable[
         try:
             gate.enter()
         except (Exception, KeyboardInterrupt) as e:
-            log.warning("jupyter-vgpu: %s not run: %s", msg_type, e)
+            log.info("jupyter-vgpu: %s not run: %s", msg_type, e)  # the reply says why, in words
             refuse(kernel, stream, idents, msg, e)
             return None
         try:

@@ -46,11 +46,21 @@ class Gate:
             (the kernel stays as it was).
         on_change: called with the new state after every change (for reports); must be
             quick and must not call the gate.
+        on_wait: called about every 0.25 s, outside the gate's lock, while a handler waits
+            for a pause, suspend or resume in progress: ``on_wait(state, since)``
+            (``since``: monotonic seconds the wait began), then ``on_wait(None, since)``
+            once it is over; it shows the wait in the cell (no silent wait).
     """
 
-    def __init__(self, resume: Callable[[str], None], on_change: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        resume: Callable[[str], None],
+        on_change: Callable[[str], None] | None = None,
+        on_wait: Callable[[str | None, float], None] | None = None,
+    ):
         self._resume = resume
         self._on_change = on_change or (lambda state: None)
+        self._on_wait = on_wait
         self._cond = threading.Condition()
         self.state = IDLE
         self.busy = 0
@@ -77,14 +87,26 @@ class Gate:
             Exception: whatever ``resume`` raised; the kernel stays as it was and the
                 handler must not run.
         """
-        with self._cond:
-            while self.state in (PAUSING, SUSPENDING, RESUMING):
-                self._cond.wait()
-            if self.busy:
-                self.busy += 1
-                return
-            prior = self.state
-            self._set(RESUMING)
+        since = None
+        while True:
+            with self._cond:
+                if self.state not in (PAUSING, SUSPENDING, RESUMING):
+                    if self.busy:
+                        self.busy += 1
+                        prior = None
+                    else:
+                        prior = self.state
+                        self._set(RESUMING)
+                    break
+                since = since or time.monotonic()
+                self._cond.wait(0.25)
+                state = self.state
+            if self._on_wait is not None and state in (PAUSING, SUSPENDING, RESUMING):
+                self._on_wait(state, since)
+        if since is not None and self._on_wait is not None:
+            self._on_wait(None, since)
+        if prior is None:
+            return
         try:
             self._resume(prior)
         except BaseException:

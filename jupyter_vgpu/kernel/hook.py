@@ -35,6 +35,17 @@ KERNEL_STATES = {"pausing": "idle", "suspending": "paused", "resuming": "active"
 KERNEL_STATES.update({s: s for s in ("active", "idle", "paused", "suspended")})
 
 
+def tier_of(pause: dict) -> str:
+    """Where the kernel's memory is, from its pause figures: ``gpu``, ``host`` (paused,
+    in host memory), ``disk`` (paused, in the node's disk tier) or ``suspended``."""
+    state = KERNEL_STATES.get(pause["state"], "idle")
+    if state == "suspended":
+        return "suspended"
+    if state == "paused":
+        return "disk" if pause.get("disk_bytes") else "host"
+    return "gpu"
+
+
 def current_kernel_id() -> str | None:
     """This kernel's id, from its connection file's name (``kernel-<id>.json``), or None."""
     try:
@@ -77,6 +88,7 @@ class KernelHook:
             lambda: self.slice is not None and self.slice.simulated,
             kernel=self.kernel,
             say=self._say,
+            card_free=self.card_free,
             gpu_processes=self.gpu_processes,
         )
         self.pausing.listeners.append(lambda state: self.write_report())
@@ -100,6 +112,9 @@ class KernelHook:
             self.arbiter = ArbiterClient(
                 path, self.kernel_id or "", self._adopt_arbiter_slice, self._figures, self.pausing, self._say
             )
+            # an arbiter that says nothing for a minute about a request (hung, stopped) is
+            # given up on: the kernel decides for itself, as without one
+            self.arbiter.patience = min(60.0, self.config.resume_timeout)
             self.pausing.ask_room = self.arbiter.room
             self.pausing.listeners.append(self.arbiter.send_state)
             self.arbiter.start()
@@ -124,8 +139,8 @@ class KernelHook:
         if self._thread is not None:
             self._thread.join(timeout=2)
 
-    def _say(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+    def _say(self, text: str, end: str = "\n") -> None:
+        print(text, file=sys.stderr, end=end, flush=True)
 
     # -- slice ---------------------------------------------------------------------------
 
@@ -166,19 +181,50 @@ class KernelHook:
         self.slice_error = None
         self.set_slice(slice_)
 
-    def _figures(self) -> tuple[int, int, int, float | None]:
-        """``(resident, paused_bytes, host_bytes, new resume seconds)`` for the arbiter."""
+    def _figures(self) -> dict:
+        """What the arbiter is told (``ArbiterClient``'s ``figures``): ``state``,
+        ``resident``, ``paused_bytes``, ``host_bytes`` (host memory held for paused data:
+        pinned slabs and the store's entries), ``disk_bytes``, ``budget``,
+        ``idle_seconds`` and ``resume_seconds`` (the last resume's, once)."""
         st = self.pausing.stats()
         away = st["state"] in ("paused", "suspended", "pausing", "suspending")
+        engine = self.pausing.engine
+        host = engine.host_held() if engine is not None else st["host_bytes"]
+        disk = st.get("disk_bytes") or 0
         if self.simulated:
-            resident = 0 if away else self.simulated_used
-            paused = self.simulated_used if away else 0
+            # the stand-in moves no memory; segments of the allocator's host backend do
+            held = engine.vmm.mapped_bytes if engine is not None and engine.device is None else 0
+            resident = 0 if away else self.simulated_used + held
+            paused = (self.simulated_used if away else 0) + (st["paused_bytes"] if engine is not None else 0)
         else:
             resident, paused = self.torch_memory()[1], st["paused_bytes"]
         seconds = st.get("last_resume_seconds")
         fresh = seconds if seconds is not None and seconds != self._resume_sent else None
         self._resume_sent = seconds
-        return resident, paused, st["host_bytes"], fresh
+        return {
+            "state": KERNEL_STATES.get(st["state"], "idle"),
+            "resident": resident,
+            "paused_bytes": paused,
+            "host_bytes": host,
+            "disk_bytes": disk,
+            "budget": self.slice.memory_limit if self.slice else None,
+            "idle_seconds": self.pausing.gate.idle_seconds,
+            "resume_seconds": fresh,
+        }
+
+    def card_free(self) -> int | None:
+        """Free bytes of the slice's card now (NVML), or None where that is unknown (no
+        slice, a simulated card, no NVML). Safe while the kernel is suspended: NVML is
+        not CUDA, and a suspended process's CUDA calls wait for its restore."""
+        if self.slice is None or self.slice.simulated:
+            return None
+        try:
+            from jupyter_vgpu import nvml
+
+            used, total, _ = nvml.device_usage(self.slice.gpu_uuid)
+        except Exception:
+            return None
+        return max(0, total - used)
 
     def _poll_channel(self) -> bool:
         """Apply ``server.json`` if it changed (and no node arbiter gave the slice); True
@@ -308,6 +354,8 @@ class KernelHook:
             "busy": pause["state"] == "active",
             "state": KERNEL_STATES.get(pause["state"], "idle"),
             "pause": pause,
+            "tier": tier_of(pause),
+            "node": self.arbiter.node if self.arbiter is not None else None,
         }
 
     def write_report(self) -> None:

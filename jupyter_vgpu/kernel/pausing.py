@@ -17,7 +17,17 @@ checkpoint it, and such a kernel stays on the GPU). ``%vgpu status`` says which.
 The engine is made on the first pause, once the kernel uses CUDA: a kernel that never
 touched the GPU has nothing on it, and its pause moves nothing. On a simulated GPU (or
 PyTorch without CUDA) a pause is a **stand-in**: the states and the arbiter's books
-run for real, no memory moves, and the figures say so.
+run for real, no memory moves, and the figures say so; except for segments the kernel's
+code made through the pausable allocator's host backend (the tests do), which are
+paused for real, bytes and all.
+
+Coming back never waits in silence (:mod:`.progress`): room from the node arbiter (it
+says what it does meanwhile), or, with no arbiter to ask (gone, restarting), the
+kernel's own look at the card: a paused kernel comes back on its own when the card has
+room for it, else waits (saying so) for the arbiter or for room until
+``resume_timeout``, then fails the cell with a readable error, its data kept on the host.
+A suspended kernel whose checkpoint's holder ended (the arbiter, chaos mode's helper)
+restores itself through a helper of its own.
 """
 
 from __future__ import annotations
@@ -35,7 +45,9 @@ from pathlib import Path
 from jupyter_vgpu.units import format_bytes
 
 from . import gate as g
+from .arbiter_client import ArbiterUnavailable
 from .idle_code import idle_code
+from .progress import Progress
 
 log = logging.getLogger("jupyter_vgpu")
 
@@ -48,7 +60,9 @@ class PauseControl:
         torch_module: returns the torch module, or None while it is not imported.
         simulated: returns True when the slice's GPU is simulated (stand-in pauses).
         kernel: the ipykernel ``Kernel`` (its event loop is checked for idle code), or None.
-        say: shows a line in the running cell's output (waiting for room).
+        say: shows text in the running cell's output: ``say(text, end="\n")``.
+        card_free: returns the free bytes of the slice's card now (NVML), or None where
+            that is unknown (a simulated card).
     """
 
     def __init__(
@@ -57,7 +71,8 @@ class PauseControl:
         torch_module: Callable[[], object],
         simulated: Callable[[], bool],
         kernel=None,
-        say: Callable[[str], None] = lambda text: None,
+        say: Callable[..., None] = lambda text, end="\n": None,
+        card_free: Callable[[], int | None] = lambda: None,
         gpu_processes: Callable[[], dict[int, int]] = dict,
     ):
         self.config = config
@@ -67,15 +82,18 @@ class PauseControl:
         self._blockers: tuple[float, list[str]] | None = None  # (monotonic time, reasons)
         self.kernel = kernel
         self.say = say
-        self.gate = g.Gate(self._come_back, on_change=self._changed)
+        self.card_free = card_free
+        self.gate = g.Gate(self._come_back, on_change=self._changed, on_wait=self._while_busy)
+        self._waits = threading.local()
         self.engine = None
         self.unavailable: str | None = None  # why memory cannot be paused here
         self.last_refusal: str | None = None
         self.last_error: str | None = None  # why the last pause after a cell failed
         self.last_notice: str | None = None  # the node arbiter's last word (over budget)
-        #: asks the node arbiter for room, blocking: ("run" | "resume" | "restore") -> None;
-        #: raises MemoryError when it refuses. Set by the arbiter client.
-        self.ask_room: Callable[[str], None] | None = None
+        #: asks the node arbiter for room, blocking: (purpose, progress) -> None, purpose
+        #: "run" | "resume" | "restore"; raises MemoryError when it refuses and
+        #: ArbiterUnavailable when there is no arbiter. Set by the arbiter client.
+        self.ask_room: Callable[..., None] | None = None
         self.listeners: list[Callable[[str], None]] = []
         self._helper: subprocess.Popen | None = None
         self.suspended_with: list[int] = []  # child processes suspended with the kernel
@@ -129,6 +147,16 @@ class PauseControl:
         except Exception:
             return False
 
+    def _cuda_seen(self) -> bool:
+        """True once the kernel has a CUDA context, known without asking the driver (safe
+        while suspended): PyTorch initialized CUDA, or a library made the allocator's
+        driver calls."""
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return True
+        allocator = self._allocator()
+        return allocator is not None and allocator.backend == 1  # vmm.CUDA
+
     def _engine(self):
         """The engine, made on first use; None while the GPU holds nothing of this kernel.
 
@@ -139,7 +167,7 @@ class PauseControl:
         if self.engine is not None:
             return self.engine
         if self.stand_in or not self._on_gpu():
-            return None  # no CUDA context, no memory: nothing to pause
+            return self._host_engine()  # no CUDA context, no memory: nothing on a GPU to pause
         from .pause import vmm
         from .pause.engine import PauseEngine
 
@@ -171,6 +199,23 @@ class PauseControl:
             host_cap_bytes=cfg.host_cap_bytes,
             spill_dir=cfg.spill_dir or None,
         )
+        return self.engine
+
+    def _host_engine(self):
+        """Without CUDA: an engine over the pausable allocator's host backend, when the
+        kernel's code made segments through it (the tests: real bytes paused on a
+        machine without a GPU); None otherwise (the stand-in moves nothing)."""
+        vmm = sys.modules.get("jupyter_vgpu.kernel.pause.vmm")
+        allocator = getattr(vmm, "_instance", None)
+        if allocator is None or allocator.backend != vmm.HOST or not allocator.segments():
+            return None
+        from .pause.engine import PauseEngine
+
+        cfg = self.config
+        self.engine = PauseEngine(
+            self._torch() or _torch_module(), allocator, None,
+            host_cap_bytes=cfg.host_cap_bytes, spill_dir=cfg.spill_dir or None,
+        )  # fmt: skip
         return self.engine
 
     def _plain(self):
@@ -351,51 +396,202 @@ class PauseControl:
 
     def _come_back(self, state: str) -> None:
         """Called by the gate, in the thread of the first message that needs the kernel:
-        room from the arbiter (which restores a suspended kernel), then the memory back."""
-        if self.ask_room is not None:
-            self.ask_room({g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run"))
-        elif state == g.SUSPENDED:
-            self._restore()
-        engine = self.engine
-        if engine is None or engine.state != "paused":
-            return
-        with self._plain():
-            self._resume_engine(engine)
+        room (from the arbiter, which restores a suspended kernel; without one, the
+        kernel's own look at the card), then the memory back. Every wait longer than a
+        second is shown in the cell's output, and kept up to date."""
+        purpose = {g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run")
+        what = {
+            "run": "asking the node arbiter for room on the GPU",
+            "resume": "this kernel is paused: asking the node arbiter for room on the GPU to bring it back",
+            "restore": "this kernel is suspended: asking the node arbiter to restore it",
+        }[purpose]
+        progress = Progress(self.say, what)
+        deadline = time.monotonic() + self.config.resume_timeout
+        try:
+            alone = self._room(purpose, progress, deadline)
+            if state == g.SUSPENDED:
+                self._restore(progress, deadline, alone)
+            engine = self.engine
+            if engine is not None and engine.state == "paused":
+                with self._plain():
+                    self._resume_engine(engine, progress, deadline)
+        except BaseException as e:
+            progress.done(f"not brought back: {e}" if isinstance(e, Exception) else None)
+            raise
+        progress.done("room granted" if purpose == "run" else "back on the GPU")
 
-    def _resume_engine(self, engine) -> None:
+    def _room(self, purpose: str, progress: Progress, deadline: float) -> bool:
+        """Room for the kernel: from the arbiter (False), or, with none to ask, decided here
+        (True): a resident kernel runs, a paused or suspended one comes back once the card
+        has room for it.
+
+        Raises:
+            MemoryError: the arbiter refused, or with no arbiter the card had no room
+                before ``deadline``; the data stays on the host.
+        """
+        while True:
+            if self.ask_room is None:
+                return True
+            try:
+                self.ask_room(purpose, progress)
+                return False
+            except ArbiterUnavailable as e:
+                if purpose == "run":
+                    return True  # its memory is on the card already: it runs without the arbiter
+                if purpose == "restore":
+                    # its own look at the card would wait for its restore (every driver call
+                    # of a checkpointed process does, NVML's too): the restore itself finds
+                    # out whether there is room, and is retried until the deadline
+                    return True
+                need, free = self._room_alone()
+                if free is None or free >= need:
+                    if need:
+                        progress.update(f"{e}: coming back on its own ({format_bytes(free)} free on the GPU)")
+                    return True
+                if time.monotonic() >= deadline:
+                    raise MemoryError(
+                        f"{e}, and the GPU has {format_bytes(free)} free where this kernel needs "
+                        f"{format_bytes(need)} to come back; waited {self.config.resume_timeout:.0f} s. "
+                        "Its data is kept in host memory: run the cell again to try again."
+                    ) from None
+                progress.update(
+                    f"{e}; waiting for it, or for {format_bytes(need)} free on the GPU to come back "
+                    f"on its own ({format_bytes(free)} free now)"
+                )
+                progress.sleep(1.0)
+
+    def _room_alone(self) -> tuple[int, int | None]:
+        """``(bytes the kernel needs on the card to come back, bytes free there or None
+        when unknown)``, as the kernel sees it without the arbiter (NVML)."""
+        engine = self.engine
+        if engine is None or engine.state != "paused" or engine.device is None:
+            return 0, None
+        need = engine.room_needed()
+        try:
+            free = self.card_free()
+        except Exception:
+            free = None
+        return need, free
+
+    def _resume_engine(self, engine, progress: Progress, deadline: float) -> None:
         from .pause import vmm
 
-        deadline = time.monotonic() + self.config.resume_timeout
-        told = False
         while True:
+            where = "disk" if engine.disk_bytes() else "host memory"
+            progress.update(f"bringing {format_bytes(engine.paused_bytes)} back to the GPU from {where}")
             try:
-                engine.resume()
+                progress.run(engine.resume)
                 return
             except vmm.DeviceFull:
                 need = engine.room_needed()
                 if self.ask_room is not None:
-                    self.ask_room("resume")  # room the arbiter saw was taken meanwhile: ask again
-                    continue
+                    try:
+                        self.ask_room("resume", progress)  # room the arbiter saw was taken meanwhile
+                        continue
+                    except ArbiterUnavailable:
+                        pass
                 if time.monotonic() > deadline:
                     raise MemoryError(
-                        f"the GPU has no room to bring this kernel back ({need / 2**30:.2f} GiB needed) "
+                        f"the GPU has no room to bring this kernel back ({format_bytes(need)} needed) "
                         f"after {self.config.resume_timeout:.0f} s; its data is kept in host memory"
                     ) from None
-                if not told:
-                    self.say(f"jupyter-vgpu: waiting for {need / 2**30:.2f} GiB free on the GPU to resume")
-                    told = True
-                time.sleep(1.0)
+                progress.update(f"waiting for {format_bytes(need)} free on the GPU to bring this kernel back")
+                progress.sleep(1.0)
 
-    def _restore(self) -> None:
+    def _restore(self, progress: Progress, deadline: float, alone: bool) -> None:
+        """Bring the process back from the driver's checkpoint. The arbiter restored it when
+        it granted the room (``alone`` False); else its holder does: chaos mode's helper
+        while it lives, a new helper (``checkpoint restore PID``) when the holder has ended
+        (the helper, or an arbiter with no successor), retried until ``deadline`` while the
+        driver finds no room.
+
+        Raises:
+            MemoryError: still no room at ``deadline``; the kernel stays suspended.
+            RuntimeError: the driver refused otherwise.
+        """
         helper, self._helper = self._helper, None
-        if helper is not None:
+        if self.stand_in or not self._cuda_seen():
+            return  # no CUDA context: nothing was checkpointed
+        if helper is not None and helper.poll() is None:
+            progress.update("restoring this kernel from the driver's checkpoint")
+            line = progress.run(lambda: self._tell_helper(helper))
+            if line.startswith("restored"):
+                self.last_restore_seconds = float(line.split()[1])
+                return
+            if not alone:
+                raise RuntimeError(f"restoring through the driver failed: {line or 'no answer'}")
+        elif helper is not None:
+            log.info(
+                "jupyter-vgpu: the checkpoint helper ended (exit code %s); restoring anew", helper.returncode
+            )
+        if not alone:
+            return  # the arbiter restored it before it granted the room
+        pids = [*map(str, self.suspended_with), str(os.getpid())]  # as they were suspended
+        cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "restore", *pids]
+        while True:
+            progress.update("restoring this kernel from the driver's checkpoint (its holder has ended)")
+            done = progress.run(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=600))
+            line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-500:]
+            if line.startswith("restored"):
+                self.last_restore_seconds = float(line.split()[1])
+                return
+            if time.monotonic() >= deadline:
+                raise MemoryError(
+                    f"restoring this kernel from the driver's checkpoint failed ({line or 'no answer'}) "
+                    f"for {self.config.resume_timeout:.0f} s; it stays suspended: run the cell again to retry"
+                )
+            progress.update(f"the driver could not restore this kernel yet ({line}); trying again")
+            progress.sleep(1.0)
+
+    @staticmethod
+    def _tell_helper(helper) -> str:
+        try:
             helper.stdin.write("\n")
             helper.stdin.flush()
             line = helper.stdout.readline().strip()
             helper.wait(30)
-            if not line.startswith("restored"):
-                raise RuntimeError(f"restoring through the driver failed: {line or 'no answer'}")
-            self.last_restore_seconds = float(line.split()[1])
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            return f"failed {e}"
+        return line
+
+    def _while_busy(self, state: str | None, since: float) -> None:
+        """The gate's report on a message waiting for a pause, suspend or resume of this
+        kernel in progress (``state`` None: the wait is over): shown like any other wait."""
+        progress = getattr(self._waits, "progress", None)
+        if state is None:
+            if progress is not None:
+                progress.done("the kernel is ready")
+                self._waits.progress = None
+            return
+        what = {
+            g.PAUSING: "this kernel is being paused (its memory leaves the GPU); it comes back right after",
+            g.SUSPENDING: "this kernel is being suspended; it comes back right after",
+            g.RESUMING: "this kernel's memory is coming back to the GPU",
+        }.get(state, f"this kernel is {state}")
+        if progress is None:
+            progress = self._waits.progress = Progress(self.say, what)
+            progress.t0 = since
+        progress.update(what)
+        progress.tick()
+
+    def spill(self, directory: str) -> None:
+        """For the arbiter: move this paused kernel's host memory to the disk tier, in
+        ``directory`` (its own directory there); nothing to do for a kernel that holds
+        nothing in host memory.
+
+        Raises:
+            RuntimeError: no directory was named.
+            OSError: the disk refused (full, failing); the data stays in host memory.
+        """
+        if not directory:
+            raise RuntimeError("no directory of the disk tier was named")
+        if self.gate.state in (g.SUSPENDING, g.SUSPENDED):  # its CUDA calls wait for a restore
+            raise RuntimeError("the kernel is suspended: its memory stays where the checkpoint left it")
+        engine = self.engine
+        if engine is None or engine.state != "paused":
+            return
+        with self._plain():
+            engine.spill(directory)
 
     def prepare_suspend(self) -> None:
         """For the arbiter: pause (if not paused yet, and if a pause can release all of
@@ -415,6 +611,9 @@ class PauseControl:
         if why:
             self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
             raise g.Refused(self.last_refusal)
+
+        if self.gate.state == g.IDLE:  # asked now: NVML waits once the process is checkpointed
+            self.suspended_with = sorted(self.gpu_children())
 
         def work():
             if reasons:
@@ -504,6 +703,7 @@ class PauseControl:
             "state": self.state,
             "paused_bytes": 0,
             "unpausable_bytes": 0,
+            "disk_bytes": 0,
             "live_bytes": 0,
             "host_bytes": 0,
             "ratio": None,
@@ -571,6 +771,12 @@ def _command(pid: int) -> str:
         return "?"
     text = " ".join(a.decode(errors="replace") for a in argv if a)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _torch_module():
+    import torch
+
+    return torch
 
 
 def run_in_thread(fn: Callable[[], None], name: str) -> threading.Thread:

@@ -45,8 +45,42 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
         held = tensor_bytes(hook.shell.user_ns)
         rows.append(("used (tensors)", f"{format_bytes(held)} held by tensors in the namespace"))
     rows += _pause_rows(hook.pausing.stats())
+    rows += _tier_rows(hook)
     if hook.pausing.last_notice:
         rows.append(("node arbiter", hook.pausing.last_notice))
+    return rows
+
+
+_TIERS = {
+    "gpu": "GPU (resident)",
+    "host": "host memory (paused, compressed)",
+    "disk": "disk (paused, moved to the node's disk tier)",
+    "suspended": "suspended (the driver's process checkpoint)",
+}
+
+
+def _tier_rows(hook: KernelHook) -> list[tuple[str, str]]:
+    """Where this kernel's memory is, and the node's host memory and disk tier."""
+    from .hook import tier_of
+
+    pause = hook.pausing.stats()
+    rows = [("tier", _TIERS[tier_of(pause)])]
+    if pause.get("disk_bytes"):
+        rows.append(("on disk", f"{format_bytes(pause['disk_bytes'])} in the node's disk tier"))
+    client = hook.arbiter
+    if client is None:
+        return rows
+    if client.unavailable():
+        rows.append(("node arbiter", client.unavailable()))
+    node = client.node
+    if node:
+        rows.append(
+            (
+                "node memory",
+                f"{format_bytes(node['host_used'])} of {format_bytes(node['host_limit'])} host memory "
+                f"held by paused kernels; {format_bytes(node['disk_used'])} in the disk tier",
+            )
+        )
     return rows
 
 
@@ -64,7 +98,9 @@ def _share(s) -> str:
 
 def _pause_rows(st: dict) -> list[tuple[str, str]]:
     rows = [("state", st["state"])]
-    if st.get("stand_in"):
+    if st.get("stand_in") and st.get("codec_name"):
+        rows.append(("pause", "host backend: no GPU; what the pausable allocator holds in host memory moves"))
+    elif st.get("stand_in"):
         rows.append(("pause", "stand-in: the GPU is simulated, so a pause moves no memory"))
     elif st.get("unavailable"):
         rows.append(("pause", f"unavailable: {st['unavailable']}"))

@@ -32,7 +32,9 @@ from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
 from jupyter_vgpu.slice import Slice, SliceError
+from jupyter_vgpu.units import ByteSize
 
+from . import disk
 from .arbiter import Arbiter
 from .socket_path import default_socket
 
@@ -266,6 +268,54 @@ class ArbiterApp(Application):
         "config": "ArbiterApp.config_file",
     }
 
+    host_memory_limit = ByteSize(
+        None,
+        allow_none=True,
+        help="""Host memory that paused and suspended kernels of this node may hold in all,
+        bytes or a size like '64G' (default: host_memory_fraction of the host's RAM). The
+        coldest paused kernels move to the disk tier before it is reached, and a pause that
+        would pass it is not made, so the host's OOM killer never has to act.""",
+    ).tag(config=True)
+
+    host_memory_fraction = Float(
+        0.5, help="The default host_memory_limit, as a fraction of the host's RAM (MemTotal)."
+    ).tag(config=True)
+
+    host_spill_fraction = Float(
+        0.8,
+        help="""Past this fraction of host_memory_limit, the coldest paused kernels (longest
+        idle first) move to the disk tier, in the background.""",
+    ).tag(config=True)
+
+    host_reserve = ByteSize(
+        None,
+        allow_none=True,
+        help="""Available host memory (MemAvailable) below which paused kernels move to the
+        disk tier whatever host_memory_limit says, bytes or a size (default: 5% of RAM, at
+        least 1 GiB).""",
+    ).tag(config=True)
+
+    disk_dir = Unicode(
+        help="""The disk tier: paused kernels' memory moved out of host memory goes to files
+        under <disk_dir>/<uid>/ (each user's directory 0700, theirs; the root 0711), written
+        by the kernels, compressed and checksummed, removed when a kernel ends. A
+        disk-backed directory of its own (not /run, not a tmpfs; not writable by every
+        user). Default: /var/tmp/jupyter-vgpu for root, else /var/tmp/jupyter-vgpu-<uid>.
+        '' turns the disk tier off.""",
+    ).tag(config=True)
+
+    @default("disk_dir")
+    def _disk_dir_default(self):
+        return disk.default_root()
+
+    disk_limit = ByteSize(
+        None, allow_none=True, help="Bytes the disk tier may hold in all (default: what its disk has)."
+    ).tag(config=True)
+
+    disk_reserve = ByteSize(
+        2**30, help="Free bytes to leave on the disk tier's file system, bytes or a size like '10G'."
+    ).tag(config=True)
+
     config_file = Unicode("", help="A Python or JSON config file to load.").tag(config=True)
 
     def initialize(self, argv=None):
@@ -285,7 +335,6 @@ class ArbiterApp(Application):
         hub = HubLink(arbiter, url, token, self.node_name) if url and token else None
         if hub is not None:
             arbiter.refresh_servers = hub.refresh
-            await hub.refresh()
             if self.node_name:
                 from .report import NodeReporter
 
@@ -295,16 +344,18 @@ class ArbiterApp(Application):
             from prometheus_client import start_http_server
 
             start_http_server(self.metrics_port, addr="127.0.0.1", registry=arbiter.metrics.registry)
-        await arbiter.start(self.socket_path)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # listen first: kernels reconnecting after a restart say hello while the Hub's
+        # slices are read (their hello waits for that one read)
+        await arbiter.start(self.socket_path)
         while not stop.is_set():
+            if hub is not None:
+                await arbiter.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.hub_poll_seconds)
-            if hub is not None and not stop.is_set():
-                await hub.refresh()
         await arbiter.stop()
 
     def start(self):

@@ -11,13 +11,24 @@ background, while no kernel on a card runs code, it pauses kernels idle longer t
 ``idle_seconds`` if the card is above its watermark, and suspends kernels idle longer
 than ``suspend_after``.
 
-All of it runs on one asyncio loop; NVML readings and the driver's checkpoint calls
-run in a thread pool so the loop never waits on the driver.
+Host memory and disk are tiers of the node (:mod:`.tiers`): the host bytes of every
+paused kernel count against ``host_memory_limit``, and the coldest paused kernels move
+to the disk tier (:mod:`.disk`) before it is reached and before a pause would pass it.
+
+A restart loses nothing: kernels reconnect on their own and say in their hello where
+their memory is; slices come from the Hub (or, registered over the socket, from the
+:mod:`.journal`); the driver says which processes are still checkpointed. One arbiter
+serves a socket at a time (:mod:`.handoff`). Every wait of a cell is told to it as it
+goes (``wait`` messages with what is being done and why).
+
+All of it runs on one asyncio loop; NVML readings, the driver's checkpoint calls and
+the disk tier's file work run in a thread pool so the loop never waits on them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import contextlib
 import logging
@@ -25,16 +36,25 @@ import os
 import time
 from pathlib import Path
 
+from jupyter_vgpu import failpoints
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
-from . import books, cards, cgroups, mps, namespaces, peers, protocol, slurm
-from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
+from . import books, cards, cgroups, disk, handoff, mps, namespaces, peers, protocol, slurm, tiers
+from .books import ACTIVE, PAUSED, SUSPENDED, TIERS, Kernel, Server
 from .cards import Reading
+from .journal import Journal
 from .metrics import Metrics
 from .watchdog import Watchdog, owners
 
 log = logging.getLogger("jupyter_vgpu.node")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process descending from ``pid`` (from ``/proc``): the processes a kernel may
+    have been suspended with, when the arbiter that suspended it is not this one."""
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    return [p for p in pids if p != pid and pid in peers.ancestors(p)]
 
 
 def _root_only(path: str) -> bool:
@@ -67,6 +87,14 @@ def _describe(pid: int) -> dict:
     return {"exe": exe, "uid": uid, "cgroup": cgroup}
 
 
+def _disk_error(message: str) -> bool:
+    """True when a kernel's refusal to spill names an error of the file system (``OSError``
+    and its kinds, ``SpillError``), not of the kernel (suspended, not paused)."""
+    name = message.split(":", 1)[0].strip()
+    kind = getattr(builtins, name, None)
+    return name == "SpillError" or (isinstance(kind, type) and issubclass(kind, OSError))
+
+
 class _Conn:
     """One connected client."""
 
@@ -74,21 +102,26 @@ class _Conn:
         self.reader, self.writer = reader, writer
         self.pid, self.uid, self.trusted = pid, uid, trusted
         self.kernel: Kernel | None = None
+        self.hello: dict | None = None  # its hello, with the figures of its latest state
         self.pending: dict[int, asyncio.Future] = {}
         self.next_id = 1
+        self.node_sent: tuple | None = None  # the node figures it was last told
 
     async def send(self, msg: dict) -> None:
         self.writer.write(protocol.encode(msg))
         await self.writer.drain()
 
-    async def ask(self, msg: dict, timeout: float) -> dict:
-        """Send a request and wait for its reply (``{"ok": False}`` on timeout or hang-up)."""
+    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
+        """Send a request and wait for its reply (``{"ok": False}`` on timeout or hang-up);
+        ``sent()`` is called once it is sent (a failpoint)."""
         rid = self.next_id
         self.next_id += 1
         future = asyncio.get_running_loop().create_future()
         self.pending[rid] = future
         try:
             await self.send({**msg, "id": rid})
+            if sent is not None:
+                sent()
             return await asyncio.wait_for(future, timeout)
         except (TimeoutError, ConnectionError):
             return {"ok": False, "message": f"no answer within {timeout:.0f} s"}
@@ -98,6 +131,10 @@ class _Conn:
 
 #: Seconds between two looks at the MPS daemons this arbiter started.
 MPS_WATCH_SECONDS = 10.0
+#: Seconds between two sweeps of the disk tier for directories of kernels that ended.
+SWEEP_SECONDS = 5.0
+#: Seconds the disk tier is left alone after a spill failed (a full or failing disk).
+DISK_BACKOFF_SECONDS = 30.0
 
 
 class Arbiter:
@@ -151,6 +188,16 @@ class Arbiter:
             ("job", self._by_job),
             ("tree", self._by_tree),
         ]
+        self._refreshing: asyncio.Future | None = None
+        self.journal: Journal | None = None  # registrations over the socket (standalone)
+        self._lock_fd: int | None = None
+        self.disk_root: str = getattr(config, "disk_dir", "") or ""
+        self.disk_problem: str | None = None  # why the disk tier failed last, while it is left alone
+        self._disk_retry = 0.0  # monotonic seconds after which the disk tier is tried again
+        self._swept = 0.0
+        self._spilling: asyncio.Task | None = None
+        self._spills: dict[int, asyncio.Future] = {}  # kernel pid -> its spill in progress
+        self.started = time.monotonic()
 
     # -- the books -------------------------------------------------------------------
 
@@ -322,14 +369,206 @@ class Arbiter:
                     "resident": k.resident,
                     "paused_bytes": k.paused_bytes,
                     "host_bytes": k.host_bytes,
+                    "disk_bytes": k.disk_bytes,
+                    "tier": k.tier,
                     "budget": k.budget,
                     "gpu_uuid": k.slice.gpu_uuid,
                 }
                 for k in self.kernels
             ],
+            "unknown": sorted(self.unknown),
+            "node": self.node_figures(),
             "decisions": list(self.decisions),
             "unowned": sorted(self.unowned.values(), key=lambda u: u["pid"]),
         }
+
+    # -- host memory and disk ----------------------------------------------------------
+
+    def host_budget(self) -> tiers.HostBudget:
+        """The node's host budget for paused kernels, from the settings and ``/proc/meminfo``."""
+        total = tiers.meminfo().get("MemTotal", 0)
+        limit = getattr(self.config, "host_memory_limit", None)
+        if limit is None:
+            limit = int(total * getattr(self.config, "host_memory_fraction", 0.5))
+        reserve = getattr(self.config, "host_reserve", None)
+        if reserve is None:
+            reserve = max(2**30, total // 20)
+        spill_at = int(limit * getattr(self.config, "host_spill_fraction", 0.8))
+        return tiers.HostBudget(limit, spill_at, reserve)
+
+    def node_figures(self) -> dict:
+        """The node's tiers now: ``host_used`` (host bytes of paused and suspended kernels),
+        ``host_limit``, ``host_available`` (``MemAvailable``), ``disk_used`` (bytes in the
+        disk tier), ``disk_free`` (free bytes on its file system, or None), ``disk_dir``,
+        ``disk_problem``, and how many kernels are in each tier."""
+        kernels = self.kernels
+        root = self.disk_root
+        return {
+            "host_used": tiers.host_used(kernels),
+            "host_limit": self.host_budget().limit,
+            "host_available": tiers.meminfo().get("MemAvailable", 0),
+            "disk_used": tiers.disk_used(kernels),
+            "disk_free": disk.free_bytes(root) if root else None,
+            "disk_dir": root or None,
+            "disk_problem": self.disk_problem,
+            "tiers": {t: sum(1 for k in kernels if k.tier == t) for t in TIERS},
+        }
+
+    def _disk_dir_of(self, conn: _Conn) -> str | None:
+        """The disk tier directory of the kernel on ``conn`` (made at its first spill)."""
+        if not self.disk_root:
+            return None
+        return disk.kernel_dir(self.disk_root, conn.uid, conn.pid)
+
+    def _disk_usable(self, need: int) -> str | None:
+        """Why ``need`` more bytes cannot go to the disk tier now (None: they can)."""
+        if not self.disk_root:
+            return "there is no disk tier (ArbiterApp.disk_dir is empty)"
+        if time.monotonic() < self._disk_retry:
+            return self.disk_problem or "the disk tier failed a moment ago"
+        limit = getattr(self.config, "disk_limit", None)
+        used = tiers.disk_used(self.kernels)
+        if limit is not None and used + need > limit:
+            return f"the disk tier holds {format_bytes(used)} of its {format_bytes(limit)} limit"
+        free = disk.free_bytes(self.disk_root)
+        keep = getattr(self.config, "disk_reserve", 2**30) or 0
+        if free is not None and free - need < keep:
+            return (
+                f"the disk tier's file system has {format_bytes(free)} free, and "
+                f"{format_bytes(keep)} must stay free (ArbiterApp.disk_reserve)"
+            )
+        return None
+
+    async def spill(self, kernel: Kernel, tell=None) -> bool:
+        """Move a paused kernel's host memory to the disk tier; True when it did. A refusal
+        (a full or failing disk) is a decision and leaves the data where it was. Callers
+        at the same time share one request to the kernel."""
+        running = self._spills.get(kernel.pid)
+        if running is None or running.done():
+            running = self._spills[kernel.pid] = asyncio.ensure_future(self._spill(kernel, tell))
+            running.add_done_callback(lambda _, pid=kernel.pid: self._spills.pop(pid, None))
+        return await asyncio.shield(running)
+
+    async def _spill(self, kernel: Kernel, tell=None) -> bool:
+        conn = self.conns.get(kernel.pid)
+        if conn is None or conn.kernel is not kernel or kernel.state != PAUSED or kernel.host_bytes <= 0:
+            return False
+        why = self._disk_usable(kernel.host_bytes)
+        if why is None and not kernel.disk_dir:
+            why = "the kernel has no directory in the disk tier"
+        if why is not None:
+            self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=why)
+            return False
+        try:  # the user's directory, theirs and private
+            await asyncio.get_running_loop().run_in_executor(None, disk.user_dir, self.disk_root, kernel.uid)
+        except OSError as e:
+            self.disk_problem = f"the disk tier's directory cannot be made: {e}"
+            self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
+            self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=self.disk_problem)
+            return False
+        if tell is not None:
+            await tell(
+                f"moving {kernel.server.key}'s paused memory ({format_bytes(kernel.host_bytes)}) to disk"
+            )
+        t0 = time.monotonic()
+        held = kernel.host_bytes
+        answer = await conn.ask(
+            {"type": "spill", "dir": kernel.disk_dir},
+            self.config.pause_timeout,
+            sent=lambda: failpoints.hit("arbiter.spill"),
+        )
+        if not answer.get("ok") and self.conns.get(kernel.pid) is not conn:
+            self._decide(
+                "spill cut short", server=kernel.server.key, pid=kernel.pid, message="the kernel left"
+            )
+            return False
+        if not answer.get("ok"):
+            self.metrics.spill_failures.inc()
+            if _disk_error(answer.get("message", "")):  # a full or failing disk: left alone a while
+                self.disk_problem = f"spilling {kernel.server.key} failed: {answer.get('message', '')}"
+                self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
+            self._decide(
+                "spill failed", server=kernel.server.key, pid=kernel.pid, message=answer.get("message", "")
+            )
+            return False
+        self.disk_problem = None
+        self.metrics.spills.inc()
+        self._decide(
+            "spill", server=kernel.server.key, pid=kernel.pid, seconds=round(time.monotonic() - t0, 3),
+            message=f"{format_bytes(held)} of host memory to the disk tier",
+        )  # fmt: skip
+        return True
+
+    async def _host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
+        """Spill colder paused kernels until ``need`` bytes of ``victim`` fit in host memory;
+        None when they fit, else why not. A pause that would eat into the host's reserve
+        is never made (the OOM killer would take whole kernels); one that would pass the
+        node's budget only when nothing colder is left to spill and the disk tier can take
+        the victim next (a kernel larger than the budget on its own)."""
+        while True:
+            budget = self.host_budget()
+            available = tiers.meminfo().get("MemAvailable", 0)
+            over_budget, over_reserve = tiers.host_room(self.kernels, budget, need, available)
+            if not over_budget and not over_reserve:
+                return None
+            held = format_bytes(tiers.host_used(self.kernels))
+            why = (
+                f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
+                f"{format_bytes(available)} available)"
+            )
+            candidates = tiers.spillable(self.kernels, time.monotonic(), exclude=(victim,))
+            if not candidates:
+                disk_why = self._disk_usable(need)
+                if not over_reserve and disk_why is None:
+                    note = f"{why}: nothing else to move to disk; it goes there next"
+                    self._decide(
+                        "past the host budget", server=victim.server.key, pid=victim.pid, message=note
+                    )
+                    return None
+                disk_why = disk_why or "no other paused kernel holds host memory to move there"
+                return f"{why}, and the disk tier takes nothing now: {disk_why}"
+            before = candidates[0].host_bytes
+            if not await self.spill(candidates[0], tell) or candidates[0].host_bytes >= before:
+                disk_why = (
+                    self.disk_problem or self._disk_usable(candidates[0].host_bytes) or "it moved nothing"
+                )
+                return f"{why}, and the disk tier takes nothing now: {disk_why}"
+
+    async def _spill_coldest(self) -> None:
+        """Spill the coldest paused kernels while the node is over its spill mark."""
+        while True:
+            todo = tiers.to_spill(
+                self.kernels, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), time.monotonic()
+            )
+            if not todo or self._disk_usable(todo[0].host_bytes) is not None:
+                return
+            before = todo[0].host_bytes
+            if not await self.spill(todo[0]) or todo[0].host_bytes >= before:
+                return  # refused, or it held nothing it could move
+
+    async def _tiers(self, now: float) -> None:
+        """The host budget's background step: spill what is over the mark, tell the kernels
+        the node's figures, publish the gauges, sweep the disk tier of ended kernels."""
+        if self._spilling is None or self._spilling.done():
+            self._spilling = asyncio.ensure_future(self._spill_coldest())
+        figures = self.node_figures()
+        m = self.metrics
+        m.host_bytes.set(figures["host_used"])
+        m.host_limit.set(figures["host_limit"])
+        m.disk_bytes.set(figures["disk_used"])
+        for tier, n in figures["tiers"].items():
+            m.kernels.labels(tier=tier).set(n)
+        told = (figures["host_used"] >> 20, figures["host_limit"] >> 20, figures["disk_used"] >> 20)
+        for conn in list(self.conns.values()):
+            if conn.node_sent != told:
+                conn.node_sent = told
+                msg = {k: figures[k] for k in ("host_used", "host_limit", "disk_used")}
+                await self._send(conn, {"type": "node", **msg})
+        if self.disk_root and now - self._swept >= SWEEP_SECONDS:
+            self._swept = now
+            removed = await asyncio.get_running_loop().run_in_executor(None, disk.sweep, self.disk_root)
+            for path in removed:
+                self._decide("disk tier freed", message=f"{path}: its kernel has ended")
 
     def spawn_every(self, seconds: float, step) -> None:
         """Run the coroutine function ``step`` now and every ``seconds`` until :meth:`stop`
@@ -364,10 +603,21 @@ class Arbiter:
     # -- the socket ------------------------------------------------------------------
 
     async def start(self, path: str | Path) -> None:
-        """Listen on ``path`` (its directory is made, owned by us, writable by us alone)."""
+        """Listen on ``path`` (its directory is made, owned by us, writable by us alone),
+        once the arbiter serving it before has handed over (:mod:`.handoff`); slices
+        registered over the socket before a restart come back from the journal."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o755)
+        loop = asyncio.get_running_loop()
+        self._lock_fd = await loop.run_in_executor(None, handoff.take, path.parent / "arbiter.lock")
+        if self.config.registrars != "none":
+            self.journal = Journal(path.parent / "registrations.json")
+            for pid, user, name, slice_ in self.journal.load():
+                self.register(pid, user, name, slice_)
+        if self.disk_root:
+            for gone in await loop.run_in_executor(None, disk.sweep, self.disk_root):
+                self._decide("disk tier freed", message=f"{gone}: its kernel has ended")
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         self._changed = asyncio.Condition()
@@ -387,6 +637,9 @@ class Arbiter:
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the next arbiter may take over
+            self._lock_fd = None
 
     async def _send(self, conn: _Conn, msg: dict) -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -418,6 +671,9 @@ class Arbiter:
             if conn.kernel is not None and self.conns.get(conn.pid) is conn:
                 del self.conns[conn.pid]
                 self._decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
+                where = conn.kernel.disk_dir
+                if where and disk.start_time(conn.pid) is None:  # ended: its disk tier goes too
+                    self._spawn(asyncio.get_running_loop().run_in_executor(None, disk.remove, where))
                 await self._notify()
             for future in conn.pending.values():
                 if not future.done():
@@ -448,6 +704,14 @@ class Arbiter:
             await self._trusted(conn, msg)
         elif kind == "hello":
             await self._hello(conn, msg)
+        elif conn.kernel is None and conn.hello is not None:
+            if kind == "state":  # a kernel whose server is not known yet: kept for its admission
+                conn.hello = {
+                    **conn.hello,
+                    **msg,
+                    "type": "hello",
+                    "idle_seconds": conn.hello.get("idle_seconds", 0),
+                }
         elif conn.kernel is None:
             await self._send(conn, {"type": "error", "message": "say hello first"})
         elif kind == "state":
@@ -477,10 +741,14 @@ class Arbiter:
             self.register(
                 msg["pid"], msg["user"], msg["server"], slice_, cgroup=cgroup, cgroup_hierarchy=hierarchy
             )
+            if self.journal is not None:
+                self.journal.add(msg["pid"], msg["user"], msg["server"], slice_)
             await self._send(conn, {"type": "ok"})
         elif kind == "unregister":
             for key in [k for k, s in self.servers.items() if s.pid == msg["pid"] and not s.pod_uid]:
                 del self.servers[key]
+            if self.journal is not None:
+                self.journal.remove(msg["pid"])
             await self._send(conn, {"type": "ok"})
         elif kind == "refresh":
             if self.refresh_servers is not None:
@@ -489,14 +757,27 @@ class Arbiter:
         else:
             await self._send(conn, {"type": "ok", "books": self.snapshot()})
 
+    async def refresh(self) -> None:
+        """Read the registrations again (the Hub's slices); callers at the same time share
+        one read (twenty kernels reconnecting after a restart make one request)."""
+        if self.refresh_servers is None:
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self.refresh_servers())
+        await asyncio.shield(self._refreshing)
+
     async def _hello(self, conn: _Conn, msg: dict) -> None:
+        """A kernel says who it is and, from version 2 on, where its memory is: a kernel
+        that reconnects after a restart brings its state back into the books."""
+        failpoints.hit("arbiter.hello")
+        conn.hello = msg
         server = self.server_of(conn.pid)
         if server is None and self.refresh_servers is not None:
-            await self.refresh_servers()
+            await self.refresh()
             server = self.server_of(conn.pid)
         if server is None:
             self.unknown[conn.pid] = (conn, msg["kernel_id"])
-            await self._send(conn, {"type": "welcome", "slice": None, "server": None})
+            await self._send(conn, {"type": "welcome", "slice": None, "server": None, "disk_dir": None})
             return
         await self._admit(conn, server, msg["kernel_id"])
 
@@ -504,21 +785,91 @@ class Arbiter:
         old = self.conns.get(conn.pid)
         if old is not None and old is not conn:
             old.writer.close()
-        conn.kernel = Kernel(conn.pid, server, kernel_id)
+        kernel = Kernel(conn.pid, server, kernel_id, uid=conn.uid)
+        hello = conn.hello or {}
+        if hello.get("version", 1) >= 2:
+            kernel.state = hello["state"]
+            kernel.since = time.monotonic() - hello["idle_seconds"]
+            kernel.resident = hello["resident"]
+            kernel.paused_bytes, kernel.host_bytes = hello["paused_bytes"], hello["host_bytes"]
+            kernel.disk_bytes = hello.get("disk_bytes", 0)
+            if kernel.state == ACTIVE:  # it runs a cell now: it keeps the room it had
+                kernel.granted = kernel.budget
+            if kernel.state == SUSPENDED:
+                kernel.checkpoint_bytes = kernel.resident
+        kernel.disk_dir = self._disk_dir_of(conn)
+        conn.kernel = kernel
         self.conns[conn.pid] = conn
-        self._decide("kernel joined", server=server.key, pid=conn.pid)
-        await self._send(conn, {"type": "welcome", "slice": server.slice.to_dict(), "server": server.key})
+        self._decide("kernel joined", server=server.key, pid=conn.pid, state=kernel.state, tier=kernel.tier)
+        self.metrics.joined.labels(tier=kernel.tier).inc()
+        await self._send(
+            conn,
+            {
+                "type": "welcome",
+                "slice": server.slice.to_dict(),
+                "server": server.key,
+                "disk_dir": kernel.disk_dir,
+            },
+        )
+        if kernel.state == SUSPENDED:
+            self._spawn(self._found_suspended(kernel))
+        await self._notify()
+
+    async def _found_suspended(self, kernel: Kernel) -> None:
+        """A kernel that says it is suspended, met at its hello (its checkpoint's holder,
+        an arbiter before this one or chaos mode's helper, may have ended): ask the driver
+        where the process is, so that it is never left locked for good. A checkpointed
+        process is restored at its next cell, as any suspended kernel; one left locked by a
+        suspend cut short holds its memory on the card still, and is unlocked now."""
+        if self.checkpoint is None:
+            why = "no driver checkpoint here; the kernel restores itself when it runs a cell"
+            self._decide("suspended kernel found", server=kernel.server.key, pid=kernel.pid, message=why)
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            where = await loop.run_in_executor(None, self.checkpoint.state, kernel.pid)
+        except Exception as e:
+            self._decide(
+                "suspended kernel found",
+                server=kernel.server.key,
+                pid=kernel.pid,
+                message=f"the driver cannot say where it is: {e}",
+            )
+            return
+        if where == "locked":
+            try:
+                await loop.run_in_executor(None, self.checkpoint.restore, kernel.pid)
+            except Exception as e:
+                self._decide("unlock failed", server=kernel.server.key, pid=kernel.pid, message=str(e))
+                return
+            kernel.state, kernel.checkpoint_bytes = PAUSED, 0
+            why = "its suspend was cut short: unlocked, its memory had not left the card"
+            self._decide("unlocked", server=kernel.server.key, pid=kernel.pid, message=why)
+        elif where == "failed":
+            message = "the driver's checkpoint of this kernel failed; its next cell tries to restore it"
+            self._decide("checkpoint failed", server=kernel.server.key, pid=kernel.pid, message=message)
+            conn = self.conns.get(kernel.pid)
+            if conn is not None:
+                await self._send(conn, {"type": "notice", "message": message})
+        else:
+            self._decide("suspended kernel found", server=kernel.server.key, pid=kernel.pid,
+                         message=f"the driver says {where}; restored at its next cell")  # fmt: skip
 
     def _state(self, kernel: Kernel, msg: dict) -> None:
+        before = kernel.tier
         if msg["state"] != kernel.state:
             kernel.state, kernel.since = msg["state"], time.monotonic()
             if kernel.state != ACTIVE:
                 kernel.granted = 0
+            if kernel.state == SUSPENDED:
+                kernel.checkpoint_bytes = kernel.resident
         if kernel.slice.simulated:  # no counters: the kernel's figure is all there is
             kernel.resident = msg["resident"]
         kernel.paused_bytes, kernel.host_bytes = msg["paused_bytes"], msg["host_bytes"]
+        kernel.disk_bytes = msg.get("disk_bytes", 0)
         if msg["resume_seconds"] is not None:
-            self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="pause").observe(
+            tier = {"disk": "disk", "suspended": "suspend"}.get(before, "pause")
+            self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier=tier).observe(
                 msg["resume_seconds"]
             )
 
@@ -530,27 +881,43 @@ class Arbiter:
         t0 = time.monotonic()
         deadline = t0 + self.config.queue_timeout
         told = False
+
+        async def tell(message: str) -> None:  # what the cell waits for now, shown in its output
+            await self._send(conn, {"type": "wait", "id": rid, "message": message})
+
         while True:
+            if self.conns.get(conn.pid) is not conn:
+                return  # the kernel left: nobody to make room for
+            notes: list[str] = []  # why victims stayed where they are
             async with self._locks[uuid]:
-                short, reading = await self._make_room(kernel, uuid)
+                short, reading = await self._make_room(kernel, uuid, tell, notes)
                 if short <= 0:
                     if purpose == "restore" and kernel.state == SUSPENDED:
+                        await tell("restoring this kernel from the driver's checkpoint")
                         ok, why = await self._restore(kernel)
                         if not ok:
                             await self._send(conn, {"type": "deny", "id": rid, "message": why})
                             return
+                    if kernel.tier in ("host", "disk"):
+                        where = "disk" if kernel.tier == "disk" else "host memory"
+                        await tell(
+                            f"room granted: bringing {format_bytes(kernel.paused_bytes)} back from {where}"
+                        )
                     others = [k for k in self.on_card(uuid) if k is not kernel]
                     kernel.granted = books.growth(kernel, reading.free, others)
                     kernel.state, kernel.since = ACTIVE, time.monotonic()
                     waited = time.monotonic() - t0
                     self.metrics.queue_wait.labels(gpu=uuid).observe(waited)
                     await self._send(conn, {"type": "grant", "id": rid})
+                    failpoints.hit("arbiter.grant")
                     return
             running = [k for k in self.on_card(uuid) if k.state == ACTIVE and k is not kernel]
             message = (
                 f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) running, "
                 f"{format_bytes(short + reading.free)} needed, {format_bytes(reading.free)} free"
             )
+            if notes:
+                message += f"; {notes[-1]}"
             if time.monotonic() >= deadline:
                 self._decide("denied", server=kernel.server.key, gpu=uuid, message=message)
                 await self._send(
@@ -564,14 +931,15 @@ class Arbiter:
                 return
             if not told:
                 self._decide("queued", server=kernel.server.key, gpu=uuid, message=message)
-                await self._send(conn, {"type": "wait", "id": rid, "message": message})
                 told = True
+            await self._send(conn, {"type": "wait", "id": rid, "message": message})
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), 1.0)
 
-    async def _make_room(self, kernel: Kernel, uuid: str) -> tuple[int, Reading]:
-        """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short."""
+    async def _make_room(self, kernel: Kernel, uuid: str, tell=None, notes=None) -> tuple[int, Reading]:
+        """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short.
+        ``await tell(message)`` hears what is being done and why, as it starts."""
         reading = await self.read(uuid)
         others = [k for k in self.on_card(uuid) if k is not kernel]
         short = books.shortfall(kernel, reading.free, others)
@@ -580,7 +948,15 @@ class Arbiter:
         for victim, action in books.victims(others, kernel, self.config.suspend_after):
             if action == "suspend" and self.checkpoint is None:
                 continue
-            ok = await self._take_off(victim, action, reason=f"room for {kernel.server.key}")
+            if tell is not None:
+                verb = "pausing" if action == "pause" else "suspending"
+                await tell(
+                    f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
+                    f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free"
+                )
+            ok = await self._take_off(
+                victim, action, reason=f"room for {kernel.server.key}", tell=tell, notes=notes
+            )
             if not ok:
                 continue
             reading = await self.read(uuid)
@@ -589,30 +965,46 @@ class Arbiter:
                 break
         return short, reading
 
-    async def _take_off(self, kernel: Kernel, action: str, reason: str) -> bool:
+    async def _take_off(self, kernel: Kernel, action: str, reason: str, tell=None, notes=None) -> bool:
         """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
+        Host memory for it is made first (:meth:`_host_room`); where none can be, it stays.
 
         A kernel that cannot be paused safely (it says why: a thread that may use the GPU
-        while idle, memory shared through CUDA IPC, child processes on the GPU...) is
-        suspended instead, where the driver's checkpoint is available. A suspend takes
-        the kernel's child processes that hold memory on the card with it.
+        while idle, child processes on the GPU...) is suspended instead, where the
+        driver's checkpoint is available; one that can be neither (CUDA IPC, managed
+        memory) refuses both and stays. A suspend takes the kernel's child processes that
+        hold memory on the card with it.
         """
         conn = self.conns.get(kernel.pid)
         if conn is None:
+            return False
+        need = (
+            kernel.resident
+        )  # a pause's compressed copy, or the checkpoint of what is left, is at most this
+        why = await self._host_room(kernel, need, tell)
+        if why is not None:
+            self._decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)
+            if notes is not None:
+                notes.append(f"{kernel.server.key} stays: {why}")
             return False
         uuid = kernel.slice.gpu_uuid
         t0 = time.monotonic()
         reading = await self.read(uuid)
         before = reading.used
-        answer = await conn.ask({"type": action}, self.config.pause_timeout)
+        answer = await conn.ask(
+            {"type": action}, self.config.pause_timeout, sent=lambda: failpoints.hit("arbiter.pause")
+        )
         if not answer.get("ok") and action == "pause" and self.checkpoint is not None:
             self._decide("pause refused", server=kernel.server.key, message=answer.get("message", ""))
             action = "suspend"
             answer = await conn.ask({"type": action}, self.config.pause_timeout)
         if not answer.get("ok"):
             self._decide(f"{action} refused", server=kernel.server.key, message=answer.get("message", ""))
+            if notes is not None:
+                notes.append(f"{kernel.server.key} stays: {answer.get('message', '')}")
             return False
         if action == "suspend":
+            failpoints.hit("arbiter.suspend")
             group = [p for p in reading.processes if p != kernel.pid and kernel.pid in peers.ancestors(p)]
             group.append(kernel.pid)
             try:
@@ -649,9 +1041,10 @@ class Arbiter:
             await asyncio.sleep(0.02)
 
     async def _restore(self, kernel: Kernel) -> tuple[bool, str]:
+        failpoints.hit("arbiter.restore")
         try:
             seconds = await asyncio.get_running_loop().run_in_executor(
-                None, self.checkpoint.restore, kernel.group or [kernel.pid]
+                None, self.checkpoint.restore, kernel.group or [*_descendants(kernel.pid), kernel.pid]
             )
         except Exception as e:
             return False, f"restoring the kernel failed: {e}"
@@ -807,6 +1200,7 @@ class Arbiter:
         now = time.monotonic()
         await self.enforce(now)
         await self._watch_mps(now)
+        await self._tiers(now)
         for uuid in {k.slice.gpu_uuid for k in self.kernels}:
             if self._locks[uuid].locked():
                 continue  # a room request is deciding on this card

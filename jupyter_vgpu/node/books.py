@@ -20,6 +20,9 @@ from jupyter_vgpu.slice import Slice
 
 #: Kernel states, as kernels report them.
 ACTIVE, IDLE, PAUSED, SUSPENDED = "active", "idle", "paused", "suspended"
+#: Where a kernel's memory is (:attr:`Kernel.tier`): on the card, compressed in host
+#: memory, spilled to the disk tier, or in the driver's process checkpoint.
+TIERS = ("gpu", "host", "disk", "suspended")
 
 
 @dataclasses.dataclass
@@ -80,10 +83,15 @@ class Kernel:
         resident: bytes it holds on the card (NVML, or its own figure on a simulated GPU).
         paused_bytes: bytes released by its pause (what a resume needs back).
         host_bytes: bytes its paused memory takes in host memory.
+        disk_bytes: bytes of its paused memory in the disk tier.
+        checkpoint_bytes: bytes the driver's checkpoint took off the card when it was
+            suspended (its resident bytes then; held in host memory while suspended).
         granted: bytes it was promised it may grow to for the cell it runs (its budget, or
             less when the card could never give that much: :func:`growth`).
         group: the processes suspended together, the kernel last (its child processes
             that held memory on the card first); empty unless suspended by the arbiter.
+        uid: its user id on the host (the socket's peer credentials).
+        disk_dir: its directory of the disk tier, or None where there is no disk tier.
     """
 
     pid: int
@@ -94,8 +102,12 @@ class Kernel:
     resident: int = 0
     paused_bytes: int = 0
     host_bytes: int = 0
+    disk_bytes: int = 0
+    checkpoint_bytes: int = 0
     granted: int = 0
     group: list[int] = dataclasses.field(default_factory=list)
+    uid: int = -1
+    disk_dir: str | None = None
 
     @property
     def slice(self) -> Slice:
@@ -119,6 +131,24 @@ class Kernel:
         if self.state == ACTIVE:
             return 0.0
         return (time.monotonic() if now is None else now) - self.since
+
+    @property
+    def tier(self) -> str:
+        """Where its memory is, one of :data:`TIERS`: ``gpu`` (running or idle: resident),
+        ``host`` (paused, compressed in host memory), ``disk`` (paused, spilled to the disk
+        tier), ``suspended`` (the driver's process checkpoint)."""
+        if self.state == SUSPENDED:
+            return "suspended"
+        if self.state == PAUSED:
+            return "disk" if self.disk_bytes > 0 else "host"
+        return "gpu"
+
+    @property
+    def host_held(self) -> int:
+        """Host memory it holds for memory that left the card, bytes: its paused data in
+        host memory, plus the driver's checkpoint while suspended."""
+        held = self.host_bytes if self.state in (PAUSED, SUSPENDED) else 0
+        return held + (self.checkpoint_bytes if self.state == SUSPENDED else 0)
 
     def describe(self) -> str:
         return f"{self.server.key} (pid {self.pid}, {self.state})"

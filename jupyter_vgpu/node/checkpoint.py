@@ -14,7 +14,11 @@ processes (a kernel with its CUDA child processes), prints ``suspended``, restor
 when a line arrives on stdin (or stdin closes), prints ``restored``. Kernels in chaos
 mode ``suspend`` use it; the node arbiter calls the functions directly. The helper
 ignores SIGINT: an interrupt of the kernel is not meant for it, and ending it would
-leave the kernel suspended.
+leave the kernel suspended. ``python -m jupyter_vgpu.node.checkpoint restore PID
+[PID ...]`` restores (or unlocks) the processes whoever suspended them and prints
+``restored``: a kernel whose checkpoint's holder ended (the helper, or the node arbiter
+with no successor) restores itself so. The driver keeps a process's checkpoint state
+whatever becomes of its holder (:func:`state`), so any later process can finish the job.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
+
+from jupyter_vgpu import failpoints
 
 _driver = None
 
@@ -102,6 +108,7 @@ def suspend(pids: int | Iterable[int], timeout: float = 10.0) -> float:
         for pid in group:
             _call("cuCheckpointProcessLock", pid, args)
             locked.append(pid)
+        failpoints.hit("checkpoint.locked")
         for pid in group:
             _call("cuCheckpointProcessCheckpoint", pid, driver.CUcheckpointCheckpointArgs())
             done.append(pid)
@@ -123,7 +130,9 @@ def _quietly(name: str, *args) -> None:
 
 def restore(pids: int | Iterable[int]) -> float:
     """Bring suspended processes back to the GPU (in the reverse order of their suspend)
-    and unlock them; returns the seconds it took.
+    and unlock them; returns the seconds it took. Whatever holds them now may call it: a
+    process left ``locked`` (a suspend cut short) is unlocked, one already ``running`` is
+    left alone (a restore that ended before its caller heard of it).
 
     Raises:
         CheckpointError: the driver refused (e.g. no room on the device); those not yet
@@ -132,11 +141,21 @@ def restore(pids: int | Iterable[int]) -> float:
     driver = _load()
     group = list(reversed(_pids(pids)))
     t0 = time.perf_counter()
+    states = {}
     for pid in group:
-        if state(pid) == "checkpointed":
+        try:
+            states[pid] = state(pid)
+        except CheckpointError:
+            if len(group) == 1:
+                raise
+            states[pid] = "running"  # a child without a CUDA context, or gone: nothing to bring back
+    for pid in group:
+        if states[pid] == "checkpointed":
             _call("cuCheckpointProcessRestore", pid, driver.CUcheckpointRestoreArgs())
+            failpoints.hit("checkpoint.restored")
+            states[pid] = "locked"
     for pid in group:
-        if state(pid) == "locked":
+        if states[pid] == "locked":
             _call("cuCheckpointProcessUnlock", pid, driver.CUcheckpointUnlockArgs())
     return time.perf_counter() - t0
 
@@ -148,6 +167,7 @@ def _hold(pids: list[int]) -> int:
         print(f"failed {e}", flush=True)
         return 1
     print(f"suspended {seconds:.3f}", flush=True)
+    failpoints.hit("checkpoint.held")
     sys.stdin.readline()
     try:
         seconds = restore(pids)
@@ -158,8 +178,19 @@ def _hold(pids: list[int]) -> int:
     return 0
 
 
+def _restore(pids: list[int]) -> int:
+    try:
+        seconds = restore(pids)
+    except (CheckpointUnavailable, CheckpointError) as e:
+        print(f"failed {e}", flush=True)
+        return 1
+    print(f"restored {seconds:.3f}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if len(sys.argv) < 3 or sys.argv[1] != "hold" or not all(a.isdigit() for a in sys.argv[2:]):
-        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold PID [PID ...]")
-    sys.exit(_hold([int(a) for a in sys.argv[2:]]))
+    args = sys.argv[2:]
+    if len(sys.argv) < 3 or sys.argv[1] not in ("hold", "restore") or not all(a.isdigit() for a in args):
+        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold|restore PID [PID ...]")
+    sys.exit((_hold if sys.argv[1] == "hold" else _restore)([int(a) for a in args]))

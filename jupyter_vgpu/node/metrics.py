@@ -6,8 +6,17 @@
 ``jupyter_vgpu_queue_wait_seconds{gpu}`` (how long a cell waited for room),
 ``jupyter_vgpu_enforcement_actions_total{gpu, action}`` (servers over their budget),
 ``jupyter_vgpu_unowned_processes{gpu}`` (processes on a managed card that belong to no
-server, at the last look) and ``jupyter_vgpu_unowned_actions_total{gpu, action}``. Served on the loopback
-interface when ``ArbiterApp.metrics_port`` is set.
+server, at the last look) and ``jupyter_vgpu_unowned_actions_total{gpu, action}``.
+
+The node's tiers: ``jupyter_vgpu_host_bytes`` (host memory paused and suspended kernels
+hold), ``jupyter_vgpu_host_limit_bytes`` (``ArbiterApp.host_memory_limit``),
+``jupyter_vgpu_disk_bytes`` (what the disk tier holds), ``jupyter_vgpu_kernels{tier}``
+(``gpu``, ``host``, ``disk``, ``suspended``), ``jupyter_vgpu_spills_total`` and
+``jupyter_vgpu_spill_failures_total`` (moves to the disk tier, and those a full or
+failing disk refused), ``jupyter_vgpu_kernels_joined_total{tier}`` (hellos, by where the
+kernel's memory was: after a restart, the kernels that came back). Resume seconds carry
+``tier`` ``disk`` too. Served on the loopback interface when ``ArbiterApp.metrics_port``
+is set.
 """
 
 from __future__ import annotations
@@ -62,3 +71,26 @@ class Metrics:
             ["gpu", "action"],
             registry=r,
         )
+        self.host_bytes = Gauge(
+            "jupyter_vgpu_host_bytes", "Host memory paused and suspended kernels hold, bytes.", registry=r
+        )
+        self.host_limit = Gauge(
+            "jupyter_vgpu_host_limit_bytes", "The node's host memory budget for paused kernels.", registry=r
+        )
+        self.disk_bytes = Gauge(
+            "jupyter_vgpu_disk_bytes", "Bytes paused kernels keep in the disk tier.", registry=r
+        )
+        self.kernels = Gauge(
+            "jupyter_vgpu_kernels", "Kernels by where their memory is: gpu, host, disk, suspended.",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.spills = Counter("jupyter_vgpu_spills", "Paused kernels moved to the disk tier.", registry=r)
+        self.spill_failures = Counter(
+            "jupyter_vgpu_spill_failures",
+            "Moves to the disk tier refused by a full or failing disk.",
+            registry=r,
+        )
+        self.joined = Counter(
+            "jupyter_vgpu_kernels_joined", "Kernels that said hello, by where their memory was.", ["tier"],
+            registry=r,
+        )  # fmt: skip

@@ -1,26 +1,40 @@
-"""The arbiter's socket protocol: one JSON object per line, both ways, version 1.
+"""The arbiter's socket protocol: one JSON object per line, both ways, version 2.
 
 Kernels (any user) may send:
 
-- ``{"type": "hello", "version": 1, "kernel_id": str}`` once, first. The arbiter
-  answers ``{"type": "welcome", "slice": <slice> | null, "server": "user/name"}``.
+- ``{"type": "hello", "version": 2, "kernel_id": str, "state": <state>, "resident": int,
+  "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "budget": int | null,
+  "idle_seconds": number}`` once, first: who it is and where its memory is, so that an
+  arbiter started after the kernel (a restart, an upgrade) rebuilds its books from the
+  kernels themselves. Figures only, like ``state``; ``budget`` is the budget the kernel
+  applies (the slice's is the arbiter's). Version 1 (``{"type": "hello", "version": 1,
+  "kernel_id": str}``, kernels started before an upgrade) is still accepted. The arbiter
+  answers ``{"type": "welcome", "slice": <slice> | null, "server": "user/name" | null,
+  "disk_dir": str | null}`` (``disk_dir``: where the kernel's disk tier lives).
 - ``{"type": "state", "state": "active"|"idle"|"paused"|"suspended", "resident": int,
-  "paused_bytes": int, "host_bytes": int, "resume_seconds": number | null}``: figures
-  only; ``resident`` (bytes on the card) counts only on a simulated GPU, where NVML has
-  nothing to say; ``resume_seconds`` is the last resume's duration, once.
+  "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "resume_seconds": number |
+  null}``: figures only; ``resident`` (bytes on the card) counts only on a simulated GPU,
+  where NVML has nothing to say; ``host_bytes`` is the host memory the kernel holds for
+  its paused data, ``disk_bytes`` what it keeps in the disk tier; ``resume_seconds`` is
+  the last resume's duration, once. (``disk_bytes`` may be left out: version 1.)
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"}``: may I run? The
-  arbiter answers ``{"type": "grant", "id": int}``, possibly after
-  ``{"type": "wait", "id": int, "message": str}`` (shown in the cell's output), or
-  ``{"type": "deny", "id": int, "message": str}`` after its queue timeout.
+  arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
+  ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
+  the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":
+  int, "message": str}`` after its queue timeout.
 - ``{"type": "reply", "id": int, "ok": bool, "message": str, "released": int | null}``:
   the answer to a request; ``released`` is the device memory a pause gave back (bytes;
-  null for a suspend), a figure only: 0 spares the arbiter its wait for NVML to drop,
-  and what the card has free is still read from NVML before any room is granted.
+  null for a suspend or a spill), a figure only: 0 spares the arbiter its wait for NVML
+  to drop, and what the card has free is still read from NVML before any room is granted.
 
 The arbiter sends kernels requests: ``{"type": "pause", "id": int}``, ``{"type":
 "suspend", "id": int}`` (pause if needed, hold every message, answer; the arbiter then
-checkpoints the process), and notices: ``{"type": "slice", "slice": <slice>}``,
-``{"type": "notice", "message": str}``.
+checkpoints the process), ``{"type": "spill", "id": int, "dir": str}`` (move the paused
+data from host memory to files in ``dir``, the kernel's directory of the disk tier), and
+notices: ``{"type": "slice", "slice": <slice>}``, ``{"type": "notice", "message": str}``,
+``{"type": "node", "host_used": int, "host_limit": int, "disk_used": int}`` (the node's
+host memory held by paused kernels, its budget, and the disk tier's bytes; for
+``%vgpu status`` and the panel).
 
 Trusted clients (the arbiter's own user, or root: the Hub's spawner, a benchmark) may
 also send ``{"type": "register", "pid": int, "user": str, "server": str, "slice":
@@ -41,7 +55,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-VERSION = 1
+VERSION = 2
+#: Versions of ``hello`` accepted (1: kernels started before an upgrade).
+VERSIONS = (1, 2)
 #: The longest line accepted, bytes.
 MAX_LINE = 64 * 1024
 STATES = ("active", "idle", "paused", "suspended")
@@ -67,8 +83,29 @@ def _str(msg: dict, key: str, limit: int = 256) -> str:
     return value
 
 
+def _seconds(msg: dict, key: str) -> float:
+    value = msg.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise ProtocolError(f"{msg.get('type')}: {key} must be a number of seconds")
+    return value
+
+
+def _figures(msg: dict) -> None:
+    """The figures a hello and a state carry: ``state`` and byte counts."""
+    if msg["state"] not in STATES:
+        raise ProtocolError(f"{msg['type']}: state must be one of {', '.join(STATES)}")
+    for key in ("resident", "paused_bytes", "host_bytes", "disk_bytes"):
+        if key in msg:
+            _int(msg, key)
+
+
+_HELLO = {
+    1: {"type", "version", "kernel_id"},
+    2: {"type", "version", "kernel_id", "state", "resident", "paused_bytes", "host_bytes", "disk_bytes"}
+    | {"budget", "idle_seconds"},
+}
 _FIELDS = {
-    "hello": {"type", "version", "kernel_id"},
+    "hello": _HELLO[1],
     "state": {"type", "state", "resident", "paused_bytes", "host_bytes", "resume_seconds"},
     "room": {"type", "id", "for"},
     "reply": {"type", "id", "ok", "message", "released"},
@@ -77,9 +114,10 @@ _FIELDS = {
     "books": {"type"},
     "refresh": {"type"},
 }
+#: Fields a message may leave out: those a version-1 kernel does not send, and a
+#: registration's cgroup (a server without one is known by its process tree).
+_OPTIONAL = {"state": {"disk_bytes"}, "register": {"cgroup"}}
 TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
-#: Fields a message may leave out.
-_OPTIONAL = {"register": {"cgroup"}}
 
 
 def decode(line: bytes) -> dict[str, Any]:
@@ -98,24 +136,28 @@ def decode(line: bytes) -> dict[str, Any]:
     fields = _FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
         raise ProtocolError(f"unknown message type {kind!r}")
+    if kind == "hello":
+        version = msg.get("version")
+        if isinstance(version, bool) or version not in VERSIONS:
+            raise ProtocolError(
+                f"hello: protocol version {' or '.join(map(str, VERSIONS))} expected, got {version!r}"
+            )
+        fields = _HELLO[version]
     optional = _OPTIONAL.get(kind, set())
     extra, missing = set(msg) - fields - optional, fields - set(msg)
     if extra or missing:
-        raise ProtocolError(f"{kind}: fields {sorted(fields)} expected, got {sorted(msg)}")
+        raise ProtocolError(f"{kind}: fields {sorted(fields | optional)} expected, got {sorted(msg)}")
     if kind == "hello":
-        if msg["version"] != VERSION:
-            raise ProtocolError(f"hello: protocol version {VERSION} expected, got {msg['version']!r}")
         _str(msg, "kernel_id", 128)
+        if msg["version"] >= 2:
+            _figures(msg)
+            if msg["budget"] is not None:
+                _int(msg, "budget")
+            _seconds(msg, "idle_seconds")
     elif kind == "state":
-        if msg["state"] not in STATES:
-            raise ProtocolError(f"state: state must be one of {', '.join(STATES)}")
-        for key in ("resident", "paused_bytes", "host_bytes"):
-            _int(msg, key)
-        seconds = msg["resume_seconds"]
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 1e6
-        ):
-            raise ProtocolError("state: resume_seconds must be null or a number of seconds")
+        _figures(msg)
+        if msg["resume_seconds"] is not None:
+            _seconds(msg, "resume_seconds")
     elif kind == "room":
         _int(msg, "id")
         if msg["for"] not in ROOM_FOR:

@@ -126,6 +126,8 @@ class Sampler:
             "report_error": error,
             "state": report.get("state"),
             "host_bytes": pause.get("host_bytes"),
+            "tier": report.get("tier"),
+            "disk_bytes": pause.get("disk_bytes"),
             "last_pause_seconds": pause.get("last_pause_seconds"),
             "last_resume_seconds": pause.get("last_resume_seconds"),
             "codec": pause.get("codec"),
@@ -148,6 +150,7 @@ class Sampler:
         km = self.serverapp.kernel_manager
         names = await self._names()
         kernels = []
+        node, heard = None, 0.0  # the node's tiers, from the kernel that heard of them last
         now = time.time()
         for kid in list(km.list_kernel_ids()):
             try:
@@ -156,6 +159,8 @@ class Sampler:
                 continue
             report, error = read_kernel_report(self.state.directory, kid)
             kernels.append(self._kernel_row(kid, kernel, names, report, error, nv, now))
+            if report and report.get("node") and report["updated"] > heard:
+                node, heard = report["node"], report["updated"]
         totals = {
             key: sum(k[field] for k in kernels)
             for key, field in (
@@ -184,4 +189,5 @@ class Sampler:
             "gpu": gpu,
             "totals": totals,
             "kernels": kernels,
+            "node": node,
         }

@@ -20,25 +20,31 @@ class ArbiterProcess:
         directory: where the socket and the log go.
         args: more command-line settings, e.g. ``["--queue-timeout=3"]``; one that names
             ``--registrars`` or ``--ArbiterApp.poll_seconds`` replaces the tests' default.
+        env: more environment variables for the arbiter (``JUPYTER_VGPU_FAILPOINTS``).
     """
 
-    def __init__(self, directory: Path, *args: str):
+    def __init__(self, directory: Path, *args: str, env: dict[str, str] | None = None):
         self.socket = directory / "arbiter" / "arbiter.sock"
         self.log_path = directory / "arbiter.log"
         defaults = {"--registrars": "same-user", "--ArbiterApp.poll_seconds": "0.5"}
         given = {a.split("=", 1)[0] for a in args}
         self.args = [f"{k}={v}" for k, v in defaults.items() if k not in given] + list(args)
+        self.env = dict(env or {})
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> ArbiterProcess:
+    def start(self, wait: bool = True) -> ArbiterProcess:
+        """Start the arbiter and (``wait``) wait until it listens."""
         # no Hub to read slices from, and never the pausable allocator (kernels only)
         env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_") and k != "LD_PRELOAD"}
+        env.update(self.env)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={self.socket}", *self.args],
             stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the process owns it
             stderr=subprocess.STDOUT,
             env=env,
         )
+        if not wait:
+            return self
 
         def listening() -> bool:
             assert self.process.poll() is None, f"the arbiter exited: {self.log_path.read_text()[-2000:]}"

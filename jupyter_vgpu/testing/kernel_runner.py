@@ -21,11 +21,13 @@ class Kernel:
         load_extension: bool = False,
         ready_timeout: float = 60,
         log: Path | None = None,
+        args: tuple[str, ...] = (),
     ):
         """``load_extension`` loads the kernel hook explicitly (``--ext``), for checkouts
         run without installing the package (whose IPython config loads it);
         ``ready_timeout`` is how long the kernel may take to start, seconds; ``log`` is a
-        file for the kernel's stdout and stderr (default: this process's)."""
+        file for the kernel's stdout and stderr (default: this process's); ``args`` are
+        more command-line settings of the kernel (``--VGPUKernel.resume_timeout=5``)."""
         self.id = str(uuid.uuid4())
         self.manager = KernelManager(
             kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
@@ -33,6 +35,7 @@ class Kernel:
         self.manager.kernel_spec.argv[0] = sys.executable
         if load_extension:
             self.manager.kernel_spec.argv.append("--ext=jupyter_vgpu")
+        self.manager.kernel_spec.argv.extend(args)
         output = {}
         if log is not None:
             output["stdout"] = output["stderr"] = open(log, "ab")  # noqa: SIM115 - the kernel owns it

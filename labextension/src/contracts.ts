@@ -18,6 +18,8 @@ export interface IPauseStats {
   live_bytes: number;
   /** Host memory holding them, compressed. */
   host_bytes: number;
+  /** Bytes of them in the node's disk tier. */
+  disk_bytes?: number;
   /** live_bytes / host_bytes, or null. */
   ratio: number | null;
   /** The codec path a pause uses first. */
@@ -53,6 +55,22 @@ export interface IPauseStats {
 }
 
 /**
+ * Where the kernel's memory is: gpu (resident), host (paused, compressed in host memory), disk
+ * (paused, moved to the node's disk tier), suspended (the driver's process checkpoint).
+ */
+export type Tier = 'gpu' | 'host' | 'disk' | 'suspended';
+
+/** The node's host memory and disk tier, bytes. */
+export interface INodeTiers {
+  /** Host memory paused and suspended kernels of the node hold. */
+  host_used: number;
+  /** The node's host memory budget for them (ArbiterApp.host_memory_limit). */
+  host_limit: number;
+  /** Bytes paused kernels keep in the node's disk tier. */
+  disk_used: number;
+}
+
+/**
  * What a kernel writes about itself about once a second and on every change of its state
  * (kernel-<id>.json in the server's channel directory), read by the server's sampler. Figures,
  * never an authority on limits. Sizes in bytes, times in Unix seconds, durations in seconds.
@@ -83,6 +101,9 @@ export interface IKernelReport {
   busy: boolean;
   state: KernelState;
   pause: IPauseStats;
+  tier?: Tier | null;
+  /** The node's host memory and disk tier as the node arbiter last told the kernel, or null. */
+  node?: INodeTiers | null;
 }
 
 /** A GPU not in MIG mode, or a MIG instance, as NVML lists it on the node. */
@@ -230,6 +251,9 @@ export interface IKernelUsage {
   state?: KernelState | null;
   /** Compressed bytes the kernel holds in host memory. */
   host_bytes?: number | null;
+  tier?: Tier | null;
+  /** Bytes the kernel keeps in the node's disk tier. */
+  disk_bytes?: number | null;
   last_pause_seconds?: number | null;
   last_resume_seconds?: number | null;
   codec?: string | null;
@@ -260,6 +284,11 @@ export interface IUsage {
   gpu: IGPU | null;
   totals: ITotals;
   kernels: IKernelUsage[];
+  /**
+   * The node's host memory and disk tier, as its kernels last heard from the node arbiter; null
+   * without one.
+   */
+  node?: INodeTiers | null;
 }
 
 /** The body a single-user server POSTs to /hub/api/vgpu/usage/users/{name} about every 10 seconds. */

@@ -109,6 +109,11 @@ export class UsagePanel extends Widget {
     if (usage.gpu && usage.gpu.memory_used !== null) {
       rows.push(['Whole GPU', `${formatPair(usage.gpu.memory_used, usage.gpu.memory_total)}`]);
     }
+    if (usage.node) {
+      // the node's host memory held by paused kernels, and its disk tier (the node arbiter's figures)
+      rows.push(['Node host memory', `${formatPair(usage.node.host_used, usage.node.host_limit)} paused`]);
+      rows.push(['Node disk tier', formatBytes(usage.node.disk_used)]);
+    }
     return h(
       'dl',
       { class: 'jp-vgpu-slice' },
@@ -219,10 +224,13 @@ export class UsagePanel extends Widget {
   private _kernelDetails(k: IKernelUsage): HTMLElement | null {
     const parts: string[] = [];
     if (k.state) {
-      parts.push(k.state);
+      parts.push(k.tier ? `${k.state} (tier: ${k.tier})` : k.state);
     }
     if (k.host_bytes !== null && k.host_bytes !== undefined && k.host_bytes > 0) {
       parts.push(`${formatBytes(k.host_bytes)} in host memory`);
+    }
+    if (k.disk_bytes !== null && k.disk_bytes !== undefined && k.disk_bytes > 0) {
+      parts.push(`${formatBytes(k.disk_bytes)} on disk`);
     }
     if (k.last_pause_seconds !== null && k.last_pause_seconds !== undefined) {
       parts.push(`pause ${formatSeconds(k.last_pause_seconds)}`);
@@ -241,7 +249,11 @@ export class UsagePanel extends Widget {
     }
     return h(
       'tr',
-      { class: 'jp-vgpu-kernel-details', 'data-state': k.state ?? undefined },
+      {
+        class: 'jp-vgpu-kernel-details',
+        'data-state': k.state ?? undefined,
+        'data-tier': k.tier ?? undefined
+      },
       h('td', { colspan: '3' }, parts.join(' · '))
     );
   }

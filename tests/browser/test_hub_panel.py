@@ -67,6 +67,12 @@ def test_user_logs_in_and_sees_the_panel_follow_a_cell(hub, page):
     expect(indicator).not_to_have_text("vGPU 0.0 / 8.0 GiB")
     expect(panel.locator(".jp-vgpu-footer")).to_have_text("Live")
     expect(panel.locator(".jp-vgpu-slice")).to_contain_text("Compute sharenot enforced (time-sliced)")
+    # where the kernel's memory is, and the node's host memory and disk tier, from the arbiter
+    expect(panel.locator("tbody:has-text('hub.ipynb') .jp-vgpu-kernel-details")).to_contain_text(
+        re.compile(r"(idle|active) \(tier: gpu\)"), timeout=60_000
+    )
+    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("Node host memory")
+    expect(panel.locator(".jp-vgpu-slice")).to_contain_text("Node disk tier")
     # through the Hub the stream authenticates with the session cookie and its XSRF
     # header, and nothing in the URL
     streams = [u for u in requests_made if "/api/vgpu/usage/stream" in u]
@@ -87,4 +93,7 @@ def test_admin_page_lists_both_users(hub, page):
         "not enforced (time-sliced)"
     )
     expect(page.locator("tr.vgpu-slice[data-user='ada'] .vgpu-request")).to_have_text("8.00 GiB")
+    # the node arbiter's kernels, each in its tier, and the node's host memory and disk tier
+    expect(page.locator(".vgpu-node-tiers")).to_contain_text("Host memory held by paused kernels")
+    expect(page.locator("tr.vgpu-kernel[data-tier='gpu']").first).to_be_visible()
     screenshot(page, "hub-admin")

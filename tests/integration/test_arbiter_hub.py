@@ -86,6 +86,17 @@ def test_the_idle_user_is_paused_so_that_the_other_gets_room(small_hub, two):
     wait_for(lambda: (kernel_of(hub, "ada") or {}).get("resident") == 500 * MiB, 30, "ada's 500 MiB")
     assert bob.execute(bob_kernel, "print(1 + 1)").strip() == "2"
     assert kernel_of(hub, "ada")["state"] == "paused"
+    assert kernel_of(hub, "ada")["tier"] == "host"
+    # ada's own server says where her kernel's memory is, and what the node holds
+    usage = wait_for(
+        lambda: (u := ada.get("api/vgpu/usage").json())["kernels"][0]["tier"] == "host" and u,
+        30,
+        "ada's tier",
+    )
+    assert usage["node"]["host_limit"] > 0
+    page = hub.login("admin").get(f"{hub.url}/hub/vgpu").text
+    assert '<tr class="vgpu-kernel" data-tier="host">' in page
+    assert "Host memory held by paused kernels" in page
     decisions = books(hub)["decisions"]
     assert any(d["what"] == "pause" and d["server"] == "ada/" and "bob/" in d["reason"] for d in decisions)
     assert ada.execute(ada_kernel, "print(x.numel() * 4 // 2**20)").strip() == "500"
@@ -114,3 +125,34 @@ def test_an_arbiter_that_dies_comes_back_with_every_slice(small_hub, two):
     (ada, ada_kernel) = two["ada"]
     assert ada.execute(ada_kernel, "print('still here')").strip() == "still here"
     wait_for(lambda: kernel_of(hub, "ada"), 30, "ada's kernel to reconnect")
+
+
+def arbiter_pids(hub: HubProcess) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "jupyter_vgpu.node" in cmd and any(str(hub.state_dir) in a for a in cmd):
+            found.append(p.pid)
+    return found
+
+
+def test_a_hub_killed_and_started_again_leaves_one_arbiter_and_every_kernel(small_hub, two):
+    # SIGKILL leaves the Hub's managed service running; the Hub started again starts a new
+    # arbiter, which takes the socket over from the old one: never two at once
+    hub = small_hub
+    (ada, ada_kernel), (bob, bob_kernel) = two["ada"], two["bob"]
+    ada.execute(ada_kernel, HOLD_500)
+    wait_for(lambda: (kernel_of(hub, "ada") or {}).get("resident") == 500 * MiB, 30, "ada's 500 MiB")
+    assert bob.execute(bob_kernel, "print(1 + 1)").strip() == "2"  # ada is paused for bob
+    old = arbiter_pids(hub)
+    assert len(old) == 1
+    os.kill(hub.proc.pid, signal.SIGKILL)
+    hub.proc.wait(30)
+    assert arbiter_pids(hub) == old, "the arbiter outlives the Hub"
+    hub.start()
+    wait_for(lambda: (p := arbiter_pids(hub)) and p != old and len(p) == 1, 60, "one arbiter, the new one")
+    wait_for(
+        lambda: kernel_of(hub, "ada") and kernel_of(hub, "bob"), 30, "both kernels in the new arbiter's books"
+    )
+    assert ada.execute(ada_kernel, "print(x.numel() * 4 // 2**20)").strip() == "500"
+    assert bob.execute(bob_kernel, "print('bob here')").strip() == "bob here"

@@ -80,7 +80,8 @@ def test_past_the_cap_data_spills_to_disk_and_comes_back(codec, sample, tmp_path
         assert store.stats()["disk_bytes"] == packed.stored_bytes
         files = list((tmp_path / "spill").rglob("*.chunks"))
         assert len(files) == 1
-        assert files[0].stat().st_size == packed.stored_bytes
+        # the payloads, then each chunk's size (u64) and CRC-32 (u32), their count and a mark
+        assert files[0].stat().st_size == packed.stored_bytes + 12 * len(packed.chunks) + 8
         back = store.get(second)
         assert back.chunks[1].payload is not None
         assert codec.decode_bytes(back) == data
@@ -137,6 +138,11 @@ def test_a_damaged_spill_file_is_caught_naming_the_chunk(codec, sample, tmp_path
         store.get(key)
     path.write_bytes(intact[:-1])
     with pytest.raises(CodecError, match="were written"):
+        store.get(key)
+    table = bytearray(intact)
+    table[-9] ^= 0x01  # the trailer's CRC-32 of the last chunk
+    path.write_bytes(bytes(table))
+    with pytest.raises(CodecError, match="table of chunk sizes and CRC-32s is damaged"):
         store.get(key)
     path.write_bytes(intact)  # the file repaired: the entry was kept and reads back
     assert codec.decode_bytes(store.get(key)) == data

@@ -25,6 +25,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import wait as futures_wait
 
+from jupyter_vgpu import failpoints
+
 from .zstd import Codec, plane_table
 
 MiB = 1 << 20
@@ -187,6 +189,7 @@ class HostPath:
         if self.device is None:
             for dst, p in work:
                 self.codec.decode(store.get(p.key), dst[p.offset : p.offset + p.length].numpy())
+                failpoints.hit("kernel.resume.copy")
             return
         torch = self.torch
         buffers, events, stream = self._ring()
@@ -227,6 +230,7 @@ class HostPath:
                     else:
                         dst[p.offset : p.offset + p.length].copy_(buf, non_blocking=True)
                     events[b].record(stream)
+                failpoints.hit("kernel.resume.copy")
         finally:  # no thread may still write a buffer once this returns
             futures_wait([f for *_, futures in queued for f in futures])
         stream.synchronize()

@@ -26,6 +26,10 @@ saved tensors, CUDA graphs, DLPack consumers, other threads) sees its bytes agai
 Failures leave nothing half done: a pause that fails resumes what it had paused; a
 resume that finds no room (:class:`~.vmm.DeviceFull`) or a damaged chunk
 (:class:`ResumeError`) releases what it mapped and stays paused, the host copy intact.
+
+A paused kernel's host memory can move to the node's disk tier (:meth:`PauseEngine.spill`,
+when the node arbiter asks): the GPU path's pinned slabs to one file (:mod:`.spill`), the
+host path's store entries to files of their own; a resume then streams them back.
 """
 
 from __future__ import annotations
@@ -36,15 +40,26 @@ import logging
 import threading
 import time
 
+from jupyter_vgpu import failpoints
+
 from ..codec.device import DeviceCodec, DeviceCodecError, PinnedArena
 from ..codec.host import HostPath
 from ..codec.zstd import Codec, CodecError
-from . import devmem, vmm
+from . import devmem, spill, vmm
 from .ranges import live_ranges
 from .store import HostStore
 
 log = logging.getLogger("jupyter_vgpu")
 MiB = 1 << 20
+
+
+def _empty_host_cache(torch) -> None:
+    """Give PyTorch's cached pinned host memory back to the system (after a spill: the
+    slabs went back to that cache, which would keep them)."""
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    empty = empty or getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()
 
 
 @contextlib.contextmanager
@@ -205,6 +220,8 @@ class PauseEngine:
         self._paused: list[_Paused] = []
         self._lock = threading.Lock()
         self._areas: dict[str, WorkArea] = {}
+        self._spill: spill.SpillFile | None = None  # the GPU path's pieces, when on disk
+        self.last_spill: Outcome | None = None
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -281,6 +298,7 @@ class PauseEngine:
         with self._lock, self._plain_torch():
             if self.state != "active":
                 raise PauseError(f"the kernel is {self.state}, not active")
+            failpoints.hit("kernel.pause.start")
             t0 = time.perf_counter()
             self._synchronize()
             if self.device is not None:
@@ -370,6 +388,7 @@ class PauseEngine:
         path = "device" if on_device else "host"
 
         def release(seg) -> None:
+            failpoints.hit("kernel.pause.release")
             self.vmm.unmap(seg.ptr)
             done.append(_Paused(seg, kept[seg.ptr]))
 
@@ -380,6 +399,7 @@ class PauseEngine:
         def on_range(i: int, pieces: list) -> None:
             seg, off, length = owners[i]
             kept[seg.ptr].append(_Range(off, length, path, list(pieces)))
+            failpoints.hit("kernel.pause.copy")
             pending[seg.ptr] -= 1
             if pending[seg.ptr] == 0:
                 release(seg)
@@ -434,6 +454,7 @@ class PauseEngine:
         t0 = time.perf_counter()
         self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
         mapped: list[_Paused] = list(self._paused)
+        failpoints.hit("kernel.resume.mapped")
         needs_device = any(r.path == "device" for p in self._paused for r in p.ranges)
         scratch = self._scratch() if needs_device else None
         if needs_device and scratch is None:
@@ -454,7 +475,10 @@ class PauseEngine:
                 for r in p.ranges
                 if r.path == "host"
             ]
-            if on_device:
+            if on_device and self._spill is not None:  # from the disk tier, streamed
+                used.add(f"{self.device_codec.name}, from disk")
+                spill.unpack(self.device_codec, on_device, self._spill, self._pinned)
+            elif on_device:
                 used.add(self.device_codec.name)
                 self.device_codec.unpack(on_device, self.arena)
             if on_host:
@@ -481,12 +505,76 @@ class PauseEngine:
                     if r.path == "host":
                         self.store.drop(piece.key)
         self.arena.clear()
+        if self._spill is not None:
+            self._spill.remove()
+            self._spill = None
         self.last_resume = Outcome(
             time.perf_counter() - t0, self.paused_bytes, live_bytes, host, tuple(sorted(used))
         )
         self._paused = []
         self.state = "active"
         return self.last_resume
+
+    def _pinned(self, nbytes: int):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+
+    # -- the disk tier -----------------------------------------------------------------
+
+    def spill(self, directory) -> Outcome:
+        """Move the paused data held in host memory to files in ``directory`` (made,
+        mode 0700): the GPU path's pinned slabs to one file, the host path's store
+        entries to files of their own; the host memory is let go. A resume reads them
+        back, streaming. Nothing is done for a kernel that is not paused.
+
+        Raises:
+            PauseError: the kernel is not paused.
+            spill.SpillError: the GPU path's file could not be written whole (a full or
+                failing disk): its pieces stay in host memory.
+            OSError: a host path entry could not be written: those moved before it stay
+                on disk, the others in memory; none is lost.
+        """
+        with self._lock:
+            if self.state != "paused":
+                raise PauseError(f"the kernel is {self.state}, not paused: nothing to move to disk")
+            t0 = time.perf_counter()
+            moved = 0
+            device = [
+                (r, i, piece)
+                for p in self._paused
+                for r in p.ranges
+                if r.path == "device"
+                for i, piece in enumerate(r.pieces)
+                if piece.slab >= 0
+            ]
+            if device:
+                records = [
+                    (self.arena.address(piece.slab, piece.start), piece.span, piece.crcs)
+                    for _, _, piece in device
+                ]
+                name = f"pause-{id(self):x}-{time.monotonic_ns()}.vgpu"
+                written, offsets = spill.SpillFile.write(directory, name, records)
+                failpoints.hit("kernel.spill.written")
+                for (r, i, piece), offset in zip(device, offsets, strict=True):
+                    r.pieces[i] = dataclasses.replace(piece, slab=spill.DISK, start=offset)
+                    moved += piece.stored_bytes
+                if self._spill is not None:
+                    self._spill.remove()
+                self._spill = written
+                self.arena.clear()
+                _empty_host_cache(self.torch)
+            moved += self.store.spill(directory)
+            self.last_spill = Outcome(time.perf_counter() - t0, 0, 0, moved, ())
+            return self.last_spill
+
+    def host_held(self) -> int:
+        """Host memory held for paused data now, bytes: the pinned slabs and the store's
+        entries in memory (what the node arbiter counts against its host budget)."""
+        return self.arena.held_bytes + self.store.in_memory()
+
+    def disk_bytes(self) -> int:
+        """Bytes of paused data in the disk tier (the spill file and the store's files)."""
+        spilled = self._spill.nbytes if self._spill is not None else 0
+        return spilled + self.store.stats()["disk_bytes"]
 
     def _unmap(self, mapped: list[_Paused]) -> None:
         for p in mapped:
@@ -497,10 +585,14 @@ class PauseEngine:
     def stats(self) -> dict:
         """``state``, ``paused_bytes`` (device memory released), ``unpausable_bytes``
         (device memory a pause leaves: :attr:`.vmm.Figures.unpausable`), ``host_bytes``
-        (held on the host for it), ``live_bytes``, ``ratio``, ``codec``, and the last
-        pause's and resume's ``seconds`` (None before the first)."""
+        (stored bytes held in host memory for it), ``disk_bytes`` (bytes of it in the disk
+        tier), ``live_bytes``, ``ratio`` (live over stored bytes, wherever they are),
+        ``codec``, and the last pause's and resume's ``seconds`` (None before the first)."""
         live = sum(r.length for p in self._paused for r in p.ranges)
-        host = sum(piece.stored_bytes for p in self._paused for r in p.ranges for piece in r.pieces)
+        pieces = [piece for p in self._paused for r in p.ranges for piece in r.pieces]
+        stored = sum(piece.stored_bytes for piece in pieces)
+        on_disk = sum(piece.stored_bytes for piece in pieces if getattr(piece, "slab", None) == spill.DISK)
+        host = max(0, stored - on_disk - self.store.stats()["disk_bytes"])
         figures = self.vmm.figures()
         return {
             "state": self.state,
@@ -508,7 +600,8 @@ class PauseEngine:
             "unpausable_bytes": figures.unpausable,
             "live_bytes": live,
             "host_bytes": host,
-            "ratio": live / host if host else None,
+            "disk_bytes": self.disk_bytes(),
+            "ratio": live / stored if stored else None,
             "codec": "nvcomp-ans" if self.device_codec is not None else "zstd",
             "codec_name": self.codec_name,
             "last_pause_seconds": self.last_pause.seconds if self.last_pause else None,
@@ -520,5 +613,8 @@ class PauseEngine:
         """Stop the host path's threads (the engine cannot pause afterwards)."""
         self.zstd.close()
         self.store.close()
+        if self._spill is not None:
+            self._spill.remove()
+            self._spill = None
         for area in self._areas.values():
             area.free()

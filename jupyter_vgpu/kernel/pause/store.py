@@ -8,9 +8,16 @@ private directory made under ``spill_dir``; with no spill directory the pause is
 refused with :class:`HostMemoryFull` and the tensor stays on the GPU.
 
 A spill file holds the chunk payloads of one :class:`~.codec.Packed`, back to back in
-chunk order, in the codec layout (standard zstd frames, raw bytes, constant values);
-the chunk records stay in memory with their payloads set to None, plus a CRC-32 of
-each payload, checked when the file is read back.
+chunk order, in the codec layout (standard zstd frames, raw bytes, constant values),
+then a trailer with every payload's size and CRC-32 (u64 and u32 each, little-endian),
+their count and ``b"VGPH"``; the chunk records stay in memory with their payloads set
+to None, and the sizes and CRC-32s too: both are checked when the file is read back.
+Files are written to a temporary name, flushed and renamed, then dropped from the page
+cache.
+
+Besides its own cap, the store moves everything it holds in memory to a directory when
+asked (:meth:`HostStore.spill`): the node arbiter's disk tier, when the node's host
+memory for paused kernels runs short.
 """
 
 from __future__ import annotations
@@ -19,12 +26,17 @@ import dataclasses
 import itertools
 import os
 import shutil
+import struct
 import tempfile
 import threading
 import zlib
 from pathlib import Path
 
+from jupyter_vgpu import failpoints
+
 from ..codec.zstd import CodecError, Packed
+
+_TRAILER = b"VGPH"
 
 DEFAULT_HOST_FRACTION = 0.5
 
@@ -52,6 +64,20 @@ class _Entry:
     path: Path | None = None  # the spill file, while spilled
     sizes: tuple[int, ...] = ()  # each chunk's payload size in the spill file, bytes
     crcs: tuple[int, ...] = ()  # each chunk's payload CRC-32
+
+
+def _drop_cache(path: Path) -> None:
+    """Drop a flushed file's pages from the page cache: spilling must free host memory."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
 
 
 class HostStore:
@@ -107,28 +133,68 @@ class HostStore:
                     f"pausing {size} more bytes would pass the host memory cap: "
                     f"{self.host_bytes} of {self.cap_bytes} bytes held, and no spill directory is set"
                 )
-            self._entries[key] = self._spill(key, packed)
+            if self._private is None:
+                self.spill_dir.mkdir(parents=True, exist_ok=True)
+                self._private = Path(tempfile.mkdtemp(prefix="vgpu-spill-", dir=self.spill_dir))
+            self._entries[key] = self._spill(self._private, key, packed)
             self.disk_bytes += size
             return key
 
-    def _spill(self, key: int, packed: Packed) -> _Entry:
-        if self._private is None:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
-            self._private = Path(tempfile.mkdtemp(prefix="vgpu-spill-", dir=self.spill_dir))
-        path = self._private / f"{key}.chunks"
+    def _spill(self, directory: Path, key: int, packed: Packed) -> _Entry:
+        path = directory / f"{key}.chunks"
         tmp = path.with_suffix(".tmp")
+        sizes = tuple(len(c.payload) for c in packed.chunks)
+        crcs = tuple(zlib.crc32(c.payload) for c in packed.chunks)
+        trailer = struct.pack(f"<{len(sizes)}Q{len(crcs)}II4s", *sizes, *crcs, len(sizes), _TRAILER)
         try:
-            with open(tmp, "wb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(fd, "wb") as f:
                 for chunk in packed.chunks:
                     f.write(chunk.payload)
+                f.write(trailer)
+                f.flush()
+                os.fdatasync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        _drop_cache(path)
         chunks = tuple(dataclasses.replace(c, payload=None) for c in packed.chunks)
-        sizes = tuple(len(c.payload) for c in packed.chunks)
-        crcs = tuple(zlib.crc32(c.payload) for c in packed.chunks)
         return _Entry(dataclasses.replace(packed, chunks=chunks), path, sizes, crcs)
+
+    def spill(self, directory: str | Path) -> int:
+        """Move every entry held in host memory to files in ``directory`` (made, mode
+        0700); returns the stored bytes moved. Entries already on disk stay where they are.
+
+        Raises:
+            OSError: a file could not be written (a full or failing disk): the entries
+                moved before it stay on disk, the others in memory, none is lost.
+        """
+        directory = Path(directory)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        moved = 0
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.path is None and e.packed.stored_bytes]
+        for key in keys:
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is None or entry.path is not None:
+                continue
+            new = self._spill(directory, key, entry.packed)
+            if not moved:
+                failpoints.hit("kernel.spill.written")
+            with self._lock:
+                if self._entries.get(key) is not entry:  # dropped meanwhile (a resume)
+                    new.path.unlink(missing_ok=True)
+                    continue
+                self._entries[key] = new
+                size = entry.packed.stored_bytes
+                self.host_bytes -= size
+                self.disk_bytes += size
+                moved += size
+            if moved == size and key != keys[-1]:
+                failpoints.hit("kernel.spill.write")
+        return moved
 
     def get(self, key: int) -> Packed:
         """The packed data under ``key``, read back from disk if it was spilled (it stays
@@ -145,10 +211,21 @@ class HostStore:
             entry = self._entries[key]
         if entry.path is None:
             return entry.packed
-        data = entry.path.read_bytes()
-        written = sum(entry.sizes)
-        if len(data) != written:
-            raise CodecError(f"spill file {entry.path} holds {len(data)} bytes; {written} were written")
+        raw = entry.path.read_bytes()
+        trailer = struct.calcsize(f"<{len(entry.sizes)}Q{len(entry.crcs)}II4s")
+        written = sum(entry.sizes) + trailer
+        if len(raw) != written:
+            raise CodecError(f"spill file {entry.path} holds {len(raw)} bytes; {written} were written")
+        data = raw[: written - trailer]
+        kept = struct.pack(
+            f"<{len(entry.sizes)}Q{len(entry.crcs)}II4s",
+            *entry.sizes,
+            *entry.crcs,
+            len(entry.sizes),
+            _TRAILER,
+        )
+        if raw[written - trailer :] != kept:
+            raise CodecError(f"spill file {entry.path}: its table of chunk sizes and CRC-32s is damaged")
         chunks, pos = [], 0
         view = memoryview(data)
         for i, (c, size, crc) in enumerate(zip(entry.packed.chunks, entry.sizes, entry.crcs, strict=True)):
@@ -171,6 +248,11 @@ class HostStore:
             else:
                 self.disk_bytes -= entry.packed.stored_bytes
                 entry.path.unlink(missing_ok=True)
+
+    def in_memory(self) -> int:
+        """Stored bytes held in host memory (the others are on disk)."""
+        with self._lock:
+            return self.host_bytes
 
     def close(self) -> None:
         """Drop everything and remove the private spill directory."""

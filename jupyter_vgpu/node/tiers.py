@@ -1,0 +1,94 @@
+"""Host memory and disk as tiers of the node: what paused kernels hold, and whom to spill.
+
+Bookkeeping, like :mod:`.books`; the one reading is :func:`meminfo`. Paused kernels keep their memory in host
+memory (pinned slabs of the GPU codec path, the zstandard path's store); nothing else on
+the node adds those up, and a host whose paused sessions grow past its RAM meets the
+kernel's OOM killer, which takes whole kernels and their only copy of the data with
+them. The arbiter therefore counts every paused (and suspended) kernel's host bytes
+against a node budget (``ArbiterApp.host_memory_limit``) and moves the coldest paused
+kernels to the disk tier before the budget is reached (:func:`to_spill`), and before a
+pause that would pass it (:func:`host_room`). The host's own available memory
+(``MemAvailable``) is watched too: below ``host_reserve`` it spills whatever the budget
+says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .books import PAUSED, Kernel
+
+
+def meminfo() -> dict[str, int]:
+    """``/proc/meminfo`` in bytes (``MemTotal``, ``MemAvailable``, ...); empty where it is
+    missing."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[name] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBudget:
+    """The node's host memory budget for paused kernels.
+
+    Attributes:
+        limit: bytes paused and suspended kernels may hold in host memory at most.
+        spill_at: bytes above which the coldest paused kernels move to disk (below
+            ``limit``, so that a pause in progress finds room).
+        reserve: bytes of ``MemAvailable`` below which paused kernels move to disk too.
+    """
+
+    limit: int
+    spill_at: int
+    reserve: int
+
+
+def host_used(kernels: list[Kernel]) -> int:
+    """Host bytes held for the memory of every paused and suspended kernel."""
+    return sum(k.host_held for k in kernels)
+
+
+def disk_used(kernels: list[Kernel]) -> int:
+    """Bytes every kernel keeps in the disk tier."""
+    return sum(k.disk_bytes for k in kernels)
+
+
+def spillable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:
+    """Paused kernels holding host bytes, coldest first (longest idle, then lowest
+    priority, then most bytes): those the disk tier takes first."""
+    found = [k for k in kernels if k.state == PAUSED and k.host_bytes > 0 and k not in exclude]
+    return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+
+
+def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
+    """Paused kernels to move to the disk tier now, coldest first: until the node's host
+    bytes are under ``budget.spill_at`` and the host's available memory (``available``,
+    bytes, from ``MemAvailable``) is back above ``budget.reserve``, counting each spill as
+    giving back its host bytes."""
+    used = host_used(kernels)
+    out = []
+    for k in spillable(kernels, now):
+        if used <= budget.spill_at and available >= budget.reserve:
+            break
+        out.append(k)
+        used -= k.host_bytes
+        available += k.host_bytes
+    return out
+
+
+def host_room(kernels: list[Kernel], budget: HostBudget, need: int, available: int) -> tuple[int, int]:
+    """``(bytes over the budget, bytes into the reserve)`` were ``need`` more bytes put in
+    host memory now (0, 0: it fits). The budget is the node's target, which spilling
+    holds; the reserve (``available``, bytes, from ``MemAvailable``, against
+    ``budget.reserve``) is what keeps the host's OOM killer away."""
+    over_budget = host_used(kernels) + need - budget.limit
+    over_reserve = need - (available - budget.reserve)
+    return max(0, over_budget), max(0, over_reserve)

@@ -1,0 +1,91 @@
+"""What the fault-injection suite's GPU tests and ``benchmarks/faults.py`` share: kernels
+with a slice of the real card under an arbiter, filled with bf16-like weights whose
+SHA-256 the kernel prints, and a kernel reached through its connection file."""
+
+from __future__ import annotations
+
+from jupyter_client import BlockingKernelClient
+
+from . import fault_scene
+from .arbiter_process import ArbiterProcess
+from .kernel_runner import Kernel
+from .waiting import wait_for
+
+GiB, MiB = 2**30, 2**20
+
+FILL = (
+    "import hashlib, torch\n"
+    "g = torch.Generator(device='cuda').manual_seed({seed})\n"
+    "data = [(torch.randn(2**29, device='cuda', generator=g) * 0.02).to(torch.bfloat16)\n"
+    "        for _ in range({n})]\n"
+    "def digest():\n"
+    "    h = hashlib.sha256()\n"
+    "    for d in data:\n"
+    "        h.update(d.view(torch.uint8).cpu().numpy().tobytes())\n"
+    "    return h.hexdigest()\n"
+    "print(digest())"
+)
+DIGEST = "print(digest())"
+
+
+def gpu_slice(limit: int):
+    from jupyter_vgpu import nvml
+    from jupyter_vgpu.slice import Slice
+
+    gpu = nvml.list_gpus()[0]
+    return Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, limit, 100, overcommit_ratio=4.0)
+
+
+def card_free() -> int:
+    from jupyter_vgpu import nvml
+
+    gpu = nvml.list_gpus()[0]
+    used, total, _ = nvml.device_usage(gpu.uuid)
+    return total - used
+
+
+def gpu_kernel(tmp_path, arbiter: ArbiterProcess | None, user: str, limit: int, env=None, args=()) -> Kernel:
+    from jupyter_vgpu.testing.preloaded import environment
+
+    extra = {"JUPYTER_VGPU_SLICE": gpu_slice(limit).to_json(), **(env or {})}
+    if arbiter is not None:
+        extra["JUPYTER_VGPU_ARBITER"] = str(arbiter.socket)
+    kernel = Kernel(tmp_path, environment(**extra), load_extension=True, args=args)
+    kernel.user = user
+    if arbiter is not None:
+        with arbiter.control() as c:
+            c.register(kernel.pid, user, "", gpu_slice(limit))
+        wait_for(lambda: arbiter.kernel(kernel.pid), 30, f"{user}'s kernel to join the arbiter")
+    return kernel
+
+
+def fill(kernel: Kernel, seed: int, n: int = 2) -> str:
+    out = fault_scene.run(kernel, FILL.format(seed=seed, n=n), timeout=300)
+    assert out.error is None, out.error
+    return out.text.strip().splitlines()[-1]
+
+
+def needs_the_victim(arbiter: ArbiterProcess, asker: Kernel) -> None:
+    """Give the asker a budget its next cell can have only once the victim is paused."""
+    with arbiter.control() as c:
+        c.register(asker.pid, asker.user, "", gpu_slice(card_free() + 3 * GiB // 2))
+
+
+def same(kernel: Kernel, expected: str) -> None:
+    out = fault_scene.run(kernel, DIGEST, timeout=300)
+    assert out.text.strip().splitlines()[-1] == expected, out.text
+    assert out.longest_silence <= fault_scene.SILENCE, (out.longest_silence, out.text)
+
+
+class Attached:
+    """A kernel reached through its connection file (the run helpers need ``client``)."""
+
+    def __init__(self, connection_file):
+        self.client = BlockingKernelClient()
+        self.client.load_connection_file(connection_file)
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+
+def kernel_of(arbiter, server: str) -> int | None:
+    return next((k["pid"] for k in arbiter.books()["kernels"] if k["server"] == server), None)

@@ -1,0 +1,145 @@
+"""Host memory and disk as tiers of the node, with kernels holding real bytes: paused
+kernels past the node's host budget move to disk (the coldest first) and come back
+bit-exact; a full disk gives a clear error and the data stays in host memory; a pause
+that would pass the budget with no disk to spill to is not made; ``%vgpu status`` and
+Prometheus say where everything is."""
+
+import os
+import urllib.request
+from pathlib import Path
+
+from jupyter_vgpu.testing import fault_scene as scene
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.server_process import free_port
+from jupyter_vgpu.testing.waiting import wait_for
+
+MiB = scene.MiB
+SEEDS = {"ada": (11, 16 * MiB), "bob": (12, 16 * MiB)}
+
+
+def kernels_holding(tmp_path, arbiter, *users):
+    out = []
+    for user in users:
+        k = scene.start_kernel(tmp_path, arbiter, user)
+        cell = scene.run(k, scene.hold_code(*SEEDS[user]))
+        assert cell.error is None
+        assert "Error" not in cell.text, cell.text
+        out.append(k)
+    return out
+
+
+def pause(kernel) -> None:
+    assert "paused as soon as the cell ends" in scene.run(kernel, "%vgpu pause").text
+
+
+def test_paused_kernels_past_the_host_budget_move_to_disk_coldest_first(tmp_path):
+    port = free_port()
+    arbiter = ArbiterProcess(
+        tmp_path,
+        f"--ArbiterApp.disk_dir={tmp_path / 'disk'}",
+        "--ArbiterApp.disk_reserve=1M",
+        "--ArbiterApp.host_memory_limit=40M",  # one paused kernel (14 MB) fits under the mark, two do not
+        "--ArbiterApp.host_spill_fraction=0.5",
+        f"--metrics-port={port}",
+    ).start()
+    ada, bob = kernels_holding(tmp_path, arbiter, "ada", "bob")
+    try:
+        pause(ada)
+        wait_for(lambda: arbiter.kernel(ada.pid)["tier"] == "host", 10, "ada paused in host memory")
+        pause(bob)  # now past the mark: ada, paused longer, goes to disk; bob stays
+        wait_for(lambda: arbiter.kernel(ada.pid)["tier"] == "disk", 10, "ada moved to the disk tier")
+        assert arbiter.kernel(bob.pid)["tier"] == "host"
+        node = arbiter.books()["node"]
+        assert node["host_used"] == arbiter.kernel(bob.pid)["host_bytes"] <= 20 * MiB
+        assert node["disk_used"] == arbiter.kernel(ada.pid)["disk_bytes"] > 0
+        files = [p for d in scene.disk_dirs(tmp_path / "disk") for p in d.rglob("*") if p.is_file()]
+        assert files, "ada's data is in files of her own"
+        for f in files:
+            assert f.stat().st_mode & 0o077 == 0, f"{f} is readable by others"
+        assert (tmp_path / "disk" / str(os.getuid())).stat().st_mode & 0o777 == 0o700
+
+        def scrape() -> str | None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            return text if 'jupyter_vgpu_kernels{tier="disk"} 1.0' in text else None
+
+        metrics = wait_for(scrape, 10, "the gauges of the tiers")
+        assert 'jupyter_vgpu_kernels{tier="host"} 1.0' in metrics
+        assert "jupyter_vgpu_spills_total 1.0" in metrics
+        series = dict(
+            line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#")
+        )
+        assert float(series["jupyter_vgpu_disk_bytes"]) == node["disk_used"]
+        assert float(series["jupyter_vgpu_host_bytes"]) == node["host_used"]
+        assert float(series["jupyter_vgpu_host_limit_bytes"]) == 40 * MiB
+        status = scene.run(bob, "%vgpu status").text  # bob comes back for it, from host memory
+        assert "tier" in status
+        assert "node memory" in status
+        assert "in the disk tier" in status
+        for k, user in ((ada, "ada"), (bob, "bob")):
+            out = scene.run(k, scene.DIGEST)
+            assert out.text.strip().splitlines()[-1] == scene.digest(*SEEDS[user]), out.text
+            assert out.longest_silence <= scene.SILENCE
+        assert not [f for f in files if f.exists()], "a resume from disk removes its files"
+        wait_for(lambda: arbiter.books()["node"]["disk_used"] == 0, 10, "the disk tier empty")
+    finally:
+        ada.shutdown()
+        bob.shutdown()
+        arbiter.stop()
+
+
+def test_a_full_disk_gives_a_clear_error_and_the_data_stays_in_host_memory(tmp_path):
+    arbiter = ArbiterProcess(
+        tmp_path,
+        f"--ArbiterApp.disk_dir={tmp_path / 'disk'}",
+        "--ArbiterApp.disk_reserve=1M",
+        "--ArbiterApp.host_memory_limit=40M",
+        "--ArbiterApp.host_spill_fraction=0.1",
+    ).start()
+    (ada,) = kernels_holding(tmp_path, arbiter, "ada")
+    try:
+        # ada's directory of the disk tier, where every file she writes meets a full device
+        start = Path(f"/proc/{ada.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        where = tmp_path / "disk" / str(os.getuid()) / f"kernel-{ada.pid}-{start}"
+        where.mkdir(mode=0o700, parents=True)
+        for key in range(1, 9):
+            (where / f"{key}.tmp").symlink_to("/dev/full")
+        pause(ada)
+        decision = wait_for(
+            lambda: next((d for d in arbiter.books()["decisions"] if d["what"] == "spill failed"), None),
+            10,
+            "the spill to fail",
+        )
+        assert "No space left on device" in decision["message"]
+        assert "No space left on device" in arbiter.books()["node"]["disk_problem"]
+        assert arbiter.kernel(ada.pid)["tier"] == "host"
+        assert arbiter.kernel(ada.pid)["host_bytes"] > 0
+        out = scene.run(ada, scene.DIGEST)
+        assert out.text.strip().splitlines()[-1] == scene.digest(*SEEDS["ada"]), out.text
+    finally:
+        ada.shutdown()
+        arbiter.stop()
+
+
+def test_a_pause_that_would_pass_the_host_budget_is_not_made(tmp_path):
+    # no disk tier, a host budget smaller than ada: bob's cell cannot have her room
+    arbiter = ArbiterProcess(
+        tmp_path, "--queue-timeout=3", "--ArbiterApp.disk_dir=", "--ArbiterApp.host_memory_limit=100M"
+    ).start()
+    bob = scene.start_kernel(tmp_path, arbiter, "bob")
+    ada = scene.start_kernel(tmp_path, arbiter, "ada")
+    try:
+        assert scene.run(ada, scene.hold_code(*SEEDS["ada"], simulated_mib=700)).error is None
+        wait_for(lambda: arbiter.kernel(ada.pid)["resident"] >= 700 * MiB, 30, "ada's memory in the books")
+        out = scene.run(bob, "print('must not run')")
+        assert "MemoryError" in out.text
+        assert "must not run" not in out.text
+        assert out.longest_silence <= scene.SILENCE
+        skipped = next(d for d in arbiter.books()["decisions"] if d["what"] == "pause skipped")
+        assert "host memory for paused kernels is full" in skipped["message"]
+        assert "there is no disk tier" in skipped["message"]
+        assert arbiter.kernel(ada.pid)["tier"] == "gpu"
+    finally:
+        ada.shutdown()
+        bob.shutdown()
+        arbiter.stop()

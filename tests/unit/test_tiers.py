@@ -1,0 +1,216 @@
+"""The node's tiers, piece by piece: the host budget's arithmetic, the disk tier's
+directories (swept when their process ends, a zombie included), the journal of slices
+registered over the socket, one arbiter per socket, the protocol's version-2 hello, the
+failpoints' names, and the line a waiting cell shows."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_vgpu import failpoints
+from jupyter_vgpu.kernel.progress import Progress
+from jupyter_vgpu.node import disk, handoff, tiers
+from jupyter_vgpu.node.books import IDLE, PAUSED, SUSPENDED, Kernel, Server
+from jupyter_vgpu.node.journal import Journal
+from jupyter_vgpu.node.protocol import ProtocolError, decode
+from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.waiting import wait_for
+
+MiB, GiB = 2**20, 2**30
+SLICE = Slice("GPU-x", 0, "card", 80 * GiB, 8 * GiB, 50, simulated=True)
+
+
+def kernel(pid, state=PAUSED, host=0, disk_bytes=0, idle=0.0, priority=50):
+    k = Kernel(pid, Server(pid, f"u{pid}", "", SLICE.replace(priority=priority)), state=state)
+    k.host_bytes, k.disk_bytes = host, disk_bytes
+    k.since = time.monotonic() - idle
+    return k
+
+
+def test_a_kernel_says_its_tier():
+    assert kernel(1, IDLE).tier == "gpu"
+    assert kernel(1, PAUSED, host=5).tier == "host"
+    assert kernel(1, PAUSED, disk_bytes=5).tier == "disk"
+    assert kernel(1, SUSPENDED).tier == "suspended"
+
+
+def test_the_coldest_paused_kernels_spill_until_under_the_mark():
+    now = time.monotonic()
+    cold, warm, idle = kernel(1, host=40 * MiB, idle=100), kernel(2, host=40 * MiB, idle=10), kernel(3, IDLE)
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=50 * MiB, reserve=GiB)
+    assert tiers.host_used([cold, warm, idle]) == 80 * MiB
+    assert tiers.to_spill([warm, cold, idle], budget, 10 * GiB, now) == [cold]
+    assert tiers.to_spill([warm], budget, 10 * GiB, now) == []
+    # short of available memory, everything paused goes, coldest first
+    assert tiers.to_spill([warm, cold], budget, 0, now) == [cold, warm]
+
+
+def test_host_room_tells_the_budget_from_the_reserve():
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=80 * MiB, reserve=GiB)
+    held = [kernel(1, host=60 * MiB)]
+    assert tiers.host_room(held, budget, 30 * MiB, 10 * GiB) == (0, 0)
+    assert tiers.host_room(held, budget, 50 * MiB, 10 * GiB) == (10 * MiB, 0)
+    assert tiers.host_room(held, budget, 50 * MiB, GiB + 20 * MiB) == (10 * MiB, 30 * MiB)
+
+
+def test_a_kernels_disk_directory_goes_when_its_process_ends(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        disk.user_dir(tmp_path, os.getuid())
+        mine = disk.kernel_dir(tmp_path, os.getuid(), os.getpid())
+        theirs = disk.kernel_dir(tmp_path, os.getuid(), child.pid)
+        for d in (mine, theirs):
+            os.makedirs(d)
+            Path(d, "1.chunks").write_bytes(b"x" * 100)
+        assert (tmp_path / str(os.getuid())).stat().st_mode & 0o777 == 0o700
+        assert disk.sweep(tmp_path) == []
+        assert disk.size(theirs) == 100
+        child.send_signal(signal.SIGKILL)
+
+        def zombie():
+            stat = Path(f"/proc/{child.pid}/stat").read_text()
+            return stat[stat.rindex(")") + 2] == "Z"
+
+        wait_for(zombie, 10, "the child killed and not reaped")
+        assert disk.start_time(child.pid) is None  # a zombie counts as ended
+        assert disk.sweep(tmp_path) == [theirs]
+        assert os.path.isdir(mine)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_disk_tier_writable_by_everyone_is_refused(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o1777)
+    with pytest.raises(OSError, match="writable by every user"):
+        disk.user_dir(root, os.getuid())
+
+
+def test_the_journal_keeps_registrations_of_live_processes_only(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        j = Journal(tmp_path / "registrations.json")
+        j.add(os.getpid(), "ada", "", SLICE)
+        j.add(child.pid, "bob", "gpu", SLICE.replace(memory_limit=4 * GiB))
+        assert (tmp_path / "registrations.json").stat().st_mode & 0o777 == 0o600
+        child.kill()
+        child.wait()
+        again = Journal(tmp_path / "registrations.json").load()
+        assert again == [(os.getpid(), "ada", "", SLICE)]
+        assert len(json.loads((tmp_path / "registrations.json").read_text())) == 1
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_damaged_journal_is_set_aside_not_fatal(tmp_path):
+    (tmp_path / "registrations.json").write_text("{not json")
+    assert Journal(tmp_path / "registrations.json").load() == []
+
+
+def test_a_second_holder_of_the_lock_makes_the_first_stop(tmp_path):
+    lock = tmp_path / "arbiter.lock"
+    code = (
+        "import sys, time\nfrom jupyter_vgpu.node import handoff\n"
+        f"handoff.take({str(lock)!r})\nprint('held', flush=True)\ntime.sleep(60)"
+    )
+    first = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        fd = handoff.take(lock, timeout=10)
+        assert first.wait(10) == -signal.SIGTERM  # asked to hand over, it ended
+        assert lock.read_text().strip() == str(os.getpid())
+        os.close(fd)
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_version_2_hello_carries_where_the_memory_is():
+    hello = {
+        "type": "hello", "version": 2, "kernel_id": "k", "state": "paused", "resident": 0,
+        "paused_bytes": 5, "host_bytes": 4, "disk_bytes": 0, "budget": None, "idle_seconds": 12.5,
+    }  # fmt: skip
+    assert decode(json.dumps(hello).encode()) == hello
+    assert decode(b'{"type": "hello", "version": 1, "kernel_id": "k"}')["version"] == 1
+    for bad, says in (
+        ({**hello, "state": "asleep"}, "state must be"),
+        ({**hello, "idle_seconds": -1}, "idle_seconds"),
+        ({**hello, "version": 3}, "version 1 or 2"),
+        ({**hello, "version": True}, "version 1 or 2"),
+        ({k: v for k, v in hello.items() if k != "disk_bytes"}, "fields"),
+    ):
+        with pytest.raises(ProtocolError, match=says):
+            decode(json.dumps(bad).encode())
+    state = {"type": "state", "state": "paused", "resident": 0, "paused_bytes": 1, "host_bytes": 1}
+    state["resume_seconds"] = None
+    assert "disk_bytes" not in decode(json.dumps(state).encode())  # version 1 leaves it out
+    assert decode(json.dumps({**state, "disk_bytes": 3}).encode())["disk_bytes"] == 3
+
+
+def test_failpoints_name_known_steps_and_actions_only():
+    assert failpoints.parse("kernel.pause.copy=stop, arbiter.grant=kill") == {
+        "kernel.pause.copy": "stop",
+        "arbiter.grant": "kill",
+    }
+    with pytest.raises(failpoints.FailpointError, match="unknown step"):
+        failpoints.parse("kernel.pause.cpoy=stop")
+    with pytest.raises(failpoints.FailpointError, match="action must be"):
+        failpoints.parse("kernel.pause.copy=raise_limit")
+
+
+def test_a_failpoint_ends_the_process_that_reaches_it_and_no_other(tmp_path):
+    code = "from jupyter_vgpu import failpoints\nfailpoints.hit('arbiter.hello')\nprint('went on')"
+    env = {**os.environ, failpoints.ENV: "arbiter.hello=kill"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert "went on" not in done.stdout
+    env[failpoints.ENV] = ""
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.stdout.strip() == "went on"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_wait_is_shown_after_a_second_and_updated_every_second():
+    shown = []
+    clock = Clock()
+    p = Progress(lambda text, end="\n": shown.append(text + end), "asking for room", clock=clock)
+    clock.now = 0.5
+    p.tick()
+    assert shown == []  # a short wait says nothing
+    clock.now = 1.0
+    p.tick()
+    assert shown == ["jupyter-vgpu: waiting 1 s: asking for room\r"]
+    p.update("pausing ada/")
+    assert shown[-1] == "jupyter-vgpu: still waiting 1 s: pausing ada/\r"
+    clock.now = 1.5
+    p.tick()
+    assert len(shown) == 2
+    clock.now = 2.0
+    p.tick()
+    assert shown[-1] == "jupyter-vgpu: still waiting 2 s: pausing ada/\r"
+    p.done("back on the GPU")
+    assert shown[-1] == "jupyter-vgpu: back on the GPU (after 2.0 s)\n"
+
+
+def test_work_run_under_a_progress_line_hands_back_its_result_or_error():
+    shown = []
+    p = Progress(lambda text, end="\n": shown.append(text), "bringing memory back")
+    assert p.run(lambda: 42) == 42
+    with pytest.raises(ValueError, match="damaged"):
+        p.run(lambda: (_ for _ in ()).throw(ValueError("damaged")))
