@@ -213,15 +213,16 @@ export class UsagePanel extends Widget {
           h('td', { class: 'jp-vgpu-num' }, formatBytes(k.offloaded)),
           h('td', { class: 'jp-vgpu-num' }, formatRatio(k.ratio))
         ),
-        this._kernelDetails(k)
+        ...this._kernelDetails(k)
       )
     );
     section.appendChild(h('table', { class: 'jp-vgpu-table' }, h('thead', {}, head), ...bodies));
     return section;
   }
 
-  /** The arbiter's figures of a kernel, when it reports them (null fields are left out). */
-  private _kernelDetails(k: IKernelUsage): HTMLElement | null {
+  /** The arbiter's figures of a kernel, when it reports them (null fields are left out), and
+   * why it cannot be paused, when it cannot. */
+  private _kernelDetails(k: IKernelUsage): HTMLElement[] {
     const parts: string[] = [];
     if (k.state) {
       parts.push(k.tier ? `${k.state} (tier: ${k.tier})` : k.state);
@@ -244,18 +245,34 @@ export class UsagePanel extends Widget {
     if (k.report_error) {
       parts.push(k.report_error);
     }
-    if (!parts.length) {
-      return null;
+    if (k.unpausable_bytes) {
+      parts.push(`${formatBytes(k.unpausable_bytes)} cannot be paused`);
     }
-    return h(
-      'tr',
-      {
-        class: 'jp-vgpu-kernel-details',
-        'data-state': k.state ?? undefined,
-        'data-tier': k.tier ?? undefined
-      },
-      h('td', { colspan: '3' }, parts.join(' · '))
-    );
+    const rows: HTMLElement[] = [];
+    if (parts.length) {
+      rows.push(
+        h(
+          'tr',
+          {
+            class: 'jp-vgpu-kernel-details',
+            'data-state': k.state ?? undefined,
+            'data-tier': k.tier ?? undefined
+          },
+          h('td', { colspan: '3' }, parts.join(' · '))
+        )
+      );
+    }
+    if (k.pausable === false && k.not_pausable) {
+      // why this kernel is not paused, and what happens instead (suspended, or kept on the GPU)
+      rows.push(
+        h(
+          'tr',
+          { class: 'jp-vgpu-kernel-note', 'data-pausable': 'false' },
+          h('td', { colspan: '3' }, `Not pausable: ${k.not_pausable}`)
+        )
+      );
+    }
+    return rows;
   }
 
   private _footer(): HTMLElement {

@@ -76,3 +76,31 @@ def test_above_90_percent_of_the_budget_the_status_bar_warns(lab_small_budget, p
     expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-meter")).to_have_class(re.compile(r"jp-mod-warn"))
     screenshot(page, "status-bar-warning", "#jp-main-statusbar")
     screenshot(page, "panel-warning", "#jupyter-vgpu-panel")
+
+
+def test_a_kernel_that_cannot_be_paused_says_why_in_the_panel(lab_small_budget, page):
+    """A thread that may use the GPU while the kernel is idle keeps a pause from being
+    safe: the panel's kernel row says so, in words, and what happens instead."""
+    lab = lab_small_budget
+    headers = {"Authorization": f"token {lab.token}"}
+    prepare_lab(lab.url, "light", headers)
+    create_notebook(lab.url, headers, "threads.ipynb")
+    page.goto(f"{lab.url}/lab/tree/threads.ipynb?reset&token={lab.token}")
+    wait_for_lab(page)
+    wait_for_kernel(page)
+    show_panel(page)
+    note = page.locator("#jupyter-vgpu-panel .jp-vgpu-kernel-note")
+    expect(note).to_have_count(0)
+    run_cell(
+        page,
+        "import threading\nstop = threading.Event()\n"
+        "t = threading.Thread(target=stop.wait, name='watcher'); t.start()",
+    )
+    expect(note).to_contain_text("Not pausable: thread 'watcher'", timeout=60_000)
+    expect(note).to_contain_text("suspended instead of paused")
+    editor = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
+    editor.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.press("Delete")
+    run_cell(page, "stop.set(); t.join()")
+    expect(note).to_have_count(0, timeout=60_000)
