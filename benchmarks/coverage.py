@@ -69,6 +69,7 @@ JAX = (
 )
 DRIVER = (
     "import ctypes, torch\nlib = ctypes.CDLL('libcuda.so.1')\nptrs = []\n"
+    "torch.zeros(1, device='cuda')  # the primary context, current in this thread for the driver calls\n"
     "g = torch.Generator(device='cuda').manual_seed(0)\n"
     "for i in range(8):\n"
     "    p = ctypes.c_uint64()\n"

@@ -23,6 +23,8 @@ whatever becomes of its holder (:func:`state`), so any later process can finish 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import time
@@ -160,31 +162,47 @@ def restore(pids: int | Iterable[int]) -> float:
     return time.perf_counter() - t0
 
 
+def _say(line: str) -> None:
+    """One line to whoever started the helper; nothing when it has gone (a kernel that
+    ended while suspended closes the pipe first)."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _hold(pids: list[int]) -> int:
     try:
         seconds = suspend(pids)
     except (CheckpointUnavailable, CheckpointError) as e:
-        print(f"failed {e}", flush=True)
+        _say(f"failed {e}")
         return 1
-    print(f"suspended {seconds:.3f}", flush=True)
+    _say(f"suspended {seconds:.3f}")
     failpoints.hit("checkpoint.held")
-    sys.stdin.readline()
+    sys.stdin.readline()  # a line, or the end of the pipe: either way the holder lets go
+    if not any(_alive(pid) for pid in pids):
+        return 0  # they ended while suspended: nothing to bring back
+    return _restore(pids)
+
+
+def _alive(pid: int) -> bool:
     try:
-        seconds = restore(pids)
-    except CheckpointError as e:
-        print(f"failed {e}", flush=True)
-        return 1
-    print(f"restored {seconds:.3f}", flush=True)
-    return 0
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _restore(pids: list[int]) -> int:
     try:
         seconds = restore(pids)
     except (CheckpointUnavailable, CheckpointError) as e:
-        print(f"failed {e}", flush=True)
+        _say(f"failed {e}")
         return 1
-    print(f"restored {seconds:.3f}", flush=True)
+    _say(f"restored {seconds:.3f}")
     return 0
 
 

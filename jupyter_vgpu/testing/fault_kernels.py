@@ -66,9 +66,24 @@ def fill(kernel: Kernel, seed: int, n: int = 2) -> str:
 
 
 def needs_the_victim(arbiter: ArbiterProcess, asker: Kernel) -> None:
-    """Give the asker a budget its next cell can have only once the victim is paused."""
+    """Give the asker a budget its next cell can have only once the victim is paused: what
+    the card has free, what the asker holds by the arbiter's books, and 1.5 GiB more.
+
+    The arbiter pauses only what its books say a kernel holds: first wait until they hold
+    the 1.5 GiB on the other kernels (usage reports lag the fill by a report interval).
+    """
+
+    def others() -> int:
+        return sum(k["resident"] for k in arbiter.books()["kernels"] if k["pid"] != asker.pid)
+
+    wait_for(
+        lambda: others() >= 3 * GiB // 2,
+        30,
+        "the other kernels' bytes in the arbiter's books",
+    )
+    held = arbiter.kernel(asker.pid)["resident"]
     with arbiter.control() as c:
-        c.register(asker.pid, asker.user, "", gpu_slice(card_free() + 3 * GiB // 2))
+        c.register(asker.pid, asker.user, "", gpu_slice(card_free() + held + 3 * GiB // 2))
 
 
 def same(kernel: Kernel, expected: str) -> None:
