@@ -87,9 +87,12 @@ def needs_the_victim(arbiter: ArbiterProcess, asker: Kernel) -> None:
 
 
 def same(kernel: Kernel, expected: str) -> None:
-    out = fault_scene.run(kernel, DIGEST, timeout=300)
+    """The kernel's bytes are ``expected`` (their SHA-256), and the wait before its cell
+    ran had no stretch over :data:`fault_scene.SILENCE` without a word (hashing GiBs on
+    the CPU takes seconds of the cell's own)."""
+    out = fault_scene.run(kernel, "print('back', flush=True)\n" + DIGEST, timeout=300)
     assert out.text.strip().splitlines()[-1] == expected, out.text
-    assert out.longest_silence <= fault_scene.SILENCE, (out.longest_silence, out.text)
+    assert out.silence_until("back") <= fault_scene.SILENCE, (out.silence_until("back"), out.text)
 
 
 class Attached:

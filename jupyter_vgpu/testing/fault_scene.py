@@ -93,6 +93,7 @@ class Timed:
     text: str = ""
     sent: float = 0.0
     times: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
     ended: float | None = None
     error: BaseException | None = None
 
@@ -101,6 +102,16 @@ class Timed:
         """The longest stretch, seconds, from the request through its output to its reply
         without a message in the cell's output."""
         marks = [self.sent, *self.times, self.ended if self.ended is not None else time.monotonic()]
+        return max(b - a for a, b in itertools.pairwise(marks))
+
+    def silence_until(self, text: str) -> float:
+        """The longest stretch without a message, seconds, from the request to the first
+        message holding ``text`` (a line the cell's code prints first): the wait before
+        the code runs, without the code's own time. Raises AssertionError when no
+        message holds it."""
+        first = next((i for i, t in enumerate(self.texts) if text in t), None)
+        assert first is not None, f"no message holds {text!r}: {self.text!r}"
+        marks = [self.sent, *self.times[: first + 1]]
         return max(b - a for a, b in itertools.pairwise(marks))
 
 
@@ -121,6 +132,7 @@ def run(kernel: Kernel, code: str, timeout: float = 120, out: Timed | None = Non
             parts.append(f"{c['ename']}: {c['evalue']}\n")
         else:
             return
+        out.texts.append(parts[-1])
         out.times.append(time.monotonic())
 
     out.sent = time.monotonic()

@@ -138,14 +138,14 @@ def test_a_suspended_kernel_whose_arbiter_dies_is_restored_or_unlocked(tmp_path,
             # suspended first (paused for the asker, then suspended in the background), then asked back
             assert scene.run(asker, "print('asker ran')", timeout=300).text.rstrip().endswith("asker ran")
             wait_for(lambda: arbiter.kernel(victim.pid)["tier"] == "suspended", 60, "the victim suspended")
-            cell = scene.Background(victim, DIGEST, timeout=300)
+            cell = scene.Background(victim, "print('back', flush=True)\n" + DIGEST, timeout=300)
         else:
-            cell = scene.Background(asker, "print('asker ran')", timeout=300)
+            cell = scene.Background(asker, "print('back', flush=True)", timeout=300)
         scene.stopped_at_failpoint(arbiter.process.pid, f"the arbiter at {step}", timeout=120)
         scene.kill(arbiter.process.pid, "kill")
         arbiter.process.wait(30)
         out = cell.join(300)  # whoever waited goes on without the arbiter, with a word each second
-        assert out.longest_silence <= scene.SILENCE, (out.longest_silence, out.text)
+        assert out.silence_until("back") <= scene.SILENCE, (out.silence_until("back"), out.text)
         arbiter.env = {}
         arbiter.start()
         wait_for(lambda: scene.books_consistent(arbiter, {victim.pid: "", asker.pid: ""}), 5, "whole books")
