@@ -281,7 +281,7 @@ def arbiter_fault(work, tmp: Path, step: str) -> dict:
         else ()
     )
     if step in ("arbiter.suspend", "arbiter.restore", "checkpoint.locked", "checkpoint.restored"):
-        more = ("--ArbiterApp.suspend_after=0",)
+        more = ("--ArbiterApp.suspend_after=1",)  # paused, then suspended 1 s later
     arbiter = arbiter_for(tmp, *more).start()
     asker = victim = None
     try:

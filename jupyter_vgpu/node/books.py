@@ -200,10 +200,14 @@ def victims(
 
     Order: suspensions due (paused longer than ``suspend_after``), then pauses by
     longest idle, lowest priority, most above request; then the remaining suspensions.
+    ``suspend_after`` 0 (``ArbiterApp.suspend_after``: never suspend) leaves paused
+    kernels paused: pauses only.
     """
     now = time.monotonic() if now is None else now
     idle = [k for k in card_kernels if k is not asking and k.state == IDLE]
     paused = [k for k in card_kernels if k is not asking and k.state == PAUSED]
+    if suspend_after <= 0:
+        paused = []
     due = [k for k in paused if k.idle_for(now) >= suspend_after]
     rest = [k for k in paused if k not in due]
     idle.sort(key=lambda k: (-k.idle_for(now), k.priority, -(k.resident - k.request)))

@@ -119,7 +119,7 @@ def test_a_kernel_dies_at_a_step_of_the_gpu_path(node, step):
 def test_a_suspended_kernel_whose_arbiter_dies_is_restored_or_unlocked(tmp_path, step):
     args = (
         "--queue-timeout=120",
-        "--ArbiterApp.suspend_after=0",
+        "--ArbiterApp.suspend_after=1",  # paused for the asker, then suspended once the card is quiet
         f"--ArbiterApp.disk_dir={tmp_path / 'disk'}",
     )
     arbiter = ArbiterProcess(tmp_path, *args).start()

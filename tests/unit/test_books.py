@@ -27,3 +27,19 @@ def test_a_running_kernel_keeps_the_growth_it_was_granted():
     # 70 GiB free: 30 promised to the running kernel, 30 wanted, 10 to spare
     assert books.shortfall(asking, 70 * GiB, [running]) == 0
     assert books.shortfall(asking, 50 * GiB, [running]) == 10 * GiB
+
+
+def test_victims_suspend_long_paused_kernels_first_and_never_when_suspending_is_off():
+    now = 1000.0
+    long_paused = kernel(2, budget=8 * GiB, state=books.PAUSED, since=now - 600)
+    just_paused = kernel(3, budget=8 * GiB, state=books.PAUSED, since=now - 5)
+    idle_long = kernel(4, budget=8 * GiB, resident=GiB, since=now - 300)
+    idle_short = kernel(5, budget=8 * GiB, resident=GiB, since=now - 10)
+    running = kernel(6, budget=8 * GiB, resident=GiB, state=books.ACTIVE)
+    asking = kernel(1, budget=8 * GiB)
+    card = [asking, running, idle_short, just_paused, idle_long, long_paused]
+    order = [(k.pid, action) for k, action in books.victims(card, asking, suspend_after=60, now=now)]
+    assert order == [(2, "suspend"), (4, "pause"), (5, "pause"), (3, "suspend")]
+    # ArbiterApp.suspend_after = 0: never suspend; the idle kernels are paused, the paused stay so
+    order = [(k.pid, action) for k, action in books.victims(card, asking, suspend_after=0, now=now)]
+    assert order == [(4, "pause"), (5, "pause")]
