@@ -4,6 +4,8 @@ SHA-256 the kernel prints, and a kernel reached through its connection file."""
 
 from __future__ import annotations
 
+import re
+
 from jupyter_client import BlockingKernelClient
 
 from . import fault_scene
@@ -62,7 +64,9 @@ def gpu_kernel(tmp_path, arbiter: ArbiterProcess | None, user: str, limit: int, 
 def fill(kernel: Kernel, seed: int, n: int = 2) -> str:
     out = fault_scene.run(kernel, FILL.format(seed=seed, n=n), timeout=300)
     assert out.error is None, out.error
-    return out.text.strip().splitlines()[-1]
+    digest = out.text.strip().splitlines()[-1] if out.text.strip() else ""
+    assert re.fullmatch(r"[0-9a-f]{64}", digest), f"the fill failed: {out.text[-2000:]}"
+    return digest
 
 
 def needs_the_victim(arbiter: ArbiterProcess, asker: Kernel) -> None:

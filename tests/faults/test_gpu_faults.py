@@ -183,7 +183,9 @@ def test_a_kernel_whose_checkpoint_helper_dies_restores_itself(tmp_path):
 
 
 def test_without_an_arbiter_and_no_room_a_cell_fails_readably_and_keeps_the_data(tmp_path):
-    arbiter = ArbiterProcess(tmp_path, "--queue-timeout=120", "--ArbiterApp.suspend_after=0").start()
+    # the asker's budget is the whole card: the victim's CUDA context must go too (paused,
+    # then suspended for room: suspend_after's default lets the arbiter do so)
+    arbiter = ArbiterProcess(tmp_path, "--queue-timeout=120").start()
     victim = gpu_kernel(tmp_path, arbiter, "victim", 8 * GiB, args=("--VGPUKernel.resume_timeout=5",))
     asker = gpu_kernel(tmp_path, arbiter, "asker", gpu_slice(GiB).gpu_memory)  # the whole card
     try:
@@ -247,7 +249,7 @@ def test_paused_working_sets_past_the_host_budget_go_to_disk_and_come_back(tmp_p
     kernels, expected = [], []
     try:
         for i in range(6):
-            k = gpu_kernel(tmp_path, arbiter, f"user{i}", 16 * GiB)
+            k = gpu_kernel(tmp_path, arbiter, f"user{i}", 18 * GiB)  # 14 GiB and the fill's 2 GiB temporaries
             kernels.append(k)
         for i, k in enumerate(kernels):  # each fills 14 GiB in turn; the card holds five of them
             expected.append(fill(k, 10 + i, n=14))
