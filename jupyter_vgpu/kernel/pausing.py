@@ -538,8 +538,8 @@ class PauseControl:
             if time.monotonic() >= deadline:
                 raise MemoryError(
                     f"restoring this kernel from the driver's checkpoint failed ({line or 'no answer'}) "
-                    f"for {self.config.resume_timeout:.0f} s; it stays suspended, its data kept in host memory "
-                    "(the driver's checkpoint): run the cell again to retry"
+                    f"for {self.config.resume_timeout:.0f} s; it stays suspended, its data kept in host "
+                    "memory (the driver's checkpoint): run the cell again to retry"
                 )
             progress.update(f"the driver could not restore this kernel yet ({line}); trying again")
             progress.sleep(1.0)
