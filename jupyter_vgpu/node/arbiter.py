@@ -1042,6 +1042,8 @@ class Arbiter:
 
     async def _restore(self, kernel: Kernel) -> tuple[bool, str]:
         failpoints.hit("arbiter.restore")
+        # logged before the driver's call, so that a restore that never ends shows in the log
+        log.info("restoring %s from the driver's checkpoint (group %s)", kernel.describe(), kernel.group)
         try:
             seconds = await asyncio.get_running_loop().run_in_executor(
                 None, self.checkpoint.restore, kernel.group or [*_descendants(kernel.pid), kernel.pid]
