@@ -34,7 +34,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.slice import Slice, SliceError
@@ -48,6 +50,7 @@ from .metrics import Metrics
 from .watchdog import Watchdog, owners
 
 log = logging.getLogger("jupyter_vgpu.node")
+T = TypeVar("T")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -135,6 +138,29 @@ MPS_WATCH_SECONDS = 10.0
 SWEEP_SECONDS = 5.0
 #: Seconds the disk tier is left alone after a spill failed (a full or failing disk).
 DISK_BACKOFF_SECONDS = 30.0
+
+
+async def said_while(
+    work: Awaitable[T], tell: Callable[[str], Awaitable[None]], what: str, every: float = 1.0
+) -> T:
+    """Await ``work`` and return its result, telling ``what`` at once and then every
+    ``every`` seconds until it is done, with the seconds so far ("what (3 s)").
+
+    Raises:
+        Exception: whatever ``work`` raised.
+    """
+    task = asyncio.ensure_future(work)
+    t0 = time.monotonic()
+    try:
+        await tell(what)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            await tell(f"{what} ({time.monotonic() - t0:.0f} s)")
+    except asyncio.CancelledError:
+        task.cancel()  # as if ``work`` had been awaited directly
+        raise
 
 
 class Arbiter:
@@ -893,8 +919,12 @@ class Arbiter:
                 short, reading = await self._make_room(kernel, uuid, tell, notes)
                 if short <= 0:
                     if purpose == "restore" and kernel.state == SUSPENDED:
-                        await tell("restoring this kernel from the driver's checkpoint")
-                        ok, why = await self._restore(kernel)
+                        # a word each second while the driver restores (tens of seconds for
+                        # tens of GiB): the cell is never silent, and the kernel never takes
+                        # the silence for a hung arbiter and starts a restore of its own
+                        ok, why = await said_while(
+                            self._restore(kernel), tell, "restoring this kernel from the driver's checkpoint"
+                        )
                         if not ok:
                             await self._send(conn, {"type": "deny", "id": rid, "message": why})
                             return
@@ -948,15 +978,18 @@ class Arbiter:
         for victim, action in books.victims(others, kernel, self.config.suspend_after):
             if action == "suspend" and self.checkpoint is None:
                 continue
-            if tell is not None:
+            for_whom = f"room for {kernel.server.key}"
+            taking = self._take_off(victim, action, reason=for_whom, tell=tell, notes=notes)
+            if tell is None:
+                ok = await taking
+            else:  # a word each second: a suspend of tens of GiB takes tens of seconds
                 verb = "pausing" if action == "pause" else "suspending"
-                await tell(
+                ok = await said_while(
+                    taking,
+                    tell,
                     f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
-                    f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free"
+                    f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
                 )
-            ok = await self._take_off(
-                victim, action, reason=f"room for {kernel.server.key}", tell=tell, notes=notes
-            )
             if not ok:
                 continue
             reading = await self.read(uuid)
