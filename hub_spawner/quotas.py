@@ -18,6 +18,7 @@ it (the id does not change), and a new user of an old name starts with none.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -193,15 +194,17 @@ class QuotaStore:
             ``vgpu_quotas`` table moved into them).
     """
 
-    _created_on: set[int] = set()
+    # the engines whose tables are made; weak, since an id() of an engine since collected
+    # can come back as a new engine's, whose tables would then never be made
+    _created_on: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, db: Session):
         self.db = db
         bind = db.get_bind()
-        if id(bind) not in self._created_on:
+        if bind not in self._created_on:
             metadata.create_all(bind)
             _migrate_named_rows(db)
-            self._created_on.add(id(bind))
+            self._created_on.add(bind)
 
     def _owner_id(self, kind: str, name: str) -> int | None:
         owner = OWNERS[kind]
