@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.node import peers
 
 _driver = None
 
@@ -181,19 +182,9 @@ def _hold(pids: list[int]) -> int:
     _say(f"suspended {seconds:.3f}")
     failpoints.hit("checkpoint.held")
     sys.stdin.readline()  # a line, or the end of the pipe: either way the holder lets go
-    if not any(_alive(pid) for pid in pids):
+    if not any(peers.alive(pid) for pid in pids):
         return 0  # they ended while suspended: nothing to bring back
     return _restore(pids)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _restore(pids: list[int]) -> int:
