@@ -298,3 +298,30 @@ def _process_sm(nv, handle) -> dict[int, float]:
     for s in samples:
         result[int(s.pid)] = max(result.get(int(s.pid), 0.0), float(s.smUtil))
     return result
+
+
+def footprint(pids: list[int]) -> dict[str, int]:
+    """GPU memory the processes ``pids`` hold together, bytes per GPU UUID (GPUs where
+    they hold nothing left out): what a driver's checkpoint of them takes off each card,
+    and needs back to restore them.
+
+    Raises:
+        NVMLUnavailable: no NVIDIA driver.
+    """
+    wanted = set(pids)
+    out: dict[str, int] = {}
+    for gpu in list_gpus():
+        held = sum(n for pid, n in process_memory(gpu.uuid).items() if pid in wanted)
+        if held:
+            out[gpu.uuid] = held
+    return out
+
+
+def free_memory(gpu: str | int) -> int:
+    """Free memory of one GPU, bytes (total less used, NVML's ``nvmlDeviceGetMemoryInfo``).
+
+    Raises:
+        NVMLUnavailable: no NVIDIA driver, or no such GPU.
+    """
+    used, total, _ = device_usage(gpu)
+    return max(0, total - used)

@@ -198,6 +198,10 @@ class KernelHook:
             paused = (self.simulated_used if away else 0) + (st["paused_bytes"] if engine is not None else 0)
         else:
             resident, paused = self.torch_memory()[1], st["paused_bytes"]
+            if st["state"] == "suspended" and self.pausing.suspend_need:
+                # what the driver took off the card (NVML's figure before the checkpoint):
+                # what its restore needs back, for an arbiter that meets it suspended
+                resident = sum(self.pausing.suspend_need.values())
         seconds = st.get("last_resume_seconds")
         fresh = seconds if seconds is not None and seconds != self._resume_sent else None
         self._resume_sent = seconds

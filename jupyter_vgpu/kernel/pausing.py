@@ -97,6 +97,9 @@ class PauseControl:
         self.listeners: list[Callable[[str], None]] = []
         self._helper: subprocess.Popen | None = None
         self.suspended_with: list[int] = []  # child processes suspended with the kernel
+        #: bytes per GPU UUID the kernel and ``suspended_with`` held when the driver took
+        #: them off (NVML, just before): what a restore needs free (:mod:`..node.checkpoint`)
+        self.suspend_need: dict[str, int] = {}
         self._pause_after_cell = False
         self.last_suspend_seconds: float | None = None
         self.last_restore_seconds: float | None = None
@@ -302,6 +305,16 @@ class PauseControl:
         ]
         return out
 
+    @staticmethod
+    def _footprint(pids: list[int]) -> dict[str, int]:
+        """NVML's bytes per GPU of ``pids`` ({} where NVML cannot say)."""
+        try:
+            from jupyter_vgpu import nvml
+
+            return nvml.footprint(pids)
+        except Exception:
+            return {}
+
     def gpu_children(self) -> dict[int, int]:
         """Processes this kernel started (at any depth) that hold GPU memory: ``{pid:
         bytes}`` (NVML's figures). They leave the GPU only with the kernel (suspended
@@ -374,6 +387,7 @@ class PauseControl:
                     if engine is not None and engine.state == "active":
                         engine.pause()
             children = sorted(self.gpu_children())
+            self.suspend_need = self._footprint([*children, os.getpid()])
             pids = [*map(str, children), str(os.getpid())]
             cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", *pids]
             # its own session: an interrupt of the kernel (SIGINT to the kernel's process
@@ -527,7 +541,8 @@ class PauseControl:
         if not alone:
             return  # the arbiter restored it before it granted the room
         pids = [*map(str, self.suspended_with), str(os.getpid())]  # as they were suspended
-        cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "restore", *pids]
+        need = [a for uuid, n in self.suspend_need.items() for a in ("--need", f"{uuid}={n}")]
+        cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "restore", *need, *pids]
         while True:
             progress.update("restoring this kernel from the driver's checkpoint (its holder has ended)")
             done = progress.run(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=600))
@@ -541,7 +556,7 @@ class PauseControl:
                     f"for {self.config.resume_timeout:.0f} s; it stays suspended, its data kept in host "
                     "memory (the driver's checkpoint): run the cell again to retry"
                 )
-            progress.update(f"the driver could not restore this kernel yet ({line}); trying again")
+            progress.update(f"not restored yet ({line.removeprefix('failed ')}); trying again")
             progress.sleep(1.0)
 
     @staticmethod
@@ -617,12 +632,13 @@ class PauseControl:
             self.suspended_with = sorted(self.gpu_children())
 
         def work():
-            if reasons:
-                return  # the checkpoint takes all of the memory, context included
-            with self._plain():
-                engine = self._engine()
-                if engine is not None and engine.state == "active":
-                    engine.pause()
+            if not reasons:  # else the checkpoint takes all of the memory, context included
+                with self._plain():
+                    engine = self._engine()
+                    if engine is not None and engine.state == "active":
+                        engine.pause()
+            if not self.stand_in:
+                self.suspend_need = self._footprint([*self.suspended_with, os.getpid()])
 
         self.gate.away(work, to=g.SUSPENDED)
         self.last_refusal = f"{'; '.join(reasons)}; suspended instead of paused" if reasons else None

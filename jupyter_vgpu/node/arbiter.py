@@ -888,7 +888,9 @@ class Arbiter:
             if kernel.state != ACTIVE:
                 kernel.granted = 0
             if kernel.state == SUSPENDED:
-                kernel.checkpoint_bytes = kernel.resident
+                # a suspended kernel reports what the checkpoint took off the card (NVML's
+                # figure before it) as resident: the books' figure may already be 0
+                kernel.checkpoint_bytes = max(kernel.resident, msg["resident"])
         if kernel.slice.simulated:  # no counters: the kernel's figure is all there is
             kernel.resident = msg["resident"]
         kernel.paused_bytes, kernel.host_bytes = msg["paused_bytes"], msg["host_bytes"]
@@ -917,17 +919,23 @@ class Arbiter:
             notes: list[str] = []  # why victims stayed where they are
             async with self._locks[uuid]:
                 short, reading = await self._make_room(kernel, uuid, tell, notes)
+                held = purpose == "restore" or kernel.state == SUSPENDED
+                if short <= 0 and held and self.checkpoint is not None:
+                    # the kernel's word (``restore``) or the books: whichever says the driver
+                    # holds it, the driver is asked (a kernel reports itself active as soon
+                    # as its cell starts, before its room). A word each second while the
+                    # driver restores (tens of seconds for tens of GiB): the cell is never
+                    # silent, and the kernel never takes the silence for a hung arbiter
+                    ok, why = await said_while(
+                        self._restore(kernel), tell, "restoring this kernel from the driver's checkpoint"
+                    )
+                    if ok is None:  # NVML shows less free than the restore needs: wait for it
+                        short = 1
+                        notes.append(why)
+                    elif not ok:
+                        await self._send(conn, {"type": "deny", "id": rid, "message": why})
+                        return
                 if short <= 0:
-                    if purpose == "restore" and kernel.state == SUSPENDED:
-                        # a word each second while the driver restores (tens of seconds for
-                        # tens of GiB): the cell is never silent, and the kernel never takes
-                        # the silence for a hung arbiter and starts a restore of its own
-                        ok, why = await said_while(
-                            self._restore(kernel), tell, "restoring this kernel from the driver's checkpoint"
-                        )
-                        if not ok:
-                            await self._send(conn, {"type": "deny", "id": rid, "message": why})
-                            return
                     if kernel.tier in ("host", "disk"):
                         where = "disk" if kernel.tier == "disk" else "host memory"
                         await tell(
@@ -1040,6 +1048,9 @@ class Arbiter:
             failpoints.hit("arbiter.suspend")
             group = [p for p in reading.processes if p != kernel.pid and kernel.pid in peers.ancestors(p)]
             group.append(kernel.pid)
+            # what the checkpoint takes off the card, after the kernel's own pause: its restore needs it back
+            held = (await self.read(uuid)).processes
+            kernel.checkpoint_bytes = sum(held.get(p, 0) for p in group)
             try:
                 await asyncio.get_running_loop().run_in_executor(None, self.checkpoint.suspend, group)
             except Exception as e:
@@ -1073,16 +1084,28 @@ class Arbiter:
                 return
             await asyncio.sleep(0.02)
 
-    async def _restore(self, kernel: Kernel) -> tuple[bool, str]:
+    async def _restore(self, kernel: Kernel) -> tuple[bool | None, str]:
+        """Bring ``kernel`` (and its group) back from the driver's checkpoint, if the driver
+        holds it; ``(True, "")`` once it runs (restored now, or it was not checkpointed),
+        ``(None, why)`` when NVML shows too little free memory to try (a restore the card
+        has no room for leaves the process unrestorable: :mod:`.checkpoint`), ``(False,
+        why)`` when the driver refused."""
         failpoints.hit("arbiter.restore")
         # logged before the driver's call, so that a restore that never ends shows in the log
         log.info("restoring %s from the driver's checkpoint (group %s)", kernel.describe(), kernel.group)
+        need = {kernel.slice.gpu_uuid: kernel.checkpoint_bytes} if not kernel.slice.simulated else None
         try:
             seconds = await asyncio.get_running_loop().run_in_executor(
-                None, self.checkpoint.restore, kernel.group or [*_descendants(kernel.pid), kernel.pid]
+                None,
+                self.checkpoint.restore,
+                kernel.group or [*_descendants(kernel.pid), kernel.pid],
+                need,
             )
+        except self.checkpoint.NoRoom as e:
+            return None, f"{kernel.server.key} waits to be restored: {e}"
         except Exception as e:
             return False, f"restoring the kernel failed: {e}"
+        kernel.checkpoint_bytes = 0
         self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
         self._decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
         return True, ""

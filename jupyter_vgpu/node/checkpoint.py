@@ -19,6 +19,15 @@ leave the kernel suspended. ``python -m jupyter_vgpu.node.checkpoint restore PID
 ``restored``: a kernel whose checkpoint's holder ended (the helper, or the node arbiter
 with no successor) restores itself so. The driver keeps a process's checkpoint state
 whatever becomes of its holder (:func:`state`), so any later process can finish the job.
+
+A restore is never tried without room. Measured on the H100 (driver 580, 2026-11-25,
+``benchmarks/results/gpu-tests-h100.log``): a restore the card had no room for failed with
+``CUDA_ERROR_OUT_OF_MEMORY``, and every later one, with the card empty, with
+``CUDA_ERROR_OPERATING_SYSTEM``, the process still ``checkpointed``: its memory was out
+of reach for good. So :func:`restore` first reads NVML's free memory on each card the
+processes held memory on (:func:`jupyter_vgpu.nvml.footprint` at the suspend) and
+refuses, with :class:`NoRoom` and no driver call, unless it exceeds that footprint by
+:data:`RESTORE_HEADROOM`.
 """
 
 from __future__ import annotations
@@ -28,10 +37,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.node import peers
+from jupyter_vgpu.units import format_bytes
 
 _driver = None
 
@@ -42,6 +52,17 @@ class CheckpointUnavailable(RuntimeError):
 
 class CheckpointError(RuntimeError):
     """A checkpoint call failed; the message names the call and the driver's error."""
+
+
+class NoRoom(CheckpointError):
+    """A restore was not tried: a card has too little free memory for it (the message
+    says how much is needed and free); the processes stay checkpointed, restorable."""
+
+
+#: Free memory a restore needs past the processes' footprint at the suspend, bytes. The
+#: driver's own need past NVML's figure was not measured (a failed restore cannot be
+#: retried, so each try costs a process); 512 MiB is a margin, not a measurement.
+RESTORE_HEADROOM = 512 * 2**20
 
 
 def _load():
@@ -131,15 +152,36 @@ def _quietly(name: str, *args) -> None:
         pass
 
 
-def restore(pids: int | Iterable[int]) -> float:
+def room_short(need: dict[str, int], free_of: Callable[[str], int]) -> str | None:
+    """Why a restore of processes that held ``need`` (bytes per GPU UUID) must wait, in
+    words, or None when every card has that much free plus :data:`RESTORE_HEADROOM`
+    (``free_of(uuid)``: its free bytes)."""
+    for uuid, nbytes in need.items():
+        free = free_of(uuid)
+        if free < nbytes + RESTORE_HEADROOM:
+            return (
+                f"the GPU has {format_bytes(free)} free where the restore needs "
+                f"{format_bytes(nbytes + RESTORE_HEADROOM)} (the {format_bytes(nbytes)} the driver "
+                "took off the card, and a margin)"
+            )
+    return None
+
+
+def restore(pids: int | Iterable[int], need: dict[str, int] | None = None) -> float:
     """Bring suspended processes back to the GPU (in the reverse order of their suspend)
     and unlock them; returns the seconds it took. Whatever holds them now may call it: a
     process left ``locked`` (a suspend cut short) is unlocked, one already ``running`` is
     left alone (a restore that ended before its caller heard of it).
 
+    Args:
+        pids: the processes, as they were suspended (the kernel last).
+        need: bytes per GPU UUID the processes held when suspended
+            (:func:`jupyter_vgpu.nvml.footprint`); with it, no restore is tried unless
+            NVML shows that much free plus :data:`RESTORE_HEADROOM` on each card.
+
     Raises:
-        CheckpointError: the driver refused (e.g. no room on the device); those not yet
-            restored stay suspended.
+        NoRoom: too little free memory; nothing was tried, the processes stay restorable.
+        CheckpointError: the driver refused; those not yet restored stay suspended.
     """
     driver = _load()
     group = list(reversed(_pids(pids)))
@@ -152,6 +194,12 @@ def restore(pids: int | Iterable[int]) -> float:
             if len(group) == 1:
                 raise
             states[pid] = "running"  # a child without a CUDA context, or gone: nothing to bring back
+    if need and "checkpointed" in states.values():
+        from jupyter_vgpu import nvml
+
+        why = room_short(need, nvml.free_memory)
+        if why:
+            raise NoRoom(why)
     for pid in group:
         if states[pid] == "checkpointed":
             _call("cuCheckpointProcessRestore", pid, driver.CUcheckpointRestoreArgs())
@@ -173,7 +221,17 @@ def _say(line: str) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _footprint(pids: list[int]) -> dict[str, int]:
+    try:
+        from jupyter_vgpu import nvml
+
+        return nvml.footprint(pids)
+    except Exception:  # no NVML: the restore is tried without looking at the card first
+        return {}
+
+
 def _hold(pids: list[int]) -> int:
+    need = _footprint(pids)
     try:
         seconds = suspend(pids)
     except (CheckpointUnavailable, CheckpointError) as e:
@@ -184,12 +242,12 @@ def _hold(pids: list[int]) -> int:
     sys.stdin.readline()  # a line, or the end of the pipe: either way the holder lets go
     if not any(peers.alive(pid) for pid in pids):
         return 0  # they ended while suspended: nothing to bring back
-    return _restore(pids)
+    return _restore(pids, need)
 
 
-def _restore(pids: list[int]) -> int:
+def _restore(pids: list[int], need: dict[str, int] | None = None) -> int:
     try:
-        seconds = restore(pids)
+        seconds = restore(pids, need)
     except (CheckpointUnavailable, CheckpointError) as e:
         _say(f"failed {e}")
         return 1
@@ -197,9 +255,31 @@ def _restore(pids: list[int]) -> int:
     return 0
 
 
+def _main(argv: list[str]) -> int:
+    usage = (
+        "usage: python -m jupyter_vgpu.node.checkpoint hold PID [PID ...] | "
+        "restore [--need UUID=BYTES ...] PID [PID ...]"
+    )
+    if not argv or argv[0] not in ("hold", "restore"):
+        sys.exit(usage)
+    need: dict[str, int] = {}
+    pids: list[int] = []
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "--need" and argv[0] == "restore":
+            uuid, _, nbytes = next(args, "").partition("=")
+            if not uuid or not nbytes.isdigit():
+                sys.exit(usage)
+            need[uuid] = int(nbytes)
+        elif arg.isdigit():
+            pids.append(int(arg))
+        else:
+            sys.exit(usage)
+    if not pids:
+        sys.exit(usage)
+    return _hold(pids) if argv[0] == "hold" else _restore(pids, need)
+
+
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    args = sys.argv[2:]
-    if len(sys.argv) < 3 or sys.argv[1] not in ("hold", "restore") or not all(a.isdigit() for a in args):
-        sys.exit("usage: python -m jupyter_vgpu.node.checkpoint hold|restore PID [PID ...]")
-    sys.exit((_hold if sys.argv[1] == "hold" else _restore)([int(a) for a in args]))
+    sys.exit(_main(sys.argv[1:]))

@@ -14,9 +14,11 @@ Kernels (any user) may send:
 - ``{"type": "state", "state": "active"|"idle"|"paused"|"suspended", "resident": int,
   "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "resume_seconds": number |
   null}``: figures only; ``resident`` (bytes on the card) counts only on a simulated GPU,
-  where NVML has nothing to say; ``host_bytes`` is the host memory the kernel holds for
-  its paused data, ``disk_bytes`` what it keeps in the disk tier; ``resume_seconds`` is
-  the last resume's duration, once. (``disk_bytes`` may be left out: version 1.)
+  where NVML has nothing to say, and while suspended (what the driver's checkpoint took
+  off the card, NVML's figure just before it: what the restore needs back);
+  ``host_bytes`` is the host memory the kernel holds for its paused data, ``disk_bytes``
+  what it keeps in the disk tier; ``resume_seconds`` is the last resume's duration,
+  once. (``disk_bytes`` may be left out: version 1.)
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"}``: may I run? The
   arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
   ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
