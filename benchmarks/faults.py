@@ -101,12 +101,18 @@ class GPU:
         return self.gib * GiB
 
 
+#: A cell's first line, printed as soon as its code runs: the wait before it is what is
+#: timed for silence, not the code's own time (hashing GiBs on the CPU takes seconds).
+BACK = "print('back', flush=True)\n"
+
+
 def check(work, kernel) -> tuple[int, float]:
-    """``(bytes lost, longest silence)`` of a kernel's data, checked by a cell."""
-    out = scene.run(kernel, work.digest_code(), timeout=600)
+    """``(bytes lost, longest silence before the cell's code ran)`` of a kernel's data,
+    checked by a cell."""
+    out = scene.run(kernel, BACK + work.digest_code(), timeout=600)
     lines = out.text.strip().splitlines()
     lost = 0 if lines and lines[-1] == kernel.expected else work.nbytes
-    return lost, out.longest_silence
+    return lost, out.silence_until("back") if "back" in out.text else out.longest_silence
 
 
 def arbiter_for(tmp, *more, env=None):
@@ -148,14 +154,14 @@ def restart(work, tmp: Path, n: int) -> dict:
         arbiter.start(wait=False)
         wait_for(lambda: scene.books_consistent(arbiter, whole), 60, "the books whole again", interval=0.02)
         books_whole = time.monotonic() - t0
-        out = scene.run(kernels[0], work.digest_code(), timeout=600)
+        out = scene.run(kernels[0], BACK + work.digest_code(), timeout=600)
         first_cell = time.monotonic() - t0
         assert out.text.strip().splitlines()[-1] == kernels[0].expected, out.text
         return {
             "kernels": n,
             "books_whole_s": round(books_whole, 3),
             "first_cell_s": round(first_cell, 3),
-            "first_cell_longest_silent_wait_s": round(out.longest_silence, 3),
+            "first_cell_longest_silent_wait_s": round(out.silence_until("back"), 3),
         }
     finally:
         shut(*kernels, arbiter)
@@ -358,11 +364,11 @@ def server_fault(work, tmp: Path) -> dict:
         wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 30, "ada paused")
         scene.kill(server.proc.pid, "kill")
         server.proc.wait(30)
-        out = scene.run(ada, scene.DIGEST)
+        out = scene.run(ada, BACK + scene.DIGEST)
         lost = 0 if out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB) else 16 * MiB
         scene.kill(pid, "kill")
         return {"process": "server", "step": "kernel paused", "bytes_lost": lost,
-                "longest_silent_wait_s": round(max(silence, out.longest_silence), 3)}  # fmt: skip
+                "longest_silent_wait_s": round(max(silence, out.silence_until("back")), 3)}  # fmt: skip
     finally:
         shut(*(x for x in (bob, arbiter) if x is not None))
         if server.proc.poll() is None:
@@ -431,47 +437,57 @@ def main() -> None:
     def tmp() -> Path:
         return Path(tempfile.mkdtemp(prefix="vgpu-faults-"))
 
+    def save(final: bool = False) -> None:
+        """The result so far, written after every part: a run cut short keeps what it measured."""
+        result["goals"] = goals(result)
+        text = json.dumps(result, indent=2)
+        if final:
+            print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+
     if "restart" not in args.skip:
         print("restart", file=sys.stderr)
         result["restart"] = restart(small, tmp(), args.kernels)
         print(json.dumps(result["restart"]), file=sys.stderr)
+        save()
     if "disk" not in args.skip:
         print("disk", file=sys.stderr)
         result["disk"] = disk(big, tmp())
         print(json.dumps(result["disk"]), file=sys.stderr)
+        save()
     if "faults" not in args.skip:
-        faults = []
-        for step in KERNEL_STEPS:
-            faults.append(kernel_fault(small, tmp(), step))
+        faults = result["faults"] = []
+        cases = [(kernel_fault, step) for step in KERNEL_STEPS]
+        cases += [
+            (arbiter_fault, step) for step in ARBITER_STEPS + (GPU_ARBITER_STEPS if device == "gpu" else [])
+        ]
+        cases += [(server_fault, None)] + ([(helper_fault, None)] if device == "gpu" else [])
+        for fault, step in cases:
+            faults.append(fault(small, tmp(), step) if step is not None else fault(small, tmp()))
             print(json.dumps(faults[-1]), file=sys.stderr)
-        for step in ARBITER_STEPS + (GPU_ARBITER_STEPS if device == "gpu" else []):
-            faults.append(arbiter_fault(small, tmp(), step))
-            print(json.dumps(faults[-1]), file=sys.stderr)
-        faults.append(server_fault(small, tmp()))
-        print(json.dumps(faults[-1]), file=sys.stderr)
-        if device == "gpu":
-            faults.append(helper_fault(small, tmp()))
-            print(json.dumps(faults[-1]), file=sys.stderr)
-        result["faults"] = faults
-    goals = {
-        "books_whole_within_5_s": result.get("restart", {}).get("books_whole_s", 0) <= 5,
-        "no_bytes_lost": all(f["bytes_lost"] == 0 for f in result.get("faults", [])),
-        "no_silent_wait_over_2_s": all(f["longest_silent_wait_s"] <= 2 for f in result.get("faults", [])),
-    }
-    if "disk" in result:
-        d = result["disk"]
-        goals["disk_resume_at_least_0.8x_plain_read"] = d["resume_s"] <= d["plain_read_s"] / 0.8
-    result["goals"] = goals
+            save()
     if device == "cpu":
         result["notes"] = (
             f"On a CPU the resume from disk decodes zstandard on the machine's cores ({os.cpu_count()} "
             "here): the decoder, not the disk, bounds it; the goal is the GPU path's, where "
             "nvCOMP decodes behind the reads."
         )
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    save(final=True)
+
+
+def goals(result: dict) -> dict:
+    """The issue's goals, each True or False, for what ``result`` holds so far."""
+    out = {
+        "books_whole_within_5_s": result.get("restart", {}).get("books_whole_s", 0) <= 5,
+        "no_bytes_lost": all(f["bytes_lost"] == 0 for f in result.get("faults", [])),
+        "no_silent_wait_over_2_s": all(f["longest_silent_wait_s"] <= 2 for f in result.get("faults", [])),
+    }
+    if "disk" in result:
+        # the issue's measure: GB/s of uncompressed bytes, beside a plain read of the file
+        d = result["disk"]
+        out["disk_resume_at_least_0.8x_plain_read"] = d["resume_gbps"] >= 0.8 * d["plain_read_gbps"]
+    return out
 
 
 if __name__ == "__main__":
