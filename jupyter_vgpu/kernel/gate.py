@@ -149,6 +149,31 @@ class Gate:
         with self._cond:
             self._set(to)
 
+    def back(self, work: Callable[[str], None]) -> bool:
+        """Bring a paused or suspended kernel back while no handler runs (a prefetch ahead
+        of a cell): ``work(prior)`` runs with the gate ``resuming``, so that a message
+        arriving meanwhile waits for it; the kernel is then idle, its idle clock restarted
+        (its user is working in it). False, and nothing done, when the kernel is not away.
+
+        Raises:
+            Exception: whatever ``work`` raised; the kernel is left as it was.
+        """
+        with self._cond:
+            if self.state not in (PAUSED, SUSPENDED) or self.busy:
+                return False
+            prior = self.state
+            self._set(RESUMING)
+        try:
+            work(prior)
+        except BaseException:
+            with self._cond:
+                self._set(prior)
+            raise
+        with self._cond:
+            self.last_active = time.monotonic()
+            self._set(IDLE)
+        return True
+
     def wait_for(self, states: tuple[str, ...], timeout: float | None = None) -> bool:
         """Wait until the gate is in one of ``states``; False on timeout."""
         with self._cond:

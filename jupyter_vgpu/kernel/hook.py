@@ -28,6 +28,9 @@ from .config import VGPUKernel
 from .pausing import PauseControl
 from .usage import tensor_bytes
 
+#: Seconds a prefetch request stays worth acting on (its user may have gone since).
+PREFETCH_FRESH = 10.0
+
 log = logging.getLogger("jupyter_vgpu")
 
 #: The gate's states, transitions folded into where the memory is.
@@ -79,6 +82,7 @@ class KernelHook:
         self.slice: Slice | None = None
         self.slice_error: str | None = None
         self._server_mtime: float | None = None
+        self._prefetch_seen = time.time()  # requests older than the kernel are not for it
         self._torch_hook = TorchImportHook(self._on_torch)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -244,6 +248,7 @@ class KernelHook:
         if doc is None:
             return False
         self._server_mtime = mtime
+        self._prefetch_if_asked(doc.get("prefetch"))
         if self.slice_from_arbiter:
             return True  # the arbiter's slice wins over a file the kernel could write
         try:
@@ -255,6 +260,21 @@ class KernelHook:
         self.slice_error = None
         self.set_slice(new)
         return True
+
+    def _prefetch_if_asked(self, asked: object) -> None:
+        """Start a prefetch (:meth:`PauseControl.prefetch`) when ``server.json`` holds a new
+        request for this kernel (``{"prefetch": {<kernel id>: <unix seconds>}}``) of the
+        last :data:`PREFETCH_FRESH` seconds; in a thread of its own, so that the channel's
+        poll and the cells go on."""
+        if not isinstance(asked, dict) or not self.kernel_id:
+            return
+        at = asked.get(self.kernel_id)
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or at <= self._prefetch_seen:
+            return
+        self._prefetch_seen = at
+        if time.time() - at > PREFETCH_FRESH or self.pausing.state not in ("paused", "suspended"):
+            return
+        threading.Thread(target=self.pausing.prefetch, name="jupyter-vgpu-prefetch", daemon=True).start()
 
     # -- torch ---------------------------------------------------------------------------
 

@@ -408,33 +408,51 @@ class PauseControl:
 
     # -- coming back ---------------------------------------------------------------------
 
-    def _come_back(self, state: str) -> None:
+    def prefetch(self) -> bool:
+        """Bring this paused or suspended kernel back ahead of a cell its user is about to
+        run (they opened, focused or edited its notebook: the server passes the word on
+        through ``server.json``), if the card has room now: the node arbiter grants it
+        only without taking anyone off the card, and at most once per
+        ``prefetch_interval`` per server; without an arbiter, a paused kernel comes back
+        where NVML shows room. Nothing is printed (no cell runs); a cell arriving
+        meanwhile waits for it. True when the kernel came back; False when it was not
+        away, or the prefetch was refused or failed (the kernel stays as it was, and its
+        next cell brings it back as usual)."""
+        try:
+            return self.gate.back(lambda prior: self._come_back(prior, prefetch=True))
+        except Exception as e:
+            log.info("jupyter-vgpu: no prefetch: %s", e)
+            return False
+
+    def _come_back(self, state: str, prefetch: bool = False) -> None:
         """Called by the gate, in the thread of the first message that needs the kernel:
         room (from the arbiter, which restores a suspended kernel; without one, the
         kernel's own look at the card), then the memory back. Every wait longer than a
-        second is shown in the cell's output, and kept up to date."""
-        purpose = {g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run")
+        second is shown in the cell's output, and kept up to date. A ``prefetch`` asks
+        once, waits for nothing and prints nothing."""
+        purpose = "prefetch" if prefetch else {g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run")
         what = {
             "run": "asking the node arbiter for room on the GPU",
             "resume": "this kernel is paused: asking the node arbiter for room on the GPU to bring it back",
             "restore": "this kernel is suspended: asking the node arbiter to restore it",
+            "prefetch": "bringing this kernel back ahead of its next cell",
         }[purpose]
-        progress = Progress(self.say, what)
+        progress = Progress((lambda *a, **k: None) if prefetch else self.say, what)
         deadline = time.monotonic() + self.config.resume_timeout
         try:
-            alone = self._room(purpose, progress, deadline)
+            alone = self._room(purpose, progress, deadline, suspended=state == g.SUSPENDED)
             if state == g.SUSPENDED:
                 self._restore(progress, deadline, alone)
             engine = self.engine
             if engine is not None and engine.state == "paused":
                 with self._plain():
-                    self._resume_engine(engine, progress, deadline)
+                    self._resume_engine(engine, progress, deadline, wait=not prefetch)
         except BaseException as e:
             progress.done(f"not brought back: {e}" if isinstance(e, Exception) else None)
             raise
         progress.done("room granted" if purpose == "run" else "back on the GPU")
 
-    def _room(self, purpose: str, progress: Progress, deadline: float) -> bool:
+    def _room(self, purpose: str, progress: Progress, deadline: float, suspended: bool = False) -> bool:
         """Room for the kernel: from the arbiter (False), or, with none to ask, decided here
         (True): a resident kernel runs, a paused or suspended one comes back once the card
         has room for it.
@@ -452,6 +470,13 @@ class PauseControl:
             except ArbiterUnavailable as e:
                 if purpose == "run":
                     return True  # its memory is on the card already: it runs without the arbiter
+                if purpose == "prefetch":
+                    if suspended:  # its own look at the card would wait for its restore
+                        raise MemoryError(f"{e}: a suspended kernel comes back when its cell runs") from None
+                    need, free = self._room_alone()
+                    if free is None or free < need:
+                        raise MemoryError(f"{e}, and the GPU has no room for it now") from None
+                    return True
                 if purpose == "restore":
                     # its own look at the card would wait for its restore (every driver call
                     # of a checkpointed process does, NVML's too): the restore itself finds
@@ -487,7 +512,13 @@ class PauseControl:
             free = None
         return need, free
 
-    def _resume_engine(self, engine, progress: Progress, deadline: float) -> None:
+    def _resume_engine(self, engine, progress: Progress, deadline: float, wait: bool = True) -> None:
+        """The paused memory back on the card; where the card turns out full, ask the
+        arbiter again and retry until ``deadline`` (``wait`` False: give up at once).
+
+        Raises:
+            MemoryError: no room; the data stays in host memory (or on disk).
+        """
         from .pause import vmm
 
         while True:
@@ -498,6 +529,8 @@ class PauseControl:
                 return
             except vmm.DeviceFull:
                 need = engine.room_needed()
+                if not wait:
+                    raise MemoryError(f"the GPU has no room for {format_bytes(need)} now") from None
                 if self.ask_room is not None:
                     try:
                         self.ask_room("resume", progress)  # room the arbiter saw was taken meanwhile

@@ -145,6 +145,13 @@ class ArbiterApp(Application):
         "slice's idle_seconds are paused in the background, while no kernel on that card runs code.",
     ).tag(config=True)
 
+    prefetch_interval = Float(
+        5.0,
+        help="Seconds between two prefetches of one server's kernels (a paused kernel brought back "
+        "because its user started working in its notebook, before the cell runs): the rate limit "
+        "per user.",
+    ).tag(config=True)
+
     suspend_after = Float(
         1800.0,
         help="Paused kernels idle longer than this (seconds) are suspended (the driver's checkpoint: "

@@ -188,6 +188,7 @@ class Arbiter:
         self.metrics = Metrics()
         self.decisions: collections.deque = collections.deque(maxlen=200)
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._prefetched: dict[str, float] = {}  # server key -> monotonic seconds of its last prefetch
         self._changed: asyncio.Condition | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -743,6 +744,8 @@ class Arbiter:
         elif kind == "state":
             self._state(conn.kernel, msg)
             await self._notify()
+        elif kind == "room" and msg["for"] == "prefetch":
+            self._spawn(self._prefetch(conn, msg["id"]))
         elif kind == "room":
             self._spawn(self._room(conn, msg["id"], msg["for"]))
         elif kind == "reply":
@@ -902,6 +905,50 @@ class Arbiter:
             )
 
     # -- room ------------------------------------------------------------------------
+
+    async def _prefetch(self, conn: _Conn, rid: int) -> None:
+        """Bring a paused or suspended kernel back ahead of a cell its user is about to run
+        (they opened, focused or edited its notebook): at once, or not at all. Granted only
+        where the card has room without taking anyone off it and stays at or below its
+        watermark (:func:`books.prefetch_short`), and once per ``prefetch_interval`` per
+        server; otherwise denied, and the cell asks for its room when it runs."""
+        kernel = conn.kernel
+        uuid = kernel.slice.gpu_uuid
+        now = time.monotonic()
+
+        async def deny(outcome: str, message: str) -> None:
+            self.metrics.prefetches.labels(gpu=uuid, outcome=outcome).inc()
+            self._decide("prefetch refused", server=kernel.server.key, pid=kernel.pid, message=message)
+            await self._send(conn, {"type": "deny", "id": rid, "message": message})
+
+        last = self._prefetched.get(kernel.server.key)
+        if last is not None and now - last < self.config.prefetch_interval:
+            await deny("too soon", f"one prefetch per {self.config.prefetch_interval:g} s per server")
+            return
+        async with self._locks[uuid]:
+            # its state may read active already: a kernel reports so as it starts coming back
+            held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
+            if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
+                await deny("not away", "nothing to bring back: the kernel is on the GPU")
+                return
+            reading = await self.read(uuid)
+            others = [k for k in self.on_card(uuid) if k is not kernel]
+            short = books.prefetch_short(kernel, reading.free, reading.total, others, self.config.watermark)
+            if short > 0:
+                await deny("no room", f"no room to come back ahead of the cell ({format_bytes(short)} short)")
+                return
+            self._prefetched[kernel.server.key] = now
+            if held and self.checkpoint is not None:
+                ok, why = await self._restore(kernel)
+                if not ok:
+                    await deny("no room", why or "the restore failed")
+                    return
+            # counted as running until it reports itself idle: what it brings back is promised
+            kernel.granted = kernel.resident + kernel.paused_bytes
+            kernel.state, kernel.since = ACTIVE, time.monotonic()
+            self._decide("prefetch", server=kernel.server.key, pid=kernel.pid, bytes=kernel.paused_bytes)
+            self.metrics.prefetches.labels(gpu=uuid, outcome="granted").inc()
+            await self._send(conn, {"type": "grant", "id": rid})
 
     async def _room(self, conn: _Conn, rid: int, purpose: str) -> None:
         kernel = conn.kernel

@@ -190,6 +190,28 @@ def shortfall(kernel: Kernel, free: int, others: list[Kernel]) -> int:
     return max(0, need + promised - free)
 
 
+def prefetch_short(kernel: Kernel, free: int, total: int, others: list[Kernel], watermark: float) -> int:
+    """Bytes missing before ``kernel`` (paused or suspended: its paused bytes and what the
+    driver's checkpoint took) may come back ahead of its
+    next cell; 0 when it may. A prefetch takes nobody off the card: it fits in the free
+    memory beside what running kernels were promised, and leaves the card at or below
+    ``watermark`` (a fraction of ``total``), so that it never makes the background look
+    pause an idle kernel for it.
+
+    Args:
+        kernel: the kernel to bring back.
+        free: free bytes on its card now (NVML).
+        total: the card's memory, bytes.
+        others: the card's other kernels.
+        watermark: the arbiter's watermark, a fraction of ``total``.
+    """
+    need = kernel.paused_bytes + kernel.checkpoint_bytes  # what its resume and its restore take
+    promised = sum(max(0, k.granted - k.resident) for k in others if k.state == ACTIVE)
+    over_free = need + promised - free
+    over_mark = (total - free) + need - int(watermark * total)
+    return max(0, over_free, over_mark)
+
+
 def victims(
     card_kernels: list[Kernel], asking: Kernel, suspend_after: float, now: float | None = None
 ) -> list:

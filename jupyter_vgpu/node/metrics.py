@@ -36,6 +36,13 @@ class Metrics:
         self.pauses = Counter(
             "jupyter_vgpu_pauses", "Kernels paused by the arbiter.", ["gpu", "reason"], registry=r
         )
+        self.prefetches = Counter(
+            "jupyter_vgpu_prefetches",
+            "Kernels brought back ahead of a cell the user was about to run, by outcome "
+            "(granted, no room, too soon, not away).",
+            ["gpu", "outcome"],
+            registry=r,
+        )
         self.suspends = Counter(
             "jupyter_vgpu_suspends", "Kernels suspended by the arbiter.", ["gpu"], registry=r
         )

@@ -19,7 +19,9 @@ Kernels (any user) may send:
   ``host_bytes`` is the host memory the kernel holds for its paused data, ``disk_bytes``
   what it keeps in the disk tier; ``resume_seconds`` is the last resume's duration,
   once. (``disk_bytes`` may be left out: version 1.)
-- ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"}``: may I run? The
+- ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch"}``: may I run?
+  (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
+  at once, granted only where the card has room without taking anyone off it.) The
   arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
   ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
   the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":
@@ -63,7 +65,7 @@ VERSIONS = (1, 2)
 #: The longest line accepted, bytes.
 MAX_LINE = 64 * 1024
 STATES = ("active", "idle", "paused", "suspended")
-ROOM_FOR = ("run", "resume", "restore")
+ROOM_FOR = ("run", "resume", "restore", "prefetch")
 _MAX_INT = 2**62
 
 

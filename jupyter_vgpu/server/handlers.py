@@ -4,6 +4,11 @@
   per-kernel usage and totals; see :mod:`jupyter_vgpu.server.sampler`).
 - ``GET /api/vgpu/usage/stream``: the same documents as Server-Sent Events, one
   ``data: <document>`` per sample, for the JupyterLab panel.
+- ``POST /api/vgpu/kernels/<kernel id>/prefetch``: the user started working in the
+  kernel's notebook (opened, focused or edited it): a paused or suspended kernel comes
+  back ahead of the cell where the card has room (the node arbiter decides). 202 when
+  passed on; 404 for a kernel this server does not run; 429 within
+  :data:`PREFETCH_EVERY` seconds of the last for the same kernel.
 
 Authenticated and authorised like every jupyter_server API: the token in the
 ``Authorization`` header, or the session cookie with its XSRF header (what JupyterLab
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -57,10 +63,37 @@ class UsageStreamHandler(VGPUHandler):
             return
 
 
+#: A kernel id in a URL, as jupyter_server's kernel handlers match it.
+KERNEL_ID = r"(?P<kernel_id>\w+-\w+-\w+-\w+-\w+)"
+
+#: Seconds between two prefetch requests the server passes on for one kernel (the
+#: node arbiter has its own limit per server: ``ArbiterApp.prefetch_interval``).
+PREFETCH_EVERY = 2.0
+
+
+class PrefetchHandler(VGPUHandler):
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        if kernel_id not in self.kernel_manager:
+            raise web.HTTPError(404, f"this server runs no kernel {kernel_id}")
+        state = self.sampler.state
+        since = time.time() - state.prefetches.get(kernel_id, 0.0)
+        if since < PREFETCH_EVERY:
+            self.set_status(429)
+            self.set_header("Retry-After", str(int(PREFETCH_EVERY - since) + 1))
+            self.finish(json.dumps({"message": f"one prefetch per {PREFETCH_EVERY:g} s per kernel"}))
+            return
+        state.prefetch(kernel_id)
+        self.set_status(202)
+        self.finish(json.dumps({"kernel_id": kernel_id, "prefetch": "asked"}))
+
+
 def handlers(base_url: str, sampler: Sampler) -> list[tuple]:
     """Tornado handler specs for the extension's endpoints under ``base_url``."""
     kwargs = {"sampler": sampler}
     return [
         (url_path_join(base_url, "api/vgpu/usage"), UsageHandler, kwargs),
         (url_path_join(base_url, "api/vgpu/usage/stream"), UsageStreamHandler, kwargs),
+        (url_path_join(base_url, f"api/vgpu/kernels/{KERNEL_ID}/prefetch"), PrefetchHandler, kwargs),
     ]

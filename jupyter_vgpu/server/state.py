@@ -24,6 +24,8 @@ class ServerState:
         self.directory = directory
         self.slice = slice_
         self.pressure = False
+        #: kernel id -> unix seconds of the last prefetch asked for it (see :meth:`prefetch`)
+        self.prefetches: dict[str, float] = {}
         #: bumped on every publish, so that samples taken before a change are retaken.
         self.revision = 0
         self.publish()
@@ -36,9 +38,19 @@ class ServerState:
             {
                 "slice": self.slice.to_dict() if self.slice else None,
                 "pressure": self.pressure,
+                "prefetch": self.prefetches,
                 "updated": time.time(),
             },
         )
+
+    def prefetch(self, kernel_id: str, now: float | None = None) -> None:
+        """Ask kernel ``kernel_id`` to come back ahead of a cell (its user is working in its
+        notebook); the kernel reads it within half a second. Requests older than a minute
+        are dropped from the document."""
+        now = time.time() if now is None else now
+        self.prefetches = {k: t for k, t in self.prefetches.items() if now - t < 60}
+        self.prefetches[kernel_id] = now
+        self.publish()
 
     def update(self, *, slice_: Slice | None = None, pressure: bool | None = None) -> bool:
         """Change the slice and/or the pressure flag; publish when something changed."""

@@ -43,3 +43,21 @@ def test_victims_suspend_long_paused_kernels_first_and_never_when_suspending_is_
     # ArbiterApp.suspend_after = 0: never suspend; the idle kernels are paused, the paused stay so
     order = [(k.pid, action) for k, action in books.victims(card, asking, suspend_after=0, now=now)]
     assert order == [(4, "pause"), (5, "pause")]
+
+
+def test_a_prefetch_fits_in_free_memory_below_the_watermark_or_waits_for_the_cell():
+    total = 80 * GiB
+    paused = kernel(7, 40 * GiB, state=books.PAUSED, paused_bytes=10 * GiB)
+    # running, it may grow by 10 GiB more: promised
+    running = kernel(8, 40 * GiB, state=books.ACTIVE, resident=20 * GiB, granted=30 * GiB)
+    free = 40 * GiB
+    assert books.prefetch_short(paused, free, total, [running], watermark=0.9) == 0
+    # the running kernel's promise leaves 30 GiB; 35 GiB paused do not fit
+    paused.paused_bytes = 35 * GiB
+    assert books.prefetch_short(paused, free, total, [running], watermark=1.0) == 5 * GiB
+    # fits in free memory, but would push the card past its watermark (40 used + 10 back, 44 at the mark)
+    paused.paused_bytes = 10 * GiB
+    assert books.prefetch_short(paused, free, total, [], watermark=0.55) == 6 * GiB
+    # a suspended kernel needs what the driver's checkpoint took, too
+    suspended = kernel(9, 40 * GiB, state=books.SUSPENDED, checkpoint_bytes=41 * GiB)
+    assert books.prefetch_short(suspended, free, total, [], watermark=1.0) == GiB

@@ -1,0 +1,90 @@
+"""Resume before the cell runs: the JupyterLab extension tells the server that the user
+started working in a notebook (``POST /api/vgpu/kernels/<id>/prefetch``); the server
+passes the word to the kernel through its channel, and the kernel asks the node arbiter
+to come back ahead of the cell. Real server, kernels and arbiter, on a simulated card
+(1 GiB): a paused kernel comes back with no cell run, where the card has room; where it
+has none, nobody is taken off the card for it; requests are rate-limited."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_vgpu.testing import fault_scene as scene
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.fault_kernels import Attached, kernel_of
+from jupyter_vgpu.testing.server_process import JupyterServer
+from jupyter_vgpu.testing.waiting import wait_for
+
+MiB = scene.MiB
+
+
+@pytest.fixture
+def node(tmp_path):
+    arbiter = ArbiterProcess(tmp_path, "--queue-timeout=60", "--ArbiterApp.prefetch_interval=3").start()
+    runtime = tmp_path / "runtime"
+    env = {
+        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
+        "JUPYTER_VGPU_SLICE": scene.SLICE.to_json(),
+        "JUPYTER_RUNTIME_DIR": str(runtime),
+    }
+    server = JupyterServer(tmp_path / "ada", env, args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}"])
+    with arbiter.control() as c:
+        c.register(server.proc.pid, "ada", "", scene.SLICE)
+    kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
+    ada = Attached(runtime / f"kernel-{kid}.json")
+    pid = wait_for(lambda: kernel_of(arbiter, "ada/"), 60, "ada's kernel in the books")
+    assert scene.run(ada, scene.hold_code(1, 16 * MiB, simulated_mib=700)).error is None
+    bob = scene.start_kernel(tmp_path, arbiter, "bob")
+    yield arbiter, server, kid, ada, pid, bob
+    bob.shutdown()
+    server.stop()
+    arbiter.stop()
+
+
+def decisions(arbiter, what: str, server: str) -> list[dict]:
+    return [d for d in arbiter.books()["decisions"] if d["what"] == what and d.get("server") == server]
+
+
+def test_a_paused_kernel_comes_back_before_its_cell_when_its_user_starts_working(node):
+    arbiter, server, kid, ada, pid, bob = node
+    assert scene.run(bob, "print('bob ran')").text.strip() == "bob ran"
+    wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, "ada paused for bob")
+
+    answer = server.request("POST", f"api/vgpu/kernels/{kid}/prefetch")
+    assert answer.status_code == 202, answer.text
+    again = server.request("POST", f"api/vgpu/kernels/{kid}/prefetch")
+    assert again.status_code == 429, again.text
+    assert "message" in again.json()
+    wait_for(
+        lambda: arbiter.kernel(pid)["tier"] == "gpu" and arbiter.kernel(pid)["state"] == "idle",
+        10,
+        "ada back on the card, idle, with no cell run",
+    )
+    assert decisions(arbiter, "prefetch", "ada/"), arbiter.books()["decisions"]
+    out = scene.run(ada, "print('back', flush=True)\n" + scene.DIGEST)
+    assert out.text.splitlines()[0] == "back", out.text  # nothing waited for before the code ran
+    assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+
+
+def test_a_prefetch_takes_nobody_off_the_card(node):
+    arbiter, server, kid, ada, pid, bob = node
+    assert scene.run(bob, scene.hold_code(2, 16 * MiB, simulated_mib=700)).error is None
+    wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, "ada paused for bob's 700 MiB")
+    wait_for(lambda: arbiter.kernel(bob.pid)["state"] == "idle", 10, "bob idle")
+
+    assert server.request("POST", f"api/vgpu/kernels/{kid}/prefetch").status_code == 202
+    refused = wait_for(lambda: decisions(arbiter, "prefetch refused", "ada/"), 10, "the arbiter's answer")
+    assert "no room" in refused[-1]["message"], refused
+    assert arbiter.kernel(bob.pid)["tier"] == "gpu"  # idle, yet left where it is
+    assert arbiter.kernel(pid)["tier"] == "host"
+    assert not decisions(arbiter, "prefetch", "ada/")
+    # the cell still brings ada back, pausing bob as usual
+    out = scene.run(ada, "print('back', flush=True)\n" + scene.DIGEST)
+    assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+
+
+def test_a_prefetch_for_a_kernel_the_server_does_not_run_is_a_404(node):
+    server = node[1]
+    answer = server.request("POST", "api/vgpu/kernels/00000000-0000-0000-0000-000000000000/prefetch")
+    assert answer.status_code == 404
+    assert "no kernel" in answer.json()["message"]
