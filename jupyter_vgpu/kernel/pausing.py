@@ -474,9 +474,9 @@ class PauseControl:
                     if suspended:  # its own look at the card would wait for its restore
                         raise MemoryError(f"{e}: a suspended kernel comes back when its cell runs") from None
                     need, free = self._room_alone()
-                    if free is None or free < need:
+                    if free is not None and free < need:
                         raise MemoryError(f"{e}, and the GPU has no room for it now") from None
-                    return True
+                    return True  # room seen, or nothing to see (as a resume would)
                 if purpose == "restore":
                     # its own look at the card would wait for its restore (every driver call
                     # of a checkpointed process does, NVML's too): the restore itself finds

@@ -1,10 +1,16 @@
-import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  ILabShell,
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { vgpuIcon } from './icon';
 import { UsageIndicator } from './indicator';
 import { UsageModel } from './model';
+import { Prefetcher } from './prefetch';
 import { UsagePanel } from './widget';
 
 /** Command ids. */
@@ -14,14 +20,16 @@ export namespace CommandIDs {
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-vgpu:plugin',
-  description: 'vGPU usage: a sidebar panel, a status-bar item and a command to open the panel.',
+  description:
+    'vGPU usage: a sidebar panel, a status-bar item and a command to open the panel; a paused kernel is brought back as its user starts working in its notebook.',
   autoStart: true,
-  optional: [ICommandPalette, IStatusBar, ILayoutRestorer],
+  optional: [ICommandPalette, IStatusBar, ILayoutRestorer, ILabShell],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette | null,
     statusBar: IStatusBar | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    labShell: ILabShell | null
   ) => {
     const model = new UsageModel();
     const panel = new UsagePanel(model);
@@ -43,6 +51,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
 
     model.start();
+    if (labShell) {
+      new Prefetcher(model).watch(labShell);
+    }
   }
 };
 

@@ -104,3 +104,28 @@ def test_a_kernel_that_cannot_be_paused_says_why_in_the_panel(lab_small_budget, 
     page.keyboard.press("Delete")
     run_cell(page, "stop.set(); t.join()")
     expect(note).to_have_count(0, timeout=60_000)
+
+
+def test_a_paused_kernel_comes_back_as_its_user_clicks_into_its_notebook(lab_small_budget, page):
+    """Resume before the cell runs: a click into a paused kernel's notebook tells the
+    server, which tells the kernel; the panel shows it back, no cell having run."""
+    lab = lab_small_budget
+    headers = {"Authorization": f"token {lab.token}"}
+    prepare_lab(lab.url, "light", headers)
+    create_notebook(lab.url, headers, "prefetch.ipynb")
+    page.goto(f"{lab.url}/lab/tree/prefetch.ipynb?reset&token={lab.token}")
+    wait_for_lab(page)
+    wait_for_kernel(page)
+    requests_seen = []
+    page.on("request", lambda r: "/prefetch" in r.url and requests_seen.append(r.method))
+    run_cell(page, "import torch\nweights = torch.zeros(16 * 2**20)\n%vgpu pause")
+    show_panel(page)
+    details = page.locator("#jupyter-vgpu-panel tbody:has-text('prefetch.ipynb') .jp-vgpu-kernel-details")
+    expect(details).to_have_attribute("data-state", "paused", timeout=60_000)
+    prompts = page.locator(".jp-NotebookPanel:visible .jp-InputArea-prompt")
+    before = prompts.all_inner_texts()
+
+    page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first.click()
+    expect(details).to_have_attribute("data-state", "idle", timeout=30_000)
+    assert requests_seen == ["POST"], requests_seen  # one request, however many events
+    assert prompts.all_inner_texts() == before  # nothing ran
