@@ -9,13 +9,30 @@ import { UsageModel } from './model';
 /** Kernel states whose memory is off the GPU. */
 const AWAY: ReadonlySet<KernelState> = new Set<KernelState>(['paused', 'suspended']);
 
-/** What counts as the user starting to work in a notebook: focus, typing, a click. */
-const ACTIVITY = ['focusin', 'keydown', 'pointerdown'] as const;
+/** Where the user works in a notebook or console: its cells and its prompt. */
+const CELL = '.jp-Cell, .jp-CodeConsole-promptCell';
+
+/**
+ * Whether `event` is the user starting to work in a cell: a click in it, or typing in it (a
+ * key without Ctrl, Alt or Meta: those are the shell's shortcuts, such as the command palette).
+ * A focus that comes back on its own (a closed dialog or palette) is not.
+ */
+function working(event: Event): boolean {
+  const target = event.target;
+  if (!(target instanceof Element) || !target.closest(CELL)) {
+    return false;
+  }
+  if (event instanceof KeyboardEvent) {
+    return !(event.ctrlKey || event.altKey || event.metaKey);
+  }
+  return true;
+}
+
+const ACTIVITY = ['keydown', 'pointerdown'] as const;
 
 /**
  * Tells the server when the user starts working in a notebook (or console) whose kernel is
- * paused or suspended: it is opened or brought to the front, a cell gets the focus, a key is
- * pressed or the pointer goes down in it. The server passes the word to the kernel, which asks
+ * paused or suspended: it is opened or brought to the front, a cell is clicked or typed in. The server passes the word to the kernel, which asks
  * the node arbiter to bring it back before the cell runs, where the card has room
  * (`POST /api/vgpu/kernels/<id>/prefetch`).
  *
@@ -69,16 +86,20 @@ export class Prefetcher {
       return;
     }
     const node = widget.node;
-    const poke = () => void this.poke(session);
+    const onActivity = (event: Event) => {
+      if (working(event)) {
+        void this.poke(session);
+      }
+    };
     for (const type of ACTIVITY) {
-      node.addEventListener(type, poke, true);
+      node.addEventListener(type, onActivity, true);
     }
     this._detach = () => {
       for (const type of ACTIVITY) {
-        node.removeEventListener(type, poke, true);
+        node.removeEventListener(type, onActivity, true);
       }
     };
-    poke(); // opened, or brought to the front
+    void this.poke(session); // opened, or brought to the front
   }
 
   private _asked = new Map<string, number>();
