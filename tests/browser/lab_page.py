@@ -138,6 +138,19 @@ def wait_for_kernel(page: Page, timeout_ms: float = 120_000) -> None:
     ).to_be_attached(timeout=timeout_ms)
 
 
+def _click(page: Page, editor) -> None:
+    """Click ``editor``; where a JupyterLab dialog covers it, fail saying what it asks."""
+    try:
+        editor.click()
+    except PlaywrightTimeoutError:
+        dialog = page.locator(".jp-Dialog")
+        if not dialog.count():
+            raise
+        screenshot(page, "dialog-before-run-cell", docs=False)  # JupyterLab asks something: say what
+        text = dialog.first.inner_text()
+        raise AssertionError(f"a JupyterLab dialog covers the notebook: {text!r}") from None
+
+
 def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
     """Type ``code`` into the active notebook's first cell and run it once; wait for its
     execution count.
@@ -152,15 +165,7 @@ def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
     prompt = page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first
     editor.wait_for(timeout=timeout_ms)
     wait_for_kernel(page, timeout_ms)
-    try:
-        editor.click()
-    except PlaywrightTimeoutError:
-        dialog = page.locator(".jp-Dialog")
-        if not dialog.count():
-            raise
-        screenshot(page, "dialog-before-run-cell", docs=False)  # JupyterLab asks something: say what
-        text = dialog.first.inner_text()
-        raise AssertionError(f"a JupyterLab dialog covers the notebook: {text!r}") from None
+    _click(page, editor)
     page.keyboard.type(code)
     expect(editor).to_have_text(code.replace("\n", ""))  # one element per line, no newline
     sent = re.compile(r"\[(\*|\d+)\]:")
@@ -172,7 +177,7 @@ def run_cell(page: Page, code: str, timeout_ms: float = 120_000) -> None:
         except AssertionError:
             if sent.search(prompt.text_content() or ""):
                 break  # sent just now: never press again
-            editor.click()
+            _click(page, editor)
     try:
         expect(prompt).to_have_text(re.compile(r"\[\d+\]:"), timeout=timeout_ms)
     except AssertionError:
