@@ -413,7 +413,7 @@ class PauseControl:
         run (they opened, focused or edited its notebook: the server passes the word on
         through ``server.json``), if the card has room now: the node arbiter grants it
         only without taking anyone off the card, and at most once per
-        ``prefetch_interval`` per server; without an arbiter, a paused kernel comes back
+        ``prefetch_interval`` per user; without an arbiter, a paused kernel comes back
         where NVML shows room. Nothing is printed (no cell runs); a cell arriving
         meanwhile waits for it. True when the kernel came back; False when it was not
         away, or the prefetch was refused or failed (the kernel stays as it was, and its

@@ -147,7 +147,7 @@ class ArbiterApp(Application):
 
     prefetch_interval = Float(
         5.0,
-        help="Seconds between two prefetches of one server's kernels (a paused kernel brought back "
+        help="Seconds between two prefetches of one user's kernels (a paused kernel brought back "
         "because its user started working in its notebook, before the cell runs): the rate limit "
         "per user.",
     ).tag(config=True)

@@ -188,7 +188,7 @@ class Arbiter:
         self.metrics = Metrics()
         self.decisions: collections.deque = collections.deque(maxlen=200)
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
-        self._prefetched: dict[str, float] = {}  # server key -> monotonic seconds of its last prefetch
+        self._prefetched: dict[str, float] = {}  # user -> monotonic seconds of their last prefetch
         self._changed: asyncio.Condition | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -911,7 +911,7 @@ class Arbiter:
         (they opened, focused or edited its notebook): at once, or not at all. Granted only
         where the card has room without taking anyone off it and stays at or below its
         watermark (:func:`books.prefetch_short`), and once per ``prefetch_interval`` per
-        server; otherwise denied, and the cell asks for its room when it runs."""
+        user (all their servers); otherwise denied, and the cell asks for its room when it runs."""
         kernel = conn.kernel
         uuid = kernel.slice.gpu_uuid
         now = time.monotonic()
@@ -921,9 +921,9 @@ class Arbiter:
             self._decide("prefetch refused", server=kernel.server.key, pid=kernel.pid, message=message)
             await self._send(conn, {"type": "deny", "id": rid, "message": message})
 
-        last = self._prefetched.get(kernel.server.key)
+        last = self._prefetched.get(kernel.server.user)
         if last is not None and now - last < self.config.prefetch_interval:
-            await deny("too soon", f"one prefetch per {self.config.prefetch_interval:g} s per server")
+            await deny("too soon", f"one prefetch per {self.config.prefetch_interval:g} s per user")
             return
         async with self._locks[uuid]:
             # its state may read active already: a kernel reports so as it starts coming back
@@ -937,7 +937,7 @@ class Arbiter:
             if short > 0:
                 await deny("no room", f"no room to come back ahead of the cell ({format_bytes(short)} short)")
                 return
-            self._prefetched[kernel.server.key] = now
+            self._prefetched[kernel.server.user] = now
             if held and self.checkpoint is not None:
                 ok, why = await self._restore(kernel)
                 if not ok:
