@@ -1137,12 +1137,22 @@ class Arbiter:
         ``(None, why)`` when NVML shows too little free memory to try (a restore the card
         has no room for leaves the process unrestorable: :mod:`.checkpoint`), ``(False,
         why)`` when the driver refused."""
+        loop = asyncio.get_running_loop()
+        if not kernel.group and not kernel.checkpoint_bytes:
+            # not suspended by this arbiter, nor with a footprint: only the kernel's word
+            # says so (chaos mode's helper, or a kernel suspended before it touched CUDA)
+            try:
+                where = await loop.run_in_executor(None, self.checkpoint.state, kernel.pid)
+            except Exception:  # no CUDA context in it: nothing the driver holds
+                where = "running"
+            if where == "running":
+                return True, ""
         failpoints.hit("arbiter.restore")
         # logged before the driver's call, so that a restore that never ends shows in the log
         log.info("restoring %s from the driver's checkpoint (group %s)", kernel.describe(), kernel.group)
         need = {kernel.slice.gpu_uuid: kernel.checkpoint_bytes} if not kernel.slice.simulated else None
         try:
-            seconds = await asyncio.get_running_loop().run_in_executor(
+            seconds = await loop.run_in_executor(
                 None,
                 self.checkpoint.restore,
                 kernel.group or [*_descendants(kernel.pid), kernel.pid],
@@ -1152,7 +1162,7 @@ class Arbiter:
             return None, f"{kernel.server.key} waits to be restored: {e}"
         except Exception as e:
             return False, f"restoring the kernel failed: {e}"
-        kernel.checkpoint_bytes = 0
+        kernel.checkpoint_bytes, kernel.group = 0, []
         self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
         self._decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
         return True, ""
