@@ -101,15 +101,10 @@ class GPU:
         return self.gib * GiB
 
 
-#: A cell's first line, printed as soon as its code runs: the wait before it is what is
-#: timed for silence, not the code's own time (hashing GiBs on the CPU takes seconds).
-BACK = "print('back', flush=True)\n"
-
-
 def check(work, kernel) -> tuple[int, float]:
     """``(bytes lost, longest silence before the cell's code ran)`` of a kernel's data,
     checked by a cell."""
-    out = scene.run(kernel, BACK + work.digest_code(), timeout=600)
+    out = scene.run(kernel, scene.BACK + work.digest_code(), timeout=600)
     lines = out.text.strip().splitlines()
     lost = 0 if lines and lines[-1] == kernel.expected else work.nbytes
     return lost, out.silence_until("back") if "back" in out.text else out.longest_silence
@@ -154,7 +149,7 @@ def restart(work, tmp: Path, n: int) -> dict:
         arbiter.start(wait=False)
         wait_for(lambda: scene.books_consistent(arbiter, whole), 60, "the books whole again", interval=0.02)
         books_whole = time.monotonic() - t0
-        out = scene.run(kernels[0], BACK + work.digest_code(), timeout=600)
+        out = scene.run(kernels[0], scene.BACK + work.digest_code(), timeout=600)
         first_cell = time.monotonic() - t0
         assert out.text.strip().splitlines()[-1] == kernels[0].expected, out.text
         return {
@@ -340,31 +335,20 @@ def arbiter_fault(work, tmp: Path, step: str) -> dict:
 
 def server_fault(work, tmp: Path) -> dict:
     """A server killed while its kernel is paused: the kernel keeps its data."""
-    from jupyter_vgpu.testing.fault_kernels import Attached, kernel_of
-    from jupyter_vgpu.testing.server_process import JupyterServer
+    from jupyter_vgpu.testing.fault_kernels import served_kernel
 
     arbiter = arbiter_for(tmp).start()
-    runtime = tmp / "runtime"
-    env = {
-        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
-        "JUPYTER_VGPU_SLICE": scene.SLICE.to_json(),
-        "JUPYTER_RUNTIME_DIR": str(runtime),
-    }
-    server = JupyterServer(tmp / "ada", env, args=[f"--VGPUServer.channel_dir={tmp / 'channel'}"])
+    served = served_kernel(tmp, arbiter)
+    server, ada, pid = served.server, served.kernel, served.pid
     bob = None
     try:
-        with arbiter.control() as c:
-            c.register(server.proc.pid, "ada", "", scene.SLICE)
-        kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-        ada = Attached(runtime / f"kernel-{kid}.json")
-        pid = wait_for(lambda: kernel_of(arbiter, "ada/"), 60, "ada's kernel in the books")
         assert scene.run(ada, scene.hold_code(1, 16 * MiB, simulated_mib=700)).error is None
         bob = scene.start_kernel(tmp, arbiter, "bob")
         silence = scene.run(bob, "print('bob ran')").longest_silence
         wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 30, "ada paused")
         scene.kill(server.proc.pid, "kill")
         server.proc.wait(30)
-        out = scene.run(ada, BACK + scene.DIGEST)
+        out = scene.run(ada, scene.BACK + scene.DIGEST)
         lost = 0 if out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB) else 16 * MiB
         scene.kill(pid, "kill")
         return {"process": "server", "step": "kernel paused", "bytes_lost": lost,

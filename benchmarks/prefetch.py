@@ -41,8 +41,7 @@ sys.path.insert(0, str(ROOT))  # this checkout, not an installed copy
 
 from jupyter_vgpu.testing import fault_scene as scene  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
-from jupyter_vgpu.testing.fault_kernels import Attached, kernel_of  # noqa: E402
-from jupyter_vgpu.testing.server_process import JupyterServer  # noqa: E402
+from jupyter_vgpu.testing.fault_kernels import served_kernel  # noqa: E402
 from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
 MiB = 2**20
@@ -70,19 +69,13 @@ def main() -> None:
     nbytes = args.mib * MiB
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-prefetch-"))
     arbiter = ArbiterProcess(tmp, "--ArbiterApp.prefetch_interval=0.5").start()
-    runtime = tmp / "runtime"
-    env = {
-        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
-        "JUPYTER_VGPU_SLICE": scene.SLICE.to_json(),
-        "JUPYTER_RUNTIME_DIR": str(runtime),
-    }
-    server = JupyterServer(tmp / "ada", env, args=[f"--VGPUServer.channel_dir={tmp / 'channel'}"])
     try:
-        with arbiter.control() as c:
-            c.register(server.proc.pid, "ada", "", scene.SLICE)
-        kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-        ada = Attached(runtime / f"kernel-{kid}.json")
-        pid = wait_for(lambda: kernel_of(arbiter, "ada/"), 60, "ada's kernel in the books")
+        served = served_kernel(tmp, arbiter)
+    except BaseException:
+        arbiter.stop()
+        raise
+    server, kid, ada, pid = served.server, served.kernel_id, served.kernel, served.pid
+    try:
         out = scene.run(ada, scene.hold_code(7, nbytes), timeout=600)
         assert out.error is None, out.text
         assert "Error" not in out.text, out.text

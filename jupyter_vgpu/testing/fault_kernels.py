@@ -1,10 +1,14 @@
 """What the fault-injection suite's GPU tests and ``benchmarks/faults.py`` share: kernels
 with a slice of the real card under an arbiter, filled with bf16-like weights whose
-SHA-256 the kernel prints, and a kernel reached through its connection file."""
+SHA-256 the kernel prints, a kernel reached through its connection file, and a user's
+real server with a kernel it started."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jupyter_client import BlockingKernelClient
 
@@ -12,6 +16,9 @@ from . import fault_scene
 from .arbiter_process import ArbiterProcess
 from .kernel_runner import Kernel
 from .waiting import wait_for
+
+if TYPE_CHECKING:
+    from .server_process import JupyterServer
 
 GiB, MiB = 2**30, 2**20
 
@@ -94,7 +101,7 @@ def same(kernel: Kernel, expected: str) -> None:
     """The kernel's bytes are ``expected`` (their SHA-256), and the wait before its cell
     ran had no stretch over :data:`fault_scene.SILENCE` without a word (hashing GiBs on
     the CPU takes seconds of the cell's own)."""
-    out = fault_scene.run(kernel, "print('back', flush=True)\n" + DIGEST, timeout=300)
+    out = fault_scene.run(kernel, fault_scene.BACK + DIGEST, timeout=300)
     assert out.text.strip().splitlines()[-1] == expected, out.text
     assert out.silence_until("back") <= fault_scene.SILENCE, (out.silence_until("back"), out.text)
 
@@ -111,3 +118,47 @@ class Attached:
 
 def kernel_of(arbiter, server: str) -> int | None:
     return next((k["pid"] for k in arbiter.books()["kernels"] if k["server"] == server), None)
+
+
+@dataclasses.dataclass
+class Served:
+    """A user's real Jupyter server under an arbiter, and the kernel it started:
+    ``kernel_id``, its ``connection_file``, the ``kernel`` reached through it, and its
+    ``pid`` (from the arbiter's books)."""
+
+    server: JupyterServer
+    kernel_id: str
+    connection_file: Path
+    kernel: Attached
+    pid: int
+
+
+def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Served:
+    """Start ``user``'s Jupyter server in ``tmp/<user>`` with the simulated
+    :data:`fault_scene.SLICE`, register it with ``arbiter`` as the Hub's registrar would,
+    and start one kernel through its REST API; returns once the kernel is in the books.
+    The caller stops the server (here, only when something fails on the way).
+
+    Raises:
+        AssertionError: the server or its kernel did not come up (waits of 60 s).
+    """
+    from .server_process import JupyterServer  # a server's parts only where one is started
+
+    runtime = tmp / "runtime"
+    env = {
+        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
+        "JUPYTER_VGPU_SLICE": fault_scene.SLICE.to_json(),
+        "JUPYTER_RUNTIME_DIR": str(runtime),
+    }
+    server = JupyterServer(tmp / user, env, args=[f"--VGPUServer.channel_dir={tmp / 'channel'}"])
+    try:
+        with arbiter.control() as c:
+            c.register(server.proc.pid, user, "", fault_scene.SLICE)
+        kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
+        connection_file = runtime / f"kernel-{kid}.json"
+        kernel = Attached(connection_file)
+        pid = wait_for(lambda: kernel_of(arbiter, f"{user}/"), 60, f"{user}'s kernel in the books")
+    except BaseException:
+        server.stop()
+        raise
+    return Served(server, kid, connection_file, kernel, pid)

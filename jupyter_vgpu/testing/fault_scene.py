@@ -82,6 +82,11 @@ def hold_code(seed: int, nbytes: int, simulated_mib: int = 0) -> str:
     return code
 
 
+#: A cell's first line, printed as soon as its code runs: the wait before it is what a
+#: silence is timed over (:meth:`Timed.silence_until`), not the code's own time (hashing
+#: GiBs on the CPU takes seconds).
+BACK = "print('back', flush=True)\n"
+
 #: A cell printing the SHA-256 of what the kernel holds (after it came back).
 DIGEST = "_h = hashlib.sha256()\nfor _a in held:\n    _h.update(_a)\nprint(_h.hexdigest())"
 

@@ -138,9 +138,9 @@ def test_a_suspended_kernel_whose_arbiter_dies_is_restored_or_unlocked(tmp_path,
             # suspended first (paused for the asker, then suspended in the background), then asked back
             assert scene.run(asker, "print('asker ran')", timeout=300).text.rstrip().endswith("asker ran")
             wait_for(lambda: arbiter.kernel(victim.pid)["tier"] == "suspended", 60, "the victim suspended")
-            cell = scene.Background(victim, "print('back', flush=True)\n" + DIGEST, timeout=300)
+            cell = scene.Background(victim, scene.BACK + DIGEST, timeout=300)
         else:
-            cell = scene.Background(asker, "print('back', flush=True)", timeout=300)
+            cell = scene.Background(asker, scene.BACK, timeout=300)
         scene.stopped_at_failpoint(arbiter.process.pid, f"the arbiter at {step}", timeout=120)
         scene.kill(arbiter.process.pid, "kill")
         arbiter.process.wait(30)

@@ -10,8 +10,7 @@ import pytest
 
 from jupyter_vgpu.testing import fault_scene as scene
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
-from jupyter_vgpu.testing.fault_kernels import Attached, kernel_of
-from jupyter_vgpu.testing.server_process import JupyterServer
+from jupyter_vgpu.testing.fault_kernels import served_kernel
 from jupyter_vgpu.testing.waiting import wait_for
 
 MiB = scene.MiB
@@ -27,20 +26,10 @@ def test_a_paused_kernel_outlives_its_server(tmp_path, how):
         "--ArbiterApp.host_memory_limit=900M",
         "--ArbiterApp.host_spill_fraction=0.001",  # paused, ada moves to the disk tier
     ).start()
-    runtime = tmp_path / "runtime"
-    env = {
-        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
-        "JUPYTER_VGPU_SLICE": scene.SLICE.to_json(),
-        "JUPYTER_RUNTIME_DIR": str(runtime),
-    }
-    server = JupyterServer(tmp_path / "ada", env, args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}"])
+    served = served_kernel(tmp_path, arbiter)
+    server, ada, pid = served.server, served.kernel, served.pid
     bob = None
     try:
-        with arbiter.control() as c:
-            c.register(server.proc.pid, "ada", "", scene.SLICE)
-        kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-        ada = Attached(runtime / f"kernel-{kid}.json")
-        pid = wait_for(lambda: kernel_of(arbiter, "ada/"), 60, "ada's kernel in the books")
         out = scene.run(ada, scene.hold_code(1, 16 * MiB, simulated_mib=700))
         assert out.error is None
         assert "Error" not in out.text, out.text
@@ -59,7 +48,7 @@ def test_a_paused_kernel_outlives_its_server(tmp_path, how):
         out = scene.run(ada, scene.DIGEST)
         assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
         assert out.longest_silence <= scene.SILENCE
-        info = json.loads((runtime / f"kernel-{kid}.json").read_text())
+        info = json.loads(served.connection_file.read_text())
         assert info["key"]  # the connection file a restarted server would read is intact
     finally:
         if bob is not None:

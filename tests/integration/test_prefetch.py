@@ -11,8 +11,7 @@ import pytest
 
 from jupyter_vgpu.testing import fault_scene as scene
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
-from jupyter_vgpu.testing.fault_kernels import Attached, kernel_of
-from jupyter_vgpu.testing.server_process import JupyterServer
+from jupyter_vgpu.testing.fault_kernels import served_kernel
 from jupyter_vgpu.testing.waiting import wait_for
 
 MiB = scene.MiB
@@ -21,18 +20,8 @@ MiB = scene.MiB
 @pytest.fixture
 def node(tmp_path):
     arbiter = ArbiterProcess(tmp_path, "--queue-timeout=60", "--ArbiterApp.prefetch_interval=3").start()
-    runtime = tmp_path / "runtime"
-    env = {
-        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
-        "JUPYTER_VGPU_SLICE": scene.SLICE.to_json(),
-        "JUPYTER_RUNTIME_DIR": str(runtime),
-    }
-    server = JupyterServer(tmp_path / "ada", env, args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}"])
-    with arbiter.control() as c:
-        c.register(server.proc.pid, "ada", "", scene.SLICE)
-    kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-    ada = Attached(runtime / f"kernel-{kid}.json")
-    pid = wait_for(lambda: kernel_of(arbiter, "ada/"), 60, "ada's kernel in the books")
+    served = served_kernel(tmp_path, arbiter)
+    server, kid, ada, pid = served.server, served.kernel_id, served.kernel, served.pid
     assert scene.run(ada, scene.hold_code(1, 16 * MiB, simulated_mib=700)).error is None
     bob = scene.start_kernel(tmp_path, arbiter, "bob")
     yield arbiter, server, kid, ada, pid, bob
@@ -61,7 +50,7 @@ def test_a_paused_kernel_comes_back_before_its_cell_when_its_user_starts_working
         "ada back on the card, idle, with no cell run",
     )
     assert decisions(arbiter, "prefetch", "ada/"), arbiter.books()["decisions"]
-    out = scene.run(ada, "print('back', flush=True)\n" + scene.DIGEST)
+    out = scene.run(ada, scene.BACK + scene.DIGEST)
     assert out.text.splitlines()[0] == "back", out.text  # nothing waited for before the code ran
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
 
@@ -79,7 +68,7 @@ def test_a_prefetch_takes_nobody_off_the_card(node):
     assert arbiter.kernel(pid)["tier"] == "host"
     assert not decisions(arbiter, "prefetch", "ada/")
     # the cell still brings ada back, pausing bob as usual
-    out = scene.run(ada, "print('back', flush=True)\n" + scene.DIGEST)
+    out = scene.run(ada, scene.BACK + scene.DIGEST)
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
 
 
