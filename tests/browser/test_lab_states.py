@@ -46,6 +46,16 @@ def lab_small_budget(tmp_path):
     server.stop()
 
 
+def open_new_notebook(lab, page, name: str) -> None:
+    """A new notebook ``name`` open in a freshly reset light lab, its kernel idle."""
+    headers = {"Authorization": f"token {lab.token}"}
+    prepare_lab(lab.url, "light", headers)
+    create_notebook(lab.url, headers, name)
+    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
+    wait_for_lab(page)
+    wait_for_kernel(page)
+
+
 def test_without_a_slice_the_panel_says_so(lab_without_slice, page):
     lab = lab_without_slice
     prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
@@ -59,12 +69,7 @@ def test_without_a_slice_the_panel_says_so(lab_without_slice, page):
 
 def test_above_90_percent_of_the_budget_the_status_bar_warns(lab_small_budget, page):
     lab = lab_small_budget
-    headers = {"Authorization": f"token {lab.token}"}
-    prepare_lab(lab.url, "light", headers)
-    create_notebook(lab.url, headers, "full.ipynb")
-    page.goto(f"{lab.url}/lab/tree/full.ipynb?reset&token={lab.token}")
-    wait_for_lab(page)
-    wait_for_kernel(page)
+    open_new_notebook(lab, page, "full.ipynb")
     indicator = page.locator(".jp-vgpu-indicator")
     expect(indicator).to_have_text(re.compile(r"^vGPU \d+\.\d / 280\.0 MiB$"), timeout=60_000)
     expect(indicator).not_to_have_class(re.compile(r"jp-mod-warn"))
@@ -82,12 +87,7 @@ def test_a_kernel_that_cannot_be_paused_says_why_in_the_panel(lab_small_budget, 
     """A thread that may use the GPU while the kernel is idle keeps a pause from being
     safe: the panel's kernel row says so, in words, and what happens instead."""
     lab = lab_small_budget
-    headers = {"Authorization": f"token {lab.token}"}
-    prepare_lab(lab.url, "light", headers)
-    create_notebook(lab.url, headers, "threads.ipynb")
-    page.goto(f"{lab.url}/lab/tree/threads.ipynb?reset&token={lab.token}")
-    wait_for_lab(page)
-    wait_for_kernel(page)
+    open_new_notebook(lab, page, "threads.ipynb")
     show_panel(page)
     note = page.locator("#jupyter-vgpu-panel .jp-vgpu-kernel-note")
     expect(note).to_have_count(0)
@@ -110,12 +110,7 @@ def test_a_paused_kernel_comes_back_as_its_user_clicks_into_its_notebook(lab_sma
     """Resume before the cell runs: a click into a paused kernel's notebook tells the
     server, which tells the kernel; the panel shows it back, no cell having run."""
     lab = lab_small_budget
-    headers = {"Authorization": f"token {lab.token}"}
-    prepare_lab(lab.url, "light", headers)
-    create_notebook(lab.url, headers, "prefetch.ipynb")
-    page.goto(f"{lab.url}/lab/tree/prefetch.ipynb?reset&token={lab.token}")
-    wait_for_lab(page)
-    wait_for_kernel(page)
+    open_new_notebook(lab, page, "prefetch.ipynb")
     requests_seen = []
     page.on("request", lambda r: "/prefetch" in r.url and requests_seen.append(r.method))
     run_cell(page, "import torch\nweights = torch.zeros(16 * 2**20)\n%vgpu pause")
