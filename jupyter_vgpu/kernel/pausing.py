@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from jupyter_vgpu.node import checkpoint
 from jupyter_vgpu.units import format_bytes
 
 from . import gate as g
@@ -305,16 +306,6 @@ class PauseControl:
         ]
         return out
 
-    @staticmethod
-    def _footprint(pids: list[int]) -> dict[str, int]:
-        """NVML's bytes per GPU of ``pids`` ({} where NVML cannot say)."""
-        try:
-            from jupyter_vgpu import nvml
-
-            return nvml.footprint(pids)
-        except Exception:
-            return {}
-
     def gpu_children(self) -> dict[int, int]:
         """Processes this kernel started (at any depth) that hold GPU memory: ``{pid:
         bytes}`` (NVML's figures). They leave the GPU only with the kernel (suspended
@@ -387,7 +378,7 @@ class PauseControl:
                     if engine is not None and engine.state == "active":
                         engine.pause()
             children = sorted(self.gpu_children())
-            self.suspend_need = self._footprint([*children, os.getpid()])
+            self.suspend_need = checkpoint.footprint([*children, os.getpid()])
             pids = [*map(str, children), str(os.getpid())]
             cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", *pids]
             # its own session: an interrupt of the kernel (SIGINT to the kernel's process
@@ -671,7 +662,7 @@ class PauseControl:
                     if engine is not None and engine.state == "active":
                         engine.pause()
             if not self.stand_in:
-                self.suspend_need = self._footprint([*self.suspended_with, os.getpid()])
+                self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
 
         self.gate.away(work, to=g.SUSPENDED)
         self.last_refusal = f"{'; '.join(reasons)}; suspended instead of paused" if reasons else None

@@ -221,17 +221,20 @@ def _say(line: str) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _footprint(pids: list[int]) -> dict[str, int]:
+def footprint(pids: list[int]) -> dict[str, int]:
+    """What a checkpoint of ``pids`` takes off each card and its restore needs back: bytes
+    per GPU UUID (:func:`jupyter_vgpu.nvml.footprint`), read just before the suspend; {}
+    where NVML cannot say (the restore is then tried without looking at the card first)."""
     try:
         from jupyter_vgpu import nvml
 
         return nvml.footprint(pids)
-    except Exception:  # no NVML: the restore is tried without looking at the card first
+    except Exception:
         return {}
 
 
 def _hold(pids: list[int]) -> int:
-    need = _footprint(pids)
+    need = footprint(pids)
     try:
         seconds = suspend(pids)
     except (CheckpointUnavailable, CheckpointError) as e:
