@@ -67,7 +67,7 @@ class UsageStreamHandler(VGPUHandler):
 KERNEL_ID = r"(?P<kernel_id>\w+-\w+-\w+-\w+-\w+)"
 
 #: Seconds between two prefetch requests the server passes on for one kernel (the
-#: node arbiter has its own limit per server: ``ArbiterApp.prefetch_interval``).
+#: node arbiter has its own limit per user: ``ArbiterApp.prefetch_interval``).
 PREFETCH_EVERY = 2.0
 
 

@@ -31,8 +31,12 @@ class ServerState:
         self.publish()
 
     def publish(self) -> None:
-        """Write ``server.json`` (atomically)."""
+        """Write ``server.json`` (atomically) after a change of the slice or the pressure
+        flag: samples taken before it are retaken."""
         self.revision += 1
+        self._write()
+
+    def _write(self) -> None:
         channel.write_json(
             channel.server_path(self.directory),
             {
@@ -50,7 +54,7 @@ class ServerState:
         now = time.time() if now is None else now
         self.prefetches = {k: t for k, t in self.prefetches.items() if now - t < 60}
         self.prefetches[kernel_id] = now
-        self.publish()
+        self._write()  # the usage document does not change: no sample is retaken
 
     def update(self, *, slice_: Slice | None = None, pressure: bool | None = None) -> bool:
         """Change the slice and/or the pressure flag; publish when something changed."""
