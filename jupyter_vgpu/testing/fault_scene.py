@@ -60,9 +60,10 @@ def digest(seed: int, n: int) -> str:
 
 
 def hold_code(seed: int, nbytes: int, simulated_mib: int = 0) -> str:
-    """A cell that makes ``nbytes`` of real bytes in two host-backend segments (so that a
-    pause or a resume has a step between the two), and, for the simulated card's books,
-    a tensor of ``simulated_mib`` MiB. ``held`` is the list of the two arrays."""
+    """A cell that makes ``nbytes`` of real bytes in two host-backend segments apart from
+    each other (so that a pause, a spill or a resume has a step between the two: segments
+    side by side would be stored as one span), and, for the simulated card's books, a
+    tensor of ``simulated_mib`` MiB. ``held`` is the list of the two arrays."""
     half = nbytes // 2
     code = PATTERN + (
         "import ctypes, hashlib\n"
@@ -75,7 +76,10 @@ def hold_code(seed: int, nbytes: int, simulated_mib: int = 0) -> str:
         "    _a = _np.ctypeslib.as_array((ctypes.c_uint8 * _n).from_address(_lib.malloc(_n)))\n"
         "    _a[:] = _data[sum(h.size for h in held):][:_n]\n"
         "    held.append(_a)\n"
-        "del _data\n"
+        "    if len(held) == 1:  # a gap after the first: freed below, it leaves a hole\n"
+        "        _gap = _lib.malloc(2**21)\n"
+        "_lib.free(_gap)\n"
+        "del _data, _gap\n"
     )
     if simulated_mib:
         code += f"import torch\nx = torch.zeros({simulated_mib} * 2**20 // 4)\n"
@@ -217,6 +221,7 @@ def start_kernel(
             "JUPYTER_VGPU_SLICE": "",
             **(env or {}),
         },
+        load_extension=True,  # where the package's IPython config is not installed too
         args=args,
     )
     kernel.channel = chan

@@ -14,7 +14,7 @@ import torch
 
 from jupyter_vgpu.kernel.pause import vmm
 from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError, WorkArea
-from jupyter_vgpu.kernel.pause.ranges import live_ranges
+from jupyter_vgpu.kernel.pause.ranges import live_ranges, spans
 
 MiB = 1 << 20
 rng = np.random.default_rng(11)
@@ -165,6 +165,92 @@ def test_live_ranges_keep_only_blocks_that_hold_data():
     assert got[base + 8 * MiB] == []
     assert got[unknown] == [(0, 4 * MiB)]  # another library's memory: live as a whole
     assert live_ranges(None, [(base, MiB)]) == {base: [(0, MiB)]}
+
+
+def test_spans_join_live_ranges_of_units_side_by_side():
+    base = 1 << 40
+    a, b, c, d = base, base + 2 * MiB, base + 4 * MiB, base + 64 * MiB  # d lies apart
+    units = [(c, 2 * MiB, 0), (a, 2 * MiB, 0), (b, 2 * MiB, 0), (d, 2 * MiB, 0)]
+    live = {a: [(MiB, MiB)], b: [(0, 2 * MiB)], c: [(0, MiB // 2), (MiB, MiB)], d: [(0, 2 * MiB)]}
+    assert spans(units, live) == [
+        (a, MiB, 3 * MiB + MiB // 2, (a, b, c)),  # a's tail, all of b, c's head: one span
+        (c, MiB, MiB, (c,)),  # after a gap of free bytes
+        (d, 0, 2 * MiB, (d,)),  # not adjacent
+    ]
+    # a unit of another device starts a span of its own, and a unit with nothing live
+    # in it breaks the run
+    assert spans([(a, 2 * MiB, 0), (b, 2 * MiB, 1)], {a: [(0, 2 * MiB)], b: [(0, 2 * MiB)]}) == [
+        (a, 0, 2 * MiB, (a,)),
+        (b, 0, 2 * MiB, (b,)),
+    ]
+    units = [(a, 2 * MiB, 0), (b, 2 * MiB, 0), (c, 2 * MiB, 0)]
+    assert spans(units, {a: [(0, 2 * MiB)], b: [], c: [(0, 2 * MiB)]}) == [
+        (a, 0, 2 * MiB, (a,)),
+        (c, 0, 2 * MiB, (c,)),
+    ]
+
+
+def adjacent_units(allocator, count: int, nbytes: int) -> list[int]:
+    """``count`` new segments lying side by side, lowest address first (the host backend
+    maps them with mmap, which places new mappings below the last on Linux)."""
+    made = sorted(allocator.malloc(nbytes) for _ in range(count))
+    if any(made[i] + nbytes != made[i + 1] for i in range(count - 1)):
+        for ptr in made:
+            allocator.free(ptr)
+        pytest.skip("mmap placed the segments apart on this system")
+    return made
+
+
+def test_bytes_of_units_side_by_side_are_stored_as_one_span(allocator):
+    units = adjacent_units(allocator, 3, 4 * MiB)
+    data = rng.integers(0, 4, 12 * MiB, dtype=np.uint8)
+    array(units[0], 12 * MiB)[:] = data  # one buffer across three units
+    e = PauseEngine(torch, allocator, None, threads=2)
+    try:
+        out = e.pause()
+        assert out.live_bytes == 12 * MiB
+        ranges = [(r.address, r.length) for p in e._paused for r in p.ranges]
+        assert ranges == [(units[0], 12 * MiB)], ranges
+        assert all(resident(ptr, 4 * MiB) == 0 for ptr in units)
+        e.resume()
+        assert np.array_equal(array(units[0], 12 * MiB), data)
+    finally:
+        e.close()
+        for ptr in units:
+            allocator.free(ptr)
+
+
+class RefusingUnmap:
+    """The process's allocator, refusing to release one unit (as a driver may)."""
+
+    def __init__(self, allocator, refused: int):
+        self._allocator, self.refused = allocator, refused
+
+    def unmap(self, ptr: int) -> None:
+        if ptr == self.refused:
+            raise vmm.VMMError(999, "refused for the test")
+        self._allocator.unmap(ptr)
+
+    def __getattr__(self, name):
+        return getattr(self._allocator, name)
+
+
+def test_a_pause_undone_halfway_through_a_span_writes_back_every_unit_it_released(allocator):
+    units = adjacent_units(allocator, 3, 4 * MiB)
+    data = rng.integers(0, 256, 12 * MiB, dtype=np.uint8)
+    array(units[0], 12 * MiB)[:] = data
+    e = PauseEngine(torch, RefusingUnmap(allocator, units[1]), None, threads=2)
+    try:
+        with pytest.raises(PauseError, match="undone"):
+            e.pause()
+        assert e.state == "active"
+        assert all(s.mapped for s in allocator.segments() if s.ptr in units)
+        assert np.array_equal(array(units[0], 12 * MiB), data)
+        assert e.store.stats()["host_bytes"] == 0, "nothing kept on the host for a pause undone"
+    finally:
+        e.close()
+        for ptr in units:
+            allocator.free(ptr)
 
 
 def test_a_torch_function_mode_left_entered_sees_nothing_of_a_pause(engine, segments):

@@ -46,7 +46,7 @@ from ..codec.device import DeviceCodec, DeviceCodecError, PinnedArena
 from ..codec.host import HostPath
 from ..codec.zstd import Codec, CodecError
 from . import devmem, spill, vmm
-from .ranges import live_ranges
+from .ranges import live_ranges, spans
 from .store import HostStore
 
 log = logging.getLogger("jupyter_vgpu")
@@ -83,7 +83,7 @@ class ResumeError(RuntimeError):
 
 @dataclasses.dataclass
 class _Range:
-    offset: int  # in the segment, bytes
+    address: int  # where its bytes live on the device; it may run past its unit's end
     length: int
     path: str  # "device" or "host"
     pieces: list
@@ -318,7 +318,8 @@ class PauseEngine:
                 while todo:
                     if scratch is None and self.device_codec is not None and paused:
                         scratch = self._scratch()  # what was released may make room for it now
-                    batch = todo if scratch is not None else todo[:1]
+                    # one unit at a time only while the GPU path waits for room for its scratch
+                    batch = todo if scratch is not None or self.device_codec is None else todo[:1]
                     todo = todo[len(batch) :]
                     paused += self._pause_batch(batch, live, scratch is not None, used)
             except BaseException as e:
@@ -377,35 +378,48 @@ class PauseEngine:
             )
 
     def _pause_batch(self, batch, live, on_device: bool, used: set[str]) -> list[_Paused]:
-        ranges, owners = [], []
-        for seg in batch:
-            for off, length in live[seg.ptr]:
-                ranges.append((self._view(seg.ptr + off, length), length))
-                owners.append((seg, off, length))
-        pending = {seg.ptr: len(live[seg.ptr]) for seg in batch}
-        kept: dict[int, list[_Range]] = {seg.ptr: [] for seg in batch}
-        done: list[_Paused] = []
+        """Store the live bytes of ``batch`` and release each unit once every span that
+        covers it is stored. A span runs across units that lie side by side
+        (:func:`.ranges.spans`); it is kept with the first of its units released, so that
+        a pause undone halfway writes back every unit it released."""
+        joined = spans(((seg.ptr, seg.size, seg.device) for seg in batch), live)
+        ranges = [(self._view(ptr + off, length), length) for ptr, off, length, _ in joined]
+        by_ptr = {seg.ptr: seg for seg in batch}
+        pending = {seg.ptr: 0 for seg in batch}  # spans not yet stored, per unit they cover
+        for *_, covered in joined:
+            for ptr in covered:
+                pending[ptr] += 1
+        stored: dict[int, _Range] = {}  # span index -> what holds it
+        done: dict[int, _Paused] = {}  # released units, in release order
         path = "device" if on_device else "host"
 
         def release(seg) -> None:
             failpoints.hit("kernel.pause.release")
             self.vmm.unmap(seg.ptr)
-            done.append(_Paused(seg, kept[seg.ptr]))
+            done[seg.ptr] = _Paused(seg, [])
+
+        def keep() -> list[_Paused]:
+            for i, r in stored.items():
+                holder = next((done[ptr] for ptr in joined[i][3] if ptr in done), None)
+                if holder is not None:
+                    holder.ranges.append(r)
+            return list(done.values())
 
         for seg in batch:  # nothing live in it: nothing to save
             if not pending[seg.ptr]:
                 release(seg)
 
         def on_range(i: int, pieces: list) -> None:
-            seg, off, length = owners[i]
-            kept[seg.ptr].append(_Range(off, length, path, list(pieces)))
+            ptr, off, length, covered = joined[i]
+            stored[i] = _Range(ptr + off, length, path, list(pieces))
             failpoints.hit("kernel.pause.copy")
-            pending[seg.ptr] -= 1
-            if pending[seg.ptr] == 0:
-                release(seg)
+            for unit in covered:
+                pending[unit] -= 1
+                if pending[unit] == 0:
+                    release(by_ptr[unit])
 
         if not ranges:
-            return done
+            return keep()
         try:
             if on_device:
                 used.add(self.device_codec.name)
@@ -414,15 +428,14 @@ class PauseEngine:
                 used.add(self.host_path.name)
                 self.host_path.pack(ranges, self.store, on_range)
         except BaseException as e:
-            released = {p.segment.ptr for p in done}
-            if path == "host":  # pieces of ranges whose segment is still mapped: not needed
+            if path == "host":  # pieces of spans no released unit needs: their bytes stayed
                 for i, pieces in enumerate(getattr(e, "partial", ())):
-                    if owners[i][0].ptr not in released:
+                    if not any(ptr in done for ptr in joined[i][3]):
                         for piece in pieces:
                             self.store.drop(piece.key)
-            e.done = done
+            e.done = keep()
             raise
-        return done
+        return keep()
 
     # -- resume ------------------------------------------------------------------------
 
@@ -464,13 +477,13 @@ class PauseEngine:
         staging = None
         try:
             on_device = [
-                (self._view(p.segment.ptr + r.offset, r.length), r.pieces)
+                (self._view(r.address, r.length), r.pieces)
                 for p in self._paused
                 for r in p.ranges
                 if r.path == "device"
             ]
             on_host = [
-                (self._view(p.segment.ptr + r.offset, r.length), r.pieces)
+                (self._view(r.address, r.length), r.pieces)
                 for p in self._paused
                 for r in p.ranges
                 if r.path == "host"

@@ -77,3 +77,39 @@ def live_ranges(
             pos = stop
         out[ptr] = runs
     return out
+
+
+def spans(
+    units: Iterable[tuple[int, int, int]], live: Mapping[int, Sequence[tuple[int, int]]]
+) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """Live ranges joined across units that lie side by side in the address space.
+
+    An expandable segment of PyTorch is one reserved range whose 20 MiB pages are
+    separate units, and a range cut at every page boundary would leave the codec a short
+    last piece per page (slower than whole pieces: :mod:`..codec.device`). Joined, the
+    codec sees the segment's live bytes as the caller does, whole.
+
+    Args:
+        units: ``(address, size, device)`` of the units paused together, bytes.
+        live: :func:`live_ranges` of those units.
+
+    Returns:
+        ``(unit, offset, length, covered)`` in address order: the unit the span starts in,
+        its offset there and its length in bytes (it may run past that unit's end into
+        the next ones), and the address of every unit it covers, in order.
+    """
+    out: list[tuple[int, int, int, tuple[int, ...]]] = []
+    end = device = None
+    for ptr, _size, dev in sorted(units):
+        for off, length in live[ptr]:
+            if length <= 0:
+                continue
+            if end == ptr + off and device == dev:
+                first, first_off, total, covered = out[-1]
+                if covered[-1] != ptr:
+                    covered = (*covered, ptr)
+                out[-1] = (first, first_off, total + length, covered)
+            else:
+                out.append((ptr, off, length, (ptr,)))
+            end, device = ptr + off + length, dev
+    return out
