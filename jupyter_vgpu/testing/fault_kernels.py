@@ -1,7 +1,8 @@
 """What the fault-injection suite's GPU tests and ``benchmarks/faults.py`` share: kernels
 with a slice of the real card under an arbiter, filled with bf16-like weights whose
-SHA-256 the kernel prints, a kernel reached through its connection file, and a user's
-real server with a kernel it started."""
+digest the kernel prints (the SHA-256 of each GiB's SHA-256, hashed on four threads), a
+kernel reached through its connection file, and a user's real server with a kernel it
+started."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ FILL = (
     "g = torch.Generator(device='cuda').manual_seed({seed})\n"
     "data = [(torch.randn(2**29, device='cuda', generator=g) * 0.02).to(torch.bfloat16)\n"
     "        for _ in range({n})]\n"
+    "def _one(d):\n"
+    "    return hashlib.sha256(d.view(torch.uint8).cpu().numpy()).digest()\n"
     "def digest():\n"
-    "    h = hashlib.sha256()\n"
-    "    for d in data:\n"
-    "        h.update(d.view(torch.uint8).cpu().numpy().tobytes())\n"
-    "    return h.hexdigest()\n"
+    "    from concurrent.futures import ThreadPoolExecutor\n"
+    "    with ThreadPoolExecutor(4) as pool:  # hashlib lets go of the GIL: a GiB per thread\n"
+    "        return hashlib.sha256(b''.join(pool.map(_one, data))).hexdigest()\n"
     "print(digest())"
 )
 DIGEST = "print(digest())"
@@ -150,7 +152,7 @@ def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Serv
         "JUPYTER_VGPU_SLICE": fault_scene.SLICE.to_json(),
         "JUPYTER_RUNTIME_DIR": str(runtime),
     }
-    server = JupyterServer(tmp / user, env, args=[f"--VGPUServer.channel_dir={tmp / 'channel'}"])
+    server = JupyterServer(tmp / user, env, args=[f"--VGPUServer.channel_dir={tmp / 'channel'}"], vgpu=True)
     try:
         with arbiter.control() as c:
             c.register(server.proc.pid, user, "", fault_scene.SLICE)
@@ -158,7 +160,9 @@ def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Serv
         connection_file = runtime / f"kernel-{kid}.json"
         kernel = Attached(connection_file)
         pid = wait_for(lambda: kernel_of(arbiter, f"{user}/"), 60, f"{user}'s kernel in the books")
-    except BaseException:
+    except BaseException as e:
         server.stop()
+        if server.log_path.exists():  # what the server and its kernel said on the way
+            e.add_note(f"{server.log_path}:\n{server.log_path.read_text()[-4000:]}")
         raise
     return Served(server, kid, connection_file, kernel, pid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ from .waiting import wait_for
 #: Enables JupyterLab's terminals (a server extension) even where its config file is not
 #: installed, as on a checkout on PYTHONPATH.
 TERMINALS_ON = '--ServerApp.jpserver_extensions={"jupyter_server_terminals": True}'
+#: Enables the project's server extension the same way.
+VGPU_ON = '--ServerApp.jpserver_extensions={"jupyter_vgpu": True}'
+#: The kernel hook's IPython config in a checkout (installs put it in etc/ipython).
+KERNEL_CONFIG = Path(__file__).resolve().parents[2] / "jupyter-config/ipython/ipython_kernel_config.json"
 
 
 #: Ports of the tests' own servers, Hubs and proxies: outside the OS's ephemeral range,
@@ -31,11 +36,24 @@ def free_port() -> int:
 
 
 class JupyterServer:
-    """``jupyter server`` (or ``jupyter lab``) on loopback with a token, in ``root``."""
+    """``jupyter server`` (or ``jupyter lab``) on loopback with a token, in ``root``.
 
-    def __init__(self, root: Path, env: dict[str, str], app: str = "jupyter_server", args=()):
+    ``vgpu``: the project's server extension and its kernels' hook are on even where their
+    config files are not installed (a checkout on PYTHONPATH, as on the GPU machine): the
+    extension by :data:`VGPU_ON`, the hook by an IPython profile in ``root`` holding
+    :data:`KERNEL_CONFIG` (where both are installed too, loading them twice is harmless).
+    """
+
+    def __init__(self, root: Path, env: dict[str, str], app: str = "jupyter_server", args=(), vgpu=False):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        if vgpu:
+            args = [*args, VGPU_ON]
+            if KERNEL_CONFIG.exists():
+                profile = self.root / ".ipython" / "profile_default"
+                profile.mkdir(parents=True, exist_ok=True)
+                shutil.copy(KERNEL_CONFIG, profile / KERNEL_CONFIG.name)
+                env = {"IPYTHONDIR": str(profile.parent), **env}
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
