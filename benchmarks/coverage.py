@@ -38,6 +38,7 @@ from gpu_common import GiB
 from pause import step_times
 
 from jupyter_vgpu import nvml
+from jupyter_vgpu.channel import kernel_path, read_json
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
@@ -137,11 +138,8 @@ PATHS = [
 ]
 
 
-def report(channel: Path, kernel: Kernel) -> dict:
-    try:
-        return json.loads((channel / f"kernel-{kernel.id}.json").read_text())
-    except (OSError, ValueError):
-        return {}
+def report(directory: Path, kernel: Kernel) -> dict:
+    return read_json(kernel_path(directory, kernel.id)) or {}
 
 
 def nvml_of(pids: list[int]) -> int:

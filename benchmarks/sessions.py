@@ -2,10 +2,19 @@
 
 Every session is a real IPython kernel started as a jupyter-vgpu server starts it (the
 pausable allocator preloaded, the arbiter's socket in its environment), registered with
-a standalone arbiter with the same slice. Each holds a working set W: a bf16 MLP
-(``--layers`` blocks of ``--width`` -> 4x ``--width`` -> ``--width``) with its AdamW
-state (bf16); a training step also needs gradients and the activations of a batch of
-``--batch`` random tokens, freed after the step. Each session runs an interactive duty
+a standalone arbiter with the same slice. Each holds a working set W, by ``--workload``:
+
+- ``mlp``: a bf16 MLP (``--layers`` blocks of ``--width`` -> 4x ``--width`` ->
+  ``--width``) with its AdamW state (bf16); a training step also needs gradients and the
+  activations of a batch of ``--batch`` random tokens, freed after the step;
+- ``transformer``: a Llama-architecture causal language model of 1.1B parameters
+  (TinyLlama-1.1B's shape: hidden 2048, 22 layers, 32 heads of which 4 key-value heads,
+  MLP 5632, vocabulary 32000) built from its config with random weights (nothing is
+  downloaded), bf16; a step is a LoRA fine-tuning step (rank 16 on every layer's query
+  and value projections, AdamW) on a random batch of ``--tokens`` tokens (2,048), or with
+  ``--tune full`` a full fine-tuning step (AdamW over every weight).
+
+Each session runs an interactive duty
 cycle: a cell of training steps (about ``--cell-seconds`` on an empty card), then
 ``--think`` seconds idle, ``--cycles`` times; the first cell starts at a random time in
 the first cycle, so that cells of different sessions meet as they would by chance.
@@ -19,11 +28,26 @@ memory (each run reports the host's peak memory in use). The think time sets how
 cells of different sessions run at the same time: they then share the card's compute,
 which no memory policy can hide.
 
+``--edit-before S`` replays a user who starts editing the cell S seconds before running
+it: the harness asks for a prefetch as JupyterLab's extension would (through the
+server's own writer of ``server.json``, :meth:`ServerState.prefetch`, which the server's
+``POST /api/vgpu/kernels/<id>/prefetch`` calls), waits S seconds, then sends the cell.
+``prefetched`` counts the cells whose kernel was away when the edit began and back on
+the card when the cell was sent.
+
+The calibration also times the working set's first pause (``cold_pause``: ``cold_s``,
+the pinned host memory made on the way) beside a second one (``warm_s``).
+
 ``--calibration FILE`` takes the solo cell, the static count and the slice from an
 earlier output and appends the new runs to it (one call per N on a device with a time
 limit per call).
 
-Usage (GPU machine): ``python benchmarks/sessions.py --out benchmarks/results/sessions-h100.json``
+Usage (GPU machine)::
+
+    python benchmarks/sessions.py --out benchmarks/results/sessions-h100.json
+    python benchmarks/sessions.py --workload transformer --think 30 --out sessions-transformer.json
+    python benchmarks/sessions.py --calibration sessions-h100.json --sessions 20 --edit-before 2 \
+        --out sessions-h100.json
 """
 
 from __future__ import annotations
@@ -42,15 +66,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jupyter_vgpu import nvml  # noqa: E402
+from jupyter_vgpu import channel, nvml  # noqa: E402
+from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
 from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
+from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
 GiB = 1 << 30
 
-SETUP = """
+MLP = """
 import os, time, torch
 torch.manual_seed(int(os.environ.get("SESSION", "0")))
 width, layers = {width}, {layers}
@@ -75,13 +101,91 @@ print("ready", sum(p.numel() for p in model.parameters()))
 """
 
 
+TRANSFORMER = """
+import os, time, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(int(os.environ.get("SESSION", "0")))
+config = LlamaConfig(
+    hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+    num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096,
+)
+model = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
+class LoRA(torch.nn.Module):
+    def __init__(self, base, rank=16):
+        super().__init__()
+        self.base = base
+        like = dict(device="cuda", dtype=base.weight.dtype)
+        self.a = torch.nn.Parameter(torch.randn(rank, base.in_features, **like) / rank)
+        self.b = torch.nn.Parameter(torch.zeros(base.out_features, rank, **like))
+    def forward(self, x):
+        return self.base(x) + (x @ self.a.t()) @ self.b.t()
+if {lora}:
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        layer.self_attn.q_proj = LoRA(layer.self_attn.q_proj)
+        layer.self_attn.v_proj = LoRA(layer.self_attn.v_proj)
+trained = [p for p in model.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(trained, lr=1e-4)
+step_seconds = []
+def train(steps):
+    step_seconds.clear()
+    for _ in range(steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        ids = torch.randint(0, config.vocab_size, (1, {tokens}), device="cuda")
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        step_seconds.append(time.perf_counter() - t)
+train(2)
+print("ready", sum(p.numel() for p in model.parameters()), sum(p.numel() for p in trained))
+"""
+
+
+def setup_code(args) -> str:
+    """The cell that builds a session's working set (``--workload``)."""
+    if args.workload == "transformer":
+        return TRANSFORMER.format(lora=args.tune == "lora", tokens=args.tokens)
+    return MLP.format(width=args.width, layers=args.layers, batch=args.batch)
+
+
+def model_of(args) -> dict:
+    if args.workload == "transformer":
+        config = "TinyLlama-1.1B's: hidden 2048, 22 layers, 32 heads (4 kv), MLP 5632, vocabulary 32000"
+        return {
+            "workload": "transformer",
+            "tune": args.tune,
+            "tokens": args.tokens,
+            "dtype": "bf16",
+            "config": config,
+        }
+    return {
+        "workload": "mlp",
+        "width": args.width,
+        "layers": args.layers,
+        "batch": args.batch,
+        "dtype": "bf16",
+    }
+
+
 class Session(Kernel):
-    """One kernel, started preloaded, with the arbiter's socket in its environment."""
+    """One kernel, started preloaded, with the arbiter's socket in its environment and a
+    channel directory of its own, whose ``server.json`` :attr:`server` writes as its
+    server would (the kernel reports its state there: :meth:`report`)."""
 
     def __init__(self, index: int, runtime: Path, socket: str):
-        env = environment(JUPYTER_VGPU_ARBITER=socket, SESSION=str(index))
+        self.channel = runtime / f"channel-{index}"
+        self.channel.mkdir()
+        self.server = ServerState(self.channel, None)  # the arbiter's slice wins over its None
+        env = environment(
+            JUPYTER_VGPU_ARBITER=socket, JUPYTER_VGPU_CHANNEL=str(self.channel), SESSION=str(index)
+        )
         super().__init__(runtime, env, load_extension=True, ready_timeout=120)
         self.index = index
+
+    def report(self) -> dict:
+        """The kernel's own report (``kernel-<id>.json`` in its channel), or {}."""
+        return channel.read_json(channel.kernel_path(self.channel, self.id)) or {}
 
     def timed(self, code: str, timeout: float = 180) -> tuple[float, str, bool]:
         """``(seconds, output, failed)`` of one cell."""
@@ -132,6 +236,11 @@ class HostMemory:
         self._thread.join()
 
 
+def quantile(values: list[float], q: float) -> float | None:
+    """The value at rank ``q`` of sorted ``values`` (nearest rank below), or None."""
+    return values[int(q * (len(values) - 1))] if values else None
+
+
 def start_arbiter(directory: Path, args) -> ArbiterProcess:
     return ArbiterProcess(
         directory,
@@ -160,7 +269,7 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
             with arbiter.control() as control:
                 for s in sessions:
                     control.register(s.pid, f"user{s.index}", "", slice_)
-            setup = SETUP.format(width=args.width, layers=args.layers, batch=args.batch)
+            setup = setup_code(args)
             failures: list[bool] = []
 
             def set_up(s: Session) -> None:
@@ -186,11 +295,18 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
             def state_of(pid: int) -> str:
                 return next((k["state"] for k in arbiter.books()["kernels"] if k["pid"] == pid), "unknown")
 
+            edit = min(args.edit_before, args.think)
+
             def duty(s: Session) -> None:
                 time.sleep(random.uniform(0, args.think + args.cell_seconds))
                 for cycle in range(args.cycles):
                     if cycle:
-                        time.sleep(args.think)
+                        time.sleep(args.think - edit)
+                    at_edit = None
+                    if edit:  # the user clicks into the cell and types: JupyterLab asks ahead
+                        at_edit = state_of(s.pid)
+                        s.server.prefetch(s.id)
+                        time.sleep(edit)
                     before = state_of(s.pid)
                     start = time.time()
                     seconds, out, failed = s.timed(cell)
@@ -199,8 +315,9 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
                     else:
                         inner, steps = out.split("inner")[-1].split("steps")
                         cells.put({
-                            "session": s.index, "start": start, "state_before": before, "cell_s": seconds,
-                            "inner_s": float(inner), "step_s": [float(v) for v in steps.split()],
+                            "session": s.index, "start": start, "state_at_edit": at_edit,
+                            "state_before": before, "cell_s": seconds, "inner_s": float(inner),
+                            "step_s": [float(v) for v in steps.split()],
                         })  # fmt: skip
 
             threads = [threading.Thread(target=duty, args=(s,)) for s in sessions]
@@ -217,11 +334,19 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
             outside: dict[str, list[float]] = {}
             for c in detail:  # time outside the cell's own code: waiting for room, resuming
                 outside.setdefault(c["state_before"], []).append(c["cell_s"] - c["inner_s"])
+            away = ("paused", "suspended")
             return {
                 "sessions": n,
+                "workload": args.workload,
+                "edit_before_s": edit,
                 "cells": len(latencies),
                 "p50_cell_s": statistics.median(latencies) if latencies else None,
-                "p95_cell_s": latencies[int(0.95 * (len(latencies) - 1))] if latencies else None,
+                "p95_cell_s": quantile(latencies, 0.95),
+                "p99_cell_s": quantile(latencies, 0.99),
+                "prefetched": sum(
+                    c["state_at_edit"] in away and c["state_before"] not in away for c in detail
+                ),
+                "prefetches": sum(d["what"] == "prefetch" for d in books["decisions"]),
                 "p50_inner_s": statistics.median(c["inner_s"] for c in detail) if detail else None,
                 "p50_outside_s_by_state_before": {k: statistics.median(v) for k, v in outside.items()},
                 "cells_by_state_before": {k: len(v) for k, v in outside.items()},
@@ -254,7 +379,7 @@ def calibrate(args, gpu) -> dict:
         try:
             with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
-            s.timed(SETUP.format(width=args.width, layers=args.layers, batch=args.batch))
+            s.timed(setup_code(args))
             seconds, _, _ = s.timed("train(4)")
             steps = max(1, round(4 * args.cell_seconds / seconds))
             s.timed(f"train({steps})")
@@ -263,6 +388,9 @@ def calibrate(args, gpu) -> dict:
             code = "c = torch.cuda\nprint(c.max_memory_reserved(), c.memory_reserved(), c.memory_allocated())"
             _, out, _ = s.timed(code)
             max_reserved, idle_reserved, allocated = (int(v) for v in out.split())
+            cold = pause_seconds(s)  # the first pause makes its pinned host memory
+            s.timed("train(1)")  # back
+            warm = pause_seconds(s)
         finally:
             s.shutdown()
             arbiter.stop()
@@ -278,12 +406,25 @@ def calibrate(args, gpu) -> dict:
         "solo_cell_s": statistics.median(solo),
         "solo_cells_s": solo,
         "steps_per_cell": steps,
-        "model": {"width": args.width, "layers": args.layers, "batch": args.batch, "dtype": "bf16"},
+        "model": model_of(args),
+        "cold_pause": {"gpu_bytes": cold[1], "cold_s": cold[0], "warm_s": warm[0]},
     }
+
+
+def pause_seconds(s: Session) -> tuple[float, int]:
+    """``(seconds, bytes released)`` of the kernel's pause after a ``%vgpu pause`` cell, by
+    its own report."""
+    s.timed("%vgpu pause")
+    wait_for(lambda: s.report().get("state") == "paused", 300, f"session {s.index} paused by %vgpu pause")
+    pause = s.report()["pause"]
+    return pause["last_pause_seconds"], pause["paused_bytes"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=("mlp", "transformer"), default="mlp")
+    parser.add_argument("--tune", choices=("lora", "full"), default="lora", help="the transformer's steps")
+    parser.add_argument("--tokens", type=int, default=2048, help="the transformer's tokens per step")
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=61440, help="tokens per step")
@@ -306,6 +447,12 @@ def main() -> None:
         default=3600.0,
         help="the arbiter's suspend_after (default: not in a run)",
     )
+    parser.add_argument(
+        "--edit-before",
+        type=float,
+        default=0.0,
+        help="seconds a user edits a cell before running it, asking a prefetch as the edit begins (0: none)",
+    )
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -313,7 +460,12 @@ def main() -> None:
     gpu = nvml.list_gpus()[0]
     if args.calibration:
         result = json.loads(Path(args.calibration).read_text())
-        args.width, args.layers, args.batch = (result["model"][k] for k in ("width", "layers", "batch"))
+        model = result["model"]
+        args.workload = model.get("workload", "mlp")
+        if args.workload == "transformer":
+            args.tune, args.tokens = model["tune"], model["tokens"]
+        else:
+            args.width, args.layers, args.batch = (model[k] for k in ("width", "layers", "batch"))
         args.think = result["think_s"] if args.think is None else args.think
     else:
         args.think = 90.0 if args.think is None else args.think
