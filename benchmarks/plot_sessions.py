@@ -18,7 +18,8 @@ W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 320, 60, 20, 30, 50
 
 
 def svg(doc: dict) -> str:
-    static, solo, think = doc["static_sessions"], doc["solo_cell_s"], doc["think_s"]
+    static = doc["static_sessions"] * doc.get("gpus", 1)  # static partitioning of every card
+    solo, think = doc["solo_cell_s"], doc["think_s"]
     rule = doc["arbiter"].get("background_pauses")  # runs under an earlier arbiter rule are left out
 
     def on_curve(r: dict) -> bool:

@@ -35,6 +35,9 @@ server's own writer of ``server.json``, :meth:`ServerState.prefetch`, which the 
 ``prefetched`` counts the cells whose kernel was away when the edit began and back on
 the card when the cell was sent.
 
+``--gpus N`` shares the host's first N cards: session i is on card i mod N (its slice
+there, ``CUDA_VISIBLE_DEVICES`` its card), and static partitioning fills every card.
+
 The calibration also times the working set's first pause (``cold_pause``: ``cold_s``,
 the pinned host memory made on the way) beside a second one (``warm_s``).
 
@@ -173,12 +176,15 @@ class Session(Kernel):
     channel directory of its own, whose ``server.json`` :attr:`server` writes as its
     server would (the kernel reports its state there: :meth:`report`)."""
 
-    def __init__(self, index: int, runtime: Path, socket: str):
+    def __init__(self, index: int, runtime: Path, socket: str, gpu_uuid: str):
         self.channel = runtime / f"channel-{index}"
         self.channel.mkdir()
         self.server = ServerState(self.channel, None)  # the arbiter's slice wins over its None
         env = environment(
-            JUPYTER_VGPU_ARBITER=socket, JUPYTER_VGPU_CHANNEL=str(self.channel), SESSION=str(index)
+            JUPYTER_VGPU_ARBITER=socket,
+            JUPYTER_VGPU_CHANNEL=str(self.channel),
+            CUDA_VISIBLE_DEVICES=gpu_uuid,  # the slice's card only, as the spawner sets it
+            SESSION=str(index),
         )
         super().__init__(runtime, env, load_extension=True, ready_timeout=120)
         self.index = index
@@ -250,7 +256,8 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     ).start()
 
 
-def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> dict:
+def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, static: int) -> dict:
+    """N sessions, session i on card ``i % len(slices)`` with that card's slice."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         arbiter = start_arbiter(tmp, args)
@@ -259,7 +266,10 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
         try:
             started: queue.Queue[Session] = queue.Queue()
             starters = [
-                threading.Thread(target=lambda i=i: started.put(Session(i, tmp, socket))) for i in range(n)
+                threading.Thread(
+                    target=lambda i=i: started.put(Session(i, tmp, socket, slices[i % len(slices)].gpu_uuid))
+                )
+                for i in range(n)
             ]
             for t in starters:
                 t.start()
@@ -268,7 +278,7 @@ def run_sessions(n: int, args, slice_: Slice, solo_steps: int, static: int) -> d
             sessions = sorted(started.queue, key=lambda s: s.index)
             with arbiter.control() as control:
                 for s in sessions:
-                    control.register(s.pid, f"user{s.index}", "", slice_)
+                    control.register(s.pid, f"user{s.index}", "", slices[s.index % len(slices)])
             setup = setup_code(args)
             failures: list[bool] = []
 
@@ -375,7 +385,7 @@ def calibrate(args, gpu) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         arbiter = start_arbiter(tmp, args)
-        s = Session(0, tmp, str(arbiter.socket))
+        s = Session(0, tmp, str(arbiter.socket), gpu.uuid)
         try:
             with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
@@ -422,6 +432,7 @@ def pause_seconds(s: Session) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=1, help="cards of this host to share (sessions spread)")
     parser.add_argument("--workload", choices=("mlp", "transformer"), default="mlp")
     parser.add_argument("--tune", choices=("lora", "full"), default="lora", help="the transformer's steps")
     parser.add_argument("--tokens", type=int, default=2048, help="the transformer's tokens per step")
@@ -457,7 +468,10 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    gpu = nvml.list_gpus()[0]
+    gpus = nvml.list_gpus()[: args.gpus]
+    if len(gpus) < args.gpus:
+        parser.error(f"--gpus {args.gpus}: this machine has {len(gpus)}")
+    gpu = gpus[0]  # the calibration's card (the cards of one host are alike)
     if args.calibration:
         result = json.loads(Path(args.calibration).read_text())
         model = result["model"]
@@ -476,14 +490,26 @@ def main() -> None:
         "suspend_after": args.suspend_after,
         "poll_seconds": 0.25,
     }
-    card, static = result["card_bytes"], result["static_sessions"]
-    slice_ = Slice(
-        gpu.uuid, gpu.index, gpu.name, card, result["budget_bytes"], 100, placement="binpack",
-        overcommit_ratio=8.0, idle_seconds=args.idle_seconds,
-    )  # fmt: skip
+    card = result["card_bytes"]
+    static = result["static_sessions"] * len(gpus)  # static partitioning of every card
+    result["gpus"] = len(gpus)
+    slices = [
+        Slice(
+            g.uuid,
+            g.index,
+            g.name,
+            card,
+            result["budget_bytes"],
+            100,
+            placement="binpack",
+            overcommit_ratio=8.0,
+            idle_seconds=args.idle_seconds,
+        )
+        for g in gpus
+    ]
     print(
         f"card {card / GiB:.1f} GiB, session peak {result['session_peak_bytes'] / GiB:.2f} GiB, working set "
-        f"{result['working_set_bytes'] / GiB:.2f} GiB, static {static}, "
+        f"{result['working_set_bytes'] / GiB:.2f} GiB, static {static} on {len(gpus)} GPU(s), "
         f"solo cell {result['solo_cell_s']:.3f} s ({result['steps_per_cell']} steps), think {args.think} s",
         flush=True,
     )
@@ -494,7 +520,8 @@ def main() -> None:
         else [round(m * static) for m in multiples]
     )
     for n in wanted:
-        row = run_sessions(n, args, slice_, result["steps_per_cell"], max(1, static))
+        row = run_sessions(n, args, slices, result["steps_per_cell"], max(1, static))
+        row["gpus"] = len(gpus)
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)
