@@ -405,10 +405,6 @@ class PauseEngine:
                     holder.ranges.append(r)
             return list(done.values())
 
-        for seg in batch:  # nothing live in it: nothing to save
-            if not pending[seg.ptr]:
-                release(seg)
-
         def on_range(i: int, pieces: list) -> None:
             ptr, off, length, covered = joined[i]
             stored[i] = _Range(ptr + off, length, path, list(pieces))
@@ -418,13 +414,14 @@ class PauseEngine:
                 if pending[unit] == 0:
                     release(by_ptr[unit])
 
-        if not ranges:
-            return keep()
         try:
-            if on_device:
+            for seg in batch:  # nothing live in it: nothing to save (an undo maps it back)
+                if not pending[seg.ptr]:
+                    release(seg)
+            if ranges and on_device:
                 used.add(self.device_codec.name)
                 self.device_codec.pack(ranges, self.arena, on_range)
-            else:
+            elif ranges:
                 used.add(self.host_path.name)
                 self.host_path.pack(ranges, self.store, on_range)
         except BaseException as e:
