@@ -282,7 +282,7 @@ class ArbiterClient:
             self.adopt_slice(msg.get("slice"))
         elif kind in ("grant", "wait", "deny"):
             self._answer(msg)
-        elif kind in ("pause", "suspend", "spill"):
+        elif kind in ("pause", "suspend", "spill", "trim"):
             threading.Thread(target=self._obey, args=(msg,), name="jupyter-vgpu-pause", daemon=True).start()
         elif kind == "notice":
             self.pausing.last_notice = str(msg.get("message"))[:1000]
@@ -313,6 +313,8 @@ class ArbiterClient:
                 reply["released"] = outcome.segment_bytes if outcome is not None else 0
             elif msg["type"] == "spill":
                 self.pausing.spill(str(msg.get("dir") or self.disk_dir or ""))
+            elif msg["type"] == "trim":
+                reply["released"] = self.pausing.trim()
             else:
                 self.pausing.prepare_suspend()
             ok, message = True, f"done in {time.monotonic() - t0:.3f} s"

@@ -633,6 +633,23 @@ class PauseControl:
         with self._plain():
             engine.spill(directory)
 
+    def trim(self) -> int:
+        """For the arbiter, when the host needs memory: let go of the pinned host memory
+        kept warm for this kernel's next pause (that pause will pin again); returns the
+        bytes given back.
+
+        Raises:
+            RuntimeError: the kernel is suspended (every CUDA call of it, freeing pinned
+                memory included, waits for its restore).
+        """
+        if self.gate.state in (g.SUSPENDING, g.SUSPENDED):
+            raise RuntimeError("the kernel is suspended: its pinned memory stays until its restore")
+        engine = self.engine
+        if engine is None:
+            return 0
+        with self._plain():
+            return engine.trim()
+
     def prepare_suspend(self) -> None:
         """For the arbiter: pause (if not paused yet, and if a pause can release all of
         the kernel's memory) and hold every message; the arbiter then checkpoints the

@@ -78,7 +78,8 @@ def _tier_rows(hook: KernelHook) -> list[tuple[str, str]]:
             (
                 "node memory",
                 f"{format_bytes(node['host_used'])} of {format_bytes(node['host_limit'])} host memory "
-                f"held by paused kernels; {format_bytes(node['disk_used'])} in the disk tier",
+                f"held for kernels' GPU memory (paused, or kept warm for a next pause); "
+                f"{format_bytes(node['disk_used'])} in the disk tier",
             )
         )
     return rows

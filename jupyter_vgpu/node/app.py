@@ -278,10 +278,12 @@ class ArbiterApp(Application):
     host_memory_limit = ByteSize(
         None,
         allow_none=True,
-        help="""Host memory that paused and suspended kernels of this node may hold in all,
-        bytes or a size like '64G' (default: host_memory_fraction of the host's RAM). The
-        coldest paused kernels move to the disk tier before it is reached, and a pause that
-        would pass it is not made, so the host's OOM killer never has to act.""",
+        help="""Host memory that the kernels of this node may hold for their GPU memory in
+        all (paused data, checkpoints, pinned memory kept warm for a fast next pause), bytes
+        or a size like '64G' (default: host_memory_fraction of the host's RAM). Idle
+        kernels let their warm memory go, then the coldest paused kernels move to the disk
+        tier, before it is reached, and a pause that would pass it is not made, so the
+        host's OOM killer never has to act.""",
     ).tag(config=True)
 
     host_memory_fraction = Float(
@@ -290,8 +292,9 @@ class ArbiterApp(Application):
 
     host_spill_fraction = Float(
         0.8,
-        help="""Past this fraction of host_memory_limit, the coldest paused kernels (longest
-        idle first) move to the disk tier, in the background.""",
+        help="""Past this fraction of host_memory_limit, idle kernels let go of the pinned
+        memory they keep warm for a fast next pause, then the coldest paused kernels
+        (longest idle first) move to the disk tier, in the background.""",
     ).tag(config=True)
 
     host_reserve = ByteSize(

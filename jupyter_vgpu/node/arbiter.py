@@ -43,7 +43,7 @@ from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
 from . import books, cards, cgroups, disk, handoff, mps, namespaces, peers, protocol, slurm, tiers
-from .books import ACTIVE, PAUSED, SUSPENDED, TIERS, Kernel, Server
+from .books import ACTIVE, IDLE, PAUSED, SUSPENDED, TIERS, Kernel, Server
 from .cards import Reading
 from .journal import Journal
 from .metrics import Metrics
@@ -526,6 +526,25 @@ class Arbiter:
         )  # fmt: skip
         return True
 
+    async def trim(self, kernel: Kernel) -> int:
+        """Ask an idle kernel to let go of the pinned slabs it keeps warm for its next pause;
+        the bytes it gave back (0: refused, or it held none)."""
+        conn = self.conns.get(kernel.pid)
+        if conn is None or conn.kernel is not kernel or kernel.state != IDLE or kernel.host_bytes <= 0:
+            return 0
+        answer = await conn.ask({"type": "trim"}, self.config.pause_timeout)
+        released = answer.get("released")  # its figures came first, in a state message
+        if not answer.get("ok") or not isinstance(released, int) or released <= 0:
+            why = answer.get("message", "")
+            self._decide("trim refused", server=kernel.server.key, pid=kernel.pid, message=why)
+            return 0
+        self.metrics.trimmed.inc(released)
+        self._decide(
+            "trim", server=kernel.server.key, pid=kernel.pid,
+            message=f"{format_bytes(released)} of warm pinned host memory let go (its next pause pins again)",
+        )  # fmt: skip
+        return released
+
     async def _host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
         """Spill colder paused kernels until ``need`` bytes of ``victim`` fit in host memory;
         None when they fit, else why not. A pause that would eat into the host's reserve
@@ -543,6 +562,9 @@ class Arbiter:
                 f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
                 f"{format_bytes(available)} available)"
             )
+            warm = tiers.trimmable(self.kernels, time.monotonic(), exclude=(victim,))
+            if warm and await self.trim(warm[0]):
+                continue  # losing no data comes before moving any to disk
             candidates = tiers.spillable(self.kernels, time.monotonic(), exclude=(victim,))
             if not candidates:
                 disk_why = self._disk_usable(need)
@@ -562,7 +584,12 @@ class Arbiter:
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
 
     async def _spill_coldest(self) -> None:
-        """Spill the coldest paused kernels while the node is over its spill mark."""
+        """Trim idle kernels' warm slabs, then spill the coldest paused kernels, while the
+        node is over its spill mark."""
+        for kernel in tiers.to_trim(
+            self.kernels, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), time.monotonic()
+        ):
+            await self.trim(kernel)
         while True:
             todo = tiers.to_spill(
                 self.kernels, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), time.monotonic()
@@ -1066,9 +1093,9 @@ class Arbiter:
         conn = self.conns.get(kernel.pid)
         if conn is None:
             return False
-        need = (
-            kernel.resident
-        )  # a pause's compressed copy, or the checkpoint of what is left, is at most this
+        # a pause's compressed copy, or the checkpoint of what is left, is at most its
+        # resident bytes, and a pause takes its own warm slabs (counted already) first
+        need = max(0, kernel.resident - kernel.host_bytes)
         why = await self._host_room(kernel, need, tell)
         if why is not None:
             self._decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)

@@ -145,10 +145,11 @@ class Kernel:
 
     @property
     def host_held(self) -> int:
-        """Host memory it holds for memory that left the card, bytes: its paused data in
-        host memory, plus the driver's checkpoint while suspended."""
-        held = self.host_bytes if self.state in (PAUSED, SUSPENDED) else 0
-        return held + (self.checkpoint_bytes if self.state == SUSPENDED else 0)
+        """Host memory it holds for the memory of its GPU, bytes: its paused data in host
+        memory, the pinned slabs it keeps warm for its next pause (in any state: a
+        resident kernel's ``host_bytes`` are those alone), plus the driver's checkpoint
+        while suspended."""
+        return self.host_bytes + (self.checkpoint_bytes if self.state == SUSPENDED else 0)
 
     def describe(self) -> str:
         return f"{self.server.key} (pid {self.pid}, {self.state})"

@@ -8,15 +8,17 @@
 ``jupyter_vgpu_unowned_processes{gpu}`` (processes on a managed card that belong to no
 server, at the last look) and ``jupyter_vgpu_unowned_actions_total{gpu, action}``.
 
-The node's tiers: ``jupyter_vgpu_host_bytes`` (host memory paused and suspended kernels
-hold), ``jupyter_vgpu_host_limit_bytes`` (``ArbiterApp.host_memory_limit``),
+The node's tiers: ``jupyter_vgpu_host_bytes`` (host memory kernels hold for their GPU
+memory: paused data, checkpoints, pinned slabs kept warm for a next pause),
+``jupyter_vgpu_host_limit_bytes`` (``ArbiterApp.host_memory_limit``),
 ``jupyter_vgpu_disk_bytes`` (what the disk tier holds), ``jupyter_vgpu_kernels{tier}``
 (``gpu``, ``host``, ``disk``, ``suspended``), ``jupyter_vgpu_spills_total`` and
 ``jupyter_vgpu_spill_failures_total`` (moves to the disk tier, and those a full or
-failing disk refused), ``jupyter_vgpu_kernels_joined_total{tier}`` (hellos, by where the
-kernel's memory was: after a restart, the kernels that came back). Resume seconds carry
-``tier`` ``disk`` too. Served on the loopback interface when ``ArbiterApp.metrics_port``
-is set.
+failing disk refused), ``jupyter_vgpu_trimmed_bytes_total`` (warm pinned slabs idle
+kernels let go when the host needed the memory),
+``jupyter_vgpu_kernels_joined_total{tier}`` (hellos, by where the kernel's memory was:
+after a restart, the kernels that came back). Resume seconds carry ``tier`` ``disk``
+too. Served on the loopback interface when ``ArbiterApp.metrics_port`` is set.
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ class Metrics:
             ["tier"], registry=r,
         )  # fmt: skip
         self.spills = Counter("jupyter_vgpu_spills", "Paused kernels moved to the disk tier.", registry=r)
+        self.trimmed = Counter(
+            "jupyter_vgpu_trimmed_bytes",
+            "Warm pinned host memory idle kernels let go when the host needed it, bytes.",
+            registry=r,
+        )
         self.spill_failures = Counter(
             "jupyter_vgpu_spill_failures",
             "Moves to the disk tier refused by a full or failing disk.",

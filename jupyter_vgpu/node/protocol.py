@@ -27,18 +27,21 @@ Kernels (any user) may send:
   the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":
   int, "message": str}`` after its queue timeout.
 - ``{"type": "reply", "id": int, "ok": bool, "message": str, "released": int | null}``:
-  the answer to a request; ``released`` is the device memory a pause gave back (bytes;
-  null for a suspend or a spill), a figure only: 0 spares the arbiter its wait for NVML
-  to drop, and what the card has free is still read from NVML before any room is granted.
+  the answer to a request; ``released`` is the device memory a pause gave back, or the
+  host memory a trim gave back (bytes; null for a suspend or a spill), a figure only: 0
+  spares the arbiter its wait for NVML to drop, and what the card has free is still read
+  from NVML before any room is granted.
 
 The arbiter sends kernels requests: ``{"type": "pause", "id": int}``, ``{"type":
 "suspend", "id": int}`` (pause if needed, hold every message, answer; the arbiter then
 checkpoints the process), ``{"type": "spill", "id": int, "dir": str}`` (move the paused
-data from host memory to files in ``dir``, the kernel's directory of the disk tier), and
-notices: ``{"type": "slice", "slice": <slice>}``, ``{"type": "notice", "message": str}``,
-``{"type": "node", "host_used": int, "host_limit": int, "disk_used": int}`` (the node's
-host memory held by paused kernels, its budget, and the disk tier's bytes; for
-``%vgpu status`` and the panel).
+data from host memory to files in ``dir``, the kernel's directory of the disk tier),
+``{"type": "trim", "id": int}`` (an idle kernel lets go of the pinned host memory it
+keeps warm for its next pause: the host needs it), and notices: ``{"type": "slice",
+"slice": <slice>}``, ``{"type": "notice", "message": str}``, ``{"type": "node",
+"host_used": int, "host_limit": int, "disk_used": int}`` (the host memory the node's
+kernels hold for their GPU memory, its budget, and the disk tier's bytes; for ``%vgpu
+status`` and the panel).
 
 Trusted clients (the arbiter's own user, or root: the Hub's spawner, a benchmark) may
 also send ``{"type": "register", "pid": int, "user": str, "server": str, "slice":

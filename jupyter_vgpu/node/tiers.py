@@ -4,19 +4,22 @@ Bookkeeping, like :mod:`.books`; the one reading is :func:`meminfo`. Paused kern
 memory (pinned slabs of the GPU codec path, the zstandard path's store); nothing else on
 the node adds those up, and a host whose paused sessions grow past its RAM meets the
 kernel's OOM killer, which takes whole kernels and their only copy of the data with
-them. The arbiter therefore counts every paused (and suspended) kernel's host bytes
-against a node budget (``ArbiterApp.host_memory_limit``) and moves the coldest paused
-kernels to the disk tier before the budget is reached (:func:`to_spill`), and before a
-pause that would pass it (:func:`host_room`). The host's own available memory
-(``MemAvailable``) is watched too: below ``host_reserve`` it spills whatever the budget
-says.
+them. The arbiter therefore counts every kernel's host bytes against a node budget
+(``ArbiterApp.host_memory_limit``): paused data, the driver's checkpoints, and the pinned
+slabs a kernel keeps warm after a resume so that its next pause need not pin again
+(pinning is most of a first pause's time). Before the budget is reached, idle kernels let
+their warm slabs go first (:func:`to_trim`: the cost is a slower next pause), then the
+coldest paused kernels move to the disk tier (:func:`to_spill`), also before a pause that
+would pass the budget (:func:`host_room`). The host's own available memory
+(``MemAvailable``) is watched too: below ``host_reserve`` it trims and spills whatever
+the budget says.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .books import PAUSED, Kernel
+from .books import IDLE, PAUSED, Kernel
 
 
 def meminfo() -> dict[str, int]:
@@ -52,7 +55,7 @@ class HostBudget:
 
 
 def host_used(kernels: list[Kernel]) -> int:
-    """Host bytes held for the memory of every paused and suspended kernel."""
+    """Host bytes every kernel holds for its GPU memory (:attr:`.books.Kernel.host_held`)."""
     return sum(k.host_held for k in kernels)
 
 
@@ -68,20 +71,40 @@ def spillable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Ke
     return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
 
 
-def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
-    """Paused kernels to move to the disk tier now, coldest first: until the node's host
-    bytes are under ``budget.spill_at`` and the host's available memory (``available``,
-    bytes, from ``MemAvailable``) is back above ``budget.reserve``, counting each spill as
-    giving back its host bytes."""
+def trimmable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:
+    """Idle kernels keeping warm pinned slabs, coldest first (longest idle, lowest
+    priority, most bytes): those asked first to let them go. A resident kernel's host
+    bytes are its warm slabs alone; a running one is left to its cell."""
+    found = [k for k in kernels if k.state == IDLE and k.host_bytes > 0 and k not in exclude]
+    return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+
+
+def to_trim(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
+    """Idle kernels to ask to let their warm slabs go now, coldest first: until the node's
+    host bytes are under ``budget.spill_at`` and the host's available memory is back above
+    ``budget.reserve``, as :func:`to_spill` counts (trimming comes first: it loses no data
+    and costs only a slower next pause)."""
+    return _until_under(trimmable(kernels, now), kernels, budget, available)
+
+
+def _until_under(candidates: list[Kernel], kernels: list[Kernel], budget: HostBudget, available: int) -> list:
     used = host_used(kernels)
     out = []
-    for k in spillable(kernels, now):
+    for k in candidates:
         if used <= budget.spill_at and available >= budget.reserve:
             break
         out.append(k)
         used -= k.host_bytes
         available += k.host_bytes
     return out
+
+
+def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
+    """Paused kernels to move to the disk tier now, coldest first: until the node's host
+    bytes are under ``budget.spill_at`` and the host's available memory (``available``,
+    bytes, from ``MemAvailable``) is back above ``budget.reserve``, counting each spill as
+    giving back its host bytes."""
+    return _until_under(spillable(kernels, now), kernels, budget, available)
 
 
 def host_room(kernels: list[Kernel], budget: HostBudget, need: int, available: int) -> tuple[int, int]:

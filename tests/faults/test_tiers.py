@@ -1,10 +1,14 @@
 """Host memory and disk as tiers of the node, with kernels holding real bytes: paused
 kernels past the node's host budget move to disk (the coldest first) and come back
 bit-exact; a full disk gives a clear error and the data stays in host memory; a pause
-that would pass the budget with no disk to spill to is not made; ``%vgpu status`` and
-Prometheus say where everything is."""
+that would pass the budget with no disk to spill to is not made; pinned slabs kept warm
+by idle kernels go before any paused data moves; ``%vgpu status`` and Prometheus say
+where everything is."""
 
 import os
+import select
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -142,4 +146,76 @@ def test_a_pause_that_would_pass_the_host_budget_is_not_made(tmp_path):
     finally:
         ada.shutdown()
         bob.shutdown()
+        arbiter.stop()
+
+
+#: A kernel as the arbiter sees one, spoken over the arbiter's socket by a small process
+#: of the test's (pinned host memory needs a GPU, and a kernel keeping warm slabs is what
+#: is wanted here): an idle kernel keeping WARM bytes, which lets them go when asked, says
+#: so on its stdout, and stays until its stdin closes.
+PROTOCOL_KERNEL = """
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(sys.argv[1])
+warm = int(sys.argv[2])
+def send(msg):
+    sock.sendall(json.dumps(msg).encode() + b"\\n")
+send({"type": "hello", "version": 2, "kernel_id": "warm-kernel", "state": "idle", "resident": 0,
+      "paused_bytes": 0, "host_bytes": warm, "disk_bytes": 0, "budget": None, "idle_seconds": 600.0})
+print("hello", flush=True)
+for line in sock.makefile("rb"):
+    msg = json.loads(line)
+    if msg["type"] == "trim":
+        send({"type": "state", "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0,
+              "disk_bytes": 0, "resume_seconds": None})
+        send({"type": "reply", "id": msg["id"], "ok": True, "message": "", "released": warm})
+        print("trimmed", flush=True)
+        break
+sys.stdin.read()
+"""
+
+
+def line_within(process: subprocess.Popen, seconds: float) -> str:
+    """The next line ``process`` prints, or '' when none comes within ``seconds``."""
+    if not select.select([process.stdout], [], [], seconds)[0]:
+        return ""
+    return process.stdout.readline().strip()
+
+
+def test_idle_kernels_let_warm_pinned_memory_go_before_paused_data_moves_to_disk(tmp_path):
+    """A kernel keeps its pinned slabs after a resume so that its next pause need not pin
+    again; they count in the node's host budget, and past the mark the arbiter asks idle
+    kernels to let them go before it moves anyone's paused data to disk."""
+    arbiter = ArbiterProcess(
+        tmp_path,
+        f"--ArbiterApp.disk_dir={tmp_path / 'disk'}",
+        "--ArbiterApp.disk_reserve=1M",
+        "--ArbiterApp.host_memory_limit=40M",  # ada paused (14 MB) is under the mark of 20M
+        "--ArbiterApp.host_spill_fraction=0.5",
+    ).start()
+    (ada,) = kernels_holding(tmp_path, arbiter, "ada")
+    warm = None
+    try:
+        pause(ada)
+        wait_for(lambda: arbiter.kernel(ada.pid)["tier"] == "host", 10, "ada paused in host memory")
+        warm = subprocess.Popen(
+            [sys.executable, "-c", PROTOCOL_KERNEL, str(arbiter.socket), str(16 * MiB)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        with arbiter.control() as c:  # its own server, as the Hub would register one
+            c.register(warm.pid, "eve", "", scene.SLICE)
+        assert line_within(warm, 10) == "hello"  # 14 + 16 MB: past the mark of 20M
+        assert line_within(warm, 15) == "trimmed", "the arbiter asked the idle kernel to trim"
+        wait_for(lambda: arbiter.books()["node"]["host_used"] == arbiter.kernel(ada.pid)["host_bytes"], 10,
+                 "the node's host bytes back to ada's paused data alone")  # fmt: skip
+        decisions = [d["what"] for d in arbiter.books()["decisions"]]
+        assert "trim" in decisions, decisions
+        assert "spill" not in decisions, "no paused data moved to disk while warm slabs could go"
+        assert arbiter.kernel(ada.pid)["tier"] == "host"
+        assert scene.run(ada, scene.DIGEST).text.strip().splitlines()[-1] == scene.digest(*SEEDS["ada"])
+    finally:
+        if warm is not None:
+            warm.stdin.close()
+            warm.wait(10)
+        ada.shutdown()
         arbiter.stop()

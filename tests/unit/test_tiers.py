@@ -1,4 +1,5 @@
-"""The node's tiers, piece by piece: the host budget's arithmetic, the disk tier's
+"""The node's tiers, piece by piece: the host budget's arithmetic (warm pinned slabs of
+idle kernels counted, and let go before any paused data moves to disk), the disk tier's
 directories (swept when their process ends, a zombie included), the journal of slices
 registered over the socket, one arbiter per socket, the protocol's version-2 hello, the
 failpoints' names, and the line a waiting cell shows."""
@@ -16,7 +17,7 @@ import pytest
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.kernel.progress import Progress
 from jupyter_vgpu.node import disk, handoff, tiers
-from jupyter_vgpu.node.books import IDLE, PAUSED, SUSPENDED, Kernel, Server
+from jupyter_vgpu.node.books import ACTIVE, IDLE, PAUSED, SUSPENDED, Kernel, Server
 from jupyter_vgpu.node.journal import Journal
 from jupyter_vgpu.node.protocol import ProtocolError, decode
 from jupyter_vgpu.slice import Slice
@@ -49,6 +50,28 @@ def test_the_coldest_paused_kernels_spill_until_under_the_mark():
     assert tiers.to_spill([warm], budget, 10 * GiB, now) == []
     # short of available memory, everything paused goes, coldest first
     assert tiers.to_spill([warm, cold], budget, 0, now) == [cold, warm]
+
+
+def test_warm_slabs_count_in_every_state_and_idle_kernels_let_them_go_first():
+    now = time.monotonic()
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=50 * MiB, reserve=GiB)
+    paused = kernel(1, PAUSED, host=30 * MiB, idle=300)
+    idle_cold = kernel(2, IDLE, host=20 * MiB, idle=200)  # slabs kept warm after a resume
+    idle_warm = kernel(3, IDLE, host=20 * MiB, idle=10)
+    running = kernel(4, ACTIVE, host=20 * MiB)
+    everyone = [paused, idle_cold, idle_warm, running]
+    assert tiers.host_used(everyone) == 90 * MiB  # every kernel's pinned memory is the host's
+    # 90 over a mark of 50: the coldest idle kernels let go first (no data moves)...
+    assert tiers.to_trim(everyone, budget, 10 * GiB, now) == [idle_cold, idle_warm]
+    # ...a running kernel is left to its cell, and paused data is not the trim's
+    assert tiers.trimmable(everyone, now) == [idle_cold, idle_warm]
+    # once they did, the paused kernel is under the mark: nothing moves to disk
+    idle_cold.host_bytes = idle_warm.host_bytes = 0
+    assert tiers.host_used(everyone) == 50 * MiB
+    assert tiers.to_spill(everyone, budget, 10 * GiB, now) == []
+    suspended = kernel(5, SUSPENDED, host=5 * MiB)
+    suspended.checkpoint_bytes = 7 * MiB
+    assert suspended.host_held == 12 * MiB
 
 
 def test_host_room_tells_the_budget_from_the_reserve():

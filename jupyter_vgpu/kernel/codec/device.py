@@ -129,32 +129,50 @@ class Piece:
 class PinnedArena:
     """Pinned host memory for stored pieces: slabs handed out front to back.
 
-    Slabs come from PyTorch's pinned-memory cache, so after the first pause they are
-    reused without pinning again (pinning 1 GiB took 0.40 s on the H100 box; taking it
-    from the cache 40 µs). :meth:`clear` gives every slab back to that cache.
+    Pinning is slow (1 GiB took 0.40 s on the H100 box, so a kernel's first pause of
+    32 GiB spent much of its 16 s pinning); handing out a slab already pinned costs
+    microseconds. So :meth:`clear` keeps the slabs as **warm** ones, which the next pause
+    takes again, and they stay counted in :attr:`held_bytes`: the node arbiter counts
+    them against its host budget and asks a kernel to :meth:`trim` them when the host
+    needs the memory. (Handing them back to PyTorch's pinned-memory cache instead, as
+    this class once did, kept them pinned where no figure of ours saw them.)
 
     Args:
         torch: the torch module.
         slab_bytes: bytes per slab (a piece never spans two slabs).
+        pin: makes a pinned uint8 tensor of the bytes it is given (default:
+            ``torch.empty(n, dtype=torch.uint8, pin_memory=True)``).
     """
 
-    def __init__(self, torch, slab_bytes: int = 256 * MiB):
+    def __init__(self, torch, slab_bytes: int = 256 * MiB, pin: Callable[[int], object] | None = None):
         self.torch = torch
         self.slab_bytes = slab_bytes
+        self._pin = pin or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
         self.slabs: list = []
-        self.held_bytes = 0  # pinned bytes held by the slabs (an int: reading it runs no torch call)
+        self.held_bytes = 0  # pinned bytes of every slab, in use or warm (an int: no torch call)
         self._used = 0  # bytes handed out of the last slab
         self._last_size = 0  # bytes of the last slab
         self._bases: list[int] = []  # each slab's address
+        self._warm: list = []  # slabs kept for the next pause, largest first
+
+    @property
+    def warm_bytes(self) -> int:
+        """Pinned bytes kept for the next pause and holding nothing now."""
+        return sum(slab.numel() for slab in self._warm)
 
     def reserve(self, nbytes: int) -> tuple[int, int]:
         """``(slab index, offset)`` of ``nbytes`` fresh bytes, 16-byte aligned."""
         if not self.slabs or self._used + nbytes > self._last_size:
             size = max(self.slab_bytes, _round(nbytes))
-            self.slabs.append(self.torch.empty(size, dtype=self.torch.uint8, pin_memory=True))
-            self._bases.append(self.slabs[-1].data_ptr())
-            self.held_bytes += size
-            self._last_size = size
+            slab = next((w for w in self._warm if w.numel() >= size), None)
+            if slab is not None:
+                self._warm.remove(slab)
+            else:
+                slab = self._pin(size)
+                self.held_bytes += size
+            self.slabs.append(slab)
+            self._bases.append(slab.data_ptr())
+            self._last_size = slab.numel()
             self._used = 0
         start = self._used
         self._used = _round(start + nbytes)
@@ -165,10 +183,20 @@ class PinnedArena:
         return self._bases[slab] + start
 
     def clear(self) -> None:
-        """Give every slab back to PyTorch's pinned-memory cache."""
+        """Forget every piece; the slabs stay pinned, warm, for the next pause."""
+        self._warm = sorted(self._warm + self.slabs, key=lambda slab: -slab.numel())
         self.slabs.clear()
         self._bases.clear()
-        self.held_bytes = self._last_size = self._used = 0
+        self._last_size = self._used = 0
+
+    def trim(self) -> int:
+        """Let go of the warm slabs (in-use ones stay); returns the bytes let go. They go
+        back to PyTorch's pinned-memory cache: the caller empties it
+        (``torch.accelerator.empty_host_cache``) for the memory to reach the system."""
+        freed = self.warm_bytes
+        self._warm.clear()
+        self.held_bytes -= freed
+        return freed
 
 
 # Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the device

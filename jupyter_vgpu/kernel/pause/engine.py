@@ -54,8 +54,11 @@ MiB = 1 << 20
 
 
 def _empty_host_cache(torch) -> None:
-    """Give PyTorch's cached pinned host memory back to the system (after a spill: the
-    slabs went back to that cache, which would keep them)."""
+    """Give PyTorch's cached pinned host memory back to the system (after a spill or a
+    trim: the slabs let go went back to that cache, which would keep them). Without CUDA
+    there is no pinned memory, and nothing to do."""
+    if not torch.cuda.is_available():
+        return
     empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
     empty = empty or getattr(torch._C, "_host_emptyCache", None)
     if empty is not None:
@@ -571,15 +574,27 @@ class PauseEngine:
                     self._spill.remove()
                 self._spill = written
                 self.arena.clear()
+                self.arena.trim()  # the host needs the memory: nothing kept warm
                 _empty_host_cache(self.torch)
             moved += self.store.spill(directory)
             self.last_spill = Outcome(time.perf_counter() - t0, 0, 0, moved, ())
             return self.last_spill
 
     def host_held(self) -> int:
-        """Host memory held for paused data now, bytes: the pinned slabs and the store's
-        entries in memory (what the node arbiter counts against its host budget)."""
+        """Host memory held for paused data now, bytes: the pinned slabs (warm ones
+        included, kept for the next pause) and the store's entries in memory (what the
+        node arbiter counts against its host budget)."""
         return self.arena.held_bytes + self.store.in_memory()
+
+    def trim(self) -> int:
+        """Let go of the pinned slabs kept warm for the next pause (which will then pin
+        again, slowly); returns the bytes given back to the system. Slabs holding paused
+        data stay."""
+        with self._lock:
+            freed = self.arena.trim()
+            if freed:
+                _empty_host_cache(self.torch)
+            return freed
 
     def disk_bytes(self) -> int:
         """Bytes of paused data in the disk tier (the spill file and the store's files)."""
@@ -597,7 +612,9 @@ class PauseEngine:
         (device memory a pause leaves: :attr:`.vmm.Figures.unpausable`), ``host_bytes``
         (stored bytes held in host memory for it), ``disk_bytes`` (bytes of it in the disk
         tier), ``live_bytes``, ``ratio`` (live over stored bytes, wherever they are),
-        ``codec``, and the last pause's and resume's ``seconds`` (None before the first)."""
+        ``codec``, the last pause's and resume's ``seconds`` (None before the first), and
+        ``pinned_bytes`` (pinned host memory held, slabs kept warm for the next pause
+        included)."""
         live = sum(r.length for p in self._paused for r in p.ranges)
         pieces = [piece for p in self._paused for r in p.ranges for piece in r.pieces]
         stored = sum(piece.stored_bytes for piece in pieces)
@@ -623,6 +640,8 @@ class PauseEngine:
         """Stop the host path's threads (the engine cannot pause afterwards)."""
         self.zstd.close()
         self.store.close()
+        self.arena.clear()
+        self.arena.trim()
         if self._spill is not None:
             self._spill.remove()
             self._spill = None

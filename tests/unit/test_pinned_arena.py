@@ -1,0 +1,86 @@
+"""The GPU path's pinned slabs: handed out front to back, kept warm across pauses (and
+counted while they are), let go when asked. Pinning itself needs a GPU; here a slab is
+a plain uint8 tensor made by the same call the arena would make, counted as it is made."""
+
+import pytest
+
+pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its CPU build)")
+
+import torch
+
+from jupyter_vgpu.kernel.codec.device import PinnedArena
+
+MiB = 2**20
+
+
+class Pinning:
+    """Stands in for ``torch.empty(n, pin_memory=True)``: counts the slabs made."""
+
+    def __init__(self):
+        self.made: list[int] = []
+
+    def __call__(self, nbytes: int):
+        self.made.append(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def test_slabs_are_handed_out_front_to_back_and_aligned():
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=pin)
+    assert arena.reserve(3 * MiB) == (0, 0)
+    assert arena.reserve(100) == (0, 3 * MiB)
+    assert arena.reserve(2 * MiB) == (1, 0)  # the first slab has not 2 MiB left
+    assert arena.reserve(9 * MiB) == (2, 0)  # larger than a slab: a slab of its own
+    assert pin.made == [4 * MiB, 4 * MiB, 9 * MiB]
+    assert arena.held_bytes == 17 * MiB
+    slab, start = arena.reserve(5)
+    assert (arena.address(slab, start) - arena.address(slab, 0)) % 16 == 0
+
+
+def test_a_second_pause_takes_the_warm_slabs_instead_of_pinning_again():
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=pin)
+    for _ in range(3):
+        arena.reserve(4 * MiB)
+    arena.clear()  # resumed: nothing held for data, the slabs kept for the next pause
+    assert arena.held_bytes == arena.warm_bytes == 12 * MiB, "kept, and counted"
+    for _ in range(4):
+        arena.reserve(4 * MiB)
+    assert pin.made == [4 * MiB] * 4, "three warm slabs reused, one pinned"
+    assert arena.warm_bytes == 0
+    assert arena.held_bytes == 16 * MiB
+    arena.clear()
+    arena.reserve(9 * MiB)  # no warm slab is large enough: pinned anew
+    assert pin.made[-1] == 9 * MiB
+
+
+def test_trim_lets_warm_slabs_go_and_keeps_the_ones_holding_data():
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=pin)
+    arena.reserve(4 * MiB)
+    arena.reserve(4 * MiB)
+    arena.clear()
+    arena.reserve(1 * MiB)  # a paused kernel's data in one of them
+    assert arena.trim() == 4 * MiB
+    assert arena.held_bytes == 4 * MiB
+    assert arena.warm_bytes == 0
+    assert arena.trim() == 0
+
+
+def test_an_engine_counts_its_warm_slabs_as_held_and_lets_them_go_on_trim():
+    from jupyter_vgpu.kernel.pause import vmm
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+
+    allocator = vmm.load()
+    if allocator.backend == 0:
+        allocator.init(vmm.HOST)
+    engine = PauseEngine(torch, allocator, None, threads=1)
+    try:
+        engine.arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=Pinning())
+        engine.arena.reserve(4 * MiB)
+        engine.arena.clear()  # as after a resume of the GPU path
+        assert engine.host_held() == 4 * MiB, "what the arbiter counts against the host budget"
+        assert engine.trim() == 4 * MiB
+        assert engine.host_held() == 0
+    finally:
+        engine.close()
