@@ -110,8 +110,9 @@ export class UsagePanel extends Widget {
       rows.push(['Whole GPU', `${formatPair(usage.gpu.memory_used, usage.gpu.memory_total)}`]);
     }
     if (usage.node) {
-      // the node's host memory held by paused kernels, and its disk tier (the node arbiter's figures)
-      rows.push(['Node host memory', `${formatPair(usage.node.host_used, usage.node.host_limit)} paused`]);
+      // the host memory the node's kernels hold for their GPU memory (paused data, pinned
+      // memory kept warm for a next pause), and its disk tier (the node arbiter's figures)
+      rows.push(['Node host memory', `${formatPair(usage.node.host_used, usage.node.host_limit)} held`]);
       rows.push(['Node disk tier', formatBytes(usage.node.disk_used)]);
     }
     return h(

@@ -94,6 +94,6 @@ def test_admin_page_lists_both_users(hub, page):
     )
     expect(page.locator("tr.vgpu-slice[data-user='ada'] .vgpu-request")).to_have_text("8.00 GiB")
     # the node arbiter's kernels, each in its tier, and the node's host memory and disk tier
-    expect(page.locator(".vgpu-node-tiers")).to_contain_text("Host memory held by paused kernels")
+    expect(page.locator(".vgpu-node-tiers")).to_contain_text("Host memory held by kernels (paused data")
     expect(page.locator("tr.vgpu-kernel[data-tier='gpu']").first).to_be_visible()
     screenshot(page, "hub-admin")
