@@ -139,15 +139,22 @@ def wait_for_kernel(page: Page, timeout_ms: float = 120_000) -> None:
 
 
 def _click(page: Page, editor) -> None:
-    """Click ``editor``; where a JupyterLab dialog covers it, fail saying what it asks."""
+    """Click ``editor``. Where JupyterLab asks which kernel to start (it may, when the
+    notebook opened before a fresh server listed its kernels), answer as a user would, with
+    its preselected Python 3; where another dialog covers it, fail saying what it asks."""
     try:
         editor.click()
     except PlaywrightTimeoutError:
         dialog = page.locator(".jp-Dialog")
         if not dialog.count():
             raise
-        screenshot(page, "dialog-before-run-cell", docs=False)  # JupyterLab asks something: say what
         text = dialog.first.inner_text()
+        if text.startswith("Select Kernel") and "Python 3 (ipykernel)" in text:
+            dialog.first.locator(".jp-Dialog-button.jp-mod-accept").click()
+            wait_for_kernel(page)
+            editor.click()
+            return
+        screenshot(page, "dialog-before-run-cell", docs=False)  # JupyterLab asks something: say what
         raise AssertionError(f"a JupyterLab dialog covers the notebook: {text!r}") from None
 
 

@@ -112,7 +112,9 @@ def test_a_paused_kernel_comes_back_as_its_user_clicks_into_its_notebook(lab_sma
     lab = lab_small_budget
     open_new_notebook(lab, page, "prefetch.ipynb")
     requests_seen = []
-    page.on("request", lambda r: "/prefetch" in r.url and requests_seen.append(r.method))
+    # the server's prefetch endpoint only (the notebook's own name holds "prefetch" too)
+    endpoint = re.compile(r"/api/vgpu/kernels/[^/]+/prefetch$")
+    page.on("request", lambda r: endpoint.search(r.url.split("?")[0]) and requests_seen.append(r.method))
     run_cell(page, "import torch\nweights = torch.zeros(16 * 2**20)\n%vgpu pause")
     show_panel(page)
     details = page.locator("#jupyter-vgpu-panel tbody:has-text('prefetch.ipynb') .jp-vgpu-kernel-details")
