@@ -79,6 +79,23 @@ from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
 GiB = 1 << 30
 
+#: The training loop both workloads share: ``train(steps)`` runs ``steps`` steps and
+#: keeps each one's seconds in ``step_seconds``; ``{step}`` is the workload's forward and
+#: backward pass (indented for the loop).
+TRAIN = """
+step_seconds = []
+def train(steps):
+    step_seconds.clear()
+    for _ in range(steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+{step}
+        opt.step()
+        torch.cuda.synchronize()
+        step_seconds.append(time.perf_counter() - t)
+train(2)
+"""
+
 MLP = """
 import os, time, torch
 torch.manual_seed(int(os.environ.get("SESSION", "0")))
@@ -88,21 +105,10 @@ for _ in range(layers):
     blocks += [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
 model = torch.nn.Sequential(*blocks).to("cuda", torch.bfloat16)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-step_seconds = []
-def train(steps):
-    step_seconds.clear()
-    for _ in range(steps):
-        t = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        x = torch.randn({batch}, width, device="cuda", dtype=torch.bfloat16)
-        model(x).float().square().mean().backward()
-        opt.step()
-        torch.cuda.synchronize()
-        step_seconds.append(time.perf_counter() - t)
-train(2)
-print("ready", sum(p.numel() for p in model.parameters()))
 """
-
+MLP_STEP = """\
+        x = torch.randn({batch}, width, device="cuda", dtype=torch.bfloat16)
+        model(x).float().square().mean().backward()"""
 
 TRANSFORMER = """
 import os, time, torch
@@ -129,27 +135,25 @@ if {lora}:
         layer.self_attn.v_proj = LoRA(layer.self_attn.v_proj)
 trained = [p for p in model.parameters() if p.requires_grad]
 opt = torch.optim.AdamW(trained, lr=1e-4)
-step_seconds = []
-def train(steps):
-    step_seconds.clear()
-    for _ in range(steps):
-        t = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        ids = torch.randint(0, config.vocab_size, (1, {tokens}), device="cuda")
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
-        step_seconds.append(time.perf_counter() - t)
-train(2)
-print("ready", sum(p.numel() for p in model.parameters()), sum(p.numel() for p in trained))
 """
+TRANSFORMER_STEP = """\
+        ids = torch.randint(0, config.vocab_size, (1, {tokens}), device="cuda")
+        model(input_ids=ids, labels=ids).loss.backward()"""
 
 
 def setup_code(args) -> str:
     """The cell that builds a session's working set (``--workload``)."""
     if args.workload == "transformer":
-        return TRANSFORMER.format(lora=args.tune == "lora", tokens=args.tokens)
-    return MLP.format(width=args.width, layers=args.layers, batch=args.batch)
+        return (
+            TRANSFORMER.format(lora=args.tune == "lora")
+            + TRAIN.format(step=TRANSFORMER_STEP.format(tokens=args.tokens))
+            + 'print("ready", sum(p.numel() for p in model.parameters()), sum(p.numel() for p in trained))\n'
+        )
+    return (
+        MLP.format(width=args.width, layers=args.layers)
+        + TRAIN.format(step=MLP_STEP.format(batch=args.batch))
+        + 'print("ready", sum(p.numel() for p in model.parameters()))\n'
+    )
 
 
 def model_of(args) -> dict:
