@@ -1093,9 +1093,7 @@ class Arbiter:
         conn = self.conns.get(kernel.pid)
         if conn is None:
             return False
-        # a pause's compressed copy, or the checkpoint of what is left, is at most its
-        # resident bytes, and a pause takes its own warm slabs (counted already) first
-        need = max(0, kernel.resident - kernel.host_bytes)
+        need = tiers.host_need(kernel)
         why = await self._host_room(kernel, need, tell)
         if why is not None:
             self._decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)

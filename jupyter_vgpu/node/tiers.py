@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .books import IDLE, PAUSED, Kernel
+from .books import ACTIVE, IDLE, PAUSED, Kernel
 
 
 def meminfo() -> dict[str, int]:
@@ -69,6 +69,15 @@ def spillable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Ke
     priority, then most bytes): those the disk tier takes first."""
     found = [k for k in kernels if k.state == PAUSED and k.host_bytes > 0 and k not in exclude]
     return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+
+
+def host_need(kernel: Kernel) -> int:
+    """Host bytes taking ``kernel`` off the card may add, at most: a pause's compressed copy,
+    or the checkpoint of what a paused kernel has left, is at most its resident bytes; a
+    resident kernel's pause takes its own warm slabs (its host bytes, counted already)
+    first."""
+    warm = kernel.host_bytes if kernel.state in (IDLE, ACTIVE) else 0
+    return max(0, kernel.resident - warm)
 
 
 def trimmable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:

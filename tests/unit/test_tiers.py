@@ -72,6 +72,12 @@ def test_warm_slabs_count_in_every_state_and_idle_kernels_let_them_go_first():
     suspended = kernel(5, SUSPENDED, host=5 * MiB)
     suspended.checkpoint_bytes = 7 * MiB
     assert suspended.host_held == 12 * MiB
+    # a pause of an idle kernel adds its resident bytes less the warm slabs it takes first;
+    # a suspend of a paused one adds the checkpoint of what it has left on the card
+    idle_warm.resident, idle_warm.host_bytes = 100 * MiB, 30 * MiB
+    assert tiers.host_need(idle_warm) == 70 * MiB
+    paused.resident = 600 * MiB
+    assert tiers.host_need(paused) == 600 * MiB
 
 
 def test_host_room_tells_the_budget_from_the_reserve():
