@@ -190,30 +190,42 @@ def test_spans_join_live_ranges_of_units_side_by_side():
     ]
 
 
-def adjacent_units(allocator, count: int, nbytes: int) -> list[int]:
-    """``count`` new segments lying side by side, lowest address first (the host backend
-    maps them with mmap, which places new mappings below the last on Linux)."""
-    made = sorted(allocator.malloc(nbytes) for _ in range(count))
-    if any(made[i] + nbytes != made[i + 1] for i in range(count - 1)):
-        for ptr in made:
-            allocator.free(ptr)
-        pytest.skip("mmap placed the segments apart on this system")
-    return made
+#: Units of the side-by-side tests: larger than any hole earlier tests leave (their
+#: segments are 6 MiB at most), so that mmap places them at its frontier, one below the
+#: other (Linux maps top-down), not in those holes.
+UNIT = 32 * MiB
+
+
+def adjacent_units(allocator, count: int, tries: int = 8) -> list[int]:
+    """``count`` new segments of :data:`UNIT` bytes lying side by side, lowest address
+    first: of ``tries`` made one after the other, a run of ``count`` adjacent ones is kept
+    (another thread's mapping may land between two) and the others freed."""
+    made = sorted(allocator.malloc(UNIT) for _ in range(tries))
+    for i in range(tries - count + 1):
+        run = made[i : i + count]
+        if all(run[j] + UNIT == run[j + 1] for j in range(count - 1)):
+            for ptr in made:
+                if ptr not in run:
+                    allocator.free(ptr)
+            return run
+    for ptr in made:
+        allocator.free(ptr)
+    pytest.skip(f"mmap placed none of {tries} segments side by side on this system")
 
 
 def test_bytes_of_units_side_by_side_are_stored_as_one_span(allocator):
-    units = adjacent_units(allocator, 3, 4 * MiB)
-    data = rng.integers(0, 4, 12 * MiB, dtype=np.uint8)
-    array(units[0], 12 * MiB)[:] = data  # one buffer across three units
+    units = adjacent_units(allocator, 3)
+    data = rng.integers(0, 4, 3 * UNIT, dtype=np.uint8)
+    array(units[0], 3 * UNIT)[:] = data  # one buffer across three units
     e = PauseEngine(torch, allocator, None, threads=2)
     try:
         out = e.pause()
-        assert out.live_bytes == 12 * MiB
+        assert out.live_bytes == 3 * UNIT
         ranges = [(r.address, r.length) for p in e._paused for r in p.ranges]
-        assert ranges == [(units[0], 12 * MiB)], ranges
-        assert all(resident(ptr, 4 * MiB) == 0 for ptr in units)
+        assert ranges == [(units[0], 3 * UNIT)], ranges
+        assert all(resident(ptr, UNIT) == 0 for ptr in units)
         e.resume()
-        assert np.array_equal(array(units[0], 12 * MiB), data)
+        assert np.array_equal(array(units[0], 3 * UNIT), data)
     finally:
         e.close()
         for ptr in units:
@@ -236,16 +248,16 @@ class RefusingUnmap:
 
 
 def test_a_pause_undone_halfway_through_a_span_writes_back_every_unit_it_released(allocator):
-    units = adjacent_units(allocator, 3, 4 * MiB)
-    data = rng.integers(0, 256, 12 * MiB, dtype=np.uint8)
-    array(units[0], 12 * MiB)[:] = data
+    units = adjacent_units(allocator, 3)
+    data = rng.integers(0, 256, 3 * UNIT, dtype=np.uint8)
+    array(units[0], 3 * UNIT)[:] = data
     e = PauseEngine(torch, RefusingUnmap(allocator, units[1]), None, threads=2)
     try:
         with pytest.raises(PauseError, match="undone"):
             e.pause()
         assert e.state == "active"
         assert all(s.mapped for s in allocator.segments() if s.ptr in units)
-        assert np.array_equal(array(units[0], 12 * MiB), data)
+        assert np.array_equal(array(units[0], 3 * UNIT), data)
         assert e.store.stats()["host_bytes"] == 0, "nothing kept on the host for a pause undone"
     finally:
         e.close()
