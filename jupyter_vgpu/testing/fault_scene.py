@@ -60,10 +60,14 @@ def digest(seed: int, n: int) -> str:
 
 
 def hold_code(seed: int, nbytes: int, simulated_mib: int = 0) -> str:
-    """A cell that makes ``nbytes`` of real bytes in two host-backend segments apart from
-    each other (so that a pause, a spill or a resume has a step between the two: segments
-    side by side would be stored as one span), and, for the simulated card's books, a
-    tensor of ``simulated_mib`` MiB. ``held`` is the list of the two arrays."""
+    """A cell that makes ``nbytes`` of real bytes in two host-backend segments stored
+    apart (so that a pause, a spill or a resume has a step between the two), and, for the
+    simulated card's books, a tensor of ``simulated_mib`` MiB. ``held`` is the list of the
+    two arrays.
+
+    The second segment is made for device 1 of the host backend: a pause joins the live
+    bytes of segments side by side on one device into one span, and where mmap places two
+    segments depends on the holes in the kernel's address space."""
     half = nbytes // 2
     code = PATTERN + (
         "import ctypes, hashlib\n"
@@ -72,14 +76,12 @@ def hold_code(seed: int, nbytes: int, simulated_mib: int = 0) -> str:
         "if _lib.backend == 0:\n    _lib.init(_vmm.HOST)\n"
         f"_data = pattern({seed}, {nbytes})\n"
         "held = []\n"
-        f"for _n in ({half}, {nbytes - half}):\n"
-        "    _a = _np.ctypeslib.as_array((ctypes.c_uint8 * _n).from_address(_lib.malloc(_n)))\n"
+        f"for _device, _n in enumerate(({half}, {nbytes - half})):\n"
+        "    _at = _lib.malloc(_n, _device)\n"
+        "    _a = _np.ctypeslib.as_array((ctypes.c_uint8 * _n).from_address(_at))\n"
         "    _a[:] = _data[sum(h.size for h in held):][:_n]\n"
         "    held.append(_a)\n"
-        "    if len(held) == 1:  # a gap after the first: freed below, it leaves a hole\n"
-        "        _gap = _lib.malloc(2**21)\n"
-        "_lib.free(_gap)\n"
-        "del _data, _gap\n"
+        "del _data\n"
     )
     if simulated_mib:
         code += f"import torch\nx = torch.zeros({simulated_mib} * 2**20 // 4)\n"
