@@ -229,10 +229,9 @@ class KernelHook:
         try:
             from jupyter_vgpu import nvml
 
-            used, total, _ = nvml.device_usage(self.slice.gpu_uuid)
+            return nvml.free_memory(self.slice.gpu_uuid)
         except Exception:
             return None
-        return max(0, total - used)
 
     def _poll_channel(self) -> bool:
         """Apply ``server.json`` if it changed (and no node arbiter gave the slice); True

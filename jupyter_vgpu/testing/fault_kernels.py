@@ -50,9 +50,7 @@ def gpu_slice(limit: int):
 def card_free() -> int:
     from jupyter_vgpu import nvml
 
-    gpu = nvml.list_gpus()[0]
-    used, total, _ = nvml.device_usage(gpu.uuid)
-    return total - used
+    return nvml.free_memory(nvml.list_gpus()[0].uuid)
 
 
 def gpu_kernel(tmp_path, arbiter: ArbiterProcess | None, user: str, limit: int, env=None, args=()) -> Kernel:
