@@ -104,13 +104,19 @@ class GPU:
         return self.gib * GiB
 
 
+def waited(out) -> float:
+    """The longest silence of a cell until its code ran (its ``back`` line: hashing the
+    data is not a wait), or over all of it where the code never ran."""
+    return out.silence_until("back") if "back" in out.text else out.longest_silence
+
+
 def check(work, kernel) -> tuple[int, float]:
     """``(bytes lost, longest silence before the cell's code ran)`` of a kernel's data,
     checked by a cell."""
     out = scene.run(kernel, scene.BACK + work.digest_code(), timeout=600)
     lines = out.text.strip().splitlines()
     lost = 0 if lines and lines[-1] == kernel.expected else work.nbytes
-    return lost, out.silence_until("back") if "back" in out.text else out.longest_silence
+    return lost, waited(out)
 
 
 def arbiter_for(tmp, *more, env=None):
@@ -263,8 +269,7 @@ def kernel_fault(work, tmp: Path, step: str) -> dict:
             cell.said(3, 60)  # a wait of seconds, told as it goes
         scene.kill(victim.pid, "kill")
         if cell is not None:
-            done = cell.join(600)  # timed until its code runs: hashing the data is not a wait
-            silences.append(done.silence_until("back") if "back" in done.text else done.longest_silence)
+            silences.append(waited(cell.join(600)))
         scene.reap(victim)
         wait_for(lambda: scene.books_consistent(arbiter, {asker.pid: ""}), 10, "the books without the victim")
         lost, silence = check(work, asker)
@@ -318,8 +323,7 @@ def arbiter_fault(work, tmp: Path, step: str) -> dict:
         scene.kill(arbiter.process.pid, "kill")
         arbiter.process.wait(30)
         if cell is not None:
-            done = cell.join(600)  # timed until its code runs: hashing the data is not a wait
-            silences.append(done.silence_until("back") if "back" in done.text else done.longest_silence)
+            silences.append(waited(cell.join(600)))
         arbiter.env = {}
         arbiter.start()
         wait_for(lambda: scene.books_consistent(arbiter, {victim.pid: "", asker.pid: ""}), 10, "whole books")

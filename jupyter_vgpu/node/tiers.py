@@ -64,11 +64,17 @@ def disk_used(kernels: list[Kernel]) -> int:
     return sum(k.disk_bytes for k in kernels)
 
 
+def _coldest_holding(kernels: list[Kernel], state: str, now: float, exclude: tuple) -> list[Kernel]:
+    """Kernels in ``state`` holding host bytes, ``exclude`` left out, coldest first: longest
+    idle, then lowest priority, then most host bytes."""
+    found = [k for k in kernels if k.state == state and k.host_bytes > 0 and k not in exclude]
+    return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+
+
 def spillable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:
     """Paused kernels holding host bytes, coldest first (longest idle, then lowest
     priority, then most bytes): those the disk tier takes first."""
-    found = [k for k in kernels if k.state == PAUSED and k.host_bytes > 0 and k not in exclude]
-    return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+    return _coldest_holding(kernels, PAUSED, now, exclude)
 
 
 def host_need(kernel: Kernel) -> int:
@@ -84,8 +90,7 @@ def trimmable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Ke
     """Idle kernels keeping warm pinned slabs, coldest first (longest idle, lowest
     priority, most bytes): those asked first to let them go. A resident kernel's host
     bytes are its warm slabs alone; a running one is left to its cell."""
-    found = [k for k in kernels if k.state == IDLE and k.host_bytes > 0 and k not in exclude]
-    return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+    return _coldest_holding(kernels, IDLE, now, exclude)
 
 
 def to_trim(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
