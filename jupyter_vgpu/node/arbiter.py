@@ -546,11 +546,13 @@ class Arbiter:
         return released
 
     async def _host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
-        """Spill colder paused kernels until ``need`` bytes of ``victim`` fit in host memory;
-        None when they fit, else why not. A pause that would eat into the host's reserve
+        """Trim idle kernels' warm slabs (each asked once), then spill colder paused kernels,
+        until ``need`` bytes of ``victim`` fit in host memory; None when they fit, else why
+        not. A pause that would eat into the host's reserve
         is never made (the OOM killer would take whole kernels); one that would pass the
         node's budget only when nothing colder is left to spill and the disk tier can take
         the victim next (a kernel larger than the budget on its own)."""
+        asked: list[Kernel] = []  # to trim: one that gave nothing back is not asked again
         while True:
             budget = self.host_budget()
             available = tiers.meminfo().get("MemAvailable", 0)
@@ -562,9 +564,11 @@ class Arbiter:
                 f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
                 f"{format_bytes(available)} available)"
             )
-            warm = tiers.trimmable(self.kernels, time.monotonic(), exclude=(victim,))
-            if warm and await self.trim(warm[0]):
-                continue  # losing no data comes before moving any to disk
+            warm = tiers.trimmable(self.kernels, time.monotonic(), exclude=(victim, *asked))
+            if warm:
+                asked.append(warm[0])
+                if await self.trim(warm[0]):
+                    continue  # losing no data comes before moving any to disk
             candidates = tiers.spillable(self.kernels, time.monotonic(), exclude=(victim,))
             if not candidates:
                 disk_why = self._disk_usable(need)
