@@ -4,7 +4,9 @@ Workloads of 1, 8 and 32 GiB on the GPU: bf16 weights (N(0, 0.02)) and their fp3
 state (first and second moment), so the weights are a fifth of the bytes. For each:
 ``pause_s`` and ``resume_s`` (until the next cell may run: every byte back and its
 checksum verified), a warm cycle first so pinned host memory comes from PyTorch's cache
-as it does from a kernel's second pause on (the cold first pause is ``cold_pause_s``),
+as it does from a kernel's second pause on (the cold first pause, pinning on the way, is
+``cold_pause_s``; a first pause after pinning ahead as an idle kernel does,
+``prepared_first_pause_s``, after ``prepare_s`` of pinning),
 ``host_bytes``, NVML's figure for the process while paused and while suspended (the
 driver's checkpoint, after the pause), and the raw pinned copies. Then the cost of the
 pausable allocator with nothing paused: a training step of a small transformer
@@ -87,7 +89,7 @@ def workload(torch, gib: float, gen) -> list:
 
 def measure(torch, gib: float) -> dict:
     from jupyter_vgpu.kernel.pause import vmm
-    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine, _empty_host_cache
 
     def mark(what: str) -> None:
         print(f"  {gib:g} GiB: {what} at {time.perf_counter() - t0:.1f} s", flush=True)
@@ -100,10 +102,20 @@ def measure(torch, gib: float) -> dict:
     check = [t.view(torch.uint8)[:: 1 << 20].cpu() for t in tensors]
     raw_d2h, raw_h2d = raw_copies(torch, tensors)
     mark("raw copies")
+    _empty_host_cache(torch)  # nothing pinned left over from the raw copies
     engine = PauseEngine(torch, vmm.load(), 0)
-    cold = engine.pause()
+    cold = engine.pause()  # pins its slabs on the way
     engine.resume()
+    engine.close()  # lets the slabs go
+    _empty_host_cache(torch)
     mark("cold cycle")
+    engine = PauseEngine(torch, vmm.load(), 0)
+    t = time.perf_counter()
+    prepared = engine.prepare()  # as an idle kernel does (VGPUKernel.prepare_pinned)
+    prepare_s = time.perf_counter() - t
+    first = engine.pause()
+    engine.resume()
+    mark(f"pinned {prepared / GiB:.1f} GiB ahead in {prepare_s:.2f} s, then the first pause")
     out = engine.pause()
     paused = nvml_bytes()
     mark("pause")
@@ -144,6 +156,10 @@ def measure(torch, gib: float) -> dict:
         "nvml_paused_bytes": paused,
         "nvml_suspended_bytes": suspended,
         "cold_pause_s": cold.seconds,
+        "prepared_bytes": prepared,
+        "prepare_s": prepare_s,
+        "prepared_first_pause_s": first.seconds,
+        "prepared_first_vs_warm": first.seconds / out.seconds,
         "suspend_s": float(line[1]) if line[:1] == ["suspended"] else None,
         "restore_s": float(restored[1]) if restored[:1] == ["restored"] else None,
         "codecs": list(out.codecs),

@@ -38,8 +38,9 @@ the card when the cell was sent.
 ``--gpus N`` shares the host's first N cards: session i is on card i mod N (its slice
 there, ``CUDA_VISIBLE_DEVICES`` its card), and static partitioning fills every card.
 
-The calibration also times the working set's first pause (``cold_pause``: ``cold_s``,
-the pinned host memory made on the way) beside a second one (``warm_s``).
+The calibration also times the working set's first pause (``cold_pause``: ``cold_s``) beside
+a second one (``warm_s``); the first comes once the idle kernel has pinned its host memory
+ahead (``VGPUKernel.prepare_pinned``; ``pinned_ahead_s``: from the cell's end until it had).
 
 ``--calibration FILE`` takes the solo cell, the static count and the slice from an
 earlier output and appends the new runs to it (one call per N on a device with a time
@@ -402,7 +403,16 @@ def calibrate(args, gpu) -> dict:
             code = "c = torch.cuda\nprint(c.max_memory_reserved(), c.memory_reserved(), c.memory_allocated())"
             _, out, _ = s.timed(code)
             max_reserved, idle_reserved, allocated = (int(v) for v in out.split())
-            cold = pause_seconds(s)  # the first pause makes its pinned host memory
+            # the first pause, once the idle kernel has pinned its host memory ahead
+            # (VGPUKernel.prepare_pinned, after prepare_after seconds idle)
+            t = time.perf_counter()
+            wait_for(
+                lambda: s.report().get("pause", {}).get("pinned_bytes", 0) >= allocated,
+                300,
+                "the idle session to pin its working set's host memory ahead",
+            )
+            ahead = time.perf_counter() - t
+            cold = pause_seconds(s)
             s.timed("train(1)")  # back
             warm = pause_seconds(s)
         finally:
@@ -421,7 +431,7 @@ def calibrate(args, gpu) -> dict:
         "solo_cells_s": solo,
         "steps_per_cell": steps,
         "model": model_of(args),
-        "cold_pause": {"gpu_bytes": cold[1], "cold_s": cold[0], "warm_s": warm[0]},
+        "cold_pause": {"gpu_bytes": cold[1], "cold_s": cold[0], "warm_s": warm[0], "pinned_ahead_s": ahead},
     }
 
 

@@ -58,6 +58,20 @@ class VGPUKernel(Configurable):
         config=True
     )
 
+    prepare_pinned = Bool(
+        True,
+        help="""Once the kernel has been idle ``prepare_after`` seconds after a cell, pin in a
+        thread of its own the host memory its next pause will store into (as much as it
+        holds on the GPU), so that its first pause is as fast as the next ones instead of
+        pinning on the way. The node arbiter counts that memory in its host budget and asks
+        for it back when the host needs it; it is only pinned while the host keeps a
+        quarter of its memory available.""",
+    ).tag(config=True)
+
+    prepare_after = Float(
+        2.0, help="Seconds of idleness after a cell before the kernel pins ahead (prepare_pinned)."
+    ).tag(config=True)
+
     resume_timeout = Float(
         600.0,
         help="Seconds a cell waits for room on the GPU before it fails with a readable error.",

@@ -120,6 +120,7 @@ class KernelHook:
             # given up on: the kernel decides for itself, as without one
             self.arbiter.patience = min(60.0, self.config.resume_timeout)
             self.pausing.ask_room = self.arbiter.room
+            self.pausing.node_figures = lambda: self.arbiter.node
             self.pausing.listeners.append(self.arbiter.send_state)
             self.arbiter.start()
         if self.channel is not None:
@@ -131,6 +132,7 @@ class KernelHook:
         if self.arbiter is not None:
             self.arbiter.stop()
             self.pausing.ask_room = None
+            self.pausing.node_figures = lambda: None
         self._torch_hook.remove()
         try:
             self.shell.events.unregister("post_run_cell", self.post_run_cell)

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jupyter_vgpu.node import checkpoint
+from jupyter_vgpu.node.tiers import meminfo
 from jupyter_vgpu.units import format_bytes
 
 from . import gate as g
@@ -87,6 +88,12 @@ class PauseControl:
         self.gate = g.Gate(self._come_back, on_change=self._changed, on_wait=self._while_busy)
         self._waits = threading.local()
         self.engine = None
+        self._engine_lock = threading.Lock()  # one engine, whichever thread asks first
+        self._left_idle = threading.Event()  # set whenever the kernel leaves ``idle``
+        self._preparing: threading.Thread | None = None
+        self._trimmed = False  # the arbiter took the warm slabs back: pin nothing ahead
+        #: ``(bytes, seconds)`` of the last pinning ahead of a pause (:meth:`prepare_ahead`)
+        self.last_prepare: tuple[int, float] | None = None
         self.unavailable: str | None = None  # why memory cannot be paused here
         self.last_refusal: str | None = None
         self.last_error: str | None = None  # why the last pause after a cell failed
@@ -96,6 +103,9 @@ class PauseControl:
         #: ArbiterUnavailable when there is no arbiter. Set by the arbiter client.
         self.ask_room: Callable[..., None] | None = None
         self.listeners: list[Callable[[str], None]] = []
+        #: the node's host figures as the arbiter last told them (``host_used``,
+        #: ``host_limit``, bytes), or None without an arbiter. Set by the kernel hook.
+        self.node_figures: Callable[[], dict | None] = lambda: None
         self._helper: subprocess.Popen | None = None
         self.suspended_with: list[int] = []  # child processes suspended with the kernel
         #: bytes per GPU UUID the kernel and ``suspended_with`` held when the driver took
@@ -115,6 +125,8 @@ class PauseControl:
         return "active" if s == g.BUSY else s
 
     def _changed(self, state: str) -> None:
+        if state != g.IDLE:
+            self._left_idle.set()
         for listener in list(self.listeners):
             try:
                 listener(state)
@@ -170,8 +182,15 @@ class PauseControl:
         context, which all of them use)."""
         if self.engine is not None:
             return self.engine
+        with self._engine_lock:  # a pause and the thread pinning ahead may both ask
+            if self.engine is None:
+                self._make_engine()
+            return self.engine
+
+    def _make_engine(self) -> None:
         if self.stand_in or not self._on_gpu():
-            return self._host_engine()  # no CUDA context, no memory: nothing on a GPU to pause
+            self._host_engine()  # no CUDA context, no memory: nothing on a GPU to pause
+            return
         from .pause import vmm
         from .pause.engine import PauseEngine
 
@@ -179,13 +198,13 @@ class PauseControl:
             allocator = vmm.load()
         except vmm.VMMUnavailable as e:
             self.unavailable = str(e)
-            return None
+            return
         if not allocator.preloaded:
             self.unavailable = (
                 "this kernel was not started with the pausable allocator "
                 "(start it from a jupyter-vgpu server, which sets LD_PRELOAD)"
             )
-            return None
+            return
         torch = self._torch()
         if torch is None:
             import torch  # only for a kernel holding GPU memory without it
@@ -203,7 +222,6 @@ class PauseControl:
             host_cap_bytes=cfg.host_cap_bytes,
             spill_dir=cfg.spill_dir or None,
         )
-        return self.engine
 
     def _host_engine(self):
         """Without CUDA: an engine over the pausable allocator's host backend, when the
@@ -349,6 +367,7 @@ class PauseControl:
 
         self.gate.away(work, to=g.PAUSED)
         self.last_refusal = None
+        self._trimmed = False  # the slabs this pause pinned are kept warm again
         return outcome
 
     def suspend_with_helper(self) -> None:
@@ -644,11 +663,78 @@ class PauseControl:
         """
         if self.gate.state in (g.SUSPENDING, g.SUSPENDED):
             raise RuntimeError("the kernel is suspended: its pinned memory stays until its restore")
+        self._trimmed = True  # until its next pause: the host needs the memory
         engine = self.engine
         if engine is None:
             return 0
         with self._plain():
             return engine.trim()
+
+    def prepare_ahead(self) -> threading.Thread | None:
+        """After a cell, while the kernel stays idle: once it has been idle
+        ``prepare_after`` seconds, make the engine (nvCOMP, the codec's kernels) and pin
+        the host memory its next pause stores into (:meth:`.pause.engine.PauseEngine.prepare`),
+        in a thread of its own, so that a first pause costs what later ones cost. The
+        thread stops before its next slab when the kernel leaves ``idle`` (a cell, a
+        pause), when the arbiter asks for the memory back (:meth:`trim`; nothing is pinned
+        ahead again until the kernel's next pause) or when the host's available memory
+        would fall under a quarter of its total; with a node arbiter, also when the host
+        memory of the node's kernels would pass half of the arbiter's host budget (it
+        trims from 80%: what a pause needs comes first). The arbiter hears of each GiB
+        pinned (a state message), so that its books count it. Returns the thread, or None
+        when nothing is to be done (turned off, a simulated or unused GPU, already running)."""
+        cfg = self.config
+        if not (cfg.pause and cfg.prepare_pinned) or self._trimmed or self.gate.state != g.IDLE:
+            return None
+        if self._preparing is not None and self._preparing.is_alive():
+            return None
+        if self.stand_in or not self._cuda_seen():
+            return None
+        self._left_idle.clear()
+        if self.gate.state != g.IDLE:  # left between the look and the clear
+            return None
+        self._preparing = run_in_thread(self._prepare, "prepare")
+        return self._preparing
+
+    def _prepare(self) -> None:
+        left = self._left_idle
+        if left.wait(self.config.prepare_after):
+            return
+        allocator = self._allocator()
+        if allocator is None or not any(u.mapped for u in allocator.segments()):
+            return
+
+        start = [0]  # the arena's held bytes when this run began
+
+        def keep_going() -> bool:
+            if left.is_set() or self._trimmed:
+                return False
+            arena = self.engine.arena
+            made = arena.held_bytes - start[0]
+            if made and made % (1 << 30) < arena.slab_bytes:  # another GiB: the arbiter counts it
+                self._changed(g.IDLE)
+            info = meminfo()
+            total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
+            if available - arena.slab_bytes < total // 4:
+                return False
+            node = self.node_figures()
+            return not node or node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2
+
+        try:
+            with self._plain():
+                engine = self._engine()
+                if engine is None or left.is_set():
+                    return
+                t0 = time.perf_counter()
+                start[0] = engine.arena.held_bytes
+                made = engine.prepare(keep_going)
+            if made:
+                if not left.is_set():
+                    self._changed(g.IDLE)  # the arbiter's books and the report count it now
+                self.last_prepare = (made, time.perf_counter() - t0)
+                log.info("jupyter-vgpu: pinned %s ahead of the next pause", format_bytes(made))
+        except Exception as e:  # the next pause pins what it needs, as without this
+            log.info("jupyter-vgpu: nothing pinned ahead: %s", e)
 
     def prepare_suspend(self) -> None:
         """For the arbiter: pause (if not paused yet, and if a pause can release all of
@@ -733,6 +819,7 @@ class PauseControl:
             return
         asked, self._pause_after_cell = self._pause_after_cell, False
         if not (asked or self.config.chaos):
+            self.prepare_ahead()
             return
         try:
             if self.config.chaos == "suspend":

@@ -84,3 +84,39 @@ def test_an_engine_counts_its_warm_slabs_as_held_and_lets_them_go_on_trim():
         assert engine.host_held() == 0
     finally:
         engine.close()
+
+
+def test_prepare_pins_warm_slabs_ahead_that_the_next_pause_takes_without_pinning():
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=pin)
+    assert arena.prepare(10 * MiB) == 12 * MiB, "whole slabs until 10 MiB are warm"
+    assert arena.held_bytes == arena.warm_bytes == 12 * MiB, "counted as held from the start"
+    assert arena.prepare(10 * MiB) == 0, "already warm enough"
+    for _ in range(3):
+        arena.reserve(4 * MiB)  # the pause
+    assert pin.made == [4 * MiB] * 3, "the pause pinned nothing of its own"
+    assert arena.warm_bytes == 0
+
+
+def test_prepare_stops_before_the_next_slab_when_told_to():
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=pin)
+    answers = iter([True, True, False, True])
+    assert arena.prepare(64 * MiB, lambda: next(answers)) == 8 * MiB
+    assert pin.made == [4 * MiB, 4 * MiB]
+    assert arena.trim() == 8 * MiB, "what it pinned is warm, and let go on trim"
+    assert arena.held_bytes == 0
+
+
+def test_a_pause_and_prepare_in_two_threads_count_every_slab_once():
+    import threading
+
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=1 * MiB, pin=pin)
+    ahead = threading.Thread(target=arena.prepare, args=(64 * MiB,))
+    ahead.start()
+    for _ in range(64):
+        arena.reserve(1 * MiB)
+    ahead.join()
+    assert arena.held_bytes == sum(pin.made), "every slab pinned is counted once"
+    assert arena.held_bytes == sum(s.numel() for s in arena.slabs) + arena.warm_bytes

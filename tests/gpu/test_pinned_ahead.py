@@ -1,0 +1,53 @@
+"""A kernel that stays idle after a cell pins ahead the host memory its next pause stores
+into (``VGPUKernel.prepare_pinned``): its first pause then takes those slabs instead of
+pinning on the way, and its data comes back bit-exact."""
+
+import json
+
+import pytest
+
+from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.preloaded import environment
+from jupyter_vgpu.testing.waiting import wait_for
+
+pytestmark = pytest.mark.gpu
+
+GiB = 1 << 30
+
+
+def pause_figures(report) -> dict:
+    try:
+        return json.loads(report.read_text())["pause"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def test_an_idle_kernel_pins_ahead_and_its_first_pause_pins_nothing_more(tmp_path):
+    channel = tmp_path / "channel"
+    channel.mkdir()
+    env = environment(JUPYTER_VGPU_CHANNEL=str(channel))
+    kernel = Kernel(tmp_path, env, load_extension=True, args=("--VGPUKernel.prepare_after=0.5",))
+    report = channel / f"kernel-{kernel.id}.json"
+    try:
+        kernel.run(
+            "import torch\n"
+            "g = torch.Generator(device='cuda').manual_seed(0)\n"
+            "x = (torch.randn(GiB := 1 << 29, device='cuda', generator=g) * 0.02).to(torch.bfloat16)\n"
+            "before = x.view(torch.int16).cpu()"
+        )
+        wait_for(
+            lambda: pause_figures(report).get("pinned_bytes", 0) >= GiB,
+            what="the idle kernel's report to show 1 GiB of host memory pinned ahead",
+        )
+        held = pause_figures(report)["pinned_bytes"]
+        assert pause_figures(report)["state"] == "idle", "pinned ahead without a pause"
+        kernel.run("%vgpu pause")
+        wait_for(
+            lambda: pause_figures(report).get("state") == "paused", what="the kernel paused by %vgpu pause"
+        )
+        figures = pause_figures(report)
+        assert figures["pinned_bytes"] == held, "the first pause pinned more on the way"
+        assert figures["live_bytes"] >= GiB
+        assert kernel.run("print(torch.equal(before, x.view(torch.int16).cpu()))").strip() == "True"
+    finally:
+        kernel.shutdown()
