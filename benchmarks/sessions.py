@@ -119,7 +119,10 @@ config = LlamaConfig(
     hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
     num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096,
 )
-model = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
+torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the card: no fp32 copy on the way
+with torch.device("cuda"):
+    model = LlamaForCausalLM(config)
+torch.set_default_dtype(torch.float32)
 class LoRA(torch.nn.Module):
     def __init__(self, base, rank=16):
         super().__init__()
