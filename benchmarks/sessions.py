@@ -530,6 +530,8 @@ def main() -> None:
         f"solo cell {result['solo_cell_s']:.3f} s ({result['steps_per_cell']} steps), think {args.think} s",
         flush=True,
     )
+    with open(args.out, "w") as f:  # the calibration alone: a later call may go on from it
+        json.dump(result, f, indent=2)
     multiples = [float(v) for v in args.multiples.split(",")]
     wanted = (
         [int(v) for v in args.sessions.split(",")]
