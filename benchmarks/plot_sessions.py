@@ -1,9 +1,10 @@
 """The sessions-per-GPU curve as an SVG for the README, from ``benchmarks/sessions.py``'s JSON.
 
-x: sessions on the card, as a multiple of static partitioning's count; y: cell latency
-p50 and p95 over the same cell on an empty card (1.0 = solo), for the runs at the
-document's think time under its arbiter rule. A dashed line marks the goal (+10% at
-p50). Plain SVG, no plotting library.
+x: sessions on the card, as a multiple of static partitioning's count (each workload's
+own); y: cell latency p50 and p95 over the same cell on an empty card (1.0 = solo), for
+the runs at the document's think time under its arbiter rule, one pair of lines per
+workload (the MLP, and the transformer where the document has its calibration). A dashed
+line marks the goal (+10% at p50). Plain SVG, no plotting library.
 
 Usage: ``python benchmarks/plot_sessions.py benchmarks/results/sessions-h100.json docs/sessions-h100.svg``
 """
@@ -17,22 +18,47 @@ from pathlib import Path
 W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 320, 60, 20, 30, 50
 
 
-def svg(doc: dict) -> str:
-    static = doc["static_sessions"] * doc.get("gpus", 1)  # static partitioning of every card
-    solo, think = doc["solo_cell_s"], doc["think_s"]
+def curves(doc: dict) -> dict[str, tuple[list[float], list[float], str]]:
+    """``{label: (xs, ys, colour)}``: p50 and p95 over solo for each workload's runs at the
+    document's think time, under its arbiter rule, with no edit replay. x is sessions over
+    that workload's static count (``doc`` for the MLP, ``doc["transformer"]`` for the
+    transformer); each run is set against its own solo cell."""
+    think = doc["think_s"]
     rule = doc["arbiter"].get("background_pauses")  # runs under an earlier arbiter rule are left out
+    gpus = doc.get("gpus", 1)
+    out = {}
+    colours = {"mlp": ("#1f77b4", "#ff7f0e"), "transformer": ("#2ca02c", "#d62728")}
+    for workload, (c50, c95) in colours.items():
+        calibration = doc if workload == "mlp" else doc.get(workload)
+        if not calibration:
+            continue
+        static = calibration["static_sessions"] * gpus  # static partitioning of every card
 
-    def on_curve(r: dict) -> bool:
-        return r.get("think_s", think) == think and r.get("background_pauses") == rule
+        def on_curve(r: dict, workload=workload) -> bool:
+            return (
+                r.get("workload", "mlp") == workload
+                and r.get("think_s", think) == think
+                and r.get("background_pauses") == rule
+                and not r.get("edit_before_s")
+            )
 
-    runs = sorted(filter(on_curve, doc["runs"]), key=lambda r: r["sessions"])
-    xs = [r["sessions"] / static for r in runs]
-    series = {
-        "p50": ([r["p50_cell_s"] / solo for r in runs], "#1f77b4"),
-        "p95": ([r["p95_cell_s"] / solo for r in runs], "#ff7f0e"),
-    }
+        runs = sorted(filter(on_curve, doc["runs"]), key=lambda r: r["sessions"])
+        if not runs:
+            continue
+        xs = [r["sessions"] / static for r in runs]
+        solo = [r.get("solo_p50_cell_s", calibration["solo_cell_s"]) for r in runs]
+        name = "MLP" if workload == "mlp" else "transformer"
+        out[f"{name} p50"] = (xs, [r["p50_cell_s"] / s for r, s in zip(runs, solo, strict=True)], c50)
+        out[f"{name} p95"] = (xs, [r["p95_cell_s"] / s for r, s in zip(runs, solo, strict=True)], c95)
+    return out
+
+
+def svg(doc: dict) -> str:
+    think = doc["think_s"]
+    series = curves(doc)
+    xs = [x for x_list, _, _ in series.values() for x in x_list]
     x_max = max([4.0, *xs]) * 1.05
-    y_max = max([1.6, *(y for ys, _ in series.values() for y in ys)]) * 1.05
+    y_max = max([1.6, *(y for _, ys, _ in series.values() for y in ys)]) * 1.05
 
     def px(x: float) -> float:
         return LEFT + x / x_max * (W - LEFT - RIGHT)
@@ -45,7 +71,7 @@ def svg(doc: dict) -> str:
         'font-family="sans-serif" font-size="12">',
         f'<rect width="{W}" height="{H}" fill="white"/>',
         f'<text x="{W / 2}" y="18" text-anchor="middle">Sessions per H100: cell latency over solo '
-        f"(think {think:g} s, {static} static)</text>",
+        f"(think {think:g} s)</text>",
         f'<line x1="{LEFT}" y1="{H - BOTTOM}" x2="{W - RIGHT}" y2="{H - BOTTOM}" stroke="black"/>',
         f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{H - BOTTOM}" stroke="black"/>',
         f'<line x1="{LEFT}" y1="{py(1.1)}" x2="{W - RIGHT}" y2="{py(1.1)}" '
@@ -61,7 +87,7 @@ def svg(doc: dict) -> str:
     while y <= y_max:
         out.append(f'<text x="{LEFT - 6}" y="{py(y) + 4}" text-anchor="end">{y:.1f}</text>')
         y += 0.2
-    for i, (name, (ys, color)) in enumerate(series.items()):
+    for i, (name, (xs, ys, color)) in enumerate(series.items()):
         points = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in zip(xs, ys, strict=True))
         out.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
         for x, v in zip(xs, ys, strict=True):

@@ -256,16 +256,19 @@ def quantile(values: list[float], q: float) -> float | None:
 
 
 def start_arbiter(directory: Path, args) -> ArbiterProcess:
-    return ArbiterProcess(
-        directory,
+    settings = [
         "--ArbiterApp.poll_seconds=0.25",
         f"--ArbiterApp.watermark={args.watermark}",
         f"--ArbiterApp.suspend_after={args.suspend_after}",
-    ).start()
+    ]
+    if args.host_memory_limit:
+        settings.append(f"--ArbiterApp.host_memory_limit={args.host_memory_limit}")
+    return ArbiterProcess(directory, *settings).start()
 
 
-def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, static: int) -> dict:
-    """N sessions, session i on card ``i % len(slices)`` with that card's slice."""
+def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, static: int, together: int) -> dict:
+    """N sessions, session i on card ``i % len(slices)`` with that card's slice; ``together``
+    of them set up at once."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         arbiter = start_arbiter(tmp, args)
@@ -293,14 +296,16 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, static: int
             def set_up(s: Session) -> None:
                 failures.append(s.timed(setup)[2])
 
-            # a static count's worth at a time: each setup is a cell that asks for room
-            for batch in range(0, n, static):
-                together = [
-                    threading.Thread(target=set_up, args=(s,)) for s in sessions[batch : batch + static]
+            # as many at a time as fit beside every session's CUDA context: each setup is a
+            # cell that asks for room (more at once would have the arbiter suspend kernels
+            # to free contexts before the first cell)
+            for batch in range(0, n, together):
+                setups = [
+                    threading.Thread(target=set_up, args=(s,)) for s in sessions[batch : batch + together]
                 ]
-                for t in together:
+                for t in setups:
                     t.start()
-                for t in together:
+                for t in setups:
                     t.join()
             ooms = sum(failures)
             cells: queue.Queue[dict] = queue.Queue()
@@ -374,10 +379,14 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, static: int
                 "pauses": sum(d["what"] == "pause" for d in books["decisions"]),
                 "suspends": sum(d["what"] == "suspend" for d in books["decisions"]),
                 "queued": sum(d["what"] == "queued" for d in books["decisions"]),
+                "spills": sum(d["what"] == "spill" for d in books["decisions"]),
+                "trims": sum(d["what"] == "trim" for d in books["decisions"]),
                 "host_used_peak_bytes": host.peak_used,
                 "host_total_bytes": host.total,
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
-                "decisions": [d for d in books["decisions"] if d["what"] in ("pause", "suspend", "queued")],
+                "decisions": [
+                    d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")
+                ],
             }
         finally:
             for s in sessions:
@@ -481,6 +490,11 @@ def main() -> None:
         default=0.0,
         help="seconds a user edits a cell before running it, asking a prefetch as the edit begins (0: none)",
     )
+    parser.add_argument(
+        "--host-memory-limit",
+        default="",
+        help="the arbiter's host_memory_limit, e.g. 96G (default: its own, half of the host's memory)",
+    )
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -506,6 +520,7 @@ def main() -> None:
         "watermark": args.watermark,
         "suspend_after": args.suspend_after,
         "poll_seconds": 0.25,
+        "host_memory_limit": args.host_memory_limit or "half of the host's memory",
     }
     card = result["card_bytes"]
     static = result["static_sessions"] * len(gpus)  # static partitioning of every card
@@ -539,8 +554,13 @@ def main() -> None:
         else [round(m * static) for m in multiples]
     )
     for n in wanted:
-        row = run_sessions(n, args, slices, result["steps_per_cell"], max(1, static))
+        # setups at once: what the card holds beside n contexts, at most the static count
+        beside = card * len(gpus) - n * result["context_bytes"]
+        together = max(1, min(static, int(beside // result["session_peak_bytes"])))
+        row = run_sessions(n, args, slices, result["steps_per_cell"], max(1, static), together)
         row["gpus"] = len(gpus)
+        row["setups_at_once"] = together
+        row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)

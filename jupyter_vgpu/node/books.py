@@ -224,11 +224,14 @@ def victims(
     Order: suspensions due (paused longer than ``suspend_after``), then pauses by
     longest idle, lowest priority, most above request; then the remaining suspensions.
     ``suspend_after`` 0 (``ArbiterApp.suspend_after``: never suspend) leaves paused
-    kernels paused: pauses only.
+    kernels paused: pauses only. A paused kernel holding nothing on the card (``resident``
+    0: it never made a CUDA context) is no candidate: a suspend would free nothing, and
+    the arbiter would wait for NVML to show it (on the H100, 32 sessions starting: 2 s
+    for each of nine such suspends).
     """
     now = time.monotonic() if now is None else now
     idle = [k for k in card_kernels if k is not asking and k.state == IDLE]
-    paused = [k for k in card_kernels if k is not asking and k.state == PAUSED]
+    paused = [k for k in card_kernels if k is not asking and k.state == PAUSED and k.resident > 0]
     if suspend_after <= 0:
         paused = []
     due = [k for k in paused if k.idle_for(now) >= suspend_after]

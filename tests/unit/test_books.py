@@ -31,15 +31,17 @@ def test_a_running_kernel_keeps_the_growth_it_was_granted():
 
 def test_victims_suspend_long_paused_kernels_first_and_never_when_suspending_is_off():
     now = 1000.0
-    long_paused = kernel(2, budget=8 * GiB, state=books.PAUSED, since=now - 600)
-    just_paused = kernel(3, budget=8 * GiB, state=books.PAUSED, since=now - 5)
+    context = 700 * 2**20  # what a paused kernel keeps on the card
+    long_paused = kernel(2, budget=8 * GiB, resident=context, state=books.PAUSED, since=now - 600)
+    just_paused = kernel(3, budget=8 * GiB, resident=context, state=books.PAUSED, since=now - 5)
+    never_on_card = kernel(7, budget=8 * GiB, state=books.PAUSED, since=now - 900)  # no CUDA context
     idle_long = kernel(4, budget=8 * GiB, resident=GiB, since=now - 300)
     idle_short = kernel(5, budget=8 * GiB, resident=GiB, since=now - 10)
     running = kernel(6, budget=8 * GiB, resident=GiB, state=books.ACTIVE)
     asking = kernel(1, budget=8 * GiB)
-    card = [asking, running, idle_short, just_paused, idle_long, long_paused]
+    card = [asking, running, idle_short, just_paused, idle_long, long_paused, never_on_card]
     order = [(k.pid, action) for k, action in books.victims(card, asking, suspend_after=60, now=now)]
-    assert order == [(2, "suspend"), (4, "pause"), (5, "pause"), (3, "suspend")]
+    assert order == [(2, "suspend"), (4, "pause"), (5, "pause"), (3, "suspend")], "7 holds nothing to free"
     # ArbiterApp.suspend_after = 0: never suspend; the idle kernels are paused, the paused stay so
     order = [(k.pid, action) for k, action in books.victims(card, asking, suspend_after=0, now=now)]
     assert order == [(4, "pause"), (5, "pause")]
