@@ -22,7 +22,8 @@ def curves(doc: dict) -> dict[str, tuple[list[float], list[float], str]]:
     """``{label: (xs, ys, colour)}``: p50 and p95 over solo for each workload's runs at the
     document's think time, under its arbiter rule, with no edit replay. x is sessions over
     that workload's static count (``doc`` for the MLP, ``doc["transformer"]`` for the
-    transformer); each run is set against its own solo cell."""
+    transformer); each run is set against its own solo cell; of two runs of one size, the
+    later."""
     think = doc["think_s"]
     rule = doc["arbiter"].get("background_pauses")  # runs under an earlier arbiter rule are left out
     gpus = doc.get("gpus", 1)
@@ -42,7 +43,8 @@ def curves(doc: dict) -> dict[str, tuple[list[float], list[float], str]]:
                 and not r.get("edit_before_s")
             )
 
-        runs = sorted(filter(on_curve, doc["runs"]), key=lambda r: r["sessions"])
+        latest = {r["sessions"]: r for r in filter(on_curve, doc["runs"])}  # runs are in time order
+        runs = [latest[n] for n in sorted(latest)]
         if not runs:
             continue
         xs = [r["sessions"] / static for r in runs]
@@ -83,10 +85,11 @@ def svg(doc: dict) -> str:
     ]
     for k in range(0, int(x_max) + 1):
         out.append(f'<text x="{px(k)}" y="{H - BOTTOM + 16}" text-anchor="middle">{k}x</text>')
-    y = 0.8
+    step = 0.2 if y_max < 2.5 else 0.5 if y_max < 6 else 1.0
+    y = 0.8 if step == 0.2 else 1.0
     while y <= y_max:
         out.append(f'<text x="{LEFT - 6}" y="{py(y) + 4}" text-anchor="end">{y:.1f}</text>')
-        y += 0.2
+        y += step
     for i, (name, (xs, ys, color)) in enumerate(series.items()):
         points = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in zip(xs, ys, strict=True))
         out.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
