@@ -107,13 +107,20 @@ def same(kernel: Kernel, expected: str) -> None:
 
 
 class Attached:
-    """A kernel reached through its connection file (the run helpers need ``client``)."""
+    """A kernel reached through its connection file (the run helpers need ``client``).
 
-    def __init__(self, connection_file):
+    Without a kernel manager, jupyter_client judges a kernel alive by its heartbeat, and a
+    heartbeat unanswered for a second reads as dead: a kernel still starting (imports and
+    the pausable allocator, slower on the GPU machine) failed ``wait_for_ready`` at once
+    with "Kernel died before replying to kernel_info". No heartbeat is started: the
+    wait is for the kernel's reply, up to ``timeout`` seconds.
+    """
+
+    def __init__(self, connection_file, timeout: float = 60):
         self.client = BlockingKernelClient()
         self.client.load_connection_file(connection_file)
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        self.client.start_channels(hb=False)
+        self.client.wait_for_ready(timeout=timeout)
 
 
 def kernel_of(arbiter, server: str) -> int | None:
