@@ -63,9 +63,10 @@ class VGPUKernel(Configurable):
         help="""Once the kernel has been idle ``prepare_after`` seconds after a cell, pin in a
         thread of its own the host memory its next pause will store into (as much as it
         holds on the GPU), so that its first pause is as fast as the next ones instead of
-        pinning on the way. The node arbiter counts that memory in its host budget and asks
-        for it back when the host needs it; it is only pinned while the host keeps a
-        quarter of its memory available.""",
+        pinning on the way. Only under a node arbiter, which counts that memory in its
+        host budget and asks for it back when the host needs it; it is only pinned while
+        the node's kernels hold under half of that budget and the host keeps a quarter of
+        its memory available.""",
     ).tag(config=True)
 
     prepare_after = Float(

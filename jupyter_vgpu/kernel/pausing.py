@@ -678,11 +678,13 @@ class PauseControl:
         thread stops before its next slab when the kernel leaves ``idle`` (a cell, a
         pause), when the arbiter asks for the memory back (:meth:`trim`; nothing is pinned
         ahead again until the kernel's next pause) or when the host's available memory
-        would fall under a quarter of its total; with a node arbiter, also when the host
-        memory of the node's kernels would pass half of the arbiter's host budget (it
-        trims from 80%: what a pause needs comes first). The arbiter hears of each GiB
-        pinned (a state message), so that its books count it. Returns the thread, or None
-        when nothing is to be done (turned off, a simulated or unused GPU, already running)."""
+        would fall under a quarter of its total, or the host memory of the node's kernels
+        pass half of the node arbiter's host budget (it trims from 80%: what a pause
+        needs comes first). Only a kernel with an arbiter pins ahead: without one,
+        nothing would count the memory or ask for it back, and only its user pauses it.
+        The arbiter hears of each GiB pinned (a state message), so that its books count
+        it. Returns the thread, or None when nothing is to be done (turned off, a
+        simulated or unused GPU, already running)."""
         cfg = self.config
         if not (cfg.pause and cfg.prepare_pinned) or self._trimmed or self.gate.state != g.IDLE:
             return None
@@ -717,8 +719,8 @@ class PauseControl:
             total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
             if available - arena.slab_bytes < total // 4:
                 return False
-            node = self.node_figures()
-            return not node or node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2
+            node = self.node_figures()  # None without an arbiter: nobody would count it
+            return bool(node) and node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2
 
         try:
             with self._plain():

@@ -1,13 +1,14 @@
-"""A kernel that stays idle after a cell pins ahead the host memory its next pause stores
-into (``VGPUKernel.prepare_pinned``): its first pause then takes those slabs instead of
-pinning on the way, and its data comes back bit-exact."""
+"""A kernel under a node arbiter that stays idle after a cell pins ahead the host memory
+its next pause stores into (``VGPUKernel.prepare_pinned``): its first pause then takes
+those slabs instead of pinning on the way, its data comes back bit-exact, and the
+arbiter's books count the slabs."""
 
 import json
 
 import pytest
 
-from jupyter_vgpu.testing.kernel_runner import Kernel
-from jupyter_vgpu.testing.preloaded import environment
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.fault_kernels import gpu_kernel
 from jupyter_vgpu.testing.waiting import wait_for
 
 pytestmark = pytest.mark.gpu
@@ -25,8 +26,15 @@ def pause_figures(report) -> dict:
 def test_an_idle_kernel_pins_ahead_and_its_first_pause_pins_nothing_more(tmp_path):
     channel = tmp_path / "channel"
     channel.mkdir()
-    env = environment(JUPYTER_VGPU_CHANNEL=str(channel))
-    kernel = Kernel(tmp_path, env, load_extension=True, args=("--VGPUKernel.prepare_after=0.5",))
+    arbiter = ArbiterProcess(tmp_path).start()  # only a kernel under an arbiter pins ahead
+    kernel = gpu_kernel(
+        tmp_path,
+        arbiter,
+        "ada",
+        8 * GiB,
+        env={"JUPYTER_VGPU_CHANNEL": str(channel)},
+        args=("--VGPUKernel.prepare_after=0.5",),
+    )
     report = channel / f"kernel-{kernel.id}.json"
     try:
         kernel.run(
@@ -49,5 +57,8 @@ def test_an_idle_kernel_pins_ahead_and_its_first_pause_pins_nothing_more(tmp_pat
         assert figures["pinned_bytes"] == held, "the first pause pinned more on the way"
         assert figures["live_bytes"] >= GiB
         assert kernel.run("print(torch.equal(before, x.view(torch.int16).cpu()))").strip() == "True"
+        held_by_books = arbiter.kernel(kernel.pid)["host_bytes"]
+        assert held_by_books >= GiB, f"the arbiter's books count {held_by_books} host bytes"
     finally:
         kernel.shutdown()
+        arbiter.stop()
