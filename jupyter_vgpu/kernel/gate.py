@@ -72,6 +72,13 @@ class Gate:
         self._cond.notify_all()
         self._on_change(state)
 
+    def tell(self) -> None:
+        """Call ``on_change`` with the state now, under the gate's lock as a change does:
+        for a figure that changed without the state (host memory pinned ahead), so that
+        listeners never hear a state older than one they already heard."""
+        with self._cond:
+            self._on_change(self.state)
+
     @property
     def idle_seconds(self) -> float:
         """Seconds since the kernel last ran a handler (0 while one runs)."""

@@ -705,6 +705,8 @@ class PauseControl:
         allocator = self._allocator()
         if allocator is None or not any(u.mapped for u in allocator.segments()):
             return
+        if self.blockers(max_age=5.0):  # suspended instead of paused: nothing to pin for
+            return
 
         start = [0]  # the arena's held bytes when this run began
 
@@ -714,7 +716,7 @@ class PauseControl:
             arena = self.engine.arena
             made = arena.held_bytes - start[0]
             if made and made % (1 << 30) < arena.slab_bytes:  # another GiB: the arbiter counts it
-                self._changed(g.IDLE)
+                self.gate.tell()
             info = meminfo()
             total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
             if available - arena.slab_bytes < total // 4:
@@ -731,8 +733,7 @@ class PauseControl:
                 start[0] = engine.arena.held_bytes
                 made = engine.prepare(keep_going)
             if made:
-                if not left.is_set():
-                    self._changed(g.IDLE)  # the arbiter's books and the report count it now
+                self.gate.tell()  # the arbiter's books and the report count it now
                 self.last_prepare = (made, time.perf_counter() - t0)
                 log.info("jupyter-vgpu: pinned %s ahead of the next pause", format_bytes(made))
         except Exception as e:  # the next pause pins what it needs, as without this
