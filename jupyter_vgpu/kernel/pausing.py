@@ -700,8 +700,8 @@ class PauseControl:
 
     def _prepare(self) -> None:
         left = self._left_idle
-        if left.wait(self.config.prepare_after):
-            return
+        if left.wait(self.config.prepare_after) or not self.node_figures():
+            return  # a cell or a pause began; or no arbiter: nobody would count the memory
         allocator = self._allocator()
         if allocator is None or not any(u.mapped for u in allocator.segments()):
             return
