@@ -112,14 +112,20 @@ class Attached:
     Without a kernel manager, jupyter_client judges a kernel alive by its heartbeat, and a
     heartbeat unanswered for a second reads as dead: a kernel still starting (imports and
     the pausable allocator, slower on the GPU machine) failed ``wait_for_ready`` at once
-    with "Kernel died before replying to kernel_info". No heartbeat is started: the
-    wait is for the kernel's reply, up to ``timeout`` seconds.
+    with "Kernel died before replying to kernel_info". The heartbeat here allows
+    :data:`STARTING` seconds. (Started without a heartbeat, the client's ZeroMQ context
+    could be collected while a thread still used its sockets, and its ``term`` then
+    hung the test process.)
     """
+
+    #: seconds a heartbeat may go unanswered before the kernel counts as dead
+    STARTING = 20.0
 
     def __init__(self, connection_file, timeout: float = 60):
         self.client = BlockingKernelClient()
         self.client.load_connection_file(connection_file)
-        self.client.start_channels(hb=False)
+        self.client.hb_channel.time_to_dead = self.STARTING
+        self.client.start_channels()
         self.client.wait_for_ready(timeout=timeout)
 
 
