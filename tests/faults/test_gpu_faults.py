@@ -214,15 +214,6 @@ def test_without_an_arbiter_and_no_room_a_cell_fails_readably_and_keeps_the_data
 # -- host memory under pressure -------------------------------------------------------------
 
 
-BALLAST = (
-    "import sys, torch\n"
-    "x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device='cuda')\n"
-    "torch.cuda.synchronize()\n"
-    "print('held', flush=True)\n"
-    "sys.stdin.read()"
-)
-
-
 def test_paused_working_sets_past_the_host_budget_go_to_disk_and_come_back(tmp_path):
     """Five kernels of 6 GiB each take turns on the card, of which a process outside the
     arbiter (ballast) leaves 24 GiB free: a few fit at once. Their paused sets (about
@@ -232,20 +223,12 @@ def test_paused_working_sets_past_the_host_budget_go_to_disk_and_come_back(tmp_p
     that memory counts too. The host's available memory never drops below the reserve,
     the kernels never hold more host memory than the budget, and every byte comes back.
     (The ballast keeps the bytes moved, hashed and spilled to a few tens of GiB.)"""
-    import subprocess
-    import sys
-
     from jupyter_vgpu.node import tiers
+    from jupyter_vgpu.testing import card_holder
     from jupyter_vgpu.testing.fault_kernels import card_free
 
     reserve, limit = 16 * GiB, 8 * GiB
-    ballast = subprocess.Popen(
-        [sys.executable, "-c", BALLAST, str(card_free() - 24 * GiB)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert ballast.stdout.readline().strip() == "held", "the ballast could not take its share of the card"
+    ballast = card_holder.hold(card_free() - 24 * GiB)
     arbiter = ArbiterProcess(
         tmp_path,
         "--queue-timeout=300",

@@ -8,7 +8,6 @@ left alone."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
@@ -16,7 +15,7 @@ import pytest
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
-from jupyter_vgpu.testing import escape_cases
+from jupyter_vgpu.testing import card_holder, escape_cases
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
@@ -72,22 +71,10 @@ def test_an_escape_from_the_tree_is_mapped_by_cgroup_caught_and_ended(tmp_path, 
         arbiter.stop()
 
 
-HOLDER = (
-    "import sys, time, torch\nx = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device='cuda')\n"
-    "torch.cuda.synchronize()\nprint('holding', flush=True)\ntime.sleep(60)\n"
-)
-
-
-def holder(bytes_: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(bytes_)], stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "holding"
-    return process
-
-
 def test_a_gpu_process_of_no_server_is_reported_and_ended(tmp_path, card):
     arbiter = ArbiterProcess(tmp_path, *KILL).start()
     since = time.time()
-    process = holder(GiB)
+    process = card_holder.hold(GiB)
     try:
         wait_for(lambda: process.poll() is not None, 10, "default deny to end the unowned process")
         warned = decisions(arbiter, since, "unowned: warn")
@@ -106,7 +93,7 @@ def test_an_allowlisted_gpu_process_is_left_alone(tmp_path, card):
     python = os.path.realpath(sys.executable)
     arbiter = ArbiterProcess(tmp_path, *KILL, f'--ArbiterApp.allowed_executables=["{python}"]').start()
     since = time.time()
-    process = holder(GiB)
+    process = card_holder.hold(GiB)
     try:
         time.sleep(3)  # three grace periods
         assert process.poll() is None, "an allowlisted program was ended"
