@@ -520,7 +520,6 @@ def main() -> None:
         "watermark": args.watermark,
         "suspend_after": args.suspend_after,
         "poll_seconds": 0.25,
-        "host_memory_limit": args.host_memory_limit or "half of the host's memory",
     }
     card = result["card_bytes"]
     static = result["static_sessions"] * len(gpus)  # static partitioning of every card

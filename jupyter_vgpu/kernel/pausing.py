@@ -92,8 +92,6 @@ class PauseControl:
         self._left_idle = threading.Event()  # set whenever the kernel leaves ``idle``
         self._preparing: threading.Thread | None = None
         self._trimmed = False  # the arbiter took the warm slabs back: pin nothing ahead
-        #: ``(bytes, seconds)`` of the last pinning ahead of a pause (:meth:`prepare_ahead`)
-        self.last_prepare: tuple[int, float] | None = None
         self.unavailable: str | None = None  # why memory cannot be paused here
         self.last_refusal: str | None = None
         self.last_error: str | None = None  # why the last pause after a cell failed
@@ -708,36 +706,39 @@ class PauseControl:
         if self.blockers(max_age=5.0):  # suspended instead of paused: nothing to pin for
             return
 
-        start = [0]  # the arena's held bytes when this run began
-
-        def keep_going() -> bool:
-            if left.is_set() or self._trimmed:
-                return False
-            arena = self.engine.arena
-            made = arena.held_bytes - start[0]
-            if made and made % (1 << 30) < arena.slab_bytes:  # another GiB: the arbiter counts it
-                self.gate.tell()
-            info = meminfo()
-            total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
-            if available - arena.slab_bytes < total // 4:
-                return False
-            node = self.node_figures()  # None without an arbiter: nobody would count it
-            return bool(node) and node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2
-
         try:
             with self._plain():
                 engine = self._engine()
                 if engine is None or left.is_set():
                     return
-                t0 = time.perf_counter()
-                start[0] = engine.arena.held_bytes
-                made = engine.prepare(keep_going)
+                arena, t0 = engine.arena, time.perf_counter()
+                start = arena.held_bytes
+                made = engine.prepare(lambda: self._keep_pinning(arena, start))
             if made:
                 self.gate.tell()  # the arbiter's books and the report count it now
-                self.last_prepare = (made, time.perf_counter() - t0)
-                log.info("jupyter-vgpu: pinned %s ahead of the next pause", format_bytes(made))
+                log.info(
+                    "jupyter-vgpu: pinned %s ahead of the next pause in %.1f s",
+                    format_bytes(made),
+                    time.perf_counter() - t0,
+                )
         except Exception as e:  # the next pause pins what it needs, as without this
             log.info("jupyter-vgpu: nothing pinned ahead: %s", e)
+
+    def _keep_pinning(self, arena, start: int) -> bool:
+        """Whether :meth:`_prepare` may pin another slab into ``arena``, which held
+        ``start`` bytes when it began (the rules: :meth:`prepare_ahead`); tells the
+        arbiter of each GiB pinned so far."""
+        if self._left_idle.is_set() or self._trimmed:
+            return False
+        made = arena.held_bytes - start
+        if made and made % (1 << 30) < arena.slab_bytes:  # another GiB: the arbiter counts it
+            self.gate.tell()
+        info = meminfo()
+        total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
+        if available - arena.slab_bytes < total // 4:
+            return False
+        node = self.node_figures()  # None without an arbiter: nobody would count it
+        return bool(node) and node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2
 
     def prepare_suspend(self) -> None:
         """For the arbiter: pause (if not paused yet, and if a pause can release all of
