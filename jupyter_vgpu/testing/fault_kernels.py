@@ -107,26 +107,13 @@ def same(kernel: Kernel, expected: str) -> None:
 
 
 class Attached:
-    """A kernel reached through its connection file (the run helpers need ``client``).
+    """A kernel reached through its connection file (the run helpers need ``client``)."""
 
-    Without a kernel manager, jupyter_client judges a kernel alive by its heartbeat, and a
-    heartbeat unanswered for a second reads as dead: a kernel still starting (imports and
-    the pausable allocator, slower on the GPU machine) failed ``wait_for_ready`` at once
-    with "Kernel died before replying to kernel_info". The heartbeat here allows
-    :data:`STARTING` seconds. (Started without a heartbeat, the client's ZeroMQ context
-    could be collected while a thread still used its sockets, and its ``term`` then
-    hung the test process.)
-    """
-
-    #: seconds a heartbeat may go unanswered before the kernel counts as dead
-    STARTING = 20.0
-
-    def __init__(self, connection_file, timeout: float = 60):
+    def __init__(self, connection_file):
         self.client = BlockingKernelClient()
         self.client.load_connection_file(connection_file)
-        self.client.hb_channel.time_to_dead = self.STARTING
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=timeout)
+        self.client.wait_for_ready(timeout=60)
 
 
 def kernel_of(arbiter, server: str) -> int | None:
