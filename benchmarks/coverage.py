@@ -4,8 +4,8 @@ For each path a real kernel (started as a server starts it: the pausable allocat
 preloaded, the vGPU extension loaded) fills about 4 GiB through that path, then runs
 ``%vgpu pause``, which pauses the kernel or, where a pause is not safe, suspends it (the
 driver's checkpoint), as the node arbiter would; the kernel's next cell brings it back.
-Two cycles: the first warms the pinned host memory (its pause is ``cold_pause_s``), the
-second is measured. Per path:
+The first cycle warms the pinned host memory (its pause is ``cold_pause_s``); the others
+(``--cycles``, two in all by default) are measured, and their median is kept. Per path:
 
 - ``gpu_bytes``: NVML's bytes for the kernel (and the processes it shares memory with)
   before, CUDA context included;
@@ -13,8 +13,9 @@ second is measured. Per path:
   context, 0.75 GiB, when paused; 0 when suspended);
 - ``tier``: ``pause``, ``suspend`` or ``gpu`` (neither: it stays), what the kernel chose,
   and ``why`` when not paused;
-- ``pause_s`` / ``resume_s``: the kernel's own figures for the second cycle (a suspend's
-  checkpoint and restore for the suspend tier);
+- ``pause_s`` / ``resume_s``: the kernel's own figures, the median of the measured
+  cycles (each in ``pause_s_all`` / ``resume_s_all``; a suspend's checkpoint and restore
+  for the suspend tier);
 - ``bit_exact``: a SHA-256 of every byte the path holds, before and after.
 
 Then the allocator's cost with nothing paused: the training step of ``pause.py`` in a
@@ -178,7 +179,7 @@ def cycle(kernel: Kernel, channel: Path, pids: list[int]) -> dict:
     }
 
 
-def measure(name: str, env: dict, fill: str, workdir: Path) -> dict:
+def measure(name: str, env: dict, fill: str, workdir: Path, cycles: int = 2) -> dict:
     channel = workdir / "channel"
     channel.mkdir(parents=True)
     (workdir / "ipcworker.py").write_text(WORKER)
@@ -191,18 +192,25 @@ def measure(name: str, env: dict, fill: str, workdir: Path) -> dict:
             raise RuntimeError(f"filling failed: {out[-1500:]}")
         pids = [kernel.pid] + [int(x.split()[1]) for x in lines if x.startswith("worker ")]
         gpu_bytes = nvml_of(pids)
-        first = cycle(kernel, channel, pids)
-        second = cycle(kernel, channel, pids)
+        first, *measured = [cycle(kernel, channel, pids) for _ in range(max(2, cycles))]
+        last = measured[-1]
+
+        def median(key):
+            values = [c[key] for c in measured]
+            return None if None in values else statistics.median(values)
+
         return {
             "name": name,
             "gpu_bytes": gpu_bytes,
-            "nvml_away_bytes": second["away"],
-            "tier": second["tier"],
-            "pause_s": second["pause_s"],
-            "resume_s": second["resume_s"],
-            "bit_exact": first["digest"] == before and second["digest"] == before,
+            "nvml_away_bytes": max(c["away"] for c in measured),
+            "tier": last["tier"],
+            "pause_s": median("pause_s"),
+            "resume_s": median("resume_s"),
+            "pause_s_all": [c["pause_s"] for c in measured],
+            "resume_s_all": [c["resume_s"] for c in measured],
+            "bit_exact": all(c["digest"] == before for c in (first, *measured)),
             "cold_pause_s": first["pause_s"],
-            "why": second["why"],
+            "why": last["why"],
         }
     finally:
         kernel.shutdown()
@@ -213,6 +221,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="", help="run the paths whose name holds this text")
     parser.add_argument("--steps", type=int, default=40, help="timed training steps per run (0: none)")
+    parser.add_argument("--cycles", type=int, default=2, help="cycles per path (the first unmeasured)")
     args = parser.parse_args()
     result = {"gpu": nvml.list_gpus()[0].name, "paths": []}
     for name, env, fill in PATHS:
@@ -220,7 +229,7 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                row = measure(name, env, fill, Path(tmp))
+                row = measure(name, env, fill, Path(tmp), args.cycles)
             except Exception as e:  # one path's failure is a result too
                 row = {"name": name, "error": f"{type(e).__name__}: {e}"[:2000]}
         result["paths"].append(row)

@@ -7,6 +7,7 @@ started."""
 from __future__ import annotations
 
 import dataclasses
+import queue
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,13 +108,36 @@ def same(kernel: Kernel, expected: str) -> None:
 
 
 class Attached:
-    """A kernel reached through its connection file (the run helpers need ``client``)."""
+    """A kernel reached through its connection file (the run helpers need ``client``).
 
-    def __init__(self, connection_file):
+    Ready once it answers ``kernel_info`` on the shell channel and IOPub carries its
+    status, waited for with :func:`.waiting.wait_for` (``timeout`` seconds).
+    ``BlockingKernelClient.wait_for_ready`` is not used: a client without a kernel
+    manager judges the kernel alive by its heartbeat alone, and on the H100 machine a
+    server-started kernel still loading CUDA missed its first beats and was called dead
+    ("Kernel died before replying to kernel_info") while it was starting."""
+
+    def __init__(self, connection_file, timeout: float = 120):
         self.client = BlockingKernelClient()
         self.client.load_connection_file(connection_file)
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        wait_for(self._answers, timeout, "the kernel's kernel_info reply and its IOPub status", interval=0)
+
+    def _answers(self) -> bool:
+        asked = self.client.kernel_info()
+        try:
+            while True:  # replies to earlier tries may come first
+                reply = self.client.get_shell_msg(timeout=1)
+                if reply["parent_header"].get("msg_id") == asked:
+                    break
+            self.client.get_iopub_msg(timeout=0.5)  # IOPub is connected: no output is missed
+        except queue.Empty:
+            return False
+        while True:  # what the tries left on IOPub is not a later cell's
+            try:
+                self.client.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                return True
 
 
 def kernel_of(arbiter, server: str) -> int | None:

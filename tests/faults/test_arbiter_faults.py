@@ -50,7 +50,7 @@ def people(tmp_path):
             (ada, ADA, 700),
         ):  # bob first: ada's 700 MiB leave him no room
             out = scene.run(k, scene.hold_code(seed, n, simulated_mib=mib))
-            assert out.error is None
+            assert out.error is None, (out.error, out.text)
             assert "Error" not in out.text, out.text
         wait_for(lambda: arbiter.kernel(ada.pid)["resident"] >= 700 * MiB, 30, "ada's memory in the books")
         if env:

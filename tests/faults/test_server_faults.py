@@ -31,7 +31,7 @@ def test_a_paused_kernel_outlives_its_server(tmp_path, how):
     bob = None
     try:
         out = scene.run(ada, scene.hold_code(1, 16 * MiB, simulated_mib=700))
-        assert out.error is None
+        assert out.error is None, (out.error, out.text)
         assert "Error" not in out.text, out.text
         bob = scene.start_kernel(tmp_path, arbiter, "bob")
         assert scene.run(bob, "print('bob ran')").text.strip() == "bob ran"
