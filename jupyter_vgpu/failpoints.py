@@ -42,7 +42,7 @@ STEPS = {
     "kernel.pause.copy": "a pause has stored its first range; others are still to copy",
     "kernel.pause.release": "a segment's bytes are stored, before its memory is released",
     "kernel.pause.reply": "the pause is done, before the kernel tells the arbiter",
-    "kernel.resume.mapped": "a resume has mapped its first range's memory, before any byte is written back",
+    "kernel.resume.mapped": "a resume has mapped the memory, before any byte is written back",
     "kernel.resume.copy": "a resume has written its first piece back; others are still to come",
     "kernel.spill.write": "a spill to disk has written its first part; others are still to write",
     "kernel.spill.written": "a spilled file is complete, before its host memory is let go",

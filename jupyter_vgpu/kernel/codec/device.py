@@ -676,18 +676,8 @@ class DeviceCodec:
             cu.wait(compute, self._joined)
         k.move_async(self._host_row(slot, OUT_SIZES), row(slot, OUT_SIZES), 2 * 8 * self.max_chunks, st)
 
-    def unpack(
-        self,
-        items: Sequence[tuple[object, Sequence[Piece]]],
-        arena: PinnedArena,
-        ready: Callable[[int], None] | None = None,
-    ) -> None:
+    def unpack(self, items: Sequence[tuple[object, Sequence[Piece]]], arena: PinnedArena) -> None:
         """Write every stored range back: ``(device uint8 tensor, its pieces)`` pairs.
-
-        Args:
-            ready: called with a range's index before anything is written to it, and
-                returns once its device memory may be written (the resume maps memory
-                meanwhile: :mod:`...pause.overlap`).
 
         Raises:
             DeviceCodecError: a stored chunk failed its checksum, its nvCOMP status or its
@@ -701,8 +691,6 @@ class DeviceCodec:
         i = 0  # pieces so far, across ranges: piece i runs in slot i % slots
         try:
             for r, (dst, pieces) in enumerate(items):
-                if ready is not None:
-                    ready(r)
                 base = dst.data_ptr()
                 for piece in pieces:
                     slot = self._slots[i % self.slot_count]

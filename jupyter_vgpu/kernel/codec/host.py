@@ -171,21 +171,12 @@ class HostPath:
         key = store.put(packed)
         out[r].append(HostPiece(off, data.size, key, packed.stored_bytes))
 
-    def unpack(
-        self,
-        items: Sequence[tuple[object, Sequence[HostPiece]]],
-        store,
-        staging=None,
-        ready: Callable[[int], None] | None = None,
-    ) -> None:
+    def unpack(self, items: Sequence[tuple[object, Sequence[HostPiece]]], store, staging=None) -> None:
         """Decode every range back: ``(uint8 tensor viewing the range, its pieces)`` pairs.
 
         Args:
             staging: a device uint8 tensor of at least ``piece_bytes`` to join byte planes
                 on the GPU, or None to join them on the CPU threads.
-            ready: called with a range's index before a piece of it is written, and
-                returns once its memory may be written (the resume maps memory meanwhile:
-                :mod:`...pause.overlap`).
 
         Raises:
             ValueError: ``staging`` is smaller than ``piece_bytes``.
@@ -195,11 +186,8 @@ class HostPath:
         if staging is not None and staging.numel() < self.piece_bytes:
             raise ValueError(f"staging holds {staging.numel()} bytes; a piece is {self.piece_bytes}")
         work = [(dst, p) for dst, pieces in items for p in pieces]
-        of_range = [r for r, (_, pieces) in enumerate(items) for _ in pieces]
-        ready = ready or (lambda r: None)
         if self.device is None:
-            for i, (dst, p) in enumerate(work):
-                ready(of_range[i])
+            for dst, p in work:
                 self.codec.decode(store.get(p.key), dst[p.offset : p.offset + p.length].numpy())
                 failpoints.hit("kernel.resume.copy")
             return
@@ -231,7 +219,6 @@ class HostPath:
                 if planar:
                     table = plane_table(packed)
                     self._tables[b].numpy()[: len(table)] = table
-                ready(of_range[i])  # queued[0] is work[i]
                 with torch.cuda.stream(stream):
                     if planar:
                         staging[: p.length].copy_(buf, non_blocking=True)

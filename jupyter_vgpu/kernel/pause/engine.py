@@ -34,7 +34,6 @@ host path's store entries to files of their own; a resume then streams them back
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import logging
@@ -46,16 +45,12 @@ from jupyter_vgpu import failpoints
 from ..codec.device import DeviceCodec, DeviceCodecError, PinnedArena
 from ..codec.host import HostPath
 from ..codec.zstd import Codec, CodecError
-from . import devmem, overlap, spill, vmm
+from . import devmem, spill, vmm
 from .ranges import live_ranges, spans
 from .store import HostStore
 
 log = logging.getLogger("jupyter_vgpu")
 MiB = 1 << 20
-
-#: Bytes after which a span of units side by side ends at the next unit boundary
-#: (:func:`.ranges.spans`): its units are released while the next spans are stored.
-SPAN_BYTES = 128 * MiB
 
 
 def _empty_host_cache(torch) -> None:
@@ -390,8 +385,7 @@ class PauseEngine:
         covers it is stored. A span runs across units that lie side by side
         (:func:`.ranges.spans`); it is kept with the first of its units released, so that
         a pause undone halfway writes back every unit it released."""
-        piece = (self.device_codec if on_device else self.host_path).piece_bytes
-        joined = spans(((seg.ptr, seg.size, seg.device) for seg in batch), live, SPAN_BYTES, piece)
+        joined = spans(((seg.ptr, seg.size, seg.device) for seg in batch), live)
         ranges = [(self._view(ptr + off, length), length) for ptr, off, length, _ in joined]
         by_ptr = {seg.ptr: seg for seg in batch}
         pending = {seg.ptr: 0 for seg in batch}  # spans not yet stored, per unit they cover
@@ -414,8 +408,6 @@ class PauseEngine:
                     holder.ranges.append(r)
             return list(done.values())
 
-        releaser = overlap.Releaser(release)  # the driver's calls beside the copies
-
         def on_range(i: int, pieces: list) -> None:
             ptr, off, length, covered = joined[i]
             stored[i] = _Range(ptr + off, length, path, list(pieces))
@@ -423,25 +415,21 @@ class PauseEngine:
             for unit in covered:
                 pending[unit] -= 1
                 if pending[unit] == 0:
-                    releaser.put(by_ptr[unit])
+                    release(by_ptr[unit])
 
         try:
             for seg in batch:  # nothing live in it: nothing to save (an undo maps it back)
                 if not pending[seg.ptr]:
-                    releaser.put(seg)
+                    release(seg)
             if ranges and on_device:
                 used.add(self.device_codec.name)
                 self.device_codec.pack(ranges, self.arena, on_range)
             elif ranges:
                 used.add(self.host_path.name)
                 self.host_path.pack(ranges, self.store, on_range)
-            releaser.close()
         except BaseException as e:
-            releaser.close(check=False)  # done is whole once its thread has ended
             if path == "host":  # pieces of spans no released unit needs: their bytes stayed
-                pieces_of = {i: r.pieces for i, r in stored.items()}
-                pieces_of.update(enumerate(getattr(e, "partial", ())))
-                for i, pieces in pieces_of.items():
+                for i, pieces in enumerate(getattr(e, "partial", ())):
                     if not any(ptr in done for ptr in joined[i][3]):
                         for piece in pieces:
                             self.store.drop(piece.key)
@@ -477,47 +465,48 @@ class PauseEngine:
         if self.state != "paused":
             return Outcome(0.0, 0, 0, 0, ())
         t0 = time.perf_counter()
-        on_device = [r for p in self._paused for r in p.ranges if r.path == "device"]
-        on_host = [r for p in self._paused for r in p.ranges if r.path == "host"]
-        scratch = self._scratch() if on_device else None
-        if on_device and scratch is None:
+        self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
+        mapped: list[_Paused] = list(self._paused)
+        failpoints.hit("kernel.resume.mapped")
+        needs_device = any(r.path == "device" for p in self._paused for r in p.ranges)
+        scratch = self._scratch() if needs_device else None
+        if needs_device and scratch is None:
+            self._unmap(mapped)
             raise vmm.DeviceFull(2, f"resuming needs {self.room_needed()} free bytes on the device")
-        order, needs = self._mapping_order(on_device + on_host)
-        mapper = overlap.Mapper(self.vmm.map_many, order)  # the copies wait for their units only
         used = set()
         staging = None
         try:
-            mapper.wait(needs[0] if needs else len(order))
-            failpoints.hit("kernel.resume.mapped")
-            device_items = [(self._view(r.address, r.length), r.pieces) for r in on_device]
-            host_items = [(self._view(r.address, r.length), r.pieces) for r in on_host]
+            on_device = [
+                (self._view(r.address, r.length), r.pieces)
+                for p in self._paused
+                for r in p.ranges
+                if r.path == "device"
+            ]
+            on_host = [
+                (self._view(r.address, r.length), r.pieces)
+                for p in self._paused
+                for r in p.ranges
+                if r.path == "host"
+            ]
             if on_device and self._spill is not None:  # from the disk tier, streamed
                 used.add(f"{self.device_codec.name}, from disk")
-                mapper.wait_all()
-                spill.unpack(self.device_codec, device_items, self._spill, self._pinned)
+                spill.unpack(self.device_codec, on_device, self._spill, self._pinned)
             elif on_device:
                 used.add(self.device_codec.name)
-                self.device_codec.unpack(device_items, self.arena, lambda i: mapper.wait(needs[i]))
+                self.device_codec.unpack(on_device, self.arena)
             if on_host:
                 used.add(self.host_path.name)
                 staging = self._staging()
-                first = len(on_device)
-                self.host_path.unpack(
-                    host_items, self.store, staging and staging[1], lambda i: mapper.wait(needs[first + i])
-                )
-            mapper.wait_all()  # units with nothing live in them too
+                self.host_path.unpack(on_host, self.store, staging and staging[1])
             self._synchronize()
         except BaseException as e:  # an interrupt too: whatever was written is not trusted
-            mapped = mapper.close()
             self._synchronize()
             self._give_back(scratch)
             self._give_back(staging)
-            for ptr in mapped:
-                self.vmm.unmap(ptr)
+            self._unmap(mapped)
             if isinstance(e, (DeviceCodecError, CodecError, OSError)):
                 raise ResumeError(f"resuming failed; still paused, the host copy is kept: {e}") from e
             raise
-        mapper.close()
         self._give_back(scratch)
         self._give_back(staging)
         live_bytes = sum(r.length for p in self._paused for r in p.ranges)
@@ -640,27 +629,9 @@ class PauseEngine:
         spilled = self._spill.nbytes if self._spill is not None else 0
         return spilled + self.store.stats()["disk_bytes"]
 
-    def _mapping_order(self, ranges: list[_Range]) -> tuple[list[tuple[int, int]], list[int]]:
-        """The paused units ``(address, size)`` in the order a resume writes ``ranges``
-        (units with nothing live in them last), and for each range how many of the first
-        units of that order must be mapped before it is written."""
-        units = sorted((p.segment.ptr, p.segment.size) for p in self._paused)
-        starts = [ptr for ptr, _ in units]
-        position: dict[int, int] = {}
-        order: list[tuple[int, int]] = []
-        needs: list[int] = []
-        for r in ranges:
-            i, last = max(0, bisect.bisect_right(starts, r.address) - 1), 0
-            while i < len(units) and units[i][0] < r.address + r.length:
-                if units[i][0] + units[i][1] > r.address:
-                    if units[i][0] not in position:
-                        position[units[i][0]] = len(order)
-                        order.append(units[i])
-                    last = max(last, position[units[i][0]] + 1)
-                i += 1
-            needs.append(last)
-        order += [u for u in units if u[0] not in position]
-        return order, needs
+    def _unmap(self, mapped: list[_Paused]) -> None:
+        for p in mapped:
+            self.vmm.unmap(p.segment.ptr)
 
     # -- figures -----------------------------------------------------------------------
 

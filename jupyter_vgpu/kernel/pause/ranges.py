@@ -80,26 +80,18 @@ def live_ranges(
 
 
 def spans(
-    units: Iterable[tuple[int, int, int]],
-    live: Mapping[int, Sequence[tuple[int, int]]],
-    most: int | None = None,
-    align: int = 1,
+    units: Iterable[tuple[int, int, int]], live: Mapping[int, Sequence[tuple[int, int]]]
 ) -> list[tuple[int, int, int, tuple[int, ...]]]:
     """Live ranges joined across units that lie side by side in the address space.
 
     An expandable segment of PyTorch is one reserved range whose 20 MiB pages are
     separate units, and a range cut at every page boundary would leave the codec a short
     last piece per page (slower than whole pieces: :mod:`..codec.device`). Joined, the
-    codec sees the segment's live bytes as the caller does, whole. Joined without end,
-    though, no unit of a segment could be released before the whole segment is stored:
-    so a span is cut where a unit begins once it holds ``most`` bytes and its length is
-    a multiple of ``align`` (the codec's piece: no short piece), or ``2 * most`` bytes.
+    codec sees the segment's live bytes as the caller does, whole.
 
     Args:
         units: ``(address, size, device)`` of the units paused together, bytes.
         live: :func:`live_ranges` of those units.
-        most: bytes after which a span ends at the next unit boundary (None: never).
-        align: bytes a span's length should be a multiple of where it is cut.
 
     Returns:
         ``(unit, offset, length, covered)`` in address order: the unit the span starts in,
@@ -112,7 +104,7 @@ def spans(
         for off, length in live[ptr]:
             if length <= 0:
                 continue
-            if end == ptr + off and device == dev and not _cut(out[-1], ptr, most, align):
+            if end == ptr + off and device == dev:
                 first, first_off, total, covered = out[-1]
                 if covered[-1] != ptr:
                     covered = (*covered, ptr)
@@ -121,11 +113,3 @@ def spans(
                 out.append((ptr, off, length, (ptr,)))
             end, device = ptr + off + length, dev
     return out
-
-
-def _cut(span: tuple[int, int, int, tuple[int, ...]], ptr: int, most: int | None, align: int) -> bool:
-    """Whether ``span`` ends where the unit at ``ptr`` begins (:func:`spans`)."""
-    _, _, total, covered = span
-    if most is None or covered[-1] == ptr:
-        return False
-    return total >= 2 * most or (total >= most and total % align == 0)
