@@ -266,7 +266,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     return ArbiterProcess(directory, *settings).start()
 
 
-def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, static: int, together: int) -> dict:
+def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: int) -> dict:
     """N sessions, session i on card ``i % len(slices)`` with that card's slice; ``together``
     of them set up at once."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -556,7 +556,7 @@ def main() -> None:
         # setups at once: what the card holds beside n contexts, at most the static count
         beside = card * len(gpus) - n * result["context_bytes"]
         together = max(1, min(static, int(beside // result["session_peak_bytes"])))
-        row = run_sessions(n, args, slices, result["steps_per_cell"], max(1, static), together)
+        row = run_sessions(n, args, slices, result["steps_per_cell"], together)
         row["gpus"] = len(gpus)
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default

@@ -232,16 +232,23 @@ def test_bytes_of_units_side_by_side_are_stored_as_one_span(allocator):
             allocator.free(ptr)
 
 
-class RefusingUnmap:
-    """The process's allocator, refusing to release one unit (as a driver may)."""
+class Refusing:
+    """The process's allocator, refusing one unit: to release it (``on="unmap"``, as a
+    driver may), or room for it when it is mapped again (``on="map"``; ``refused`` None:
+    no more refusals)."""
 
-    def __init__(self, allocator, refused: int):
-        self._allocator, self.refused = allocator, refused
+    def __init__(self, allocator, refused: int | None, on: str = "unmap"):
+        self._allocator, self.refused, self.on = allocator, refused, on
 
     def unmap(self, ptr: int) -> None:
-        if ptr == self.refused:
+        if self.on == "unmap" and ptr == self.refused:
             raise vmm.VMMError(999, "refused for the test")
         self._allocator.unmap(ptr)
+
+    def map_many(self, ptrs) -> None:
+        if self.on == "map" and self.refused in ptrs:
+            raise vmm.DeviceFull(2, "no room, for the test")
+        self._allocator.map_many(ptrs)
 
     def __getattr__(self, name):
         return getattr(self._allocator, name)
@@ -251,7 +258,7 @@ def test_a_pause_undone_halfway_through_a_span_writes_back_every_unit_it_release
     units = adjacent_units(allocator, 3)
     data = rng.integers(0, 256, 3 * UNIT, dtype=np.uint8)
     array(units[0], 3 * UNIT)[:] = data
-    e = PauseEngine(torch, RefusingUnmap(allocator, units[1]), None, threads=2)
+    e = PauseEngine(torch, Refusing(allocator, units[1]), None, threads=2)
     try:
         with pytest.raises(PauseError, match="undone"):
             e.pause()
@@ -317,26 +324,11 @@ def test_a_work_area_keeps_its_address_and_a_pause_never_stores_it(engine, alloc
     assert all(np.array_equal(array(p, d.size), d) for p, d in segments)
 
 
-class RefusingMap:
-    """The process's allocator, finding no room for one unit when it is mapped again."""
-
-    def __init__(self, allocator, refused: int | None):
-        self._allocator, self.refused = allocator, refused
-
-    def map_many(self, ptrs) -> None:
-        if self.refused in ptrs:
-            raise vmm.DeviceFull(2, "no room, for the test")
-        self._allocator.map_many(ptrs)
-
-    def __getattr__(self, name):
-        return getattr(self._allocator, name)
-
-
 def test_a_resume_without_room_stays_paused_and_a_later_one_brings_every_byte_back(allocator):
     units = adjacent_units(allocator, 3)
     data = rng.integers(0, 4, 3 * UNIT, dtype=np.uint8)
     array(units[0], 3 * UNIT)[:] = data
-    refusing = RefusingMap(allocator, units[2])
+    refusing = Refusing(allocator, units[2], on="map")
     e = PauseEngine(torch, refusing, None, threads=2)
     try:
         e.pause()
