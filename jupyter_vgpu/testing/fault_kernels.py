@@ -147,12 +147,11 @@ def kernel_of(arbiter, server: str) -> int | None:
 @dataclasses.dataclass
 class Served:
     """A user's real Jupyter server under an arbiter, and the kernel it started:
-    ``kernel_id``, its ``connection_file``, the ``kernel`` reached through it, and its
-    ``pid`` (from the arbiter's books)."""
+    ``kernel_id``, the ``kernel`` reached through its connection file, and its ``pid``
+    (from the arbiter's books)."""
 
     server: JupyterServer
     kernel_id: str
-    connection_file: Path
     kernel: Attached
     pid: int
 
@@ -164,7 +163,8 @@ def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Serv
     The caller stops the server (here, only when something fails on the way).
 
     Raises:
-        AssertionError: the server or its kernel did not come up (waits of 60 s).
+        AssertionError: the server or its kernel did not come up (60 s for the server and
+            for the books, 120 s for the kernel's first reply: :class:`Attached`).
     """
     from .server_process import JupyterServer  # a server's parts only where one is started
 
@@ -179,12 +179,11 @@ def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Serv
         with arbiter.control() as c:
             c.register(server.proc.pid, user, "", fault_scene.SLICE)
         kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-        connection_file = runtime / f"kernel-{kid}.json"
-        kernel = Attached(connection_file)
+        kernel = Attached(runtime / f"kernel-{kid}.json")
         pid = wait_for(lambda: kernel_of(arbiter, f"{user}/"), 60, f"{user}'s kernel in the books")
     except BaseException as e:
         server.stop()
         if server.log_path.exists():  # what the server and its kernel said on the way
             e.add_note(f"{server.log_path}:\n{server.log_path.read_text()[-4000:]}")
         raise
-    return Served(server, kid, connection_file, kernel, pid)
+    return Served(server, kid, kernel, pid)
