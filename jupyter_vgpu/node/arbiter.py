@@ -1261,6 +1261,7 @@ class Arbiter:
         """Compare every server's processes on the managed cards, together, with its
         budget, and find the cards' processes that belong to no server (real cards)."""
         processes: dict[int, int] = {}
+        by_card: dict[int, dict[str, int]] = {}
         self._card_of = {}
         for uuid in sorted(await self.managed_cards()):
             try:
@@ -1270,10 +1271,11 @@ class Arbiter:
                 continue
             for pid, used in reading.processes.items():
                 processes[pid] = processes.get(pid, 0) + used
+                by_card.setdefault(pid, {})[uuid] = used
                 if used >= processes[pid] - used:
                     self._card_of[pid] = uuid
         owner = owners(self.servers.values(), self.mapping)
-        actions = self.watchdog.step(now, processes, owner, self.allowed)
+        actions = self.watchdog.step(now, processes, owner, self.allowed, by_card)
         self.unowned = {
             pid: entry for pid, entry in self.unowned.items() if pid in processes and owner(pid) is None
         }
@@ -1289,9 +1291,11 @@ class Arbiter:
         if action.unowned:
             await self._act_unowned(action, uuid)
             return
+        what = "wrong GPU" if action.wrong_gpu else "over budget"
         self._decide(
-            f"over budget: {action.kind}", server=action.server, pid=action.pid, used=action.used,
+            f"{what}: {action.kind}", server=action.server, pid=action.pid, used=action.used,
             total=action.total, budget=action.budget, mapped_by=action.mapped_by, message=action.message(),
+            **({"gpus": [uuid for uuid, _ in action.elsewhere]} if action.wrong_gpu else {}),
         )  # fmt: skip
         self.metrics.enforcement.labels(gpu=uuid, action=action.kind).inc()
         kernel_pid = peers.root_in(action.pid, self.conns)  # the kernel it runs under, if any

@@ -12,6 +12,13 @@ admin's policy applies: ``report`` (keep warning, every ``remind_seconds``), ``p
 (pause its idle kernels, then keep warning), or ``kill`` (end its processes, largest
 first, until the rest fits; again at each look while it is over).
 
+**Its own card**: a slice is one card (the spawner sets ``CUDA_VISIBLE_DEVICES`` to it),
+but a user can clear that variable before CUDA starts, in a kernel or in a process it
+starts. A server's process holding memory on a managed card that is not its slice's is
+*on the wrong GPU*: warned at once, whatever its bytes, and after the grace period the
+same policy applies to the processes on other cards (``kill`` ends them all: any byte
+there is outside the slice).
+
 **Default deny**: a process on a managed card that belongs to no server, and that the
 allowlist does not name (the arbiter, MPS daemons, monitoring agents, admin processes:
 ``ArbiterApp.allowed_executables``, ``allowed_cgroups``), is *unowned*: warned at once,
@@ -34,13 +41,15 @@ GiB = 2**30
 @dataclasses.dataclass(frozen=True)
 class Owner:
     """Whose a process is: its server's key in the books (``Server.root``), the server's
-    name (``user/name``), its budget (bytes) and how it was found (``cgroup``, ``pod``,
-    ``tree``)."""
+    name (``user/name``), its budget (bytes), how it was found (``cgroup``, ``pod``,
+    ``tree``) and its slice's card (NVML UUID; "" for a simulated card, which NVML does
+    not see)."""
 
     key: int | str
     server: str
     budget: int
     mapped_by: str
+    gpu: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +68,8 @@ class Action:
         mapped_by: how the process was mapped: ``cgroup``, ``pod``, ``tree``, or
             ``unowned``.
         processes: the server's processes on the cards, ``(pid, bytes)``, largest first.
+        elsewhere: for a process on the wrong GPU, the cards outside its slice where it
+            holds memory, ``(NVML UUID, bytes)``; empty for a budget or unowned action.
     """
 
     kind: str
@@ -70,10 +81,15 @@ class Action:
     over_for: float
     mapped_by: str
     processes: tuple[tuple[int, int], ...] = ()
+    elsewhere: tuple[tuple[str, int], ...] = ()
 
     @property
     def unowned(self) -> bool:
         return self.budget is None
+
+    @property
+    def wrong_gpu(self) -> bool:
+        return bool(self.elsewhere)
 
     def message(self) -> str:
         if self.unowned:
@@ -83,6 +99,15 @@ class Action:
                 "kill": "belonged to no vGPU server: ended",
             }[self.kind]
             return f"process {self.pid} on a managed GPU {what} ({self.used / GiB:.2f} GiB on the GPU)"
+        if self.wrong_gpu:
+            what = {
+                "warn": "uses a GPU outside its vGPU slice",
+                "report": "still uses a GPU outside its vGPU slice",
+                "pause": "used a GPU outside its vGPU slice: paused",
+                "kill": "used a GPU outside its vGPU slice: ended",
+            }[self.kind]
+            where = ", ".join(f"{used / GiB:.2f} GiB on {uuid}" for uuid, used in self.elsewhere)
+            return f"process {self.pid} of {self.server} {what} ({where})"
         what = {
             "warn": "is over its vGPU budget",
             "report": "is still over its vGPU budget",
@@ -143,6 +168,7 @@ class Watchdog:
         processes: dict[int, int],
         owner: Callable[[int], Owner | None],
         allowed: Callable[[int], bool] = lambda pid: True,
+        cards: dict[int, dict[str, int]] | None = None,
     ) -> list[Action]:
         """The actions for one reading.
 
@@ -152,6 +178,8 @@ class Watchdog:
             owner: maps a PID to its :class:`Owner`, or None for processes of no server.
             allowed: whether a process of no server may use a managed card (the
                 allowlist); the default allows every one (no default deny).
+            cards: bytes per card (NVML UUID) per PID, the same reading by card; None
+                (one card, or simulated ones) looks at budgets alone.
         """
         actions: list[Action] = []
         servers: dict = {}
@@ -173,6 +201,7 @@ class Watchdog:
             elif self._due(key, self.unowned_policy, now):
                 actions.append(Action(self.unowned_policy, pid, "", used, used, None, now - since, "unowned"))
         for key, (found, procs) in servers.items():
+            actions += self._wrong_gpu(now, key, found, procs, cards or {}, how, seen)
             total = sum(used for _, used in procs)
             if total <= found.budget:
                 continue
@@ -199,11 +228,41 @@ class Watchdog:
                     actions += [action("pause", pid, used) for pid, used in procs]
                 else:
                     actions.append(action("report", *procs[0]))
-        for key in list(self._since):  # back under budget, or gone: forget
+        for key in list(self._since):  # back under budget, back on its card, or gone: forget
             if key not in seen:
                 self._since.pop(key, None)
                 self._acted.pop(key, None)
         return actions
+
+    def _wrong_gpu(self, now, key, found: Owner, procs, cards, how, seen) -> list[Action]:
+        """The actions for a server's processes holding memory on cards other than its
+        slice's (none when its card is not known: a simulated slice)."""
+        if not found.gpu:
+            return []
+        off = []
+        for pid, _ in procs:
+            held = cards.get(pid, {})
+            elsewhere = tuple(sorted((u, b) for u, b in held.items() if u != found.gpu and b > 0))
+            if elsewhere:
+                off.append((pid, elsewhere))
+        if not off:
+            return []
+        key = ("wrong gpu", key)
+        seen.add(key)
+        since = self._since.setdefault(key, now)
+        total = sum(used for _, used in procs)
+
+        def action(kind: str, pid: int, elsewhere) -> Action:
+            used = sum(b for _, b in elsewhere)
+            return Action(
+                kind, pid, found.server, used, total, found.budget, now - since, how[pid], (), elsewhere
+            )
+
+        if since == now:
+            return [action("warn", pid, elsewhere) for pid, elsewhere in off]
+        if self._due(key, self.policy, now):
+            return [action(self.policy, pid, elsewhere) for pid, elsewhere in off]
+        return []
 
 
 def owners(
@@ -222,6 +281,7 @@ def owners(
         server = by_root.get(found[0]) if found is not None else None
         if server is None:
             return None
-        return Owner(server.root, server.key, server.slice.memory_limit, found[1])
+        gpu = "" if server.slice.simulated else server.slice.gpu_uuid
+        return Owner(server.root, server.key, server.slice.memory_limit, found[1], gpu)
 
     return owner

@@ -61,13 +61,13 @@ def test_a_server_known_by_its_pod_owns_every_process_of_the_pod(pods):
     assert arbiter.root_of(bob_pid) is None
     # the watchdog attributes NVML's host PIDs through the same books
     owner = owners(arbiter.servers.values(), arbiter.mapping)
-    assert owner(ada_pid) == Owner(f"pod:{ADA_POD}", "ada/", 8 * GiB, "pod")
+    assert owner(ada_pid) == Owner(f"pod:{ADA_POD}", "ada/", 8 * GiB, "pod", SLICE.gpu_uuid)
     assert owner(bob_pid) is None
     # a process tree registered by PID still wins for its own processes
     tree = arbiter.register(bob_pid, "bob", "", SLICE.replace(memory_limit=4 * GiB))
     assert arbiter.server_of(bob_pid) is tree
     assert owners(arbiter.servers.values(), arbiter.mapping)(bob_pid) == Owner(
-        bob_pid, "bob/", 4 * GiB, "tree"
+        bob_pid, "bob/", 4 * GiB, "tree", SLICE.gpu_uuid
     )
     assert arbiter.snapshot()["servers"][0]["pod_uid"] == ADA_POD
 

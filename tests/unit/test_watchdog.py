@@ -2,7 +2,11 @@
 per-process figures): a warning the moment a server is over, naming each process, the
 admin's policy once the grace period has passed, nothing for servers under budget; and,
 by default deny, a warning then the unowned policy for processes of no server that the
-allowlist does not name."""
+allowlist does not name; and for a server's process holding memory on a card outside
+its slice (a user who cleared ``CUDA_VISIBLE_DEVICES``), a warning whatever its bytes,
+then the policy for the processes on the other card."""
+
+import dataclasses
 
 import pytest
 
@@ -96,3 +100,51 @@ def test_an_unknown_policy_is_refused():
         Watchdog("ignore")
     with pytest.raises(ValueError, match="report, kill"):
         Watchdog("report", unowned_policy="pause")
+
+
+def by_card(**pids: dict[str, int]) -> tuple[dict[int, int], dict[int, dict[str, int]]]:
+    """``processes`` and ``cards`` of one reading, from ``p101={"GPU-0": ..., "GPU-1": ...}``."""
+    cards = {int(k[1:]): v for k, v in pids.items()}
+    return {pid: sum(v.values()) for pid, v in cards.items()}, cards
+
+
+@pytest.mark.parametrize("policy", ["report", "pause", "kill"])
+def test_a_process_on_a_card_outside_its_slice_is_warned_at_once_then_the_policy_applies(policy):
+    dog = Watchdog(policy, grace_seconds=1, remind_seconds=60)
+    # ada's kernel 100 on its card; its child 101 took 1 GiB of GPU-1 (well under the budget
+    # of 2 GiB); bob's kernel 200 on GPU-0 too: only ada's 101 is on the wrong card
+    usage, cards = by_card(p100={"GPU-0": GiB // 2}, p101={"GPU-1": GiB}, p200={"GPU-0": GiB})
+    first = dog.step(0.0, usage, owner(), cards=cards)
+    assert [(a.kind, a.pid, a.server, a.elsewhere) for a in first] == [
+        ("warn", 101, "ada/", (("GPU-1", GiB),))
+    ]
+    assert first[0].wrong_gpu
+    assert not first[0].unowned
+    assert first[0].message() == "process 101 of ada/ uses a GPU outside its vGPU slice (1.00 GiB on GPU-1)"
+    assert dog.step(0.5, usage, owner(), cards=cards) == []
+    late = dog.step(1.0, usage, owner(), cards=cards)
+    assert [(a.kind, a.pid, a.used) for a in late] == [(policy, 101, GiB)]
+    assert "outside its vGPU slice" in late[0].message()
+    assert dog.step(2.0, {100: GiB // 2}, owner(), cards={100: {"GPU-0": GiB // 2}}) == []  # gone: forgotten
+    assert [a.kind for a in dog.step(3.0, usage, owner(), cards=cards)] == ["warn"]
+
+
+def test_a_kernel_on_both_cards_and_over_budget_gets_both_warnings():
+    dog = Watchdog("kill", grace_seconds=1)
+    usage, cards = by_card(p100={"GPU-0": GiB, "GPU-1": 2 * GiB})
+    first = dog.step(0.0, usage, owner(), cards=cards)
+    assert sorted((a.kind, a.wrong_gpu, a.used) for a in first) == [
+        ("warn", False, 3 * GiB),
+        ("warn", True, 2 * GiB),
+    ]
+    assert sorted((a.kind, a.wrong_gpu) for a in dog.step(1.0, usage, owner(), cards=cards)) == [
+        ("kill", False),
+        ("kill", True),
+    ]
+
+
+def test_a_simulated_slice_has_no_card_to_be_off():
+    simulated = dataclasses.replace(SLICE, simulated=True)
+    owner_ = owners([Server(100, "ada", "", simulated)], MAPPING.get)
+    usage, cards = by_card(p100={"GPU-sim-0": GiB // 2, "GPU-1": GiB // 2})
+    assert Watchdog("kill", grace_seconds=0).step(0.0, usage, owner_, cards=cards) == []
