@@ -16,15 +16,21 @@ HOLD = (
 )
 
 
-def hold(nbytes: int) -> subprocess.Popen:
+def hold(nbytes: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a process holding ``nbytes`` bytes of the card; returns once it does. It
-    holds them until it is killed or its stdin is closed: the caller ends it.
+    holds them until it is killed or its stdin is closed: the caller ends it. ``env`` is
+    its environment (default: this process's); ``CUDA_VISIBLE_DEVICES`` there picks the
+    card.
 
     Raises:
         AssertionError: the process could not take them (it is ended).
     """
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD, str(nbytes)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     if process.stdout.readline().strip() != "holding":
         process.kill()
