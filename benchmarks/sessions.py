@@ -186,7 +186,7 @@ class Session(Kernel):
 
     def __init__(self, index: int, runtime: Path, socket: str, gpu_uuid: str):
         self.channel = runtime / f"channel-{index}"
-        self.channel.mkdir()
+        self.channel.mkdir(exist_ok=True)  # a second try at starting the kernel finds it
         self.server = ServerState(self.channel, None)  # the arbiter's slice wins over its None
         env = environment(
             JUPYTER_VGPU_ARBITER=socket,
@@ -276,17 +276,28 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
         sessions: list[Session] = []
         try:
             started: queue.Queue[Session] = queue.Queue()
-            starters = [
-                threading.Thread(
-                    target=lambda i=i: started.put(Session(i, tmp, socket, slices[i % len(slices)].gpu_uuid))
-                )
-                for i in range(n)
-            ]
+            failed: queue.Queue[str] = queue.Queue()
+
+            def start(i: int, tries: int = 3) -> None:
+                # Kernels started at once can pick the same free TCP port (jupyter_client
+                # finds one, the kernel binds it later): such a kernel dies before its
+                # kernel_info reply, and a new start picks new ports.
+                for left in range(tries - 1, -1, -1):
+                    try:
+                        started.put(Session(i, tmp, socket, slices[i % len(slices)].gpu_uuid))
+                        return
+                    except RuntimeError as e:
+                        if left == 0:
+                            failed.put(f"session {i}: {e}")
+
+            starters = [threading.Thread(target=start, args=(i,)) for i in range(n)]
             for t in starters:
                 t.start()
             for t in starters:
                 t.join()
             sessions = sorted(started.queue, key=lambda s: s.index)
+            if len(sessions) < n:
+                raise RuntimeError(f"{n - len(sessions)} of {n} kernels did not start: {list(failed.queue)}")
             with arbiter.control() as control:
                 for s in sessions:
                     control.register(s.pid, f"user{s.index}", "", slices[s.index % len(slices)])
