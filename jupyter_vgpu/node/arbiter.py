@@ -1307,7 +1307,7 @@ class Arbiter:
         if action.kind == "kill":
             self._end(action.pid)
         elif action.kind == "pause" and conn is not None and conn.kernel.state in (books.IDLE,):
-            await self._take_off(conn.kernel, "pause", reason="over budget")
+            await self._take_off(conn.kernel, "pause", reason=what)
 
     def _end(self, pid: int) -> None:
         if pid in self.protected:  # never this arbiter or the Hub
