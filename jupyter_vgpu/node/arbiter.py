@@ -1262,6 +1262,7 @@ class Arbiter:
         budget, and find the cards' processes that belong to no server (real cards)."""
         processes: dict[int, int] = {}
         by_card: dict[int, dict[str, int]] = {}
+        read: set[str] = set()
         self._card_of = {}
         for uuid in sorted(await self.managed_cards()):
             try:
@@ -1269,12 +1270,13 @@ class Arbiter:
             except Exception as e:
                 log.warning("cannot read GPU %s: %s", uuid, e)
                 continue
+            read.add(uuid)
             for pid, used in reading.processes.items():
                 processes[pid] = processes.get(pid, 0) + used
                 by_card.setdefault(pid, {})[uuid] = used
                 if used >= processes[pid] - used:
                     self._card_of[pid] = uuid
-        owner = owners(self.servers.values(), self.mapping)
+        owner = owners(self.servers.values(), self.mapping, read)
         actions = self.watchdog.step(now, processes, owner, self.allowed, by_card)
         self.unowned = {
             pid: entry for pid, entry in self.unowned.items() if pid in processes and owner(pid) is None

@@ -265,23 +265,43 @@ class Watchdog:
         return []
 
 
+#: Server keys of servers whose card a scheduler picks, not the slice: Kubernetes' device
+#: plugin (``pod:``) and Slurm (``job:``, which confines the job to its GRES itself); their
+#: slice names the card only once the Hub has read where the pod or job landed.
+SCHEDULED = ("pod:", "job:")
+
+
 def owners(
-    servers: Iterable, mapping: Callable[[int], tuple[int | str, str] | None]
+    servers: Iterable,
+    mapping: Callable[[int], tuple[int | str, str] | None],
+    cards: Iterable[str] | None = None,
 ) -> Callable[[int], Owner | None]:
     """The ``owner`` function of :meth:`Watchdog.step` over registered servers.
 
     Args:
         servers: the arbiter's :class:`~.books.Server` objects.
         mapping: maps a PID to ``(server key, how)`` (``Arbiter.mapping``), or None.
+        cards: the cards (NVML UUIDs) read at this look; an owner's ``gpu`` is its
+            slice's card only where that is one of them (not a placeholder id of a card
+            not yet reported, nor a simulated card) and the slice placed the server
+            there (not a pod's or a Slurm job's, see :data:`SCHEDULED`). None: every
+            real slice's card.
     """
     by_root = {s.root: s for s in servers}
+    known = None if cards is None else set(cards)
 
     def owner(pid: int) -> Owner | None:
         found = mapping(pid)
         server = by_root.get(found[0]) if found is not None else None
         if server is None:
             return None
-        gpu = "" if server.slice.simulated else server.slice.gpu_uuid
+        gpu = server.slice.gpu_uuid
+        if (
+            server.slice.simulated
+            or (known is not None and gpu not in known)
+            or (isinstance(server.root, str) and server.root.startswith(SCHEDULED))
+        ):
+            gpu = ""
         return Owner(server.root, server.key, server.slice.memory_limit, found[1], gpu)
 
     return owner

@@ -148,3 +148,21 @@ def test_a_simulated_slice_has_no_card_to_be_off():
     owner_ = owners([Server(100, "ada", "", simulated)], MAPPING.get)
     usage, cards = by_card(p100={"GPU-sim-0": GiB // 2, "GPU-1": GiB // 2})
     assert Watchdog("kill", grace_seconds=0).step(0.0, usage, owner_, cards=cards) == []
+
+
+def test_a_card_the_slice_does_not_pick_or_this_look_did_not_read_is_no_card_to_be_off():
+    """A Slurm job's or a pod's card is the scheduler's choice (the slice follows once the
+    Hub reads where it landed), and a placeholder id of a card not yet reported is none
+    NVML knows: neither makes a process of the server on a real card 'wrong'."""
+    usage, cards = by_card(p300={"GPU-1": GiB}, p400={"GPU-1": GiB}, p500={"GPU-1": GiB})
+    servers = [
+        Server("job:42", "ada", "", SLICE),  # Slurm put the job on GPU-1
+        Server("pod:0b7e", "bob", "", SLICE),
+        Server(500, "cy", "", dataclasses.replace(SLICE, gpu_uuid="node-3/gpu-0")),
+    ]
+    mapping = {300: ("job:42", "job"), 400: ("pod:0b7e", "pod"), 500: (500, "tree")}.get
+    owner_ = owners(servers, mapping, cards=["GPU-0", "GPU-1"])
+    assert Watchdog("kill", grace_seconds=0).step(0.0, usage, owner_, cards=cards) == []
+    # the same servers keyed by a process tree on a card that was read: wrong
+    tree = owners([Server(300, "ada", "", SLICE)], {300: (300, "tree")}.get, cards=["GPU-0", "GPU-1"])
+    assert [a.kind for a in Watchdog("kill", grace_seconds=0).step(0.0, usage, tree, cards=cards)] == ["warn"]
