@@ -42,8 +42,8 @@ GiB = 2**30
 class Owner:
     """Whose a process is: its server's key in the books (``Server.root``), the server's
     name (``user/name``), its budget (bytes), how it was found (``cgroup``, ``pod``,
-    ``tree``) and its slice's card (NVML UUID; "" for a simulated card, which NVML does
-    not see)."""
+    ``tree``) and its slice's card (NVML UUID; "" where the watchdog has no card to hold
+    it to: see :func:`owners`)."""
 
     key: int | str
     server: str
@@ -201,8 +201,8 @@ class Watchdog:
             elif self._due(key, self.unowned_policy, now):
                 actions.append(Action(self.unowned_policy, pid, "", used, used, None, now - since, "unowned"))
         for key, (found, procs) in servers.items():
-            actions += self._wrong_gpu(now, key, found, procs, cards or {}, how, seen)
             total = sum(used for _, used in procs)
+            actions += self._wrong_gpu(now, key, found, procs, total, cards or {}, how, seen)
             if total <= found.budget:
                 continue
             seen.add(key)
@@ -234,9 +234,10 @@ class Watchdog:
                 self._acted.pop(key, None)
         return actions
 
-    def _wrong_gpu(self, now, key, found: Owner, procs, cards, how, seen) -> list[Action]:
+    def _wrong_gpu(self, now, key, found: Owner, procs, total: int, cards, how, seen) -> list[Action]:
         """The actions for a server's processes holding memory on cards other than its
-        slice's (none when its card is not known: a simulated slice)."""
+        slice's (none when its card is not known, ``found.gpu`` empty); ``total`` is the
+        server's bytes on all cards."""
         if not found.gpu:
             return []
         off = []
@@ -250,7 +251,6 @@ class Watchdog:
         key = ("wrong gpu", key)
         seen.add(key)
         since = self._since.setdefault(key, now)
-        total = sum(used for _, used in procs)
 
         def action(kind: str, pid: int, elsewhere) -> Action:
             used = sum(b for _, b in elsewhere)
