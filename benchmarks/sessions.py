@@ -17,7 +17,8 @@ a standalone arbiter with the same slice. Each holds a working set W, by ``--wor
 Each session runs an interactive duty
 cycle: a cell of training steps (about ``--cell-seconds`` on an empty card), then
 ``--think`` seconds idle, ``--cycles`` times; the first cell starts at a random time in
-the first cycle, so that cells of different sessions meet as they would by chance.
+the first cycle (``--seed`` replays one draw, so that runs compared meet the same
+schedule), so that cells of different sessions meet as they would by chance.
 
 Baseline: static partitioning, the most sessions whose peak (working set, gradients,
 activations and CUDA context, measured on the empty card) fit on the card side by side:
@@ -26,7 +27,10 @@ reply, resume and any wait for room included) are compared with the same cell on
 empty card. Paused working sets live in host memory, so N is also bounded by the host's
 memory (each run reports the host's peak memory in use). The think time sets how often
 cells of different sessions run at the same time: they then share the card's compute,
-which no memory policy can hide.
+which no memory policy can hide. Every run also carries ``compute_share``: the latencies
+its own cells, sent when they were, would have had if memory cost nothing and cells that
+meet shared the card's compute equally (``jupyter_vgpu/testing/compute_share.py``); the
+measured latencies less these are what the memory path cost.
 
 ``--edit-before S`` replays a user who starts editing the cell S seconds before running
 it: the harness asks for a prefetch as JupyterLab's extension would (through the
@@ -74,6 +78,7 @@ from jupyter_vgpu import channel, nvml  # noqa: E402
 from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
+from jupyter_vgpu.testing.compute_share import of_cells  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
 from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
@@ -330,9 +335,11 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 return next((k["state"] for k in arbiter.books()["kernels"] if k["pid"] == pid), "unknown")
 
             edit = min(args.edit_before, args.think)
+            phases = random.Random(args.seed)  # the same seed, the same first sends
+            first = {s.index: phases.uniform(0, args.think + args.cell_seconds) for s in sessions}
 
             def duty(s: Session) -> None:
-                time.sleep(random.uniform(0, args.think + args.cell_seconds))
+                time.sleep(first[s.index])
                 for cycle in range(args.cycles):
                     if cycle:
                         time.sleep(args.think - edit)
@@ -506,9 +513,17 @@ def main() -> None:
         default="",
         help="the arbiter's host_memory_limit, e.g. 96G (default: its own, half of the host's memory)",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the sessions' first send times: runs compared replay one schedule (default: random)",
+    )
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.seed is None:
+        args.seed = random.randrange(1 << 31)
 
     gpus = nvml.list_gpus()[: args.gpus]
     if len(gpus) < args.gpus:
@@ -572,6 +587,9 @@ def main() -> None:
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["solo_p50_cell_s"] = result["solo_cell_s"]
+        row["seed"] = args.seed
+        if row["cells_detail"]:  # had memory cost nothing: the floor of this run's latencies
+            row["compute_share"] = of_cells(row["cells_detail"], len(gpus), result["solo_cell_s"])
         row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)
         print(json.dumps(row), flush=True)

@@ -1,0 +1,211 @@
+"""What sharing a card's compute alone costs the cells of several sessions.
+
+Cells of different kernels that run on one card at the same time share its compute: the
+driver time-slices between their CUDA contexts, so while ``k`` cells run each advances
+at ``1/k`` of its speed alone (processor sharing). On the H100 two MLP cells of 1.05 s
+that met took 1.9-2.0 s each (``benchmarks/results/sessions-h100.json``, the runs at 32
+sessions). No memory policy changes this: with nothing paused, resumed or waited for,
+these latencies remain. ``benchmarks/sessions.py`` sets every run's measured latencies
+beside the latencies this model gives the same cells at the same send times, so that
+what the memory path costs is read as the difference; ``benchmarks/compute_share.py``
+gives the model's expectation for sessions at random phases (the sessions benchmark's
+duty cycle), the floor the benchmark's latency goals meet.
+
+The model takes a cell as ``cell_s`` seconds of work on an empty card, all of it shared
+(the few milliseconds a cell spends in messages count as shared work too), and cells of
+different cards as independent. ``discipline="one at a time"`` runs a card's cells one
+after the other in the order they were sent instead: not what the card does, but the
+lower bound of the tail for cells of one length, since sharing can only delay the first
+of two cells that meet and a queue delays only the second.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import statistics
+from collections.abc import Sequence
+
+SHARE = "share"
+ONE_AT_A_TIME = "one at a time"
+DISCIPLINES = (SHARE, ONE_AT_A_TIME)
+
+
+def simulate(
+    first_starts: Sequence[float],
+    cell_s: float,
+    *,
+    think_s: float = 0.0,
+    cycles: int = 1,
+    discipline: str = SHARE,
+) -> list[tuple[int, float, float]]:
+    """Cells of sessions on one card, each ``cell_s`` seconds of work alone.
+
+    Args:
+        first_starts: when each session sends its first cell (seconds, any origin); one
+            entry per session.
+        cell_s: a cell's seconds on an empty card (> 0).
+        think_s: seconds a session waits after a cell's reply before it sends the next
+            (>= 0), as in the sessions benchmark's duty cycle.
+        cycles: cells per session (>= 1).
+        discipline: ``"share"`` (cells that meet advance at ``1/k`` of their speed each)
+            or ``"one at a time"`` (in the order they were sent).
+
+    Returns:
+        ``(session, start, latency)`` for every cell, in the order they ended; seconds.
+
+    Raises:
+        ValueError: ``cell_s`` <= 0, ``think_s`` < 0, ``cycles`` < 1, or an unknown
+            ``discipline``.
+    """
+    if not cell_s > 0 or think_s < 0 or cycles < 1:
+        raise ValueError(f"cell_s must be > 0, think_s >= 0, cycles >= 1: {cell_s}, {think_s}, {cycles}")
+    if discipline not in DISCIPLINES:
+        raise ValueError(f"discipline must be one of {DISCIPLINES}, not {discipline!r}")
+    pending = [(float(start), session, 0) for session, start in enumerate(first_starts)]
+    heapq.heapify(pending)
+    running: dict[tuple[int, int], float] = {}  # (session, cycle) -> seconds of work left; in send order
+    started: dict[tuple[int, int], float] = {}
+    done: list[tuple[int, float, float]] = []
+    now = 0.0
+    while pending or running:
+        if running:
+            if discipline == SHARE:
+                nxt = min(running, key=running.__getitem__)
+                finish = now + running[nxt] * len(running)
+            else:
+                nxt = next(iter(running))
+                finish = now + running[nxt]
+        else:
+            nxt, finish = None, math.inf
+        arrival = pending[0][0] if pending else math.inf
+        elapsed = min(arrival, finish) - now
+        if running and elapsed > 0:
+            if discipline == SHARE:
+                step = elapsed / len(running)
+                for key in running:
+                    running[key] -= step
+            else:
+                running[nxt] -= elapsed
+        now = min(arrival, finish)
+        if arrival <= finish:
+            start, session, cycle = heapq.heappop(pending)
+            running[(session, cycle)] = cell_s
+            started[(session, cycle)] = start
+            continue
+        del running[nxt]  # ended: its work is exactly done, whatever rounding left
+        session, cycle = nxt
+        done.append((session, started[nxt], now - started[nxt]))
+        if cycle + 1 < cycles:
+            heapq.heappush(pending, (now + think_s, session, cycle + 1))
+    return done
+
+
+def latencies_of(
+    starts: Sequence[float], cards: Sequence[int], cell_s: float, discipline: str = SHARE
+) -> list[float]:
+    """The model's latency of cells sent at ``starts`` (seconds), cell ``i`` on card
+    ``cards[i]``, in the order of ``starts``. Raises ValueError as :func:`simulate`, and
+    if the two sequences differ in length."""
+    if len(starts) != len(cards):
+        raise ValueError(f"{len(starts)} starts for {len(cards)} cards")
+    origin = min(starts, default=0.0)  # epoch seconds would cost the sums their last digits
+    starts = [start - origin for start in starts]
+    out = [0.0] * len(starts)
+    for card in set(cards):
+        index = [i for i, c in enumerate(cards) if c == card]
+        for j, _, latency in simulate([starts[i] for i in index], cell_s, discipline=discipline):
+            out[index[j]] = latency
+    return out
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The value at rank ``q`` (0..1) of ``values``, nearest rank below, as the sessions
+    benchmark takes its p95 and p99. Raises ValueError on no values."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+def summary(latencies: Sequence[float], solo_s: float) -> dict:
+    """``{"p50_cell_s", "p95_cell_s", "p99_cell_s"}`` (seconds) and the same over
+    ``solo_s`` (``"p50_over_solo"``: 1.0 is the cell alone)."""
+    p50, p95, p99 = statistics.median(latencies), quantile(latencies, 0.95), quantile(latencies, 0.99)
+    return {
+        "p50_cell_s": p50,
+        "p95_cell_s": p95,
+        "p99_cell_s": p99,
+        "p50_over_solo": p50 / solo_s,
+        "p95_over_solo": p95 / solo_s,
+        "p99_over_solo": p99 / solo_s,
+    }
+
+
+def of_cells(cells: Sequence[dict], gpus: int, solo_s: float) -> dict:
+    """The model's latencies for the cells of a sessions run: each a dict with ``"start"``
+    (its send time, seconds) and ``"session"`` (session ``i`` is on card ``i % gpus``),
+    each ``solo_s`` seconds alone. Returns :func:`summary` of them plus ``"met_another"``,
+    the fraction of cells that shared the card for any part of their time. Raises
+    ValueError on no cells."""
+    if not cells:
+        raise ValueError("no cells")
+    latencies = latencies_of([c["start"] for c in cells], [c["session"] % gpus for c in cells], solo_s)
+    return {**summary(latencies, solo_s), "met_another": _met(latencies, solo_s)}
+
+
+def _met(latencies: Sequence[float], cell_s: float) -> float:
+    """The fraction of ``latencies`` longer than ``cell_s`` by more than rounding (1 us)."""
+    return sum(lat > cell_s + 1e-6 for lat in latencies) / len(latencies)
+
+
+def expected(
+    sessions: int,
+    cell_s: float,
+    think_s: float,
+    *,
+    cycles: int = 1,
+    gpus: int = 1,
+    draws: int = 400,
+    seed: int = 0,
+    discipline: str = SHARE,
+) -> dict:
+    """The model's latencies for the sessions benchmark's duty cycle, over ``draws``
+    random draws of its phases: session ``i`` on card ``i % gpus`` sends its first cell
+    at a uniform time in ``[0, think_s + cell_s)``, then one ``think_s`` seconds after
+    each reply, ``cycles`` cells in all.
+
+    Returns:
+        :func:`summary` of every cell of every draw (the distribution of one cell), plus
+        ``"p50_over_solo_by_run"`` and ``"p95_over_solo_by_run"``: the 10th, 50th and 90th
+        percentiles over draws of one run's own p50 and p95 (a run of 32 cells is a small
+        sample), and ``"met_another"``: the fraction of cells that shared the card for
+        any part of their time (or, one at a time, waited).
+
+    Raises:
+        ValueError: ``sessions``, ``gpus`` or ``draws`` < 1, and as :func:`simulate`.
+    """
+    if sessions < 1 or gpus < 1 or draws < 1:
+        raise ValueError(f"sessions, gpus and draws must be >= 1: {sessions}, {gpus}, {draws}")
+    rng = random.Random(seed)
+    pooled: list[float] = []
+    p50s: list[float] = []
+    p95s: list[float] = []
+    for _ in range(draws):
+        run: list[float] = []
+        for card in range(gpus):
+            n = len(range(card, sessions, gpus))
+            firsts = [rng.uniform(0, think_s + cell_s) for _ in range(n)]
+            done = simulate(firsts, cell_s, think_s=think_s, cycles=cycles, discipline=discipline)
+            run += [latency for _, _, latency in done]
+        pooled += run
+        p50s.append(statistics.median(run) / cell_s)
+        p95s.append(quantile(run, 0.95) / cell_s)
+    deciles = (0.1, 0.5, 0.9)
+    return {
+        **summary(pooled, cell_s),
+        "p50_over_solo_by_run": [quantile(p50s, q) for q in deciles],
+        "p95_over_solo_by_run": [quantile(p95s, q) for q in deciles],
+        "met_another": _met(pooled, cell_s),
+    }

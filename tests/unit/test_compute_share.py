@@ -1,0 +1,106 @@
+"""The compute-sharing model the sessions benchmark sets its latencies against."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_vgpu.testing.compute_share import (
+    ONE_AT_A_TIME,
+    expected,
+    latencies_of,
+    of_cells,
+    quantile,
+    simulate,
+)
+
+
+def by_session(done):
+    return {session: latency for session, _, latency in done}
+
+
+def test_cells_apart_take_their_time_alone():
+    assert by_session(simulate([0.0, 5.0, 2.0], 1.0)) == {0: 1.0, 1: 1.0, 2: 1.0}
+
+
+def test_two_cells_sent_together_take_twice_as_long():
+    assert by_session(simulate([3.0, 3.0], 1.0)) == pytest.approx({0: 2.0, 1: 2.0})
+
+
+def test_a_cell_half_way_through_when_the_second_comes():
+    # 0.5 s alone, then both at half speed: the first ends at 1.5 s, the second has done
+    # 0.5 s of its work by then and ends alone at 2.0 s
+    assert by_session(simulate([0.0, 0.5], 1.0)) == pytest.approx({0: 1.5, 1: 1.5})
+
+
+def test_one_at_a_time_delays_only_the_second():
+    assert by_session(simulate([0.0, 0.5], 1.0, discipline=ONE_AT_A_TIME)) == pytest.approx({0: 1.0, 1: 1.5})
+    assert by_session(simulate([0.0, 0.0, 0.0], 1.0, discipline=ONE_AT_A_TIME)) == pytest.approx(
+        {0: 1.0, 1: 2.0, 2: 3.0}
+    )
+
+
+def test_three_cells_share_in_thirds():
+    # all three from 0: each ends at 3 s
+    assert sorted(by_session(simulate([0.0, 0.0, 0.0], 1.0)).values()) == pytest.approx([3.0, 3.0, 3.0])
+
+
+def test_the_next_cell_comes_think_seconds_after_the_reply():
+    done = simulate([0.0, 0.0], 1.0, think_s=10.0, cycles=2)
+    starts = sorted(start for _, start, _ in done)
+    assert starts == pytest.approx([0.0, 0.0, 12.0, 12.0])  # both replied at 2.0 s
+    assert [lat for _, _, lat in done] == pytest.approx([2.0] * 4)
+
+
+def test_cells_of_different_cards_do_not_meet():
+    assert latencies_of([0.0, 0.0, 0.0], [0, 1, 0], 1.0) == pytest.approx([2.0, 1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda: simulate([0.0], 0.0), "cell_s must be > 0"),
+        (lambda: simulate([0.0], 1.0, think_s=-1.0), "think_s >= 0"),
+        (lambda: simulate([0.0], 1.0, cycles=0), "cycles >= 1"),
+        (lambda: simulate([0.0], 1.0, discipline="fifo"), "discipline must be one of"),
+        (lambda: latencies_of([0.0], [0, 1], 1.0), "1 starts for 2 cards"),
+        (lambda: expected(0, 1.0, 10.0), "must be >= 1"),
+        (lambda: quantile([], 0.5), "no values"),
+    ],
+)
+def test_bad_arguments_are_refused(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()
+
+
+def test_the_expectation_grows_with_sessions_and_a_queue_bounds_sharing():
+    few = expected(4, 1.0, 180.0, draws=200)
+    many = expected(32, 1.0, 180.0, draws=200)
+    queue = expected(32, 1.0, 180.0, draws=200, discipline=ONE_AT_A_TIME)
+    assert few["met_another"] < many["met_another"]
+    assert few["p95_over_solo"] < many["p95_over_solo"]
+    assert queue["p95_over_solo"] < many["p95_over_solo"]
+    # the chance that one of 31 other cells of 1 s, each sent at a uniform time in a
+    # 181 s cycle, was sent within 1 s of a given one: 1 - (1 - 2/181) ** 31 = 0.29
+    assert many["met_another"] == pytest.approx(0.29, abs=0.04)
+    lo, mid, hi = many["p95_over_solo_by_run"]
+    assert lo <= mid <= hi
+
+
+def test_two_cards_halve_what_a_card_sees():
+    one = expected(16, 1.0, 180.0, draws=200, seed=1)
+    two = expected(32, 1.0, 180.0, gpus=2, draws=200, seed=1)
+    assert two["met_another"] == pytest.approx(one["met_another"], abs=0.04)
+
+
+def test_a_runs_cells_are_modelled_on_their_own_cards():
+    cells = [{"start": 0.0, "session": 0}, {"start": 0.0, "session": 1}, {"start": 0.5, "session": 2}]
+    one = of_cells(cells, 1, 1.0)
+    two = of_cells(cells, 2, 1.0)  # sessions 0 and 2 on card 0, session 1 alone on card 1
+    assert one["met_another"] == 1.0
+    assert two["met_another"] == pytest.approx(2 / 3)
+    assert two["p50_cell_s"] == pytest.approx(1.5)
+    epoch = [{**c, "start": c["start"] + 1_795_701_571.261243} for c in cells]  # as time.time() gives
+    assert of_cells(epoch, 2, 1.0)["met_another"] == pytest.approx(2 / 3)
+    assert of_cells(epoch[:1], 1, 1.0)["met_another"] == 0
+    with pytest.raises(ValueError, match="no cells"):
+        of_cells([], 1, 1.0)
