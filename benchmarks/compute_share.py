@@ -80,7 +80,8 @@ def main() -> None:
             print(
                 f"cell {cell} s, {n:3d} sessions: share p50 {share['p50_over_solo']:.3f} p95 "
                 f"{share['p95_over_solo']:.3f} p99 {share['p99_over_solo']:.3f} (a run's p95 {spread}), "
-                f"one at a time p95 {queue['p95_over_solo']:.3f}; met another {share['met_another']:.2f}",
+                f"one at a time p95 {queue['p95_over_solo']:.3f}; met another {share['met_another']:.2f}; "
+                f"runs within p95 +50% {share['runs_within_p95_goal']:.3f}",
                 flush=True,
             )
     out = {

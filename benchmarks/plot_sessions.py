@@ -4,7 +4,9 @@ x: sessions on the card, as a multiple of static partitioning's count (each work
 own); y: cell latency p50 and p95 over the same cell on an empty card (1.0 = solo), for
 the runs at the document's think time under its arbiter rule, one pair of lines per
 workload (the MLP, and the transformer where the document has its calibration). A dashed
-line marks the goal (+10% at p50). Plain SVG, no plotting library.
+line marks the goal (+10% at p50); dotted lines, each run's ``compute_share`` p95 (what
+its own cells would have taken had memory cost nothing, cells that met sharing the card's
+compute: ``jupyter_vgpu/testing/compute_share.py``). Plain SVG, no plotting library.
 
 Usage: ``python benchmarks/plot_sessions.py benchmarks/results/sessions-h100.json docs/sessions-h100.svg``
 """
@@ -18,12 +20,12 @@ from pathlib import Path
 W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 320, 60, 20, 30, 50
 
 
-def curves(doc: dict) -> dict[str, tuple[list[float], list[float], str]]:
-    """``{label: (xs, ys, colour)}``: p50 and p95 over solo for each workload's runs at the
+def curves(doc: dict) -> dict[str, tuple[list[float], list[float], str, bool]]:
+    """``{label: (xs, ys, colour, dotted)}``: p50 and p95 over solo for each workload's runs at the
     document's think time, under its arbiter rule, with no edit replay. x is sessions over
     that workload's static count (``doc`` for the MLP, ``doc["transformer"]`` for the
     transformer); each run is set against its own solo cell; of two runs of one size, the
-    later."""
+    later; and, dotted, the p95 of the runs that carry ``compute_share``."""
     think = doc["think_s"]
     rule = doc["arbiter"].get("background_pauses")  # runs under an earlier arbiter rule are left out
     gpus = doc.get("gpus", 1)
@@ -50,17 +52,29 @@ def curves(doc: dict) -> dict[str, tuple[list[float], list[float], str]]:
         xs = [r["sessions"] / static for r in runs]
         solo = [r.get("solo_p50_cell_s", calibration["solo_cell_s"]) for r in runs]
         name = "MLP" if workload == "mlp" else "transformer"
-        out[f"{name} p50"] = (xs, [r["p50_cell_s"] / s for r, s in zip(runs, solo, strict=True)], c50)
-        out[f"{name} p95"] = (xs, [r["p95_cell_s"] / s for r, s in zip(runs, solo, strict=True)], c95)
+        out[f"{name} p50"] = (xs, [r["p50_cell_s"] / s for r, s in zip(runs, solo, strict=True)], c50, False)
+        out[f"{name} p95"] = (xs, [r["p95_cell_s"] / s for r, s in zip(runs, solo, strict=True)], c95, False)
+        floor = [
+            (x, r["compute_share"]["p95_over_solo"])
+            for x, r in zip(xs, runs, strict=True)
+            if "compute_share" in r
+        ]
+        if floor:
+            out[f"{name} p95, compute sharing alone"] = (
+                [x for x, _ in floor],
+                [y for _, y in floor],
+                c95,
+                True,
+            )
     return out
 
 
 def svg(doc: dict) -> str:
     think = doc["think_s"]
     series = curves(doc)
-    xs = [x for x_list, _, _ in series.values() for x in x_list]
+    xs = [x for x_list, *_ in series.values() for x in x_list]
     x_max = max([4.0, *xs]) * 1.05
-    y_max = max([1.6, *(y for _, ys, _ in series.values() for y in ys)]) * 1.05
+    y_max = max([1.6, *(y for _, ys, *_ in series.values() for y in ys)]) * 1.05
 
     def px(x: float) -> float:
         return LEFT + x / x_max * (W - LEFT - RIGHT)
@@ -90,11 +104,14 @@ def svg(doc: dict) -> str:
     while y <= y_max:
         out.append(f'<text x="{LEFT - 6}" y="{py(y) + 4}" text-anchor="end">{y:.1f}</text>')
         y += step
-    for i, (name, (xs, ys, color)) in enumerate(series.items()):
+    for i, (name, (xs, ys, color, dotted)) in enumerate(series.items()):
         points = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in zip(xs, ys, strict=True))
-        out.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
+        dash = ' stroke-dasharray="2 3"' if dotted else ""
+        out.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"{dash}/>')
         for x, v in zip(xs, ys, strict=True):
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(v):.1f}" r="3.5" fill="{color}"/>')
+            r = 2.5 if dotted else 3.5
+            fill = "white" if dotted else color
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(v):.1f}" r="{r}" fill="{fill}" stroke="{color}"/>')
         out.append(f'<text x="{LEFT + 10}" y="{TOP + 16 + 16 * i}" fill="{color}">{name}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -84,6 +84,8 @@ def test_the_expectation_grows_with_sessions_and_a_queue_bounds_sharing():
     assert many["met_another"] == pytest.approx(0.29, abs=0.04)
     lo, mid, hi = many["p95_over_solo_by_run"]
     assert lo <= mid <= hi
+    assert few["runs_within_p95_goal"] > many["runs_within_p95_goal"]
+    assert expected(32, 1.0, 180.0, draws=50, p95_goal=100.0)["runs_within_p95_goal"] == 1.0
 
 
 def test_two_cards_halve_what_a_card_sees():
