@@ -1263,7 +1263,6 @@ class Arbiter:
         processes: dict[int, int] = {}
         by_card: dict[int, dict[str, int]] = {}
         read: set[str] = set()
-        self._card_of = {}
         for uuid in sorted(await self.managed_cards()):
             try:
                 reading = await self.read(uuid)
@@ -1274,8 +1273,7 @@ class Arbiter:
             for pid, used in reading.processes.items():
                 processes[pid] = processes.get(pid, 0) + used
                 by_card.setdefault(pid, {})[uuid] = used
-                if used >= processes[pid] - used:
-                    self._card_of[pid] = uuid
+        self._card_of = {pid: max(cards, key=cards.__getitem__) for pid, cards in by_card.items()}
         owner = owners(self.servers.values(), self.mapping, read)
         actions = self.watchdog.step(now, processes, owner, self.allowed, by_card)
         self.unowned = {

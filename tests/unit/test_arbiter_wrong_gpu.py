@@ -80,3 +80,30 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_process_of_no_server_is_named_by_the_card_it_holds_most_on(processes):
+    ada, _, bob = processes
+    arbiter = Arbiter(ArbiterApp(registrars="none", unowned_policy="report"))
+    for pid, uuid in ((ada, "GPU-0"), (bob, "GPU-1")):
+        arbiter.register(pid, uuid, "", Slice(uuid, int(uuid[-1]), "H100", 80 * GiB, 8 * GiB, 50))
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # most on the last card read, less on the first, least on the middle one: the card
+        # is the largest figure, not one compared with the sum of the cards before it
+        held = {"GPU-0": {stray.pid: 5 * GiB}, "GPU-1": {stray.pid: GiB}, "GPU-2": {stray.pid: 11 * GiB // 2}}
+
+        async def read(uuid: str) -> Reading:
+            return Reading(80 * GiB, sum(held[uuid].values()), held[uuid])
+
+        async def managed() -> set[str]:
+            return set(held)
+
+        arbiter.read = read
+        arbiter.managed_cards = managed
+        asyncio.run(arbiter.enforce(0.0))
+        [reported] = [d for d in arbiter.decisions if d["what"].startswith("unowned")]
+        assert (reported["pid"], reported["gpu"]) == (stray.pid, "GPU-2")
+    finally:
+        stray.kill()
+        stray.wait()
