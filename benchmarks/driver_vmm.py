@@ -13,7 +13,12 @@ side by side in one reserved range:
 - ``access_s``: one ``cuMemSetAccess`` over all the pages;
 - ``one_allocation``: one ``cuMemCreate`` of all the pages, then each page mapped at its
   offset into it (the way one physical allocation could stand behind many pages), and
-  the driver's answer.
+  the driver's answer;
+- ``whole_range``: one ``cuMemCreate`` of all the pages mapped once over the whole range
+  (offset 0, its full size) and one ``cuMemSetAccess``, then released (``create_map_s``,
+  ``access_s``, ``release_s``), beside the driver's answer to ``cuMemUnmap`` of one page
+  inside that mapping (``unmap_one_page``): what a resume that backed a run of pages with
+  one allocation would cost, and whether a caller could still give one page back.
 
 Usage (GPU machine): ``python benchmarks/driver_vmm.py --out benchmarks/results/driver-vmm-h100.json``
 """
@@ -125,6 +130,27 @@ def main() -> None:
         "pages_mapped_at_offsets": mapped,
         "answer": answer,
     }
+    whole_range = []
+    for _ in range(3):
+        start = time.perf_counter()
+        whole = check(driver.cuMemCreate(page * n, prop, 0), "cuMemCreate (all pages)")
+        check(driver.cuMemMap(base, page * n, 0, whole, 0), "cuMemMap (the whole range)")
+        created = time.perf_counter() - start
+        accessed = set_access()
+        start = time.perf_counter()
+        check(driver.cuMemUnmap(base, page * n), "cuMemUnmap (the whole range)")
+        check(driver.cuMemRelease(whole), "cuMemRelease")
+        released = time.perf_counter() - start
+        whole_range.append({"create_map_s": created, "access_s": accessed, "release_s": released})
+    whole_range = [{key: round(v, 5) for key, v in row.items()} for row in whole_range]
+    whole = check(driver.cuMemCreate(page * n, prop, 0), "cuMemCreate (all pages)")
+    check(driver.cuMemMap(base, page * n, 0, whole, 0), "cuMemMap (the whole range)")
+    one_page = driver.cuMemUnmap(base + page, page)[0].name
+    if driver.cuMemUnmap(base, page * n)[0] != driver.CUresult.CUDA_SUCCESS:  # one page went
+        for i in range(n):
+            driver.cuMemUnmap(base + i * page, page)
+    check(driver.cuMemRelease(whole), "cuMemRelease")
+    out["whole_range"] = {"runs": whole_range, "unmap_one_page": one_page}
     check(driver.cuMemAddressFree(base, page * n), "cuMemAddressFree")
     name = check(driver.cuDeviceGetName(64, device), "cuDeviceGetName")
     out["gpu"] = name.split(b"\0", 1)[0].decode()
