@@ -169,8 +169,9 @@ def cycle(kernel: Kernel, channel: Path, pids: list[int]) -> dict:
     digest = out[-1] if out else ""
     pause = report(channel, kernel)["pause"]
     paused = state == "paused"
+    partly = "all but what must stay" in said  # shared or managed memory stays on the card
     return {
-        "tier": "pause" if paused else "suspend",
+        "tier": ("pause, in part" if partly else "pause") if paused else "suspend",
         "away": away,
         "pause_s": pause["last_pause_seconds" if paused else "last_suspend_seconds"],
         "resume_s": pause["last_resume_seconds" if paused else "last_restore_seconds"],

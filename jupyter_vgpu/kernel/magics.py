@@ -42,6 +42,14 @@ class VGPUMagics(Magics):
                     "it resumes before its next code runs."
                 )
                 return
+            if pausing.pauses_partly(reasons):
+                pausing.pause_after_cell()
+                print(
+                    f"This kernel will be paused as soon as the cell ends, all but what must stay on "
+                    f"the GPU: {'; '.join(reasons)}; {pausing.consequence(reasons)}. It resumes "
+                    "before its next code runs."
+                )
+                return
             why = pausing.suspend_unavailable()
             if why:
                 print(f"This kernel will not be paused: {'; '.join(reasons)}; nor suspended: {why}")

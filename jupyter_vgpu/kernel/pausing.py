@@ -11,8 +11,11 @@ asyncio task, a GUI event loop), memory shared with another process (CUDA IPC),
 managed memory, memory allocated a way the allocator does not cover, child processes
 holding GPU memory. Such a kernel is suspended instead when the GPU is needed: the
 driver's checkpoint takes all of it, context included, and blocks every CUDA call of
-every thread and child until restore (managed memory excepted: the driver cannot
-checkpoint it, and such a kernel stays on the GPU). ``%vgpu status`` says which.
+every thread and child until restore. The driver cannot checkpoint managed memory, nor
+bring back a process that shares memory through CUDA IPC: such a kernel is paused in
+part (:meth:`PauseControl.pauses_partly`), what is shared or managed staying on the card,
+unless code of its own could run while it is idle (then it stays on the GPU whole).
+``%vgpu status`` says which.
 
 The engine is made on the first pause, once the kernel uses CUDA: a kernel that never
 touched the GPU has nothing on it, and its pause moves nothing. On a simulated GPU (or
@@ -82,6 +85,8 @@ class PauseControl:
         self._simulated = simulated
         self._gpu_processes = gpu_processes
         self._blockers: tuple[float, list[str]] | None = None  # (monotonic time, reasons)
+        self._staying: set[str] = set()  # of those reasons, memory that may stay through a pause
+        self._paused_partly: list[str] = []  # the reasons of the last pause, made in part
         self.kernel = kernel
         self.say = say
         self.card_free = card_free
@@ -287,16 +292,20 @@ class PauseControl:
         return reasons
 
     def _memory_blockers(self) -> list[str]:
+        """The memory reasons of :meth:`blockers`; those naming memory that may stay on the
+        card while the rest of the kernel's is paused go to ``_staying`` too
+        (:meth:`pauses_partly`)."""
+        self._staying = set()
         if self.stand_in or not self._on_gpu():
             return []
         allocator = self._allocator()
         if allocator is None:
             return ["this kernel was not started with the pausable allocator (LD_PRELOAD)"]
         f = allocator.figures()
-        out = []
+        out, staying = [], []
         if f.imported:
             mapped = format_bytes(f.imported)
-            out.append(f"{mapped} of another process's GPU memory is mapped in it ({CUDA_IPC})")
+            staying.append(f"{mapped} of another process's GPU memory is mapped in it ({CUDA_IPC})")
         for nbytes, what in (
             (f.exported, f"is shared with another process ({CUDA_IPC}, e.g. torch.multiprocessing)"),
             (f.managed, "is managed (unified) memory"),
@@ -304,23 +313,40 @@ class PauseControl:
             (f.unmappable, "is mapped in pieces the allocator cannot restore"),
         ):
             if nbytes:
-                out.append(f"{format_bytes(nbytes)} of its GPU memory {what}")
+                staying.append(f"{format_bytes(nbytes)} of its GPU memory {what}")
+        out += staying
         known = f.pausable + f.unpausable + f.async_cached
         torch = self._torch()
         reserved = 0
         if torch is not None and torch.cuda.is_initialized():
             with self._plain():
                 reserved = torch.cuda.memory_reserved()
-        if reserved > known:
+        if reserved > known:  # the engine refuses to pause around memory it does not know
             out.append(
                 f"{format_bytes(reserved - known)} of PyTorch's GPU memory was allocated a way "
                 "the pausable allocator does not cover"
             )
-        out += [
+        children = [
             f"process {pid} ({_command(pid)}), started by this kernel, holds {format_bytes(n)} on the GPU"
             for pid, n in self.gpu_children().items()
         ]
+        out += children
+        self._staying = {*staying, *children}
         return out
+
+    def _held_back(self) -> list[str]:
+        """The reasons of the pause that took this kernel off in part ([] after a whole
+        pause): read while it is away, when :meth:`blockers` may not ask the driver."""
+        return list(self._paused_partly) if self.gate.state == g.PAUSED else []
+
+    def pauses_partly(self, reasons: list[str]) -> bool:
+        """Whether a kernel held back by ``reasons`` (:meth:`blockers`, the same call's) is
+        paused in part: the driver cannot suspend it (CUDA IPC, managed memory:
+        :func:`_unsuspendable`), and every reason is memory that may stay on the card
+        while the rest of the kernel's leaves. That is safe: none of the kernel's code runs
+        while it is paused (no reason names code that runs on its own), and its IPC peers
+        and child processes reach only what stays (an exported segment is never paused)."""
+        return bool(reasons) and _unsuspendable(reasons) is not None and set(reasons) <= self._staying
 
     def gpu_children(self) -> dict[int, int]:
         """Processes this kernel started (at any depth) that hold GPU memory: ``{pid:
@@ -336,6 +362,8 @@ class PauseControl:
     def consequence(self, reasons: list[str]) -> str:
         """What happens to a kernel that cannot be paused for ``reasons``, in words."""
         why = _unsuspendable(reasons)
+        if why and self.pauses_partly(reasons):
+            return f"that memory stays on the GPU and the rest of this kernel's is paused ({why})"
         if why:
             return f"this kernel stays on the GPU: {why}"
         return "when the GPU is needed this kernel is suspended instead of paused"
@@ -343,16 +371,19 @@ class PauseControl:
     def pause(self) -> dict:
         """Pause the kernel now (it must be idle); returns the engine's figures.
 
+        A kernel that can neither be paused whole nor suspended is paused in part
+        (:meth:`pauses_partly`): what is shared or managed stays on the card.
+
         Raises:
-            gate.Refused: the kernel is not idle, or a pause could not release all of its
-                GPU memory safely (:meth:`blockers`; the message says why and what
-                happens instead).
+            gate.Refused: the kernel is not idle, or a pause could not release its GPU
+                memory safely (:meth:`blockers`; the message says why and what happens
+                instead).
             PauseError: the pause failed and was undone.
         """
         if self.gate.state != g.IDLE:
             raise g.Refused(f"the kernel is {self.gate.state}")
         reasons = self.blockers()
-        if reasons:
+        if reasons and not self.pauses_partly(reasons):
             self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
             raise g.Refused(self.last_refusal)
         outcome = {}
@@ -363,6 +394,7 @@ class PauseControl:
                 if engine is not None:
                     outcome["pause"] = engine.pause()
 
+        self._paused_partly = list(reasons)  # what stays: a suspend of it is still refused
         self.gate.away(work, to=g.PAUSED)
         self.last_refusal = None
         self._trimmed = False  # the slabs this pause pinned are kept warm again
@@ -380,7 +412,7 @@ class PauseControl:
                 IPC: the message says why).
             RuntimeError: the driver refused; the kernel stays as it was.
         """
-        reasons = self.blockers() if self.gate.state == g.IDLE else []
+        reasons = self.blockers() if self.gate.state == g.IDLE else self._held_back()
         why = _unsuspendable(reasons)
         if why:
             self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
@@ -753,7 +785,7 @@ class PauseControl:
         """
         if not self.config.pause:
             raise g.Refused("pausing is turned off (VGPUKernel.pause)")
-        reasons = self.blockers() if self.gate.state == g.IDLE else []
+        reasons = self.blockers() if self.gate.state == g.IDLE else self._held_back()
         why = _unsuspendable(reasons)
         if why:
             self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
@@ -799,8 +831,9 @@ class PauseControl:
 
     def take_off(self) -> dict:
         """Free the GPU of this idle kernel as the node arbiter would: pause it, or suspend
-        it where a pause is not safe (:meth:`blockers`). Returns the engine's figures of a
-        pause (empty after a suspend).
+        it where a pause is not safe (:meth:`blockers`), or pause it in part where it can
+        be neither (:meth:`pauses_partly`). Returns the engine's figures of a pause (empty
+        after a suspend).
 
         Raises:
             gate.Refused: the kernel is busy, or can be neither paused nor suspended (the
@@ -808,7 +841,7 @@ class PauseControl:
             PauseError, RuntimeError: the pause or suspend failed and was undone.
         """
         reasons = self.blockers()
-        if not reasons:
+        if not reasons or self.pauses_partly(reasons):
             return self.pause()
         why = self.suspend_unavailable()
         if why:
@@ -827,7 +860,10 @@ class PauseControl:
             return
         try:
             if self.config.chaos == "suspend":
-                self.suspend_with_helper()  # paused first when it can be
+                if self.pauses_partly(self.blockers()):
+                    self.pause()  # the driver cannot take it: what can leave, leaves
+                else:
+                    self.suspend_with_helper()  # paused first when it can be
             elif self.config.chaos == "pause":
                 self.pause()
             else:

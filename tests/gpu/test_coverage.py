@@ -6,8 +6,9 @@ Real kernels on the H100, in chaos mode ``pause`` (paused after every cell) and
 when a pause is not safe): PyTorch's caching allocator, its expandable segments and its
 ``cudaMallocAsync`` backend, CuPy's default and stream-ordered pools, JAX with and without
 its preallocation; CUDA IPC between a kernel and a ``torch.multiprocessing`` worker both
-ways (such a kernel stays on the GPU); a DataLoader with persistent workers and pinned memory; and the
-node arbiter suspending, on its own, a kernel it cannot pause when another needs room.
+ways (such a kernel is paused in part, what is shared staying on the card); a DataLoader
+with persistent workers and pinned memory; and the node arbiter suspending, on its own, a
+kernel it cannot pause when another needs room.
 """
 
 from __future__ import annotations
@@ -163,41 +164,62 @@ IPC_CELLS = [
 ]
 
 
-def run_ipc(tmp_path, mode: str) -> tuple[list[str], str]:
+def run_ipc(tmp_path, mode: str) -> tuple[list[str], str, list[tuple[int, int]]]:
+    """The IPC cells in a kernel of chaos ``mode``: their outputs, ``%vgpu status``, and
+    after each cell (in a chaos mode) NVML's bytes for the kernel once it is paused beside
+    the bytes its allocator says stay (shared with the worker, or mapped from it)."""
     tmp_path.mkdir()
     (tmp_path / "ipcworker.py").write_text(WORKER)
     kernel, channel = start(tmp_path, mode)
-    outputs = []
+    uuid = nvml.list_gpus()[0].uuid
+    outputs, away = [], []
     try:
         for cell in IPC_CELLS:
             outputs.append(kernel.run(cell.format(dir=str(tmp_path)), timeout=180))
-            if mode:  # neither paused nor suspended: it stays on the GPU and says why
-                wait_for(lambda: report_state(channel, kernel) == "idle", what="the kernel idle, not away")
+            if mode:  # neither paused whole nor suspended: paused in part, the shared memory staying
+                wait_for(lambda: report_state(channel, kernel) == "paused", what="the kernel paused in part")
+                stays = report_pause(channel, kernel)["unpausable_bytes"]
+
+                def settled(stays=stays):
+                    return nvml.process_memory(uuid).get(kernel.pid, 0) <= CONTEXT_BOUND + stays
+
+                wait_for(settled, timeout=5, what="NVML to show the kernel at its context and what stays")
+                away.append((nvml.process_memory(uuid).get(kernel.pid, 0), stays))
         status = kernel.run("%vgpu status")
         kernel.run("inbox.put(None)\nworker.join(30)")
     finally:
         kernel.shutdown()
     outputs[0] = outputs[0].rsplit(maxsplit=1)[0]  # the worker's PID differs between runs
-    return outputs, status
+    return outputs, status, away
 
 
-def test_cuda_ipc_with_a_worker_both_ways_keeps_the_kernel_on_the_gpu(tmp_path):
+def report_pause(channel, kernel: Kernel) -> dict:
+    import json
+
+    return json.loads((channel / f"kernel-{kernel.id}.json").read_text())["pause"]
+
+
+def test_cuda_ipc_with_a_worker_both_ways_pauses_all_but_the_shared_memory(tmp_path):
     """A kernel and a torch.multiprocessing worker share CUDA tensors both ways and see
-    each other's writes, as without the allocator. Such a kernel is neither paused (the
-    worker maps its memory) nor suspended (on the H100 the driver checkpointed such a
-    pair, then refused to restore it): in both chaos modes it stays on the GPU, its
-    outputs identical, and ``%vgpu status`` says why."""
-    plain, _ = run_ipc(tmp_path / "plain", "")
+    each other's writes, as without the allocator. Such a kernel cannot be paused whole
+    (the worker maps its memory) nor suspended (on the H100 the driver checkpointed such
+    a pair, then refused to restore it): in both chaos modes it is paused in part, what
+    is shared staying on the card (NVML: at most its CUDA context and that), its outputs
+    identical, and ``%vgpu status`` says why."""
+    plain, _, _ = run_ipc(tmp_path / "plain", "")
     assert "Error" not in "".join(plain), plain
     assert plain[1].split() == ["('added',", "1.0)", "1.0"]  # the worker's write is the kernel's
     assert "('read', 134217728.0)" in plain[2]  # and the kernel's write the worker's
     assert "('mine', 100663296.0)" in plain[3]  # a tensor the worker exported, written by the kernel
     for mode in ("pause", "suspend"):
-        outputs, status = run_ipc(tmp_path / mode, mode)
+        outputs, status, away = run_ipc(tmp_path / mode, mode)
         assert outputs == plain, f"chaos {mode}: {outputs}"
+        for used, stays in away:
+            assert 0 < stays < 1 << 30, away  # the 256 MiB tensor's segment, not the kernel's all
+            assert used <= CONTEXT_BOUND + stays, away
         line = next(x for x in status.splitlines() if x.strip().startswith("pausable"))
         assert "CUDA IPC" in line, line
-        assert "stays on the GPU" in line, line
+        assert "stays on the GPU and the rest of this kernel's is paused" in line, line
 
 
 LOADER_CELLS = [
