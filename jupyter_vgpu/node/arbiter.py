@@ -1090,9 +1090,10 @@ class Arbiter:
 
         A kernel that cannot be paused safely (it says why: a thread that may use the GPU
         while idle, child processes on the GPU...) is suspended instead, where the
-        driver's checkpoint is available; one that can be neither (CUDA IPC, managed
-        memory) refuses both and stays. A suspend takes the kernel's child processes that
-        hold memory on the card with it.
+        driver's checkpoint is available; one the driver cannot suspend (CUDA IPC, managed
+        memory) pauses in part, what is shared or managed staying on the card, and refuses
+        a suspend later. A suspend takes the kernel's child processes that hold memory on
+        the card with it.
         """
         conn = self.conns.get(kernel.pid)
         if conn is None:
