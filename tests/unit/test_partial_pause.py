@@ -139,3 +139,11 @@ def test_without_shared_or_managed_memory_a_child_on_the_gpu_means_a_suspend():
     finally:
         child.kill()
         child.wait()
+
+
+def test_chaos_suspend_pauses_in_part_what_the_driver_cannot_suspend():
+    pc, engine = control(own=GiB, managed=64 << 20)
+    pc.config.chaos = "suspend"
+    pc.after("execute_request")
+    assert (engine.pauses, pc.state, pc.last_error) == (1, "paused", None)
+    assert "the driver can neither pause nor suspend managed memory" in pc.stats()["not_pausable"]
