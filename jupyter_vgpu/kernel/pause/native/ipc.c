@@ -24,9 +24,10 @@
  * which Yama's default (ptrace_scope 1) refuses to a child opening its parent's handle.
  *
  * An exported segment is shared: a peer maps its physical memory, so releasing it
- * would leave the peer on stale memory, and it is never paused (the kernel is suspended
- * with its peers instead). Handles of other processes' memory (legacy cuMemAlloc) go
- * to the driver unchanged.
+ * would leave the peer on stale memory, and it is never paused. It stays on the card
+ * while the rest of the kernel is paused (the driver cannot restore a process that
+ * shares memory this way, so such a kernel is never suspended: pausing.py). Handles of
+ * other processes' memory (legacy cuMemAlloc) go to the driver unchanged.
  */
 #include "vmm.h"
 
