@@ -169,7 +169,7 @@ def cycle(kernel: Kernel, channel: Path, pids: list[int]) -> dict:
     digest = out[-1] if out else ""
     pause = report(channel, kernel)["pause"]
     paused = state == "paused"
-    partly = "all but what must stay" in said  # shared or managed memory stays on the card
+    partly = pause.get("unpausable_bytes", 0) > 0  # shared or managed memory stays on the card
     return {
         "tier": ("pause, in part" if partly else "pause") if paused else "suspend",
         "away": away,

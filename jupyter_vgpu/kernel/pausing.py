@@ -86,7 +86,6 @@ class PauseControl:
         self._gpu_processes = gpu_processes
         self._blockers: tuple[float, list[str]] | None = None  # (monotonic time, reasons)
         self._staying: set[str] = set()  # of those reasons, memory that may stay through a pause
-        self._paused_partly: list[str] = []  # the reasons of the last pause, made in part
         self.kernel = kernel
         self.say = say
         self.card_free = card_free
@@ -336,8 +335,9 @@ class PauseControl:
 
     def _held_back(self) -> list[str]:
         """The reasons of the pause that took this kernel off in part ([] after a whole
-        pause): read while it is away, when :meth:`blockers` may not ask the driver."""
-        return list(self._paused_partly) if self.gate.state == g.PAUSED else []
+        pause): the last :meth:`blockers`, which :meth:`pause` asked and nothing asks while
+        the kernel is away (the driver may not be asked then)."""
+        return list(self._blockers[1]) if self.gate.state == g.PAUSED and self._blockers else []
 
     def pauses_partly(self, reasons: list[str]) -> bool:
         """Whether a kernel held back by ``reasons`` (:meth:`blockers`, the same call's) is
@@ -394,7 +394,6 @@ class PauseControl:
                 if engine is not None:
                     outcome["pause"] = engine.pause()
 
-        self._paused_partly = list(reasons)  # what stays: a suspend of it is still refused
         self.gate.away(work, to=g.PAUSED)
         self.last_refusal = None
         self._trimmed = False  # the slabs this pause pinned are kept warm again

@@ -74,13 +74,18 @@ def kernel_state(kernel: Kernel) -> str:
     return re.search(r"^\s*state\s+(\S+)", out, re.M).group(1)
 
 
-def report_state(channel, kernel: Kernel) -> str | None:
+def report(channel, kernel: Kernel) -> dict:
+    """The kernel's report in the channel directory ({} while there is none yet)."""
     import json
 
     try:
-        return json.loads((channel / f"kernel-{kernel.id}.json").read_text())["state"]
-    except (OSError, ValueError, KeyError):
-        return None
+        return json.loads((channel / f"kernel-{kernel.id}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def report_state(channel, kernel: Kernel) -> str | None:
+    return report(channel, kernel).get("state")
 
 
 def start(tmp_path, mode: str, **extra: str) -> tuple[Kernel, object]:
@@ -178,7 +183,7 @@ def run_ipc(tmp_path, mode: str) -> tuple[list[str], str, list[tuple[int, int]]]
             outputs.append(kernel.run(cell.format(dir=str(tmp_path)), timeout=180))
             if mode:  # neither paused whole nor suspended: paused in part, the shared memory staying
                 wait_for(lambda: report_state(channel, kernel) == "paused", what="the kernel paused in part")
-                stays = report_pause(channel, kernel)["unpausable_bytes"]
+                stays = report(channel, kernel)["pause"]["unpausable_bytes"]
 
                 def settled(stays=stays):
                     return nvml.process_memory(uuid).get(kernel.pid, 0) <= CONTEXT_BOUND + stays
@@ -191,12 +196,6 @@ def run_ipc(tmp_path, mode: str) -> tuple[list[str], str, list[tuple[int, int]]]
         kernel.shutdown()
     outputs[0] = outputs[0].rsplit(maxsplit=1)[0]  # the worker's PID differs between runs
     return outputs, status, away
-
-
-def report_pause(channel, kernel: Kernel) -> dict:
-    import json
-
-    return json.loads((channel / f"kernel-{kernel.id}.json").read_text())["pause"]
 
 
 def test_cuda_ipc_with_a_worker_both_ways_pauses_all_but_the_shared_memory(tmp_path):
