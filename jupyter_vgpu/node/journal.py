@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jupyter_vgpu.slice import Slice, SliceError
 
-from .disk import start_time
+from .procs import start_time
 
 log = logging.getLogger("jupyter_vgpu.node")
 
@@ -36,9 +36,11 @@ class Journal:
         self.path = Path(path)
         self.entries: dict[int, dict] = {}  # root pid -> entry
 
-    def load(self) -> list[tuple[int, str, str, Slice]]:
-        """``(pid, user, server, slice)`` of every journaled registration whose process
-        still runs; the others are forgotten (and the file rewritten without them)."""
+    def load(self) -> list[tuple[int, str, str, Slice, int, int | None]]:
+        """``(pid, user, server, slice, start, uid)`` of every journaled registration whose
+        process still runs (``start``: its start time, clock ticks after boot; ``uid``: the
+        account it runs as, or None); the others are forgotten (and the file rewritten
+        without them)."""
         try:
             entries = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -50,23 +52,35 @@ class Journal:
         for e in entries if isinstance(entries, list) else []:
             try:
                 pid, started = int(e["pid"]), int(e["start"])
+                uid = int(e["uid"]) if e.get("uid") is not None else None
                 slice_ = Slice.from_dict(e["slice"])
             except (KeyError, TypeError, ValueError, SliceError):
                 continue
             if start_time(pid) != started:
                 continue  # that server has ended
             self.entries[pid] = e
-            out.append((pid, str(e.get("user", "")), str(e.get("server", "")), slice_))
+            out.append((pid, str(e.get("user", "")), str(e.get("server", "")), slice_, started, uid))
         self._save()
         return out
 
-    def add(self, pid: int, user: str, server: str, slice_: Slice) -> None:
-        started = start_time(pid)
+    def add(
+        self,
+        pid: int,
+        user: str,
+        server: str,
+        slice_: Slice,
+        start: int | None = None,
+        uid: int | None = None,
+    ) -> None:
+        """Keep a registration: the process ``pid`` as it started (``start``, read now
+        where not given) and the account it runs as (``uid``, or None)."""
+        started = start if start is not None else start_time(pid)
         if started is None:
             return
         self.entries[pid] = {
             "pid": pid,
             "start": started,
+            "uid": uid,
             "user": user,
             "server": server,
             "slice": slice_.to_dict(),

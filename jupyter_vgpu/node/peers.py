@@ -14,6 +14,8 @@ import socket
 import struct
 from collections.abc import Iterable
 
+from . import procs
+
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """``(pid, uid, gid)`` of the process at the other end of a Unix socket.
@@ -27,15 +29,8 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 def parent_pid(pid: int) -> int | None:
     """The parent of ``pid`` (None when it is gone or is init)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    ppid = int(fields[1])
-    return ppid or None
+    st = procs.stat(pid)
+    return (st.ppid or None) if st is not None else None
 
 
 def ancestors(pid: int, limit: int = 64) -> list[int]:

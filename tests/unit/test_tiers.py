@@ -4,6 +4,7 @@ directories (swept when their process ends, a zombie included), the journal of s
 registered over the socket, one arbiter per socket, the protocol's version-2 hello, the
 failpoints' names, and the line a waiting cell shows."""
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.kernel.progress import Progress
-from jupyter_vgpu.node import disk, handoff, tiers
+from jupyter_vgpu.node import disk, handoff, procs, safe_dirs, tiers
 from jupyter_vgpu.node.books import ACTIVE, IDLE, PAUSED, SUSPENDED, Kernel, Server
 from jupyter_vgpu.node.journal import Journal
 from jupyter_vgpu.node.protocol import ProtocolError, decode
@@ -90,16 +91,19 @@ def test_host_room_tells_the_budget_from_the_reserve():
 
 def test_a_kernels_disk_directory_goes_when_its_process_ends(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    tier = disk.DiskTier(tmp_path / "disk")
     try:
-        disk.user_dir(tmp_path, os.getuid())
-        mine = disk.kernel_dir(tmp_path, os.getuid(), os.getpid())
-        theirs = disk.kernel_dir(tmp_path, os.getuid(), child.pid)
+        uid = os.getuid()
+        tier.user_dir(uid)
+        mine = tier.kernel_dir(uid, os.getpid(), procs.start_time(os.getpid()))
+        theirs = tier.kernel_dir(uid, child.pid, procs.start_time(child.pid))
         for d in (mine, theirs):
             os.makedirs(d)
             Path(d, "1.chunks").write_bytes(b"x" * 100)
-        assert (tmp_path / str(os.getuid())).stat().st_mode & 0o777 == 0o700
-        assert disk.sweep(tmp_path) == []
-        assert disk.size(theirs) == 100
+        assert (tmp_path / "disk").stat().st_mode & 0o777 == 0o711
+        assert (tmp_path / "disk" / str(uid)).stat().st_mode & 0o777 == 0o700
+        assert tier.sweep() == []
+        assert tier.size(uid, child.pid, procs.start_time(child.pid)) == 100
         child.send_signal(signal.SIGKILL)
 
         def zombie():
@@ -107,10 +111,11 @@ def test_a_kernels_disk_directory_goes_when_its_process_ends(tmp_path):
             return stat[stat.rindex(")") + 2] == "Z"
 
         wait_for(zombie, 10, "the child killed and not reaped")
-        assert disk.start_time(child.pid) is None  # a zombie counts as ended
-        assert disk.sweep(tmp_path) == [theirs]
+        assert procs.start_time(child.pid) is None  # a zombie counts as ended
+        assert tier.sweep() == [theirs]
         assert os.path.isdir(mine)
     finally:
+        tier.close()
         child.kill()
         child.wait()
 
@@ -119,8 +124,53 @@ def test_a_disk_tier_writable_by_everyone_is_refused(tmp_path):
     root = tmp_path / "shared"
     root.mkdir()
     root.chmod(0o1777)
-    with pytest.raises(OSError, match="writable by every user"):
-        disk.user_dir(root, os.getuid())
+    with pytest.raises(safe_dirs.UnsafePath, match="writable by other users"):
+        disk.DiskTier(root)
+
+
+def test_the_disk_tiers_own_write_tells_a_full_disk(tmp_path):
+    """What a kernel says of the disk is checked with the arbiter's own write: on a full
+    file system (a tmpfs of 64 KiB, filled) it fails and says why."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        tier = disk.DiskTier(mount / "disk")
+        assert tier.probe() is None
+        with open(mount / "filler", "wb") as f, contextlib.suppress(OSError):
+            f.write(b"x" * 2**20)
+        assert "No space left on device" in tier.probe()
+        tier.close()
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_the_disk_tier_neither_follows_nor_removes_through_a_link(tmp_path):
+    """A user's directory swapped for a link, or a link inside a kernel's directory: the
+    sweep removes the link itself, never what it points to, and sizes count no link."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"k" * 10)
+    tier = disk.DiskTier(tmp_path / "disk")
+    try:
+        uid = os.getuid()
+        tier.user_dir(uid)
+        gone = tmp_path / "disk" / str(uid) / "kernel-999999-1"  # no such process
+        gone.mkdir()
+        (gone / "link").symlink_to(outside)
+        (gone / "data").write_bytes(b"d" * 7)
+        assert tier.size(uid, 999999, 1) == 7
+        assert tier.sweep() == [str(gone)]
+        assert (outside / "keep").read_bytes() == b"k" * 10
+        (tmp_path / "disk" / "4242").symlink_to(outside)  # another "user's" directory, a link
+        assert tier.sweep() == []
+        assert (outside / "keep").exists()
+        with pytest.raises(safe_dirs.UnsafePath, match="not a directory"):
+            tier.user_dir(4242)
+    finally:
+        tier.close()
 
 
 def test_the_journal_keeps_registrations_of_live_processes_only(tmp_path):
@@ -133,7 +183,7 @@ def test_the_journal_keeps_registrations_of_live_processes_only(tmp_path):
         child.kill()
         child.wait()
         again = Journal(tmp_path / "registrations.json").load()
-        assert again == [(os.getpid(), "ada", "", SLICE)]
+        assert again == [(os.getpid(), "ada", "", SLICE, procs.start_time(os.getpid()), None)]
         assert len(json.loads((tmp_path / "registrations.json").read_text())) == 1
     finally:
         child.kill()
@@ -148,19 +198,55 @@ def test_a_damaged_journal_is_set_aside_not_fatal(tmp_path):
 def test_a_second_holder_of_the_lock_makes_the_first_stop(tmp_path):
     lock = tmp_path / "arbiter.lock"
     code = (
-        "import sys, time\nfrom jupyter_vgpu.node import handoff\n"
-        f"handoff.take({str(lock)!r})\nprint('held', flush=True)\ntime.sleep(60)"
+        "import os, sys, time\nfrom jupyter_vgpu.node import handoff\n"
+        f"handoff.take(os.open({str(tmp_path)!r}, os.O_RDONLY))\nprint('held', flush=True)\ntime.sleep(60)"
     )
     first = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    directory = os.open(tmp_path, os.O_RDONLY)
     try:
         assert first.stdout.readline().strip() == "held"
-        fd = handoff.take(lock, timeout=10)
+        fd = handoff.take(directory, timeout=10)
         assert first.wait(10) == -signal.SIGTERM  # asked to hand over, it ended
         assert lock.read_text().strip() == str(os.getpid())
         os.close(fd)
     finally:
+        os.close(directory)
         first.kill()
         first.wait()
+
+
+def test_a_lock_naming_a_process_that_is_no_arbiter_is_not_believed(tmp_path):
+    """The PID in the lock file is signalled only when it is an arbiter of this user: one
+    that names any other process (a user's write, a PID since reused) is never ended."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    directory = os.open(tmp_path, os.O_RDONLY)
+    holder = handoff.take(directory)  # this process holds the lock...
+    try:
+        os.pwrite(holder, f"{bystander.pid}\n".encode(), 0)  # ...and the file names another
+        code = (
+            "import os\nfrom jupyter_vgpu.node import handoff\n"
+            f"handoff.take(os.open({str(tmp_path)!r}, os.O_RDONLY), timeout=0.5)"
+        )
+        second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0
+        assert "does not let go" in second.stderr
+        assert bystander.poll() is None  # never signalled
+    finally:
+        os.close(holder)
+        os.close(directory)
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_lock_file_that_is_a_link_is_refused(tmp_path):
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "arbiter.lock").symlink_to(tmp_path / "elsewhere")
+    directory = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="Too many levels of symbolic links"):
+            handoff.take(directory, timeout=1)
+    finally:
+        os.close(directory)
 
 
 def test_a_version_2_hello_carries_where_the_memory_is():

@@ -1,0 +1,207 @@
+"""Processes, not PIDs: whom the arbiter acts on.
+
+A PID names a process only while it lives. Once the process ends and its parent reaps
+it, the system hands the number to the next process that starts (every few seconds of
+forks on a host with 32,768 PIDs). The arbiter runs as root, so a number read once and
+acted on later could suspend, restore or end someone else's process. It therefore knows
+a process by its :class:`Identity`:
+
+- its PID;
+- its start time (``/proc/<pid>/stat`` field 22, clock ticks after boot): two processes
+  that share a PID one after the other differ in it;
+- its effective uid (``/proc/<pid>/status``), the uid a socket's peer credentials give;
+- where Linux gives one, a **pidfd**: a descriptor of that very process
+  (``pidfd_open(2)``, Linux 5.3; ``SO_PEERPIDFD``, Linux 6.5, for the peer of a Unix
+  socket, taken by the kernel at ``connect``). It does not keep the PID from being
+  reused, but it tells whether its process has ended (it polls readable), and a signal
+  sent through it (``pidfd_send_signal(2)``) can reach no other process.
+
+An identity is taken once (a socket's peer as it connects, a kernel's children as they
+are suspended, a process on a card when first seen) and :meth:`Identity.current` is
+asked before every act on it: the process must not have ended, and its start time and
+uid must be those taken. A process ``/proc`` cannot tell about is unknown, never
+someone else's: the caller does nothing to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import select
+import signal
+import socket
+import struct
+import weakref
+
+#: ``SO_PEERPIDFD`` (Linux 6.5, ``asm-generic/socket.h``), absent from Python's socket module before 3.13.
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """What ``/proc/<pid>/stat`` says of a process (``proc(5)``).
+
+    Attributes:
+        state: the state letter (``R``, ``S``, ``D``, ``T``, ``Z``...).
+        ppid: its parent's PID (0 for init and kernel threads).
+        start: its start time, clock ticks after boot.
+    """
+
+    state: str
+    ppid: int
+    start: int
+
+
+def stat(pid: int) -> Stat | None:
+    """``/proc/<pid>/stat`` of ``pid``, or None when it cannot be read (gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+        fields = text[text.rindex(")") + 2 :].split()
+        return Stat(fields[0], int(fields[1]), int(fields[19]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks after boot, or None when it is
+    gone (a zombie, ended and not yet reaped by its parent, counts as gone)."""
+    st = stat(pid)
+    return None if st is None or st.state in ("Z", "X") else st.start
+
+
+def uid_of(pid: int) -> int | None:
+    """The effective uid of process ``pid`` (``/proc/<pid>/status``, the ``Uid:`` line's
+    second field), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):  # gone, or a kernel or Python without pidfds
+        return None
+
+
+def _ended(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has ended (a zombie included)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class Identity:
+    """One process, as it was when first seen.
+
+    Use :meth:`of` for a PID and :meth:`of_peer` for a socket's peer; both return None
+    when the process is gone (or, for a peer, when the PID now names a process of
+    another uid). Holds a pidfd, closed by :meth:`close` or when the identity is
+    garbage collected.
+
+    Attributes:
+        pid: the process's PID when seen.
+        uid: its effective uid.
+        start: its start time, clock ticks after boot.
+    """
+
+    def __init__(self, pid: int, uid: int, start: int, pidfd: int | None):
+        self.pid, self.uid, self.start = pid, uid, start
+        self.pidfd = pidfd
+        self._closer = weakref.finalize(self, os.close, pidfd) if pidfd is not None else None
+
+    @classmethod
+    def of(cls, pid: int, uid: int | None = None) -> Identity | None:
+        """The process ``pid`` is now; None when it is gone, when ``/proc`` cannot say,
+        or when its effective uid is not ``uid`` (where given)."""
+        pidfd = _pidfd_open(pid)
+        return cls._checked(pid, uid, pidfd)
+
+    @classmethod
+    def _checked(cls, pid: int, uid: int | None, pidfd: int | None) -> Identity | None:
+        start, found = start_time(pid), uid_of(pid)
+        # read after the pidfd was taken: while the pidfd's process has not ended, the
+        # PID cannot have been handed to another, so what /proc said is of that process
+        alive = start is not None and found is not None and (pidfd is None or not _ended(pidfd))
+        if not alive or (uid is not None and found != uid):
+            if pidfd is not None:
+                os.close(pidfd)
+            return None
+        return cls(pid, found, start, pidfd)
+
+    @classmethod
+    def of_peer(cls, sock: socket.socket) -> tuple[int, int, Identity | None]:
+        """``(pid, uid, identity)`` of the process at the other end of a connected Unix
+        socket. ``pid`` and ``uid`` are the peer credentials the Linux kernel took at
+        ``connect`` (``SO_PEERCRED``); the identity is None when that process has ended
+        since, or when the PID names a process of another uid now (it changed hands).
+
+        Raises:
+            OSError: not a connected Unix socket.
+        """
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", raw)
+        try:  # the very process that connected, whatever became of its PID since
+            pidfd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError:  # older than Linux 6.5 (ENOPROTOOPT), or the peer has ended (ESRCH)
+            pidfd = _pidfd_open(pid)
+        return pid, uid, cls._checked(pid, uid, pidfd)
+
+    def current(self) -> bool:
+        """Whether the process is still the one first seen: not ended, same start time,
+        same effective uid. False when ``/proc`` cannot say."""
+        if self.pidfd is not None and _ended(self.pidfd):
+            return False
+        return start_time(self.pid) == self.start and uid_of(self.pid) == self.uid
+
+    def send(self, sig: int = signal.SIGKILL) -> bool:
+        """Send ``sig`` to this process and no other; False (nothing sent) when it has
+        ended or is no longer the one first seen."""
+        if not self.current():
+            return False
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError, OSError):
+            return False
+        return True
+
+    def close(self) -> None:
+        """Let go of the pidfd (the identity can no longer be checked through it)."""
+        if self._closer is not None:
+            self._closer()
+
+    def __repr__(self) -> str:
+        return f"Identity(pid={self.pid}, uid={self.uid}, start={self.start})"
+
+
+def describe(pid: int) -> dict:
+    """What ``/proc`` says of a process: its executable, uid and cgroup (None where unreadable)."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = None
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            cgroup = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        cgroup = None
+    return {"exe": exe, "uid": uid_of(pid), "cgroup": cgroup}
+
+
+def close_quietly(identities) -> None:
+    """Close every identity of ``identities`` (an iterable; None entries skipped)."""
+    for ident in identities:
+        if ident is not None:
+            with contextlib.suppress(OSError):
+                ident.close()
