@@ -385,7 +385,7 @@ def test_an_export_goes_to_processes_of_its_own_user_only(native):
         + """
 assert r == 0, r
 import socket  # before the child drops to an account that may not read this Python
-token = handle.raw[16:24]
+token, nonce = handle.raw[16:24], int.from_bytes(handle.raw[40:48], "little")
 pid = os.getpid()
 child = os.fork()
 if child == 0:
@@ -395,7 +395,7 @@ if child == 0:
         s = socket.socket(socket.AF_UNIX)
         s.settimeout(5)
         try:  # refused at once (the connection closed before the token) or after it
-            s.connect(b"\\0jupyter-vgpu-ipc-%d" % pid)
+            s.connect(b"\\0jupyter-vgpu-ipc-%d-%016x" % (pid, nonce))
             s.sendall(token)
             anc = s.recvmsg(1, socket.CMSG_SPACE(4))[1]
         except OSError:
@@ -408,6 +408,66 @@ print(json.dumps({"status": os.waitstatus_to_exitcode(status)}))
 """,
     )
     assert got["status"] == 0, "another user's process was given the exporter's memory"
+
+
+def test_an_importer_takes_memory_from_the_exporter_alone(native):
+    """The exporter ended, and another user's process took its socket's name (read from
+    /proc/net/unix: abstract names are visible to all) to answer for it: the importer
+    checks the peer before it sends the token, and refuses what it is offered."""
+    got = run(
+        native,
+        """
+start()
+import socket, time
+rt = ctypes.CDLL("libcudart.so.13")
+read_end, write_end = os.pipe()
+exporter = os.fork()
+if exporter == 0:  # shares memory, tells its handle, ends
+    p = vp()
+    assert rt.cudaMalloc(ctypes.byref(p), size_t(4 * 2**20)) == 0
+    handle = ctypes.create_string_buffer(64)
+    assert rt.cudaIpcGetMemHandle(handle, p) == 0
+    os.write(write_end, handle.raw)
+    os._exit(0)
+raw = os.read(read_end, 64)
+os.waitpid(exporter, 0)
+pid, nonce = int.from_bytes(raw[8:12], "little"), int.from_bytes(raw[40:48], "little")
+told_r, told_w = os.pipe()
+impostor = os.fork()
+if impostor == 0:  # another user, on the name the exporter left
+    try:
+        os.setgid(65534)
+        os.setuid(65534)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(b"\\0jupyter-vgpu-ipc-%d-%016x" % (pid, nonce))
+        s.listen(1)
+        os.write(told_w, b"r")
+        s.settimeout(10)
+        c, _ = s.accept()
+        c.settimeout(2)
+        try:
+            got = c.recv(8)
+        except OSError:
+            got = b""
+        fd = os.open("/dev/null", os.O_RDONLY)
+        try:
+            c.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, "little"))])
+        except OSError:
+            pass
+        os._exit(2 if got else 0)
+    except BaseException:
+        os._exit(4)
+assert os.read(told_r, 1) == b"r"
+class Handle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+cuda.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(u64), Handle, ctypes.c_uint]
+d = u64()
+r = cuda.cuIpcOpenMemHandle_v2(ctypes.byref(d), Handle.from_buffer_copy(raw), 1)
+_, status = os.waitpid(impostor, 0)
+print(json.dumps({"opened": r == 0, "impostor": os.waitstatus_to_exitcode(status)}))
+""",
+    )
+    assert got == {"opened": False, "impostor": 0}, got  # 2: the impostor was sent the token
 
 
 def test_dlsym_keeps_glibcs_rules_for_its_callers(native, tmp_path):

@@ -178,6 +178,8 @@ def build(target: Path, sources: tuple[Path, ...] = SOURCES) -> Path:
     if result.returncode != 0:
         os.unlink(tmp)
         raise VMMUnavailable(f"building the pausable allocator failed: {result.stderr.strip()[:500]}")
+    # every user's kernels preload it: readable by all, whatever the umask or mkstemp's 0600
+    os.chmod(tmp, 0o755)
     os.replace(tmp, target)  # atomic: concurrent kernels never load a half-written file
     return target
 

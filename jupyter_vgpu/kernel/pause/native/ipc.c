@@ -14,11 +14,22 @@
  *     into the 64-byte IPC handle a magic word, its PID, a random token naming the
  *     export, the segment's size and the pointer's offset in it;
  *   - the importer (any process of the same user with this library: children inherit
- *     LD_PRELOAD) connects to the exporter's Unix socket (abstract name with the PID),
- *     which passes the descriptor (SCM_RIGHTS) to callers of the exporter's own user
- *     (SO_PEERCRED) who name a live token; it imports the allocation
- *     (cuMemImportFromShareableHandle), maps it at addresses of its own, and returns
- *     them at the same offset. Opening one handle twice returns the same mapping.
+ *     LD_PRELOAD) connects to the exporter's Unix socket, which passes the descriptor
+ *     (SCM_RIGHTS) to callers of the exporter's own user (SO_PEERCRED) who name a live
+ *     token; it imports the allocation (cuMemImportFromShareableHandle), maps it at
+ *     addresses of its own, and returns them at the same offset. Opening one handle
+ *     twice returns the same mapping.
+ *
+ * The socket's name is abstract (no file, so nothing to clean up, and every process of
+ * the user can reach it without a directory both can write), and unguessable: the
+ * exporter's PID and a random 64-bit nonce drawn when it starts serving, carried in the
+ * handle. Abstract names have no owner, so no other user can be kept from binding a
+ * name: being unable to know it first is what keeps one from taking it before the
+ * exporter (its owner could not share), and both ends check the other (SO_PEERCRED)
+ * before a byte passes: the exporter answers callers of its own uid alone, and the
+ * importer accepts a descriptor only from the PID the handle names, of its own uid (a
+ * process that took the name of an exporter that ended would otherwise hand it memory
+ * of its choosing, and be sent the token).
  *
  * A socket rather than pidfd_getfd(2): that needs the right to ptrace the exporter,
  * which Yama's default (ptrace_scope 1) refuses to a child opening its parent's handle.
@@ -52,7 +63,8 @@ typedef struct {
   uint64_t token;
   uint64_t size;
   uint64_t offset;
-  char spare[24];
+  uint64_t nonce; /* of the exporter's socket's name */
+  char spare[16];
 } Blob;
 _Static_assert(sizeof(Blob) == sizeof(CUipcMemHandle), "an IPC handle is 64 bytes");
 
@@ -68,12 +80,21 @@ uint64_t g_exported_bytes = 0, g_imported_bytes = 0;
 static Import *g_imports = NULL;
 static size_t g_nimports = 0, g_cap_imports = 0;
 static int g_server_fd = -1;
+static uint64_t g_server_nonce = 0;
 
-static void socket_name(struct sockaddr_un *addr, socklen_t *len, int32_t pid) {
+static void socket_name(struct sockaddr_un *addr, socklen_t *len, int32_t pid, uint64_t nonce) {
   memset(addr, 0, sizeof *addr);
   addr->sun_family = AF_UNIX;
-  int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "jupyter-vgpu-ipc-%d", (int)pid);
+  int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "jupyter-vgpu-ipc-%d-%016llx", (int)pid,
+                   (unsigned long long)nonce);
   *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+/* 64 random bits from the kernel's pool (waiting for it, once, if it is not ready yet). */
+static int random_u64(uint64_t *out) {
+  ssize_t got = getrandom(out, sizeof *out, GRND_NONBLOCK);
+  if (got != (ssize_t)sizeof *out) got = getrandom(out, sizeof *out, 0);
+  return got == (ssize_t)sizeof *out;
 }
 
 /* ---- the exporter's side ---------------------------------------------------------- */
@@ -124,7 +145,7 @@ static void *serve(void *arg) {
     uint64_t token = 0;
     setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     vgpu_trace("ipc: a request");
-    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid() &&
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid() && cred.pid > 0 &&
         recv(c, &token, sizeof token, MSG_WAITALL) == (ssize_t)sizeof token) {
       pthread_mutex_lock(&g_lock);
       int fd = vgpu_export_fd(token);
@@ -141,8 +162,14 @@ static int start_server(void) {
   if (s < 0) return 0;
   struct sockaddr_un addr;
   socklen_t len;
-  socket_name(&addr, &len, getpid());
-  if (bind(s, (struct sockaddr *)&addr, len) != 0 || listen(s, 64) != 0) {
+  int bound = 0;
+  for (int tries = 0; tries < 8 && !bound; tries++) { /* a name in use: another nonce */
+    if (!random_u64(&g_server_nonce)) break;
+    socket_name(&addr, &len, getpid(), g_server_nonce);
+    bound = bind(s, (struct sockaddr *)&addr, len) == 0;
+    if (!bound && errno != EADDRINUSE) break;
+  }
+  if (!bound || listen(s, 64) != 0) {
     close(s);
     return 0;
   }
@@ -191,6 +218,7 @@ CUresult ipc_get_handle(CUipcMemHandle *handle, CUdeviceptr dptr) {
     b.token = s->token;
     b.size = s->size;
     b.offset = dptr - s->ptr;
+    b.nonce = g_server_nonce;
     memcpy(handle, &b, sizeof b);
   }
   pthread_mutex_unlock(&g_lock);
@@ -207,16 +235,25 @@ void ipc_forget(Segment *s) {
 }
 
 /* ---- the importer's side ---------------------------------------------------------- */
-static int fetch_fd(int32_t pid, uint64_t token) {
+/* 1 when the process at the other end of the connected socket s is process pid, of this
+ * process's own user. */
+static int peer_is(int s, int32_t pid) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  return getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid == pid && cred.uid == getuid();
+}
+
+static int fetch_fd(int32_t pid, uint64_t nonce, uint64_t token) {
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return -1;
   struct sockaddr_un addr;
   socklen_t len;
-  socket_name(&addr, &len, pid);
+  socket_name(&addr, &len, pid, nonce);
   struct timeval tv = {10, 0};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   int fd = -1;
-  if (connect(s, (struct sockaddr *)&addr, len) == 0 && send(s, &token, sizeof token, MSG_NOSIGNAL) == (ssize_t)sizeof token) {
+  if (connect(s, (struct sockaddr *)&addr, len) == 0 && peer_is(s, pid) &&
+      send(s, &token, sizeof token, MSG_NOSIGNAL) == (ssize_t)sizeof token) {
     char byte;
     struct iovec iov = {&byte, 1};
     char control[CMSG_SPACE(sizeof(int))];
@@ -252,7 +289,7 @@ CUresult ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle) {
   CUresult r = current_device(&device);
   if (r != CUDA_SUCCESS) return r;
   vgpu_trace("ipc: open an export of process %d", (int)b.pid);
-  int fd = fetch_fd(b.pid, b.token);
+  int fd = fetch_fd(b.pid, b.nonce, b.token);
   vgpu_trace("ipc: descriptor %d from process %d", fd, (int)b.pid);
   if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* the exporter is gone, or freed the memory */
   CUmemGenericAllocationHandle real;
