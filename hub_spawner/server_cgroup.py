@@ -50,7 +50,7 @@ from typing import Any
 
 from traitlets import Enum, HasTraits, Unicode
 
-from jupyter_vgpu.node import cgroups
+from jupyter_vgpu.node import cgroups, procs
 from jupyter_vgpu.node.cgroups import V2, Cgroup
 
 #: Where the server's cgroup is remembered in the spawner's state (survives Hub restarts).
@@ -281,6 +281,12 @@ class ServerCgroupMixin(HasTraits):
     #: The running server's cgroup, or None (none could be made, or not running).
     vgpu_cgroup: Cgroup | None = None
     _cgroup_unit: str = ""
+    #: The start time of the server's process (clock ticks after boot) and the uid of the
+    #: account it runs as, recorded as it started: the node arbiter gives the slice to that
+    #: very process (a PID that changed hands since gets none) and admits as its kernels
+    #: only processes of that uid.
+    vgpu_server_start: int | None = None
+    vgpu_server_uid: int | None = None
 
     def cgroup_host(self) -> tuple[Host | None, str | None]:
         """``(host, None)`` where servers get cgroups, ``(None, why not)`` elsewhere
@@ -366,7 +372,9 @@ class ServerCgroupMixin(HasTraits):
                 self._cgroup_unit, self.cgroup_systemd_slice, self.cgroup_account(), list(saved), workdir
             )
         try:
-            return await super().start()
+            started = await super().start()
+            self._record_server()
+            return started
         except subprocess.SubprocessError as e:
             self.cgroup_release()
             raise RuntimeError(f"the server could not join its cgroup {self.vgpu_cgroup}: {e}") from None
@@ -376,6 +384,16 @@ class ServerCgroupMixin(HasTraits):
         finally:
             self.cmd = saved
 
+    def _record_server(self) -> None:
+        """Note the server's process as it started (:attr:`vgpu_server_start`,
+        :attr:`vgpu_server_uid`). The Hub's own child, not yet reaped, cannot have handed
+        its PID to another process; the uid is the account it was started as, not what
+        ``/proc`` says (``setpriv`` may not have dropped to it yet)."""
+        pid = getattr(self, "pid", 0) or 0
+        self.vgpu_server_start = procs.start_time(pid) if pid else None
+        account = self.cgroup_account()
+        self.vgpu_server_uid = account[0] if account is not None else os.geteuid()
+
     async def stop(self, now=False):
         try:
             return await super().stop(now=now)
@@ -384,6 +402,7 @@ class ServerCgroupMixin(HasTraits):
 
     def clear_state(self) -> None:
         super().clear_state()
+        self.vgpu_server_start = self.vgpu_server_uid = None
         self.cgroup_release()
 
     def cgroup_release(self) -> None:
@@ -417,12 +436,16 @@ class ServerCgroupMixin(HasTraits):
                 "cgroup": cgroup.path if cgroup else None,
                 "cgroup_hierarchy": cgroup.hierarchy if cgroup else None,
                 "cgroup_problem": None if cgroup else (why or "the server started without one"),
+                "start_time": self.vgpu_server_start,
+                "uid": self.vgpu_server_uid,
             }
         )
         return listing
 
     def get_state(self):
         state = super().get_state()
+        if self.vgpu_server_start is not None:
+            state["vgpu_server"] = {"start": self.vgpu_server_start, "uid": self.vgpu_server_uid}
         if self.vgpu_cgroup is not None:
             state[STATE_KEY] = {
                 "hierarchy": self.vgpu_cgroup.hierarchy,
@@ -433,6 +456,11 @@ class ServerCgroupMixin(HasTraits):
 
     def load_state(self, state):
         super().load_state(state)
+        server = state.get("vgpu_server")
+        if isinstance(server, dict):
+            start, uid = server.get("start"), server.get("uid")
+            self.vgpu_server_start = start if isinstance(start, int) and not isinstance(start, bool) else None
+            self.vgpu_server_uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
         saved = state.get(STATE_KEY)
         if isinstance(saved, dict) and isinstance(saved.get("path"), str):
             try:

@@ -36,6 +36,7 @@ from jupyter_vgpu.units import ByteSize
 
 from . import disk
 from .arbiter import Arbiter
+from .limits import RateLimit, raise_descriptor_limit
 from .socket_path import default_socket
 
 #: Environment variable naming the Kubernetes node (the DaemonSet sets it from spec.nodeName).
@@ -44,13 +45,21 @@ NODE_ENV = "JUPYTER_VGPU_NODE"
 PENDING = "pending"
 
 
+def _count(value) -> bool:
+    """Whether ``value`` is a non-negative integer (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class HubLink:
     """Reads the running slices from the Hub with the service's token.
 
     Each entry of ``GET {JUPYTERHUB_API_URL}/vgpu/slices`` with a ``slice`` and either a
     ``pid`` (the server's process on this host, with its ``cgroup`` and
     ``cgroup_hierarchy`` where it has one), a ``pod_uid`` (its pod, on this arbiter's
-    ``node``) or a ``job_id`` (its Slurm job, on this ``node``) registers that server.
+    ``node``) or a ``job_id`` (its Slurm job, on this ``node``) registers that server;
+    with ``start_time`` (the start time of the process ``pid``, as the spawner recorded it
+    when it started the server: a PID that changed hands since gets no slice) and ``uid``
+    (the account it runs as: no process of another uid is admitted as its kernel).
     Slices whose GPU the Hub does not know
     yet (``gpu_uuid`` ``"pending"``) wait: their kernels are admitted once it does.
     """
@@ -107,9 +116,11 @@ class HubLink:
             if slice_.gpu_uuid == PENDING:
                 continue
             user, name = str(entry.get("user", "")), str(entry.get("server_name", ""))
+            start, uid = entry.get("start_time"), entry.get("uid")
             server = self.arbiter.register(
-                pid, user, name, slice_, pod_uid=pod, job_id=job, cgroup=cgroup, cgroup_hierarchy=hierarchy
-            )
+                pid, user, name, slice_, pod_uid=pod, job_id=job, cgroup=cgroup, cgroup_hierarchy=hierarchy,
+                start=start if _count(start) and pid else None, uid=uid if _count(uid) else None,
+            )  # fmt: skip
             seen.add(server.root)
         for root in [r for r in self.arbiter.servers if r not in seen]:
             del self.arbiter.servers[root]  # stopped on the Hub
@@ -254,6 +265,18 @@ class ArbiterApp(Application):
         default: name the services of monitoring agents and admin jobs here.""",
     ).tag(config=True)
 
+    hello_timeout = Float(
+        10.0, help="Seconds a client may stay silent after it connects before it is hung up on."
+    ).tag(config=True)
+
+    max_connections_per_user = Int(
+        128,
+        help="""Connections one user (uid) may hold to the arbiter at once: a kernel holds
+        one, a server's control requests one each while they last. Past it, new ones are
+        refused with a message (and counted in jupyter_vgpu_refused_connections). Root's
+        are not counted.""",
+    ).tag(config=True)
+
     registrars = Enum(
         ["none", "same-user"],
         help="""Who may register slices over the socket. 'none': nobody, slices come from
@@ -307,11 +330,13 @@ class ArbiterApp(Application):
 
     disk_dir = Unicode(
         help="""The disk tier: paused kernels' memory moved out of host memory goes to files
-        under <disk_dir>/<uid>/ (each user's directory 0700, theirs; the root 0711), written
-        by the kernels, compressed and checksummed, removed when a kernel ends. A
-        disk-backed directory of its own (not /run, not a tmpfs; not writable by every
-        user). Default: /var/tmp/jupyter-vgpu for root, else /var/tmp/jupyter-vgpu-<uid>.
-        '' turns the disk tier off.""",
+        under <disk_dir>/<uid>/ (each user's directory 0700, theirs; the root 0711, the
+        arbiter's), written by the kernels, compressed and checksummed, removed when a
+        kernel ends. A disk-backed directory (not /run, not a tmpfs) that the arbiter makes
+        itself: every directory on the way must be root's or the arbiter's user's and
+        writable by no one else (a sticky /tmp aside), else the disk tier stays off and the
+        log says why. Default: /var/lib/jupyter-vgpu/disk for root, else
+        $XDG_CACHE_HOME/jupyter-vgpu/disk. '' turns the disk tier off.""",
     ).tag(config=True)
 
     @default("disk_dir")
@@ -333,12 +358,24 @@ class ArbiterApp(Application):
         if self.config_file:
             self.load_config_file(self.config_file)
         logging.basicConfig(level=logging.INFO, format="[%(name)s %(asctime)s] %(message)s")
+        limit = RateLimit()
+        for handler in logging.getLogger().handlers:  # whatever logs, through whichever logger
+            handler.addFilter(limit)
+        descriptors = raise_descriptor_limit()
+        self.log.info("open files: up to %d", descriptors)
 
     async def serve(self) -> None:
         from . import checkpoint
 
         reason = checkpoint.unavailable()
-        if reason:
+        if os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN"):  # tests: a recording stand-in
+            from jupyter_vgpu.testing import checkpoint_standin as checkpoint
+
+            checkpoint.LOG, reason = os.environ["JUPYTER_VGPU_CHECKPOINT_STANDIN"], None
+            self.log.warning(
+                "the driver's checkpoint is a recording stand-in (%s): nothing is suspended", checkpoint.LOG
+            )
+        elif reason:
             self.log.info("suspend unavailable here (%s): kernels are paused, never suspended", reason)
         arbiter = Arbiter(self, checkpoint=None if reason else checkpoint)
         url, token = os.environ.get("JUPYTERHUB_API_URL"), os.environ.get("JUPYTERHUB_API_TOKEN")
@@ -360,7 +397,11 @@ class ArbiterApp(Application):
             loop.add_signal_handler(sig, stop.set)
         # listen first: kernels reconnecting after a restart say hello while the Hub's
         # slices are read (their hello waits for that one read)
-        await arbiter.start(self.socket_path)
+        try:
+            await arbiter.start(self.socket_path)
+        except OSError as e:  # an unsafe socket directory (safe_dirs.UnsafePath), a lock not let go
+            self.log.error("cannot serve on %s: %s", self.socket_path, e)
+            self.exit(1)
         while not stop.is_set():
             if hub is not None:
                 await arbiter.refresh()

@@ -33,6 +33,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -42,8 +43,23 @@ from jupyter_vgpu import failpoints
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import format_bytes
 
-from . import books, cards, cgroups, disk, handoff, mps, namespaces, peers, protocol, slurm, tiers
-from .books import ACTIVE, IDLE, PAUSED, SUSPENDED, TIERS, Kernel, Server
+from . import (
+    allowlist,
+    books,
+    cards,
+    cgroups,
+    disk,
+    handoff,
+    mps,
+    namespaces,
+    peers,
+    procs,
+    protocol,
+    safe_dirs,
+    slurm,
+    tiers,
+)
+from .books import ACTIVE, IDLE, PAUSED, SUSPENDED, TIERS, Kernel, Reason, Server
 from .cards import Reading
 from .journal import Journal
 from .metrics import Metrics
@@ -53,41 +69,31 @@ log = logging.getLogger("jupyter_vgpu.node")
 T = TypeVar("T")
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process descending from ``pid`` (from ``/proc``): the processes a kernel may
-    have been suspended with, when the arbiter that suspended it is not this one."""
+def _descendants(pid: int, uid: int) -> list[int]:
+    """Every process of user ``uid`` descending from ``pid`` (from ``/proc``): the processes
+    a kernel may have been suspended with, when the arbiter that suspended it is not this
+    one. Another user's process below it (a setuid program) is never among them."""
     pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    return [p for p in pids if p != pid and pid in peers.ancestors(p)]
+    return [p for p in pids if p != pid and pid in peers.ancestors(p) and procs.uid_of(p) == uid]
 
 
-def _root_only(path: str) -> bool:
-    """Whether the directory holding ``path`` and the file itself are writable by root alone."""
-    try:
-        for p in (os.path.dirname(path), path):
-            st = os.stat(p)
-            if st.st_uid != 0 or st.st_mode & 0o022:
-                return False
-    except OSError:
-        return False
-    return True
+class ProcessChanged(RuntimeError):
+    """A process the arbiter was about to act on has ended, or its PID names another
+    process now; nothing was done."""
 
 
-def _describe(pid: int) -> dict:
-    """What /proc says of a process: its executable, uid and cgroup (None where unreadable)."""
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        exe = None
-    try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        uid = None
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            cgroup = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
-    except OSError:
-        cgroup = None
-    return {"exe": exe, "uid": uid, "cgroup": cgroup}
+def _checked(identities: list[procs.Identity]) -> list[int]:
+    """The PIDs of ``identities``, once each is checked to be still the process it was
+    (:meth:`.procs.Identity.current`): the driver's checkpoint calls take PIDs, and a PID
+    that changed hands names someone else. Called just before the call, on its thread.
+
+    Raises:
+        ProcessChanged: one of them has ended or changed hands.
+    """
+    changed = [i.pid for i in identities if i is None or not i.current()]
+    if changed:
+        raise ProcessChanged(f"process {', '.join(map(str, changed))} has ended or is not the one it was")
+    return [i.pid for i in identities]
 
 
 def _disk_error(message: str) -> bool:
@@ -99,24 +105,56 @@ def _disk_error(message: str) -> bool:
 
 
 class _Conn:
-    """One connected client."""
+    """One connected client: the process that connected (:class:`.procs.Identity`, taken
+    as it connected) and what it said.
 
-    def __init__(self, reader, writer, pid: int, uid: int, trusted: bool):
+    Writes never wait on the client for long: a client that stops reading is hung up on
+    once :data:`SEND_TIMEOUT` passes or :data:`SEND_BUFFER` bytes wait for it, so that no
+    client can hold up the arbiter's loop. Reading is paced (:data:`MESSAGES_PER_SECOND`,
+    :data:`MESSAGE_BURST`): a client sending faster waits for its own next turn.
+    """
+
+    def __init__(self, reader, writer, pid: int, uid: int, trusted: bool, identity: procs.Identity | None):
         self.reader, self.writer = reader, writer
         self.pid, self.uid, self.trusted = pid, uid, trusted
+        self.identity = identity
         self.kernel: Kernel | None = None
         self.hello: dict | None = None  # its hello, with the figures of its latest state
         self.pending: dict[int, asyncio.Future] = {}
         self.next_id = 1
         self.node_sent: tuple | None = None  # the node figures it was last told
+        self.room_task: asyncio.Task | None = None  # its requests for room, one at a time
+        self.room_next: tuple[int, str] | None = None  # (id, purpose) of the one waiting its turn
+        self._tokens = float(MESSAGE_BURST)
+        self._filled = time.monotonic()
 
     async def send(self, msg: dict) -> None:
+        """Send ``msg``; the client is hung up on (ConnectionError) when it does not read."""
         self.writer.write(protocol.encode(msg))
-        await self.writer.drain()
+        transport = self.writer.transport
+        if transport is not None and transport.get_write_buffer_size() > SEND_BUFFER:
+            self.writer.close()
+            raise ConnectionError("the client does not read what it is sent")
+        try:
+            await asyncio.wait_for(self.writer.drain(), SEND_TIMEOUT)
+        except TimeoutError:
+            self.writer.close()
+            raise ConnectionError("the client does not read what it is sent") from None
+
+    async def paced(self) -> None:
+        """Wait, if need be, until this client may send its next message."""
+        now = time.monotonic()
+        self._tokens = min(MESSAGE_BURST, self._tokens + (now - self._filled) * MESSAGES_PER_SECOND)
+        self._filled = now
+        if self._tokens < 1:
+            await asyncio.sleep((1 - self._tokens) / MESSAGES_PER_SECOND)
+            self._tokens, self._filled = 1.0, time.monotonic()
+        self._tokens -= 1
 
     async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
-        """Send a request and wait for its reply (``{"ok": False}`` on timeout or hang-up);
-        ``sent()`` is called once it is sent (a failpoint)."""
+        """Send a request and wait for its reply (``{"ok": False}`` on timeout or hang-up,
+        with ``"timeout": True`` for a timeout); ``sent()`` is called once it is sent (a
+        failpoint)."""
         rid = self.next_id
         self.next_id += 1
         future = asyncio.get_running_loop().create_future()
@@ -126,8 +164,10 @@ class _Conn:
             if sent is not None:
                 sent()
             return await asyncio.wait_for(future, timeout)
-        except (TimeoutError, ConnectionError):
-            return {"ok": False, "message": f"no answer within {timeout:.0f} s"}
+        except TimeoutError:
+            return {"ok": False, "timeout": True, "message": f"no answer within {timeout:.0f} s"}
+        except ConnectionError:
+            return {"ok": False, "message": "the kernel hung up"}
         finally:
             self.pending.pop(rid, None)
 
@@ -138,6 +178,21 @@ MPS_WATCH_SECONDS = 10.0
 SWEEP_SECONDS = 5.0
 #: Seconds the disk tier is left alone after a spill failed (a full or failing disk).
 DISK_BACKOFF_SECONDS = 30.0
+#: Seconds a client may take to read what it is sent, and bytes that may wait for it,
+#: before it is hung up on.
+SEND_TIMEOUT, SEND_BUFFER = 10.0, 4 * 2**20
+#: How fast one client may send messages (per second, and in a burst): faster, its own
+#: reading waits; the others' does not.
+MESSAGES_PER_SECOND, MESSAGE_BURST = 200.0, 2000
+#: Seconds a kernel that let a request go unanswered is not asked again (its memory stays
+#: where it is meanwhile, as any kernel that cannot be paused), unless it answers sooner.
+UNRESPONSIVE_SECONDS = 600.0
+#: Seconds a kernel's refusal (to pause, suspend, spill or trim) stands, unless its state
+#: changes sooner: asking again would get the same answer.
+REFUSAL_SECONDS = 60.0
+#: Bytes past its budget a kernel's host and disk figures may reach (chunk headers,
+#: checksums) before the books stop believing them.
+FIGURE_SLACK = 64 * 2**20
 
 
 async def said_while(
@@ -219,12 +274,15 @@ class Arbiter:
         self.journal: Journal | None = None  # registrations over the socket (standalone)
         self._lock_fd: int | None = None
         self.disk_root: str = getattr(config, "disk_dir", "") or ""
+        self.disk: disk.DiskTier | None = None  # the disk tier, once its root is made (start)
         self.disk_problem: str | None = None  # why the disk tier failed last, while it is left alone
         self._disk_retry = 0.0  # monotonic seconds after which the disk tier is tried again
         self._swept = 0.0
         self._spilling: asyncio.Task | None = None
         self._spills: dict[int, asyncio.Future] = {}  # kernel pid -> its spill in progress
         self.started = time.monotonic()
+        self.per_uid: collections.Counter[int] = collections.Counter()  # open connections by uid
+        self._seen: dict[int, procs.Identity] = {}  # processes on the managed cards at the last look
 
     # -- the books -------------------------------------------------------------------
 
@@ -276,9 +334,17 @@ class Arbiter:
         return f"job:{job}" if job and f"job:{job}" in self.servers else None
 
     def _by_tree(self, pid: int) -> int | str | None:
-        roots = {s.pid: s.root for s in self.servers.values() if s.pid and not s.pod_uid and not s.job_id}
-        root = peers.root_in(pid, roots) if roots else None
-        return roots[root] if root is not None else None
+        """The nearest registered server process ``pid`` descends from, among those still
+        the process the Hub started (its start time): a PID that changed hands since
+        names an impostor, whose tree gets no slice."""
+        roots = {s.pid: s for s in self.servers.values() if s.pid and not s.pod_uid and not s.job_id}
+        if not roots:
+            return None
+        for p in peers.ancestors(pid):
+            server = roots.get(p)
+            if server is not None and (server.start is None or procs.start_time(p) == server.start):
+                return server.root
+        return None
 
     def server_of(self, pid: int) -> Server | None:
         root = self.root_of(pid)
@@ -294,16 +360,37 @@ class Arbiter:
         cgroup: str | None = None,
         cgroup_hierarchy: str = cgroups.V2,
         job_id: str | None = None,
+        start: int | None = None,
+        uid: int | None = None,
     ) -> Server:
         """Give a server a slice (from the Hub or a trusted client): every process in its
         ``cgroup`` (a path in ``cgroup_hierarchy``) and below, or (``pid`` 0) every
         process of the pod ``pod_uid`` or of the Slurm job ``job_id``, or the process
-        tree rooted at ``pid``."""
-        server = Server(
-            pid, user, name, slice_, pod_uid, job_id=job_id, cgroup=cgroup, cgroup_hierarchy=cgroup_hierarchy
-        )
-        root = server.root
+        tree rooted at ``pid``.
+
+        ``start`` is the start time of process ``pid`` as its spawner recorded it (clock
+        ticks after boot; read now where not given, or kept from an earlier
+        registration): a tree whose root is no longer that process belongs to no server.
+        ``uid`` is the account the server runs as (None: not checked): no process of
+        another uid is admitted as its kernel."""
+        root = Server(pid, user, name, slice_, pod_uid, job_id=job_id, cgroup=cgroup).root
         old = self.servers.get(root)
+        if pid and start is None:
+            start = old.start if old is not None and old.pid == pid else procs.start_time(pid)
+        if (
+            pid
+            and start is not None
+            and (old is None or old.start != start)
+            and procs.start_time(pid) != start
+        ):
+            log.warning(
+                "%s/%s: process %d is no longer the server's (it ended; the PID may name another "
+                "process now): no process gets its slice through it", user, name, pid,
+            )  # fmt: skip
+        server = Server(
+            pid, user, name, slice_, pod_uid, job_id=job_id, cgroup=cgroup, cgroup_hierarchy=cgroup_hierarchy,
+            start=start, uid=uid,
+        )  # fmt: skip
         self.servers[root] = server
         for kernel in self.kernels:
             if kernel.server.root == root:
@@ -429,27 +516,28 @@ class Arbiter:
         disk tier), ``disk_free`` (free bytes on its file system, or None), ``disk_dir``,
         ``disk_problem``, and how many kernels are in each tier."""
         kernels = self.kernels
-        root = self.disk_root
         return {
             "host_used": tiers.host_used(kernels),
             "host_limit": self.host_budget().limit,
             "host_available": tiers.meminfo().get("MemAvailable", 0),
             "disk_used": tiers.disk_used(kernels),
-            "disk_free": disk.free_bytes(root) if root else None,
-            "disk_dir": root or None,
+            "disk_free": self.disk.free_bytes() if self.disk is not None else None,
+            "disk_dir": self.disk_root or None,
             "disk_problem": self.disk_problem,
             "tiers": {t: sum(1 for k in kernels if k.tier == t) for t in TIERS},
         }
 
     def _disk_dir_of(self, conn: _Conn) -> str | None:
         """The disk tier directory of the kernel on ``conn`` (made at its first spill)."""
-        if not self.disk_root:
+        if self.disk is None or conn.identity is None:
             return None
-        return disk.kernel_dir(self.disk_root, conn.uid, conn.pid)
+        return self.disk.kernel_dir(conn.uid, conn.pid, conn.identity.start)
 
     def _disk_usable(self, need: int) -> str | None:
         """Why ``need`` more bytes cannot go to the disk tier now (None: they can)."""
-        if not self.disk_root:
+        if self.disk is None:
+            if self.disk_root:
+                return self.disk_problem or f"the disk tier {self.disk_root} is not in use"
             return "there is no disk tier (ArbiterApp.disk_dir is empty)"
         if time.monotonic() < self._disk_retry:
             return self.disk_problem or "the disk tier failed a moment ago"
@@ -457,7 +545,7 @@ class Arbiter:
         used = tiers.disk_used(self.kernels)
         if limit is not None and used + need > limit:
             return f"the disk tier holds {format_bytes(used)} of its {format_bytes(limit)} limit"
-        free = disk.free_bytes(self.disk_root)
+        free = self.disk.free_bytes()
         keep = getattr(self.config, "disk_reserve", 2**30) or 0
         if free is not None and free - need < keep:
             return (
@@ -486,8 +574,13 @@ class Arbiter:
         if why is not None:
             self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=why)
             return False
+        loop = asyncio.get_running_loop()
         try:  # the user's directory, theirs and private
-            await asyncio.get_running_loop().run_in_executor(None, disk.user_dir, self.disk_root, kernel.uid)
+            await loop.run_in_executor(None, self.disk.user_dir, kernel.uid)
+        except safe_dirs.UnsafePath as e:  # that user's directory alone: their spills wait
+            kernel.refused["spill"] = time.monotonic()
+            self._decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=str(e))
+            return False
         except OSError as e:
             self.disk_problem = f"the disk tier's directory cannot be made: {e}"
             self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
@@ -509,14 +602,26 @@ class Arbiter:
                 "spill cut short", server=kernel.server.key, pid=kernel.pid, message="the kernel left"
             )
             return False
+        self._heard(kernel, "spill", answer)
         if not answer.get("ok"):
             self.metrics.spill_failures.inc()
-            if _disk_error(answer.get("message", "")):  # a full or failing disk: left alone a while
-                self.disk_problem = f"spilling {kernel.server.key} failed: {answer.get('message', '')}"
+            message = answer.get("message", "")
+            # a full or failing disk (the arbiter's own write fails too) leaves the disk tier
+            # alone a while; a kernel's own trouble, or its word alone, stops only its spills
+            broken = await loop.run_in_executor(None, self.disk.probe) if _disk_error(message) else None
+            if broken is not None:
+                self.disk_problem = (
+                    f"spilling {kernel.server.key} failed: {message} (the disk tier: {broken})"
+                )
                 self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
-            self._decide(
-                "spill failed", server=kernel.server.key, pid=kernel.pid, message=answer.get("message", "")
-            )
+            self._decide("spill failed", server=kernel.server.key, pid=kernel.pid, message=message)
+            return False
+        kernel.disk_measured = await loop.run_in_executor(None, self._disk_size, kernel)
+        self._apply(kernel, {"disk_bytes": kernel.disk_bytes})
+        if kernel.host_bytes >= held:  # it said it spilled, and holds as much as before
+            kernel.refused["spill"] = time.monotonic()
+            why = "the kernel said it moved its memory to disk, yet holds as much host memory as before"
+            self._decide("spill failed", server=kernel.server.key, pid=kernel.pid, message=why)
             return False
         self.disk_problem = None
         self.metrics.spills.inc()
@@ -533,6 +638,7 @@ class Arbiter:
         if conn is None or conn.kernel is not kernel or kernel.state != IDLE or kernel.host_bytes <= 0:
             return 0
         answer = await conn.ask({"type": "trim"}, self.config.pause_timeout)
+        self._heard(kernel, "trim", answer)
         released = answer.get("released")  # its figures came first, in a state message
         if not answer.get("ok") or not isinstance(released, int) or released <= 0:
             why = answer.get("message", "")
@@ -551,25 +657,41 @@ class Arbiter:
         not. A pause that would eat into the host's reserve
         is never made (the OOM killer would take whole kernels); one that would pass the
         node's budget only when nothing colder is left to spill and the disk tier can take
-        the victim next (a kernel larger than the budget on its own)."""
+        the victim next (a kernel larger than the budget on its own).
+
+        What a kernel that declined to spill holds is its own (:func:`.books.cooperative`):
+        it counts against no one else's pause, and it is not asked again before
+        :data:`REFUSAL_SECONDS`; the host's reserve (``MemAvailable``, measured) still
+        counts everyone's memory."""
         asked: list[Kernel] = []  # to trim: one that gave nothing back is not asked again
+        tried: list[Kernel] = []  # to spill: each at most once here
         while True:
+            now = time.monotonic()
+            counted = books.cooperative(self.kernels, but=victim)
             budget = self.host_budget()
             available = tiers.meminfo().get("MemAvailable", 0)
-            over_budget, over_reserve = tiers.host_room(self.kernels, budget, need, available)
+            over_budget, over_reserve = tiers.host_room(counted, budget, need, available)
             if not over_budget and not over_reserve:
                 return None
-            held = format_bytes(tiers.host_used(self.kernels))
+            held = format_bytes(tiers.host_used(counted))
             why = (
                 f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
                 f"{format_bytes(available)} available)"
             )
-            warm = tiers.trimmable(self.kernels, time.monotonic(), exclude=(victim, *asked))
+            warm = [
+                k
+                for k in tiers.trimmable(counted, now, exclude=(victim, *asked))
+                if not k.declined("trim", now, REFUSAL_SECONDS)
+            ]
             if warm:
                 asked.append(warm[0])
                 if await self.trim(warm[0]):
                     continue  # losing no data comes before moving any to disk
-            candidates = tiers.spillable(self.kernels, time.monotonic(), exclude=(victim,))
+            candidates = [
+                k
+                for k in tiers.spillable(counted, now, exclude=(victim, *tried))
+                if not k.declined("spill", now, REFUSAL_SECONDS)
+            ]
             if not candidates:
                 disk_why = self._disk_usable(need)
                 if not over_reserve and disk_why is None:
@@ -580,29 +702,36 @@ class Arbiter:
                     return None
                 disk_why = disk_why or "no other paused kernel holds host memory to move there"
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
-            before = candidates[0].host_bytes
-            if not await self.spill(candidates[0], tell) or candidates[0].host_bytes >= before:
-                disk_why = (
-                    self.disk_problem or self._disk_usable(candidates[0].host_bytes) or "it moved nothing"
-                )
+            disk_why = self._disk_usable(candidates[0].host_bytes)
+            if disk_why is not None:
                 return f"{why}, and the disk tier takes nothing now: {disk_why}"
+            tried.append(candidates[0])
+            await self.spill(candidates[0], tell)  # whatever came of it, the next look says
 
     async def _spill_coldest(self) -> None:
         """Trim idle kernels' warm slabs, then spill the coldest paused kernels, while the
-        node is over its spill mark."""
-        for kernel in tiers.to_trim(
-            self.kernels, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), time.monotonic()
-        ):
-            await self.trim(kernel)
+        node is over its spill mark (kernels that declined either are left out: their
+        memory is their own, :func:`.books.cooperative`)."""
+        now = time.monotonic()
+        counted = books.cooperative(self.kernels)
+        for kernel in tiers.to_trim(counted, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), now):
+            if not kernel.declined("trim", now, REFUSAL_SECONDS):
+                await self.trim(kernel)
+        tried: list[Kernel] = []
         while True:
-            todo = tiers.to_spill(
-                self.kernels, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), time.monotonic()
-            )
+            now = time.monotonic()
+            counted = books.cooperative(self.kernels)
+            todo = [
+                k
+                for k in tiers.to_spill(
+                    counted, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), now
+                )
+                if k not in tried and not k.declined("spill", now, REFUSAL_SECONDS)
+            ]
             if not todo or self._disk_usable(todo[0].host_bytes) is not None:
                 return
-            before = todo[0].host_bytes
-            if not await self.spill(todo[0]) or todo[0].host_bytes >= before:
-                return  # refused, or it held nothing it could move
+            tried.append(todo[0])
+            await self.spill(todo[0])
 
     async def _tiers(self, now: float) -> None:
         """The host budget's background step: spill what is over the mark, tell the kernels
@@ -622,11 +751,22 @@ class Arbiter:
                 conn.node_sent = told
                 msg = {k: figures[k] for k in ("host_used", "host_limit", "disk_used")}
                 await self._send(conn, {"type": "node", **msg})
-        if self.disk_root and now - self._swept >= SWEEP_SECONDS:
+        if self.disk is not None and now - self._swept >= SWEEP_SECONDS:
             self._swept = now
-            removed = await asyncio.get_running_loop().run_in_executor(None, disk.sweep, self.disk_root)
-            for path in removed:
+            loop = asyncio.get_running_loop()
+            for path in await loop.run_in_executor(None, self.disk.sweep):
                 self._decide("disk tier freed", message=f"{path}: its kernel has ended")
+            for kernel in [
+                k for k in self.kernels if k.disk_bytes > 0
+            ]:  # what they say, against what is there
+                kernel.disk_measured = await loop.run_in_executor(None, self._disk_size, kernel)
+                self._apply(kernel, {"disk_bytes": kernel.disk_bytes})
+
+    def _disk_size(self, kernel: Kernel) -> int | None:
+        """Bytes in ``kernel``'s directory of the disk tier now (None: no disk tier)."""
+        if self.disk is None or kernel.identity is None:
+            return None
+        return self.disk.size(kernel.uid, kernel.pid, kernel.identity.start)
 
     def spawn_every(self, seconds: float, step) -> None:
         """Run the coroutine function ``step`` now and every ``seconds`` until :meth:`stop`
@@ -661,21 +801,41 @@ class Arbiter:
     # -- the socket ------------------------------------------------------------------
 
     async def start(self, path: str | Path) -> None:
-        """Listen on ``path`` (its directory is made, owned by us, writable by us alone),
-        once the arbiter serving it before has handed over (:mod:`.handoff`); slices
-        registered over the socket before a restart come back from the journal."""
+        """Listen on ``path``, once the arbiter serving it before has handed over
+        (:mod:`.handoff`); slices registered over the socket before a restart come back
+        from the journal.
+
+        The socket's directory is made (0755) or checked through :mod:`.safe_dirs`: no
+        link, no component another user owns or may write, so that no one but this
+        arbiter's user (and root) can put a file there, the lock file and the journal
+        included. The disk tier's root is made the same way (:class:`.disk.DiskTier`);
+        where it is not safe, the disk tier stays off and the log and the node's figures
+        say why.
+
+        Raises:
+            safe_dirs.UnsafePath: the socket's directory is not safe to use.
+            OSError: it cannot be made, or the arbiter before does not let go.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o755)
         loop = asyncio.get_running_loop()
-        self._lock_fd = await loop.run_in_executor(None, handoff.take, path.parent / "arbiter.lock")
+        directory = await loop.run_in_executor(None, safe_dirs.open_dir, path.parent, True, 0o755)
+        try:
+            self._lock_fd = await loop.run_in_executor(None, handoff.take, directory)
+        finally:
+            os.close(directory)
         if self.config.registrars != "none":
             self.journal = Journal(path.parent / "registrations.json")
-            for pid, user, name, slice_ in self.journal.load():
-                self.register(pid, user, name, slice_)
+            for pid, user, name, slice_, start, uid in self.journal.load():
+                self.register(pid, user, name, slice_, start=start, uid=uid)
         if self.disk_root:
-            for gone in await loop.run_in_executor(None, disk.sweep, self.disk_root):
-                self._decide("disk tier freed", message=f"{gone}: its kernel has ended")
+            try:
+                self.disk = await loop.run_in_executor(None, disk.DiskTier, self.disk_root)
+            except OSError as e:
+                self.disk_problem = f"the disk tier is off: {e}"
+                log.error("%s", self.disk_problem)
+            else:
+                for gone in await loop.run_in_executor(None, self.disk.sweep):
+                    self._decide("disk tier freed", message=f"{gone}: its kernel has ended")
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         self._changed = asyncio.Condition()
@@ -698,23 +858,64 @@ class Arbiter:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # the next arbiter may take over
             self._lock_fd = None
+        if self.disk is not None:
+            self.disk.close()
+            self.disk = None
 
     async def _send(self, conn: _Conn, msg: dict) -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await conn.send(msg)
 
     async def _serve(self, reader, writer) -> None:
-        pid, uid, _ = peers.peer_credentials(writer.get_extra_info("socket"))
-        conn = _Conn(reader, writer, pid, uid, trusted=uid in (0, os.getuid()))
+        """One client, from its connection to its hang-up.
+
+        Who it is comes from the Linux kernel, never from what it says: its peer
+        credentials and its :class:`.procs.Identity` (a client whose process has ended
+        since it connected, its PID perhaps another process's now, is turned away). A
+        user may hold :attr:`ArbiterApp.max_connections_per_user` connections at once
+        (root: any number); a client must say something within
+        ``ArbiterApp.hello_timeout`` seconds of connecting, then may stay idle for as long
+        as it likes."""
+        try:
+            pid, uid, identity = procs.Identity.of_peer(writer.get_extra_info("socket"))
+        except OSError:
+            writer.close()
+            return
+        conn = _Conn(reader, writer, pid, uid, trusted=uid in (0, os.geteuid()), identity=identity)
+        cap = getattr(self.config, "max_connections_per_user", 128)
+        why = None
+        if identity is None:
+            why = "the process that connected has ended (its PID may name another process now)"
+        elif uid != 0 and self.per_uid[uid] >= cap:
+            why = (
+                f"uid {uid} holds {self.per_uid[uid]} connections to the arbiter already, its limit "
+                "(ArbiterApp.max_connections_per_user)"
+            )
+            self.metrics.refused_connections.inc()
+            log.warning("connection refused: %s", why)
+        if why is not None:
+            await self._send(conn, {"type": "error", "message": f"refused: {why}"})
+            writer.close()
+            if identity is not None:
+                identity.close()
+            return
+        self.per_uid[uid] += 1
+        first = True
         try:
             while True:
                 try:
-                    line = await reader.readline()
+                    wait = getattr(self.config, "hello_timeout", 10.0) if first else None
+                    line = await asyncio.wait_for(reader.readline(), wait)
+                except TimeoutError:
+                    await self._send(conn, {"type": "error", "message": "nothing said after connecting"})
+                    return
                 except (asyncio.LimitOverrunError, ValueError):
                     await self._send(conn, {"type": "error", "message": "line too long"})
                     return
                 if not line:
                     return
+                first = False
+                await conn.paced()
                 try:
                     msg = protocol.decode(line)
                 except protocol.ProtocolError as e:
@@ -724,19 +925,26 @@ class Arbiter:
         except ConnectionError:
             pass
         finally:
+            self.per_uid[uid] -= 1
+            if self.per_uid[uid] <= 0:
+                del self.per_uid[uid]
+            if conn.room_task is not None:
+                conn.room_task.cancel()
             if self.unknown.get(conn.pid, (None,))[0] is conn:
                 del self.unknown[conn.pid]
             if conn.kernel is not None and self.conns.get(conn.pid) is conn:
                 del self.conns[conn.pid]
                 self._decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
-                where = conn.kernel.disk_dir
-                if where and disk.start_time(conn.pid) is None:  # ended: its disk tier goes too
-                    self._spawn(asyncio.get_running_loop().run_in_executor(None, disk.remove, where))
+                if conn.kernel.disk_dir and self.disk is not None and not identity.current():
+                    # it ended: its disk tier goes too
+                    loop = asyncio.get_running_loop()
+                    self._spawn(loop.run_in_executor(None, self.disk.remove, uid, pid, identity.start))
                 await self._notify()
             for future in conn.pending.values():
                 if not future.done():
                     future.set_result({"ok": False, "message": "the kernel hung up"})
             writer.close()
+            identity.close()
 
     def _may_register(self, conn: _Conn) -> str | None:
         """Why ``conn`` may not name slices (None: it may)."""
@@ -775,14 +983,27 @@ class Arbiter:
         elif kind == "state":
             self._state(conn.kernel, msg)
             await self._notify()
-        elif kind == "room" and msg["for"] == "prefetch":
-            self._spawn(self._prefetch(conn, msg["id"]))
         elif kind == "room":
-            self._spawn(self._room(conn, msg["id"], msg["for"]))
+            if conn.room_next is not None:  # one waits for its turn already: this one replaces it
+                why = "a newer request for room from this kernel replaced this one"
+                await self._send(conn, {"type": "deny", "id": conn.room_next[0], "message": why})
+            conn.room_next = (msg["id"], msg["for"])
+            if conn.room_task is None or conn.room_task.done():
+                conn.room_task = asyncio.ensure_future(self._rooms(conn))
         elif kind == "reply":
             future = conn.pending.get(msg["id"])
             if future is not None and not future.done():
                 future.set_result(msg)
+
+    async def _rooms(self, conn: _Conn) -> None:
+        """A kernel's requests for room, one at a time (a kernel runs one message at a
+        time; one asked while another is decided waits its turn, and at most one waits)."""
+        while conn.room_next is not None:
+            (rid, purpose), conn.room_next = conn.room_next, None
+            if purpose == "prefetch":
+                await self._prefetch(conn, rid)
+            else:
+                await self._room(conn, rid, purpose)
 
     async def _trusted(self, conn: _Conn, msg: dict) -> None:
         kind = msg["type"]
@@ -798,11 +1019,12 @@ class Arbiter:
                 await self._send(conn, {"type": "error", "message": f"register: {e}"})
                 return
             cgroup, hierarchy = (where.path, where.hierarchy) if where else (None, cgroups.V2)
-            self.register(
-                msg["pid"], msg["user"], msg["server"], slice_, cgroup=cgroup, cgroup_hierarchy=hierarchy
-            )
+            server = self.register(
+                msg["pid"], msg["user"], msg["server"], slice_, cgroup=cgroup, cgroup_hierarchy=hierarchy,
+                start=msg.get("start"), uid=msg.get("uid"),
+            )  # fmt: skip
             if self.journal is not None:
-                self.journal.add(msg["pid"], msg["user"], msg["server"], slice_)
+                self.journal.add(msg["pid"], msg["user"], msg["server"], slice_, server.start, server.uid)
             await self._send(conn, {"type": "ok"})
         elif kind == "unregister":
             for key in [k for k, s in self.servers.items() if s.pid == msg["pid"] and not s.pod_uid]:
@@ -841,22 +1063,67 @@ class Arbiter:
             return
         await self._admit(conn, server, msg["kernel_id"])
 
+    def _inadmissible(self, conn: _Conn, server: Server) -> str | None:
+        """Why the process on ``conn`` may not be ``server``'s kernel (None: it may): it
+        must still be the process that connected (its PID was read to find its server),
+        and of the server's account where the Hub names one."""
+        if conn.identity is None or not conn.identity.current():
+            return "the process that connected has ended (its PID may name another process now)"
+        if server.uid is not None and conn.uid != server.uid:
+            return f"this process runs as uid {conn.uid}, not as {server.key}'s account (uid {server.uid})"
+        return None
+
+    def _apply(self, kernel: Kernel, msg: dict) -> None:
+        """Take the byte figures of a kernel's hello or state (those ``msg`` holds) into
+        the books, never past what its slice allows nor past what the arbiter measured:
+        paused bytes at most its budget, or what NVML showed it holding just before its
+        pause (:attr:`.books.Kernel.measured`); host and disk bytes at most its budget
+        plus :data:`FIGURE_SLACK`, disk bytes at most what its directory of the disk tier
+        holds (:attr:`.books.Kernel.disk_measured`); a simulated card's resident bytes at
+        most the card. A figure past its bound is logged once, and the bound is used."""
+        budget = kernel.budget
+        held = budget + FIGURE_SLACK
+        bounds = {
+            "paused_bytes": budget if kernel.measured is None else kernel.measured + FIGURE_SLACK,
+            "host_bytes": held,
+            "disk_bytes": held if kernel.disk_measured is None else min(held, kernel.disk_measured),
+            "resident": kernel.slice.gpu_memory or budget,
+        }
+        for key, bound in bounds.items():
+            if key not in msg or (key == "resident" and not kernel.slice.simulated):
+                continue  # on a real card, resident bytes are NVML's
+            value = msg[key]
+            if value > bound and key != "disk_bytes" and not kernel.capped:
+                kernel.capped = True
+                self._decide(
+                    "figure capped", server=kernel.server.key, pid=kernel.pid,
+                    message=f"it says {key} {format_bytes(value)}; the books hold {format_bytes(bound)}",
+                )  # fmt: skip
+            setattr(kernel, key, min(value, bound))
+
     async def _admit(self, conn: _Conn, server: Server, kernel_id: str) -> None:
+        why = self._inadmissible(conn, server)
+        if why is not None:
+            self.metrics.refused_peers.inc()
+            self._decide("kernel refused", server=server.key, pid=conn.pid, uid=conn.uid, message=why)
+            await self._send(conn, {"type": "error", "message": f"refused: {why}"})
+            conn.writer.close()
+            return
         old = self.conns.get(conn.pid)
         if old is not None and old is not conn:
-            old.writer.close()
-        kernel = Kernel(conn.pid, server, kernel_id, uid=conn.uid)
+            old.writer.close()  # the same process again (it reconnected), or one that ended
+        kernel = Kernel(conn.pid, server, kernel_id, uid=conn.uid, identity=conn.identity)
         hello = conn.hello or {}
         if hello.get("version", 1) >= 2:
             kernel.state = hello["state"]
             kernel.since = time.monotonic() - hello["idle_seconds"]
-            kernel.resident = hello["resident"]
-            kernel.paused_bytes, kernel.host_bytes = hello["paused_bytes"], hello["host_bytes"]
-            kernel.disk_bytes = hello.get("disk_bytes", 0)
+            self._apply(kernel, hello)
+            if not kernel.slice.simulated:
+                kernel.resident = 0  # NVML's, at the next look
             if kernel.state == ACTIVE:  # it runs a cell now: it keeps the room it had
                 kernel.granted = kernel.budget
             if kernel.state == SUSPENDED:
-                kernel.checkpoint_bytes = kernel.resident
+                kernel.checkpoint_bytes = min(hello["resident"], kernel.slice.gpu_memory or kernel.budget)
         kernel.disk_dir = self._disk_dir_of(conn)
         conn.kernel = kernel
         self.conns[conn.pid] = conn
@@ -887,7 +1154,9 @@ class Arbiter:
             return
         loop = asyncio.get_running_loop()
         try:
-            where = await loop.run_in_executor(None, self.checkpoint.state, kernel.pid)
+            where = await loop.run_in_executor(
+                None, lambda: self.checkpoint.state(*_checked([kernel.identity]))
+            )
         except Exception as e:
             self._decide(
                 "suspended kernel found",
@@ -898,7 +1167,7 @@ class Arbiter:
             return
         if where == "locked":
             try:
-                await loop.run_in_executor(None, self.checkpoint.restore, kernel.pid)
+                await loop.run_in_executor(None, lambda: self.checkpoint.restore(_checked([kernel.identity])))
             except Exception as e:
                 self._decide("unlock failed", server=kernel.server.key, pid=kernel.pid, message=str(e))
                 return
@@ -919,16 +1188,15 @@ class Arbiter:
         before = kernel.tier
         if msg["state"] != kernel.state:
             kernel.state, kernel.since = msg["state"], time.monotonic()
+            kernel.refused.clear()  # asked again, it may answer otherwise now
             if kernel.state != ACTIVE:
                 kernel.granted = 0
             if kernel.state == SUSPENDED:
                 # a suspended kernel reports what the checkpoint took off the card (NVML's
                 # figure before it) as resident: the books' figure may already be 0
-                kernel.checkpoint_bytes = max(kernel.resident, msg["resident"])
-        if kernel.slice.simulated:  # no counters: the kernel's figure is all there is
-            kernel.resident = msg["resident"]
-        kernel.paused_bytes, kernel.host_bytes = msg["paused_bytes"], msg["host_bytes"]
-        kernel.disk_bytes = msg.get("disk_bytes", 0)
+                said = min(msg["resident"], kernel.slice.gpu_memory or kernel.budget)
+                kernel.checkpoint_bytes = max(kernel.resident, said)
+        self._apply(kernel, {"disk_bytes": 0, **msg})
         if msg["resume_seconds"] is not None:
             tier = {"disk": "disk", "suspended": "suspend"}.get(before, "pause")
             self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier=tier).observe(
@@ -1064,8 +1332,9 @@ class Arbiter:
         for victim, action in books.victims(others, kernel, self.config.suspend_after):
             if action == "suspend" and self.checkpoint is None:
                 continue
-            for_whom = f"room for {kernel.server.key}"
-            taking = self._take_off(victim, action, reason=for_whom, tell=tell, notes=notes)
+            taking = self._take_off(
+                victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes
+            )
             if tell is None:
                 ok = await taking
             else:  # a word each second: a suspend of tens of GiB takes tens of seconds
@@ -1084,7 +1353,9 @@ class Arbiter:
                 break
         return short, reading
 
-    async def _take_off(self, kernel: Kernel, action: str, reason: str, tell=None, notes=None) -> bool:
+    async def _take_off(
+        self, kernel: Kernel, action: str, reason: Reason, for_whom: str = "", tell=None, notes=None
+    ) -> bool:
         """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
         Host memory for it is made first (:meth:`_host_room`); where none can be, it stays.
 
@@ -1109,13 +1380,21 @@ class Arbiter:
         t0 = time.monotonic()
         reading = await self.read(uuid)
         before = reading.used
+        measured = None if kernel.slice.simulated else kernel.resident  # NVML's, just read
         answer = await conn.ask(
             {"type": action}, self.config.pause_timeout, sent=lambda: failpoints.hit("arbiter.pause")
         )
-        if not answer.get("ok") and action == "pause" and self.checkpoint is not None:
+        self._heard(kernel, action, answer)
+        if (
+            not answer.get("ok")
+            and action == "pause"
+            and self.checkpoint is not None
+            and not answer.get("timeout")
+        ):
             self._decide("pause refused", server=kernel.server.key, message=answer.get("message", ""))
             action = "suspend"
             answer = await conn.ask({"type": action}, self.config.pause_timeout)
+            self._heard(kernel, action, answer)
         if not answer.get("ok"):
             self._decide(f"{action} refused", server=kernel.server.key, message=answer.get("message", ""))
             if notes is not None:
@@ -1123,22 +1402,25 @@ class Arbiter:
             return False
         if action == "suspend":
             failpoints.hit("arbiter.suspend")
-            group = [p for p in reading.processes if p != kernel.pid and kernel.pid in peers.ancestors(p)]
-            group.append(kernel.pid)
+            group = self._group_of(kernel, reading.processes)
             # what the checkpoint takes off the card, after the kernel's own pause: its restore needs it back
             held = (await self.read(uuid)).processes
-            kernel.checkpoint_bytes = sum(held.get(p, 0) for p in group)
+            kernel.checkpoint_bytes = sum(held.get(i.pid, 0) for i in group)
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self.checkpoint.suspend, group)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self.checkpoint.suspend(_checked(group))
+                )
             except Exception as e:
+                procs.close_quietly(group[:-1])
                 self._decide("suspend failed", server=kernel.server.key, message=str(e))
                 return False
-            kernel.group = group
+            kernel.group, kernel.group_ids = [i.pid for i in group], group
             kernel.state, kernel.since = SUSPENDED, time.monotonic()
             self.metrics.suspends.labels(gpu=uuid).inc()
         else:
             kernel.state = PAUSED
-            self.metrics.pauses.labels(gpu=uuid, reason="room" if reason.startswith("room") else "idle").inc()
+            kernel.measured = measured
+            self.metrics.pauses.labels(gpu=uuid, reason=reason.value).inc()
         released = answer.get("released")  # bytes; absent from a suspend's answer
         if released != 0:  # a pause that released nothing leaves nothing to wait for
             await self._settle(uuid, before)
@@ -1146,10 +1428,44 @@ class Arbiter:
         fields = {"released": released} if released is not None else {}
         if action == "suspend" and len(kernel.group) > 1:
             fields["with"] = ",".join(map(str, kernel.group[:-1]))
+        said = f"room for {for_whom}" if reason is Reason.ROOM else reason.value
         self._decide(
-            action, server=kernel.server.key, pid=kernel.pid, reason=reason, seconds=round(took, 3), **fields
+            action, server=kernel.server.key, pid=kernel.pid, reason=said, seconds=round(took, 3), **fields
         )
         return True
+
+    def _heard(self, kernel: Kernel, action: str, answer: dict) -> None:
+        """Note a kernel's answer to ``action``: a refusal stands a while
+        (:data:`REFUSAL_SECONDS`, or until its state changes), and a request it let go
+        unanswered leaves it alone for :data:`UNRESPONSIVE_SECONDS`, unless it answers
+        something sooner: no kernel holds up a decision twice by keeping silent."""
+        now = time.monotonic()
+        if answer.get("ok"):
+            kernel.unresponsive_until = 0.0
+            kernel.refused.pop(action, None)
+            return
+        kernel.refused[action] = now
+        if answer.get("timeout"):
+            kernel.unresponsive_until = now + UNRESPONSIVE_SECONDS
+            self._decide(
+                "kernel unresponsive", server=kernel.server.key, pid=kernel.pid,
+                message=f"no answer to {action}: not asked again for {UNRESPONSIVE_SECONDS:.0f} s",
+            )  # fmt: skip
+
+    def _group_of(self, kernel: Kernel, on_card) -> list[procs.Identity]:
+        """The processes a suspend of ``kernel`` takes, the kernel last: its descendants
+        holding memory on the card (``on_card``: PIDs) that are of its uid and its server,
+        each as a :class:`.procs.Identity` taken now."""
+        group = []
+        for pid in on_card:
+            if pid == kernel.pid or kernel.pid not in peers.ancestors(pid):
+                continue
+            ident = procs.Identity.of(pid, uid=kernel.uid)
+            if ident is not None and self.root_of(pid) == kernel.server.root:
+                group.append(ident)
+            elif ident is not None:
+                ident.close()
+        return [*group, kernel.identity]
 
     async def _settle(self, uuid: str, before: int, timeout: float = 2.0) -> None:
         """Wait (briefly) for NVML to show the memory a pause released."""
@@ -1172,7 +1488,9 @@ class Arbiter:
             # not suspended by this arbiter, nor with a footprint: only the kernel's word
             # says so (chaos mode's helper, or a kernel suspended before it touched CUDA)
             try:
-                where = await loop.run_in_executor(None, self.checkpoint.state, kernel.pid)
+                where = await loop.run_in_executor(
+                    None, lambda: self.checkpoint.state(*_checked([kernel.identity]))
+                )
             except Exception:  # no CUDA context in it: nothing the driver holds
                 where = "running"
             if where == "running":
@@ -1181,18 +1499,21 @@ class Arbiter:
         # logged before the driver's call, so that a restore that never ends shows in the log
         log.info("restoring %s from the driver's checkpoint (group %s)", kernel.describe(), kernel.group)
         need = {kernel.slice.gpu_uuid: kernel.checkpoint_bytes} if not kernel.slice.simulated else None
+        group = kernel.group_ids
+        if not group:  # suspended by another: its descendants of its own user, as they are now
+            found = [procs.Identity.of(p, uid=kernel.uid) for p in _descendants(kernel.pid, kernel.uid)]
+            group = [*(i for i in found if i is not None), kernel.identity]
         try:
-            seconds = await loop.run_in_executor(
-                None,
-                self.checkpoint.restore,
-                kernel.group or [*_descendants(kernel.pid), kernel.pid],
-                need,
-            )
+            seconds = await loop.run_in_executor(None, lambda: self.checkpoint.restore(_checked(group), need))
         except self.checkpoint.NoRoom as e:
             return None, f"{kernel.server.key} waits to be restored: {e}"
         except Exception as e:
             return False, f"restoring the kernel failed: {e}"
-        kernel.checkpoint_bytes, kernel.group = 0, []
+        finally:
+            if group is not kernel.group_ids:
+                procs.close_quietly(group[:-1])
+        procs.close_quietly(kernel.group_ids[:-1])
+        kernel.checkpoint_bytes, kernel.group, kernel.group_ids = 0, [], []
         self.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
         self._decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
         return True, ""
@@ -1228,35 +1549,17 @@ class Arbiter:
 
     def allowed(self, pid: int) -> bool:
         """Whether a process of no server may use a managed card: this arbiter and its
-        ancestors (the Hub) always; else a process whose executable is one of
-        ``ArbiterApp.allowed_executables`` (a path, or a bare name of a program in a
-        directory only root may write), or whose cgroup lies within one of
-        ``allowed_cgroups``. A process gone meanwhile is allowed (nothing to act on)."""
+        ancestors (the Hub) always; else as :func:`.allowlist.judge` says of the process
+        (``ArbiterApp.allowed_executables``, ``allowed_cgroups``). A process gone
+        meanwhile, or one ``/proc`` cannot tell about, is allowed (nothing to act on)."""
         if pid in self.protected:
             return True
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
-        except FileNotFoundError:
-            return True
-        except OSError:
-            exe = ""
-        for entry in getattr(self.config, "allowed_executables", ()):
-            if exe and (
-                exe == entry or ("/" not in entry and os.path.basename(exe) == entry and _root_only(exe))
-            ):
-                return True
-        held = getattr(self.config, "allowed_cgroups", ())
-        if held:
-            memberships = cgroups.of(pid)
-            if memberships is None:
-                return True
-            for entry in held:
-                try:
-                    if cgroups.Cgroup.parse_name(entry).holds(memberships):
-                        return True
-                except ValueError:
-                    continue
-        return False
+        ok, why = allowlist.judge(
+            pid, getattr(self.config, "allowed_executables", ()), getattr(self.config, "allowed_cgroups", ())
+        )
+        if not ok and pid in self.unowned:
+            self.unowned[pid]["why"] = why
+        return ok
 
     async def enforce(self, now: float) -> None:
         """Compare every server's processes on the managed cards, together, with its
@@ -1274,6 +1577,9 @@ class Arbiter:
             for pid, used in reading.processes.items():
                 processes[pid] = processes.get(pid, 0) + used
                 by_card.setdefault(pid, {})[uuid] = used
+        seen = self._identify(processes)
+        processes = {pid: used for pid, used in processes.items() if pid in seen}
+        by_card = {pid: cards for pid, cards in by_card.items() if pid in seen}
         self._card_of = {pid: max(cards, key=cards.__getitem__) for pid, cards in by_card.items()}
         owner = owners(self.servers.values(), self.mapping, read)
         actions = self.watchdog.step(now, processes, owner, self.allowed, by_card)
@@ -1287,6 +1593,22 @@ class Arbiter:
                 sum(1 for pid in self.unowned if self._card_of.get(pid) == uuid)
             )
         self._unowned_cards = {self._card_of.get(pid, "") for pid in self.unowned}
+
+    def _identify(self, pids) -> dict[int, procs.Identity]:
+        """Each process of ``pids`` (on the cards now) as a :class:`.procs.Identity`, kept
+        from the look before where it is still the same process, taken now otherwise; a
+        process ``/proc`` cannot tell about is left out of this look (unknown: nothing is
+        done to it, it is not taken for unowned)."""
+        seen = {}
+        for pid in pids:
+            ident = self._seen.get(pid)
+            if ident is None or not ident.current():
+                ident = procs.Identity.of(pid)
+            if ident is not None:
+                seen[pid] = ident
+        procs.close_quietly(i for pid, i in self._seen.items() if seen.get(pid) is not i)
+        self._seen = seen
+        return seen
 
     async def _act(self, action, uuid: str) -> None:
         if action.unowned:
@@ -1306,22 +1628,40 @@ class Arbiter:
             if other.kernel is not None and other.kernel.server.root == key:
                 await self._send(other, {"type": "notice", "message": action.message()})
         if action.kind == "kill":
-            self._end(action.pid)
+            server = self.server_of(action.pid)
+            ident = self._seen.get(action.pid)
+            if (
+                server is not None
+                and server.uid is not None
+                and ident is not None
+                and ident.uid != server.uid
+            ):
+                why = (
+                    f"not ended: it runs as uid {ident.uid}, not as {server.key}'s account (uid {server.uid})"
+                )
+                self._decide("not ended", server=action.server, pid=action.pid, message=why)
+            else:
+                self._end(action.pid)
         elif action.kind == "pause" and conn is not None and conn.kernel.state in (books.IDLE,):
-            await self._take_off(conn.kernel, "pause", reason=what)
+            await self._take_off(
+                conn.kernel, "pause", Reason.WRONG_GPU if action.wrong_gpu else Reason.OVER_BUDGET
+            )
 
     def _end(self, pid: int) -> None:
-        if pid in self.protected:  # never this arbiter or the Hub
+        """SIGKILL to the process ``pid`` was when the watchdog last looked (through its
+        identity: never to a process that took its PID since), never this arbiter or the Hub."""
+        ident = self._seen.get(pid)
+        if pid in self.protected or ident is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, 9)
+        if not ident.send(signal.SIGKILL):
+            self._decide("not ended", pid=pid, message="it ended, or its PID names another process now")
 
     async def _act_unowned(self, action, uuid: str) -> None:
         """Report (log, books, Hub page, metric) and, under ``unowned_policy``, end a
         process that uses a managed card and belongs to no server."""
         entry = self.unowned.get(action.pid)
         if entry is None:
-            entry = {"pid": action.pid, "gpu": uuid, "since": time.time(), **_describe(action.pid)}
+            entry = {"pid": action.pid, "gpu": uuid, "since": time.time(), **procs.describe(action.pid)}
             self.unowned[action.pid] = entry
         entry["used"] = action.used
         self._decide(
@@ -1368,4 +1708,4 @@ class Arbiter:
                 for kernel, action in todo:
                     if not books.quiet(self.on_card(uuid)):
                         break  # a cell started meanwhile: the rest waits for the next quiet look
-                    await self._take_off(kernel, action, reason="idle")
+                    await self._take_off(kernel, action, Reason.IDLE)

@@ -14,9 +14,21 @@ lowest priority, and the most above their guaranteed request.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 
 from jupyter_vgpu.slice import Slice
+
+
+class Reason(str, enum.Enum):
+    """Why a kernel is taken off its card: the label of the pauses metric and the start of
+    the decision's ``reason``."""
+
+    ROOM = "room"  # another kernel asked for room (the decision names whom for)
+    IDLE = "idle"  # in the background: a full card, or idle past ``suspend_after``
+    OVER_BUDGET = "over budget"  # the watchdog, under ``over_budget = "pause"``
+    WRONG_GPU = "wrong GPU"  # the watchdog: a process of it holds memory on another card
+
 
 #: Kernel states, as kernels report them.
 ACTIVE, IDLE, PAUSED, SUSPENDED = "active", "idle", "paused", "suspended"
@@ -44,6 +56,12 @@ class Server:
             (:mod:`.cgroups`); None where the server has none (its process tree, then).
         cgroup_hierarchy: the hierarchy of ``cgroup`` (:data:`.cgroups.V2`, or a v1
             hierarchy's name).
+        start: the start time of the process ``pid`` (clock ticks after boot), as the
+            Hub recorded it when it started the server (else as first seen): once that
+            process has ended, ``pid`` names another process, which never inherits the
+            slice. None for a server known by its pod or job.
+        uid: the uid of the account the server runs as, where the Hub says (None: not
+            checked); a process of another uid is never admitted as its kernel.
     """
 
     pid: int
@@ -54,6 +72,8 @@ class Server:
     job_id: str | None = None
     cgroup: str | None = None
     cgroup_hierarchy: str = "cgroup2"
+    start: int | None = None
+    uid: int | None = None
 
     @property
     def key(self) -> str:
@@ -92,6 +112,19 @@ class Kernel:
             that held memory on the card first); empty unless suspended by the arbiter.
         uid: its user id on the host (the socket's peer credentials).
         disk_dir: its directory of the disk tier, or None where there is no disk tier.
+        identity: its process (:class:`.procs.Identity`), taken as it connected: checked
+            again before the arbiter suspends, restores or ends it.
+        group_ids: the identities of ``group``, taken as they were suspended.
+        refused: what it declined (``pause``, ``suspend``, ``spill``, ``trim``) and when
+            (monotonic seconds); forgotten when its state changes. A kernel that declined
+            to spill holds its host memory on its own account (:func:`cooperative`).
+        unresponsive_until: monotonic seconds until which it is not asked anything (it
+            let a request go unanswered).
+        measured: the bytes NVML showed it holding on the card just before its last
+            pause (None: not measured; a simulated card, or paused before this arbiter
+            met it): what its paused figure may not pass.
+        disk_measured: bytes the arbiter found in its directory of the disk tier at the
+            last look (None: not looked): what its disk figure may not pass.
     """
 
     pid: int
@@ -108,6 +141,13 @@ class Kernel:
     group: list[int] = dataclasses.field(default_factory=list)
     uid: int = -1
     disk_dir: str | None = None
+    identity: object = None
+    group_ids: list = dataclasses.field(default_factory=list)
+    refused: dict[str, float] = dataclasses.field(default_factory=dict)
+    unresponsive_until: float = 0.0
+    measured: int | None = None
+    disk_measured: int | None = None
+    capped: bool = False  # a figure of its passed its bound (logged once)
 
     @property
     def slice(self) -> Slice:
@@ -153,6 +193,22 @@ class Kernel:
 
     def describe(self) -> str:
         return f"{self.server.key} (pid {self.pid}, {self.state})"
+
+    def declined(self, action: str, now: float, fresh: float) -> bool:
+        """Whether it declined ``action`` less than ``fresh`` seconds before ``now``, or
+        does not answer requests now (:attr:`unresponsive_until`)."""
+        if now < self.unresponsive_until:
+            return True
+        when = self.refused.get(action)
+        return when is not None and now - when < fresh
+
+
+def cooperative(kernels: list[Kernel], but: Kernel | None = None) -> list[Kernel]:
+    """Those of ``kernels`` whose host memory counts against the node's host budget: all
+    but the kernels that declined to move their paused memory to disk (their memory is on
+    their own account: it keeps them from being paused further, never anyone else), and
+    ``but`` always (a kernel's own memory always counts against its own pause)."""
+    return [k for k in kernels if k is but or "spill" not in k.refused]
 
 
 def ceiling(kernel: Kernel, free: int, others: list[Kernel]) -> int:

@@ -33,17 +33,29 @@ class Control:
             raise ControlError(answer.get("message", str(answer)))
         return answer
 
-    def register(self, pid: int, user: str, server: str, slice_: Slice, cgroup: str | None = None) -> None:
+    def register(
+        self,
+        pid: int,
+        user: str,
+        server: str,
+        slice_: Slice,
+        cgroup: str | None = None,
+        start: int | None = None,
+        uid: int | None = None,
+    ) -> None:
         """Give the process tree rooted at ``pid`` the slice ``slice_``; with ``cgroup``
         (``PATH`` in the unified hierarchy, or ``HIERARCHY:PATH``), every process in that
-        cgroup and below.
+        cgroup and below. ``start``: the start time of ``pid`` when the server started
+        (clock ticks after boot; read by the arbiter where not given); ``uid``: the
+        account the server runs as (its kernels must be of it).
 
         Raises:
             ControlError: the arbiter refused.
         """
         msg = {"type": "register", "pid": pid, "user": user, "server": server, "slice": slice_.to_dict()}
-        if cgroup is not None:
-            msg["cgroup"] = cgroup
+        for key, value in (("cgroup", cgroup), ("start", start), ("uid", uid)):
+            if value is not None:
+                msg[key] = value
         self._ask(msg)
 
     def unregister(self, pid: int) -> None:

@@ -1,7 +1,8 @@
 """The arbiter's Prometheus metrics (prometheus-client), in a registry of its own.
 
-``jupyter_vgpu_pauses_total{gpu, reason}`` (reason: ``room`` for another kernel, or
-``idle`` in the background), ``jupyter_vgpu_suspends_total{gpu}``,
+``jupyter_vgpu_pauses_total{gpu, reason}`` (reason, :class:`.books.Reason`: ``room``
+for another kernel, ``idle`` in the background, ``over budget`` or ``wrong GPU`` by the
+watchdog), ``jupyter_vgpu_suspends_total{gpu}``,
 ``jupyter_vgpu_resume_seconds{gpu, tier}`` (tier: ``pause`` or ``suspend``),
 ``jupyter_vgpu_queue_wait_seconds{gpu}`` (how long a cell waited for room),
 ``jupyter_vgpu_enforcement_actions_total{gpu, action}`` (servers over their budget),
@@ -108,3 +109,14 @@ class Metrics:
             "jupyter_vgpu_kernels_joined", "Kernels that said hello, by where their memory was.", ["tier"],
             registry=r,
         )  # fmt: skip
+        self.refused_connections = Counter(
+            "jupyter_vgpu_refused_connections",
+            "Connections turned away: their process had ended, or their user held the most allowed.",
+            registry=r,
+        )
+        self.refused_peers = Counter(
+            "jupyter_vgpu_refused_peers",
+            "Processes refused as a kernel: not of the server's account, or no longer the process "
+            "that connected.",
+            registry=r,
+        )

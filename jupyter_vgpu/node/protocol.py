@@ -46,7 +46,9 @@ status`` and the panel).
 Trusted clients (the arbiter's own user, or root: the Hub's spawner, a benchmark) may
 also send ``{"type": "register", "pid": int, "user": str, "server": str, "slice":
 <slice>}`` (the process tree rooted at ``pid`` has that slice; with an optional
-``"cgroup": str``, every process in that cgroup, ``PATH`` or ``HIERARCHY:PATH``), ``{"type":
+``"cgroup": str``, every process in that cgroup, ``PATH`` or ``HIERARCHY:PATH``; with an
+optional ``"start": int``, the start time of process ``pid`` when the server started, and
+``"uid": int``, the account it runs as: see :meth:`.arbiter.Arbiter.register`), ``{"type":
 "unregister", "pid": int}``, ``{"type": "books"}`` (the arbiter's view, for tests and
 the Hub's page) and ``{"type": "refresh"}`` (the Hub's slices changed: read them now,
 sent by the Hub after a quota change); each is answered ``{"type": "ok", ...}`` or
@@ -123,7 +125,7 @@ _FIELDS = {
 }
 #: Fields a message may leave out: those a version-1 kernel does not send, and a
 #: registration's cgroup (a server without one is known by its process tree).
-_OPTIONAL = {"state": {"disk_bytes"}, "register": {"cgroup"}}
+_OPTIONAL = {"state": {"disk_bytes"}, "register": {"cgroup", "start", "uid"}}
 TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
 
 
@@ -185,6 +187,9 @@ def decode(line: bytes) -> dict[str, Any]:
                 raise ProtocolError("register: slice must be a slice object")
             if "cgroup" in msg and msg["cgroup"] is not None:
                 _str(msg, "cgroup", 4096)
+            for key in ("start", "uid"):
+                if msg.get(key) is not None:
+                    _int(msg, key)
     return msg
 
 
