@@ -1332,6 +1332,10 @@ class Arbiter:
         for victim, action in books.victims(others, kernel, self.config.suspend_after):
             if action == "suspend" and self.checkpoint is None:
                 continue
+            if victim.declined(action, time.monotonic(), REFUSAL_SECONDS):
+                if notes is not None:  # asking again would get the same answer, or none
+                    notes.append(f"{victim.server.key} stays: it declined to {action} a moment ago")
+                continue
             taking = self._take_off(
                 victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes
             )
