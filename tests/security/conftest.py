@@ -1,0 +1,22 @@
+"""The security tests need root: real accounts and a root arbiter (CI runs as root)."""
+
+import pytest
+
+from jupyter_vgpu.testing import security_scene
+
+
+def pytest_collection_modifyitems(items):
+    why = security_scene.unavailable()
+    if why:
+        for item in items:
+            if "tests/security/" in str(item.fspath):
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def accounts():
+    """The victim's and the attacker's accounts, removed after the session."""
+    yield
+    if security_scene.unavailable() is None:
+        for name in (security_scene.VICTIM, security_scene.ATTACKER):
+            security_scene.remove_account(name)
