@@ -12,7 +12,8 @@
  * it directly. fake_cuda_used() is the bytes of physical memory alive: NVML's figure.
  *
  * Test controls: fake_cuda_hold_events(1) keeps events not ready; fake_cuda_capture(1)
- * makes every stream look captured.
+ * makes every stream look captured. A kernel launched is a host function, run on the
+ * launching thread (cuLaunchKernel).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -379,6 +380,22 @@ CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
 }
 CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) { (void)pool; (void)attr; (void)value; return OK; }
 
+/* ---- work on the "device" ------------------------------------------------------------ */
+/* A kernel here is a host function, run at once on the launching thread with the
+ * launch's parameters: what it writes into "device" memory lands there before the launch
+ * returns, and memory that is not mapped (a paused segment) faults as a GPU would. */
+typedef void (*FakeKernel)(void **params);
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shm, void *stream, void **params, void **extra) {
+  (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shm; (void)stream; (void)extra;
+  if (!f) return INVALID_VALUE;
+  ((FakeKernel)f)(params);
+  return OK;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { memcpy((void *)(uintptr_t)d, h, n); return OK; }
+CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr s, size_t n) { memcpy(h, (void *)(uintptr_t)s, n); return OK; }
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
+
 /* ---- cuGetProcAddress --------------------------------------------------------------- */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
@@ -398,6 +415,7 @@ static const struct { const char *name; void *fn; } table[] = {
     E(cuStreamIsCapturing_ptsz), E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemAllocFromPoolAsync), E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFreeAsync),
     E(cuMemFreeAsync_ptsz), E(cuMemPoolTrimTo), E(cuMemPoolGetAttribute), E(cuMemPoolSetAttribute),
+    E(cuLaunchKernel), E(cuMemcpyHtoD_v2), E(cuMemcpyDtoH_v2), E(cuMemsetD8_v2),
 };
 #undef E
 
@@ -405,7 +423,8 @@ static CUresult lookup(const char *symbol, void **pfn, int version, unsigned lon
   static const char *ptsz[] = {"cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync", "cuEventRecord",
                                "cuStreamIsCapturing"};
   static const char *v2[] = {"cuMemAlloc", "cuMemFree", "cuMemAllocPitch", "cuMemGetAddressRange",
-                             "cuIpcOpenMemHandle", "cuEventDestroy"};
+                             "cuIpcOpenMemHandle", "cuEventDestroy", "cuMemcpyHtoD", "cuMemcpyDtoH",
+                             "cuMemsetD8"};
   char name[128];
   *pfn = NULL;
   if (strlen(symbol) > 100) return NOT_FOUND;

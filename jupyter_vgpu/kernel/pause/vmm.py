@@ -11,6 +11,7 @@ Torch-free: the engine hands unit addresses to the codec itself.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -25,8 +26,11 @@ from ..cache import cache_dir
 
 NATIVE = Path(__file__).with_name("native")
 #: The library's C sources, compiled together (``vmm.h`` is their shared header).
-SOURCES = tuple(NATIVE / name for name in ("vmm.c", "handles.c", "arena.c", "ipc.c", "interpose.c"))
-HEADERS = (NATIVE / "vmm.h",)
+SOURCES = tuple(
+    NATIVE / name
+    for name in ("vmm.c", "handles.c", "arena.c", "ipc.c", "interpose.c", "held.c", "gate.c", "stubs.S")
+)
+HEADERS = tuple(NATIVE / name for name in ("vmm.h", "held.h", "interpose.h", "stubs.h"))
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
 
 #: Backends of :meth:`VMM.init`.
@@ -62,6 +66,11 @@ class VMMError(RuntimeError):
 
 class DeviceFull(VMMError):
     """The device has no room for the segment's physical memory; nothing changed."""
+
+
+class GateBusy(RuntimeError):
+    """The gate could not close: a GPU call already in the driver did not return in time
+    (a long synchronous copy of another thread); the message says how long was waited."""
 
 
 #: Flags of a unit (``native/vmm.h``, ``UNIT_*``).
@@ -199,6 +208,30 @@ def library_path() -> Path:
     return cached if cached.exists() else build(cached)
 
 
+#: The gate's modes (native/stubs.h).
+PRESENT, PAUSED, SUSPENDED = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class GateFigures:
+    """The gate of native/gate.c now.
+
+    Attributes:
+        mode: :data:`PRESENT`, :data:`PAUSED` or :data:`SUSPENDED`.
+        waiting: threads whose GPU call waits now.
+        since: monotonic seconds (``time.monotonic``'s clock) the first of them began to
+            wait, or None.
+        held_total: calls held since the process started.
+        wanted: a held call asked for the kernel to come back in this time away.
+    """
+
+    mode: int
+    waiting: int
+    since: float | None
+    held_total: int
+    wanted: bool
+
+
 class VMM:
     """The process's pausable allocator (one per process: the C library keeps one table).
 
@@ -235,6 +268,90 @@ class VMM:
         lib.vgpu_preloaded.restype = i32
         lib.vgpu_last_error.restype = i32
         lib.vgpu_last_message.restype = ctypes.c_char_p
+        lib.vgpu_gate_close.argtypes, lib.vgpu_gate_close.restype = [i32, i32], i32
+        lib.vgpu_gate_set.argtypes, lib.vgpu_gate_set.restype = [i32], None
+        lib.vgpu_gate_open.argtypes, lib.vgpu_gate_open.restype = [], None
+        lib.vgpu_gate_mine.argtypes, lib.vgpu_gate_mine.restype = [i32], i32
+        lib.vgpu_gate_wanted_fd.argtypes, lib.vgpu_gate_wanted_fd.restype = [], i32
+        lib.vgpu_gate_fail.argtypes, lib.vgpu_gate_fail.restype = [i32, ctypes.c_char_p], None
+        lib.vgpu_gate_figures.argtypes = [
+            ctypes.POINTER(i32),
+            ctypes.POINTER(ctypes.c_long),
+            ctypes.POINTER(ctypes.c_double),
+            ctypes.POINTER(u64),
+            ctypes.POINTER(i32),
+        ]
+        lib.vgpu_gate_figures.restype = None
+        lib.vgpu_stubs_available.restype = i32
+
+    # -- the gate (gate.c): no thread's GPU call reaches memory that is away -------------
+
+    def gate_close(self, mode: int, timeout: float = 10.0) -> None:
+        """Hold every GPU call of the process's threads from now on (``mode``:
+        :data:`PAUSED`, or :data:`SUSPENDED`: every driver call), the machinery's marked
+        threads aside, and wait up to ``timeout`` seconds for the calls already in the
+        driver to return.
+
+        Raises:
+            GateBusy: a call did not return in time; the gate is open again.
+        """
+        if self._lib.vgpu_gate_close(mode, int(timeout * 1000)):
+            raise GateBusy(f"a GPU call of another thread of this kernel did not return within {timeout:g} s")
+
+    def gate_set(self, mode: int) -> None:
+        """Change what the closed gate holds (a restored process: :data:`PAUSED`)."""
+        self._lib.vgpu_gate_set(mode)
+
+    def gate_open(self) -> None:
+        """Let every held call go on (the kernel is back); frees deferred meanwhile happen now."""
+        self._lib.vgpu_gate_open()
+
+    def gate_fail(self, why: str, code: int = 2) -> None:
+        """The way back failed: the calls held return ``code`` (CUDA's error number,
+        ``CUDA_ERROR_OUT_OF_MEMORY`` by default) with ``why`` as the library's last
+        message, and so does every call made before the gate opens."""
+        self._lib.vgpu_gate_fail(code, why.encode(errors="replace")[:250])
+
+    @contextlib.contextmanager
+    def machinery(self):
+        """While in this block, the calling thread's GPU calls are never held: it is the
+        pause engine moving the memory (not the user's code)."""
+        was = self._lib.vgpu_gate_mine(1)
+        try:
+            yield
+        finally:
+            self._lib.vgpu_gate_mine(was)
+
+    def wanted_fd(self) -> int:
+        """An eventfd that becomes readable when a held call asks for the kernel to come
+        back (once per time away)."""
+        return self._lib.vgpu_gate_wanted_fd()
+
+    def gate(self) -> GateFigures:
+        """The gate now (:class:`GateFigures`)."""
+        mode, waiting, since, total, wanted = (
+            ctypes.c_int(), ctypes.c_long(), ctypes.c_double(), ctypes.c_uint64(), ctypes.c_int()
+        )  # fmt: skip
+        self._lib.vgpu_gate_figures(
+            ctypes.byref(mode),
+            ctypes.byref(waiting),
+            ctypes.byref(since),
+            ctypes.byref(total),
+            ctypes.byref(wanted),
+        )
+        return GateFigures(mode.value, waiting.value, since.value or None, total.value, bool(wanted.value))
+
+    @property
+    def last_message(self) -> str:
+        """The library's last error, in words (what failed, and why)."""
+        return (self._lib.vgpu_last_message() or b"").decode(errors="replace")
+
+    @property
+    def holds_every_call(self) -> bool:
+        """True where every driver entry point handed out is held while the kernel is
+        suspended (x86-64); elsewhere only the library's own (launches, copies, sets,
+        allocations), and a thread may wait in the driver's lock until the restore."""
+        return bool(self._lib.vgpu_stubs_available())
 
     def init(self, backend: int) -> None:
         """Choose the backend once per process: :data:`CUDA` or :data:`HOST`.

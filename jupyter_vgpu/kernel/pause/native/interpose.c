@@ -31,6 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "held.h"
+#include "interpose.h"
+
 CUresult handles_create(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult handles_release(CUmemGenericAllocationHandle);
 CUresult handles_map_range(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
@@ -100,6 +103,8 @@ static CUresult alloc_sync(int device, uint64_t size, uint64_t *out) {
  * synchronize lasts as long as the longest kernel queued, and every other thread of the
  * process (allocations, the kernel's usage reports) would wait on the lock meanwhile.
  * CUDA_ERROR_NOT_FOUND: not ours. */
+static CUresult defer_free(uint64_t ptr);
+
 static CUresult free_sync(uint64_t ptr) {
   pthread_mutex_lock(&g_lock);
   Segment *s = seg_containing(ptr);
@@ -107,6 +112,7 @@ static CUresult free_sync(uint64_t ptr) {
   int ours = s && !(s->flags & SEG_CACHED);
   pthread_mutex_unlock(&g_lock);
   if (!ours) return CUDA_ERROR_NOT_FOUND;
+  if (vgpu_free_deferred()) return defer_free(ptr); /* the pause engine may be moving it */
   ensure_context(device);
   drv.cuCtxSynchronize();
   pthread_mutex_lock(&g_lock);
@@ -124,6 +130,39 @@ static CUresult free_sync(uint64_t ptr) {
   }
   pthread_mutex_unlock(&g_lock);
   return r;
+}
+
+/* Frees of memory of ours made while the kernel was away: done once it is back
+ * (frees_reap_deferred, from the gate's opening). Memory the pause engine moves must stay
+ * where it is until then; its owner has let go of it, so nothing else changes. */
+static uint64_t *g_deferred = NULL;
+static size_t g_ndeferred = 0, g_cap_deferred = 0;
+
+static CUresult defer_free(uint64_t ptr) {
+  pthread_mutex_lock(&g_lock);
+  if (g_ndeferred == g_cap_deferred) {
+    size_t cap = g_cap_deferred ? 2 * g_cap_deferred : 64;
+    uint64_t *grown = realloc(g_deferred, cap * sizeof *grown);
+    if (grown) {
+      g_deferred = grown;
+      g_cap_deferred = cap;
+    }
+  }
+  int kept = g_ndeferred < g_cap_deferred;
+  if (kept) g_deferred[g_ndeferred++] = ptr;
+  pthread_mutex_unlock(&g_lock);
+  return kept ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void frees_reap_deferred(void) {
+  pthread_mutex_lock(&g_lock);
+  uint64_t *todo = g_deferred;
+  size_t n = g_ndeferred;
+  g_deferred = NULL;
+  g_ndeferred = g_cap_deferred = 0;
+  pthread_mutex_unlock(&g_lock);
+  for (size_t i = 0; i < n; i++) free_sync(todo[i]);
+  free(todo);
 }
 
 typedef struct { uint64_t ptr, size; } Managed;
@@ -160,8 +199,15 @@ static void forget_managed(uint64_t ptr) {
 #define PASS_IF_OFF(call) \
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED; \
   if (!interposing()) return call
+/* While the kernel is suspended every call waits for its restore (gate.c). */
+#define HOLD_IF_SUSPENDED()                            \
+  do {                                                 \
+    CUresult held_ = vgpu_held_if_suspended();         \
+    if (held_ != CUDA_SUCCESS) return held_;           \
+  } while (0)
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAlloc_v2(dptr, size));
   if (!dptr || !size) return CUDA_ERROR_INVALID_VALUE;
   int device;
@@ -174,6 +220,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
   if (!dptr || !pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
   int device, align = 0;
@@ -194,6 +241,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemFree_v2(dptr));
   CUresult r = dptr ? free_sync(dptr) : CUDA_ERROR_NOT_FOUND;
   if (r != CUDA_ERROR_NOT_FOUND) return r;
@@ -202,6 +250,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemGetAddressRange_v2(base, size, dptr));
   uint64_t b, n;
   pthread_mutex_lock(&g_lock);
@@ -214,6 +263,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dp
 }
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAllocManaged(dptr, size, flags));
   CUresult r = drv.cuMemAllocManaged(dptr, size, flags);
   if (r == CUDA_SUCCESS) note_managed(*dptr, size);
@@ -244,42 +294,50 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int ptsz) {
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAllocAsync(dptr, size, stream));
   return alloc_async(dptr, size, NULL, stream, 0);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAllocAsync_ptsz(dptr, size, stream));
   return alloc_async(dptr, size, NULL, stream, 1);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAllocFromPoolAsync(dptr, size, pool, stream));
   return alloc_async(dptr, size, pool, stream, 0);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream));
   return alloc_async(dptr, size, pool, stream, 1);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemFreeAsync(dptr, stream));
   return free_async(dptr, stream, 0);
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemFreeAsync_ptsz(dptr, stream));
   return free_async(dptr, stream, 1);
 }
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemPoolTrimTo(pool, keep));
   async_trim(pool, keep);
   return drv.cuMemPoolTrimTo(pool, keep);
 }
 
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemPoolGetAttribute(pool, attr, value));
   CUresult r = drv.cuMemPoolGetAttribute(pool, attr, value);
   if (r == CUDA_SUCCESS && value && attr >= CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT &&
@@ -289,6 +347,7 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
 }
 
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemPoolSetAttribute(pool, attr, value));
   CUresult r = drv.cuMemPoolSetAttribute(pool, attr, value);
   if (r == CUDA_SUCCESS && (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH))
@@ -298,40 +357,47 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemCreate(handle, size, prop, flags));
   return handles_create(handle, size, prop, flags);
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   return handle_is_ours(handle) ? handles_release(handle) : drv.cuMemRelease(handle);
 }
 
 CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   return handle_is_ours(handle) ? handles_map_range(va, size, offset, handle, flags)
                                 : drv.cuMemMap(va, size, offset, handle, flags);
 }
 
 CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   return handles_covers(va, size) ? handles_unmap_range(va, size) : drv.cuMemUnmap(va, size);
 }
 
 CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   return handles_covers(va, size) ? handles_set_access(va, size, desc, count)
                                   : drv.cuMemSetAccess(va, size, desc, count);
 }
 
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = handles_retain(handle, addr);
   return r == CUDA_ERROR_NOT_FOUND ? drv.cuMemRetainAllocationHandle(handle, addr) : r;
 }
 
 CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   return handle_is_ours(handle) ? handles_properties(prop, handle)
                                 : drv.cuMemGetAllocationPropertiesFromHandle(prop, handle);
@@ -339,35 +405,44 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmem
 
 CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle, int type,
                                       unsigned long long flags) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   return handle_is_ours(handle) ? handles_export(out, handle, type, flags)
                                 : drv.cuMemExportToShareableHandle(out, handle, type, flags);
 }
 
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type) {
+  HOLD_IF_SUSPENDED();
   PASS_IF_OFF(drv.cuMemImportFromShareableHandle(handle, os_handle, type));
   return handles_import(handle, os_handle, type);
 }
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
   PASS_IF_OFF(drv.cuIpcGetMemHandle(handle, dptr));
-  CUresult r = ipc_get_handle(handle, dptr);
-  return r == CUDA_ERROR_NOT_FOUND ? drv.cuIpcGetMemHandle(handle, dptr) : r;
+  CUresult r = vgpu_held_enter(); /* a paused segment cannot be shared until it is back */
+  if (r != CUDA_SUCCESS) return r;
+  r = ipc_get_handle(handle, dptr);
+  if (r == CUDA_ERROR_NOT_FOUND) r = drv.cuIpcGetMemHandle(handle, dptr);
+  vgpu_held_leave();
+  return r;
 }
 
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = ipc_open(dptr, &handle); /* our handles are opened even with the library off */
   return r == CUDA_ERROR_NOT_FOUND ? drv.cuIpcOpenMemHandle_v2(dptr, handle, flags) : r;
 }
 
 CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver() || !drv.cuIpcOpenMemHandle) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = ipc_open(dptr, &handle);
   return r == CUDA_ERROR_NOT_FOUND ? drv.cuIpcOpenMemHandle(dptr, handle, flags) : r;
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver()) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = ipc_close(dptr);
   return r == CUDA_ERROR_NOT_FOUND ? drv.cuIpcCloseMemHandle(dptr) : r;
@@ -390,16 +465,24 @@ static void fix_attribute(int attr, void *data, CUdeviceptr ptr) {
   pthread_mutex_unlock(&g_lock);
 }
 
+/* A pointer's attributes are the driver's only while its memory is mapped: asked while
+ * the kernel is away, the question waits for its return. */
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
   PASS_IF_OFF(drv.cuPointerGetAttribute(data, attr, ptr));
-  CUresult r = drv.cuPointerGetAttribute(data, attr, ptr);
+  CUresult r = vgpu_held_enter();
+  if (r != CUDA_SUCCESS) return r;
+  r = drv.cuPointerGetAttribute(data, attr, ptr);
+  vgpu_held_leave();
   if (r == CUDA_SUCCESS) fix_attribute(attr, data, ptr);
   return r;
 }
 
 CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdeviceptr ptr) {
   PASS_IF_OFF(drv.cuPointerGetAttributes(n, attrs, data, ptr));
-  CUresult r = drv.cuPointerGetAttributes(n, attrs, data, ptr);
+  CUresult r = vgpu_held_enter();
+  if (r != CUDA_SUCCESS) return r;
+  r = drv.cuPointerGetAttributes(n, attrs, data, ptr);
+  vgpu_held_leave();
   for (unsigned int i = 0; r == CUDA_SUCCESS && attrs && data && i < n; i++) fix_attribute(attrs[i], data[i], ptr);
   return r;
 }
@@ -408,14 +491,8 @@ CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdevic
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *);
 
-typedef struct {
-  const char *name;
-  void *ours;
-  void **real;
-} Hook;
-
 #define HOOK(name) {#name, (void *)name, (void **)&drv.name}
-static Hook g_hooks[] = {
+static const Hook g_hooks[] = {
     HOOK(cuMemAlloc_v2), HOOK(cuMemAllocPitch_v2), HOOK(cuMemFree_v2), HOOK(cuMemGetAddressRange_v2),
     HOOK(cuMemAllocManaged), HOOK(cuMemAllocAsync), HOOK(cuMemAllocAsync_ptsz), HOOK(cuMemFreeAsync),
     HOOK(cuMemFreeAsync_ptsz), HOOK(cuMemAllocFromPoolAsync), HOOK(cuMemAllocFromPoolAsync_ptsz),
@@ -429,21 +506,61 @@ static Hook g_hooks[] = {
 #undef HOOK
 #define NHOOKS (sizeof g_hooks / sizeof *g_hooks)
 
-/* Ours for the driver function at real, or real itself. */
+/* ---- stubs for every other driver entry point handed out (stubs.S) ---------------- */
+__attribute__((visibility("hidden"))) void *g_vgpu_stub_real[VGPU_STUBS];
+static size_t g_nstubs = 0;
+static pthread_mutex_t g_stub_lock = PTHREAD_MUTEX_INITIALIZER;
+#if defined(__x86_64__) && defined(__ELF__)
+extern char vgpu_stub_base[] __attribute__((visibility("hidden")));
+#define HAVE_STUBS 1
+#else
+#define HAVE_STUBS 0
+#endif
+
+/* 1 when this library holds every driver entry point it hands out while the kernel is
+ * suspended (x86-64; elsewhere only its own: the launches, copies and allocations). */
+int vgpu_stubs_available(void) { return HAVE_STUBS; }
+
+/* The stub standing for the driver function at real (made on first use), or real itself
+ * where there are no stubs, or all of them are taken. */
+static void *stub_for(void *real) {
+#if HAVE_STUBS
+  pthread_mutex_lock(&g_stub_lock);
+  void *out = real;
+  size_t i = 0;
+  while (i < g_nstubs && g_vgpu_stub_real[i] != real) i++;
+  if (i == g_nstubs && g_nstubs < VGPU_STUBS) {
+    __atomic_store_n(&g_vgpu_stub_real[i], real, __ATOMIC_RELEASE);
+    g_nstubs++;
+  }
+  if (i < g_nstubs) out = vgpu_stub_base + VGPU_STUB_BYTES * i;
+  pthread_mutex_unlock(&g_stub_lock);
+  return out;
+#else
+  return real;
+#endif
+}
+
+/* 1 when fn is a function of the loaded driver (libcuda). */
+static int in_driver(void *fn) {
+  Dl_info info;
+  return fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");
+}
+
+/* Ours for the driver function at real: the library's own form of it (here or held.c),
+ * else a stub that holds it while the kernel is suspended; real itself when the library
+ * is off, or real is not the driver's. */
 static void *substitute(void *real) {
   if (!real || !enabled() || !vgpu_resolve_driver()) return real;
   for (size_t i = 0; i < NHOOKS; i++)
     if (*g_hooks[i].real == real) return g_hooks[i].ours;
-  return real;
-}
-
-static int wrapped(const char *name) {
-  for (size_t i = 0; i < NHOOKS; i++)
-    if (strcmp(g_hooks[i].name, name) == 0) return 1;
-  return 0;
+  for (size_t i = 0; i < held_hook_count; i++)
+    if (*held_hooks[i].real == real) return held_hooks[i].ours;
+  return in_driver(real) ? stub_for(real) : real;
 }
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver() || !drv.cuGetProcAddress) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = drv.cuGetProcAddress(symbol, pfn, version, flags);
   if (r == CUDA_SUCCESS && pfn) *pfn = substitute(*pfn);
@@ -451,6 +568,7 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_
 }
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status) {
+  HOLD_IF_SUSPENDED();
   if (!vgpu_resolve_driver() || !drv.cuGetProcAddress_v2) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = drv.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
   if (r == CUDA_SUCCESS && pfn) *pfn = substitute(*pfn);
@@ -459,7 +577,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
 
 void *dlsym(void *handle, const char *name) {
   if (!g_real_dlsym) find_real_dlsym();
-  if (name[0] == 'c' && name[1] == 'u' && handle != RTLD_NEXT && wrapped(name)) {
+  if (name[0] == 'c' && name[1] == 'u' && name[2] != 'd' && handle != RTLD_NEXT && enabled()) {
+    vgpu_held_if_suspended();
     vgpu_resolve_driver(); /* loads libcuda first: its functions are then known by address */
     return substitute(g_real_dlsym(handle, name));
   }
@@ -494,6 +613,7 @@ static cuda_malloc_fn real_malloc;
 static cuda_int_fn real_get_device;
 
 int cudaMalloc(void **ptr, size_t size) {
+  if (vgpu_held_if_suspended() != CUDA_SUCCESS) return 2;
   if (!interposing()) {
     if (!real_malloc) real_malloc = (cuda_malloc_fn)runtime_symbol("cudaMalloc");
     return real_malloc ? real_malloc(ptr, size) : 35 /* cudaErrorInsufficientDriver */;
@@ -513,6 +633,7 @@ int cudaMalloc(void **ptr, size_t size) {
 }
 
 int cudaFree(void *ptr) {
+  if (vgpu_held_if_suspended() != CUDA_SUCCESS) return 1;
   if (ptr && g_backend == BACKEND_CUDA) {
     CUresult r = free_sync((uint64_t)(uintptr_t)ptr);
     if (r == CUDA_SUCCESS) return 0;
@@ -541,6 +662,7 @@ typedef int (*entry_by_version_fn)(const char *, void **, unsigned int, unsigned
  * status, and CUDA 13's runtime has only the versioned one: then cudaErrorSymbolNotFound,
  * as a caller probing for it expects). */
 int cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags, int *status) {
+  if (vgpu_held_if_suspended() != CUDA_SUCCESS) return 500;
   static void *real;
   if (!real) real = runtime_symbol("cudaGetDriverEntryPoint");
   if (!real) return 500;
@@ -552,6 +674,7 @@ int cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long fl
 
 int cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version, unsigned long long flags,
                                      int *status) {
+  if (vgpu_held_if_suspended() != CUDA_SUCCESS) return 500;
   static entry_by_version_fn real;
   if (!real) real = (entry_by_version_fn)runtime_symbol("cudaGetDriverEntryPointByVersion");
   if (!real) return 500;

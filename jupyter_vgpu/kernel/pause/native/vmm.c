@@ -40,6 +40,8 @@
  */
 #include "vmm.h"
 
+#include "held.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -84,7 +86,6 @@ void vgpu_trace(const char *fmt, ...) {
 }
 
 /* ---- the driver -------------------------------------------------------------------- */
-extern void *vgpu_real_dlsym(void *, const char *); /* interpose.c: dlsym, never ours */
 
 static pthread_once_t g_resolved_once = PTHREAD_ONCE_INIT;
 static int g_resolved = 0;
@@ -115,6 +116,7 @@ static void resolve(void) {
   SYM(cuGetProcAddress_v2);
 #undef NEED
 #undef SYM
+  held_resolve(lib);
   g_resolved = 1;
 }
 

@@ -222,6 +222,15 @@ extern uint64_t g_exported_bytes, g_imported_bytes;
 extern uint64_t g_managed_bytes, g_passthrough_bytes;
 
 int interposing(void);
+void *vgpu_real_dlsym(void *handle, const char *name); /* dlsym, never ours (interpose.c) */
+
+/* The gate (gate.c): while the kernel's memory is away, calls wait before the driver. */
+#include "stubs.h"
+CUresult vgpu_held_enter(void);        /* before a call that touches device memory */
+void vgpu_held_leave(void);            /* after it */
+CUresult vgpu_held_if_suspended(void); /* before any other call: waits only while suspended */
+int vgpu_free_deferred(void);          /* 1: a free of ours waits for the kernel's return */
+void frees_reap_deferred(void);        /* interpose.c: the frees deferred while away, done now */
 
 /* JUPYTER_VGPU_TRACE=1: a line on stderr for each step of the rarer paths (CUDA IPC), to
  * tell where a program waits or fails. */
