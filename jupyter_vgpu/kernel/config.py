@@ -78,6 +78,13 @@ class VGPUKernel(Configurable):
         help="Seconds a cell waits for room on the GPU before it fails with a readable error.",
     ).tag(config=True)
 
+    gate_timeout = Float(
+        10.0,
+        help="""Seconds a pause waits for the GPU calls other threads of the kernel have in the
+        driver already (a launch, a long synchronous copy) to return before it takes the
+        kernel off; past it, the pause is refused and the kernel stays.""",
+    ).tag(config=True)
+
     poll_seconds = Float(0.5, help="Seconds between two looks at the server's channel.").tag(config=True)
 
     report_seconds = Float(1.0, help="Seconds between two usage reports to the server.").tag(config=True)

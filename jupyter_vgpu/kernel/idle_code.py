@@ -1,13 +1,14 @@
-"""What could run the user's code while the kernel is idle, and so touch paused memory.
+"""What could run the user's code while the kernel is idle: named, for the user's sake.
 
-Pausing releases the device memory behind every pointer of the process; a user thread,
-timer, asyncio task or GUI event loop that touched it while the kernel waits for its
-next message would fault (an illegal address kills the CUDA context) or, worse, write
-into memory on its way out. Before a pause the kernel lists such code with
-:func:`idle_code`: a kernel that has any is not paused but suspended when the GPU is
-needed (the driver's checkpoint blocks every CUDA call of every thread until restore).
-Each line says what the code is in a notebook user's words (a DataLoader's
-pin-memory thread, a timer, an asyncio task), as ``%vgpu status`` shows it.
+A pause releases the device memory behind every pointer of the process; code of the
+user's that runs while the kernel waits for its next message (a thread, a timer, an
+asyncio task, a GUI event loop) would touch it. That is made safe by the pausable
+allocator's gate (``native/gate.c``): its GPU calls wait while the kernel is away and
+bring it back. So this list keeps no kernel on the card; ``%vgpu status``, the panel and
+the Hub page show it (``between cells``), in a notebook user's words (a DataLoader's
+pin-memory thread, a timer, an asyncio task), so that a user who sees their kernel come
+back on its own knows why. Where the allocator cannot hold every driver call (not
+x86-64), it keeps a kernel from being suspended (:meth:`.pausing.PauseControl._suspend_risk`).
 
 The kernel's own machinery does not count: ipykernel's and IPython's threads and
 tasks, pyzmq's and tornado's, this package's, tqdm's monitor, ``torch.compile``'s

@@ -1,21 +1,30 @@
 """When and how this kernel pauses, suspends and comes back.
 
-Ties the :class:`~.gate.Gate` (no code runs while memory is away) to the
-:class:`~.pause.engine.PauseEngine` (the memory itself) and to the driver's checkpoint
-(the whole process). Pauses are asked for by the node arbiter (to make room for
-another kernel), by ``%vgpu pause`` (once the cell ends) and by chaos mode (after
-every cell). A pause is refused while the kernel runs a message, and whenever it could
-not release all of the kernel's GPU memory safely (:meth:`PauseControl.blockers`):
-code of the user's that could run on its own (:mod:`.idle_code`: a thread, a timer, an
-asyncio task, a GUI event loop), memory shared with another process (CUDA IPC),
-managed memory, memory allocated a way the allocator does not cover, child processes
-holding GPU memory. Such a kernel is suspended instead when the GPU is needed: the
-driver's checkpoint takes all of it, context included, and blocks every CUDA call of
-every thread and child until restore. The driver cannot checkpoint managed memory, nor
-bring back a process that shares memory through CUDA IPC: such a kernel is paused in
-part (:meth:`PauseControl.pauses_partly`), what is shared or managed staying on the card,
-unless code of its own could run while it is idle (then it stays on the GPU whole).
-``%vgpu status`` says which.
+Ties the :class:`~.gate.Gate` (no message's handler runs while memory is away) to the
+:class:`~.pause.engine.PauseEngine` (the memory itself), to the driver's checkpoint (the
+whole process), and to the pausable allocator's own gate (``native/gate.c``), which holds
+every GPU call of every thread of the kernel while it is away. Pauses are asked for by
+the node arbiter (to make room for another kernel), by ``%vgpu pause`` (once the cell
+ends) and by chaos mode (after every cell).
+
+**Code that runs between cells** (an asyncio task, a tornado callback, a timer, a thread,
+a widget's callback) keeps no kernel on the card: a pause first closes the allocator's
+gate, waiting for the GPU calls already in the driver to return, and from then on every
+launch, copy or set of any thread waits before the driver (every driver call, while
+suspended), the GIL let go. The first call held wakes this kernel's wake thread, which
+brings the kernel back as a message would (room from the arbiter, then the memory, with
+the same words in the last cell's output); the calls then go on. So no thread touches
+released memory, and no thread blocks inside the driver's checkpoint lock with the way
+back depending on it. ``%vgpu status`` names such code (``between cells``).
+
+A pause is refused while the kernel runs a message, and whenever it could not release all
+of the kernel's GPU memory safely (:meth:`PauseControl.blockers`): memory shared with
+another process (CUDA IPC), managed memory, memory allocated a way the allocator does
+not cover, child processes holding GPU memory. Such a kernel is suspended instead when
+the GPU is needed: the driver's checkpoint takes all of it, context included. The driver
+cannot checkpoint managed memory, nor bring back a process that shares memory through
+CUDA IPC: such a kernel is paused in part (:meth:`PauseControl.pauses_partly`), what is
+shared or managed staying on the card. ``%vgpu status`` says which.
 
 The engine is made on the first pause, once the kernel uses CUDA: a kernel that never
 touched the GPU has nothing on it, and its pause moves nothing. On a simulated GPU (or
@@ -109,6 +118,7 @@ class PauseControl:
         #: ``host_limit``, bytes), or None without an arbiter. Set by the kernel hook.
         self.node_figures: Callable[[], dict | None] = lambda: None
         self._helper: subprocess.Popen | None = None
+        self._waker: threading.Thread | None = None  # brings the kernel back for a held GPU call
         self.suspended_with: list[int] = []  # child processes suspended with the kernel
         #: bytes per GPU UUID the kernel and ``suspended_with`` held when the driver took
         #: them off (NVML, just before): what a restore needs free (:mod:`..node.checkpoint`)
@@ -283,12 +293,31 @@ class PauseControl:
         reasons: list[str] = []
         if not self.config.pause:
             reasons.append("pausing is turned off (VGPUKernel.pause)")
-        loop = getattr(getattr(self.kernel, "io_loop", None), "asyncio_loop", None)
-        idle = idle_code(loop, self.kernel)
-        reasons += [f"{what} may use the GPU while the kernel is idle" for what in idle]
         reasons += self._memory_blockers()
         self._blockers = (now, reasons)
         return reasons
+
+    def idle_code(self) -> list[str]:
+        """Code of the user's that may run while the kernel is idle, in words (a thread, a
+        timer, an asyncio task, a GUI event loop: :func:`.idle_code.idle_code`). It keeps
+        no kernel on the card: its GPU calls wait for the kernel to come back, and start
+        its way back (the allocator's gate, ``native/gate.c``)."""
+        loop = getattr(getattr(self.kernel, "io_loop", None), "asyncio_loop", None)
+        return idle_code(loop, self.kernel)
+
+    def _suspend_risk(self) -> list[str]:
+        """Why code running between cells makes a suspend unsafe here (empty: it does
+        not): where the allocator holds only its own entry points (not x86-64), a thread
+        calling another driver function while the kernel is suspended would wait inside
+        the driver's lock, with no way back but the next message."""
+        allocator = self._allocator()
+        if allocator is None or allocator.holds_every_call:
+            return []
+        return [
+            f"{what} may call the GPU while the kernel is idle, and on this machine such a call "
+            "would wait inside the driver's lock"
+            for what in self.idle_code()
+        ]
 
     def _memory_blockers(self) -> list[str]:
         """The memory reasons of :meth:`blockers`; those naming memory that may stay on the
@@ -368,6 +397,79 @@ class PauseControl:
             return f"this kernel stays on the GPU: {why}"
         return "when the GPU is needed this kernel is suspended instead of paused"
 
+    # -- the allocator's gate -------------------------------------------------------------
+
+    def _close_gate(self, mode: int) -> None:
+        """Hold every GPU call of the kernel's threads from now on (``mode``: the
+        allocator's ``PAUSED``, or ``SUSPENDED``: every driver call), once the calls
+        already in the driver have returned; the first call held brings the kernel back
+        (:meth:`_wake`). Nothing where the allocator is not preloaded.
+
+        Raises:
+            gate.Refused: a call of another thread did not return in time.
+        """
+        allocator = self._allocator()
+        if allocator is None:
+            return
+        from .pause import vmm
+
+        if self._waker is None:
+            fd = allocator.wanted_fd()
+            self._waker = run_in_thread(lambda: self._wake_loop(fd), "wake")
+        try:
+            allocator.gate_close(mode, self.config.gate_timeout)
+        except vmm.GateBusy as e:
+            raise g.Refused(f"{e}: not taken off the GPU") from None
+
+    def _set_gate(self, mode: int) -> None:
+        allocator = self._allocator()
+        if allocator is not None:
+            allocator.gate_set(mode)
+
+    def _open_gate(self) -> None:
+        """Let every held call go on: the kernel is back."""
+        allocator = self._allocator()
+        if allocator is not None:
+            allocator.gate_open()
+
+    def _fail_gate(self, why: str) -> None:
+        """The way back failed: held calls (and those made before it opens) return an
+        error that says why, instead of waiting for good."""
+        allocator = self._allocator()
+        if allocator is not None:
+            allocator.gate_fail(f"this kernel could not come back to the GPU: {why}"[:250])
+
+    def _wake_loop(self, fd: int) -> None:
+        while True:
+            try:
+                os.read(fd, 8)  # a GPU call was held: the kernel is wanted back
+            except OSError:
+                return
+            try:
+                self._wake()
+            except Exception:
+                log.exception("jupyter-vgpu: bringing the kernel back for a held GPU call failed")
+
+    def _wake(self) -> None:
+        """Code that runs between cells (an asyncio task, a tornado callback, a timer, a
+        thread) made a GPU call while the kernel was away: bring the kernel back now, as
+        a message would, with the same words in the last cell's output. Nothing to do
+        when it is back already, or a message is bringing it back."""
+        while True:
+            state = self.gate.state
+            if state in (g.PAUSING, g.SUSPENDING, g.RESUMING):
+                self.gate.wait_for((g.PAUSED, g.SUSPENDED, g.IDLE, g.BUSY), 1.0)
+                continue
+            if state not in g.AWAY:
+                return
+            try:
+                if self.gate.back(lambda prior: self._come_back(prior, woken=True)):
+                    log.info("jupyter-vgpu: back on the GPU for a call made between cells")
+                    return
+            except Exception as e:  # _come_back failed the held calls with the reason
+                log.warning("jupyter-vgpu: a call made between cells could not bring the kernel back: %s", e)
+                return
+
     def pause(self) -> dict:
         """Pause the kernel now (it must be idle); returns the engine's figures.
 
@@ -387,12 +489,18 @@ class PauseControl:
             self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
             raise g.Refused(self.last_refusal)
         outcome = {}
+        from .pause import vmm
 
         def work():
-            with self._plain():
-                engine = self._engine()
-                if engine is not None:
-                    outcome["pause"] = engine.pause()
+            self._close_gate(vmm.PAUSED)  # from here no thread's GPU call reaches the memory
+            try:
+                with self._plain():
+                    engine = self._engine()
+                    if engine is not None:
+                        outcome["pause"] = engine.pause()
+            except BaseException:
+                self._open_gate()
+                raise
 
         self.gate.away(work, to=g.PAUSED)
         self.last_refusal = None
@@ -413,37 +521,55 @@ class PauseControl:
         """
         reasons = self.blockers() if self.gate.state == g.IDLE else self._held_back()
         why = _unsuspendable(reasons)
-        if why:
-            self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
+        risk = self._suspend_risk()
+        if why or risk:
+            self.last_refusal = (
+                f"{'; '.join(reasons + risk)}; {self.consequence(reasons) if why else NOT_SUSPENDED}"
+            )
             raise g.Refused(self.last_refusal)
+        from .pause import vmm
 
         def work():
             if self.stand_in or not self._on_gpu():
                 return  # no CUDA context: nothing to move
-            if not reasons:
-                with self._plain():
-                    engine = self._engine()
-                    if engine is not None and engine.state == "active":
-                        engine.pause()
-            children = sorted(self.gpu_children())
-            self.suspend_need = checkpoint.footprint([*children, os.getpid()])
-            pids = [*map(str, children), str(os.getpid())]
-            cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", *pids]
-            # its own session: an interrupt of the kernel (SIGINT to the kernel's process
-            # group) is not meant for it, and ending it would leave the kernel suspended
-            helper = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
-            )
-            line = helper.stdout.readline().strip()
-            if not line.startswith("suspended"):
-                helper.wait(10)
-                raise RuntimeError(f"suspending through the driver failed: {line or 'no answer'}")
-            self.last_suspend_seconds = float(line.split()[1])
-            self.suspended_with = children
-            self._helper = helper
+            self._close_gate(vmm.PAUSED)
+            try:
+                self._checkpoint_with_helper(reasons)
+            except BaseException:
+                self._open_gate()
+                raise
 
         self.gate.away(work, to=g.SUSPENDED)
         self.last_refusal = f"{'; '.join(reasons)}; suspended instead of paused" if reasons else None
+
+    def _checkpoint_with_helper(self, reasons: list[str]) -> None:
+        """Pause what can be paused, then have a helper process suspend this one (and its
+        children on the GPU) through the driver's checkpoint; every driver call of the
+        kernel's threads is held from just before the checkpoint's lock."""
+        from .pause import vmm
+
+        if not reasons:
+            with self._plain():
+                engine = self._engine()
+                if engine is not None and engine.state == "active":
+                    engine.pause()
+        self._set_gate(vmm.SUSPENDED)
+        children = sorted(self.gpu_children())
+        self.suspend_need = checkpoint.footprint([*children, os.getpid()])
+        pids = [*map(str, children), str(os.getpid())]
+        cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", *pids]
+        # its own session: an interrupt of the kernel (SIGINT to the kernel's process
+        # group) is not meant for it, and ending it would leave the kernel suspended
+        helper = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        line = helper.stdout.readline().strip()
+        if not line.startswith("suspended"):
+            helper.wait(10)
+            raise RuntimeError(f"suspending through the driver failed: {line or 'no answer'}")
+        self.last_suspend_seconds = float(line.split()[1])
+        self.suspended_with = children
+        self._helper = helper
 
     # -- coming back ---------------------------------------------------------------------
 
@@ -463,12 +589,18 @@ class PauseControl:
             log.info("jupyter-vgpu: no prefetch: %s", e)
             return False
 
-    def _come_back(self, state: str, prefetch: bool = False) -> None:
-        """Called by the gate, in the thread of the first message that needs the kernel:
+    def _come_back(self, state: str, prefetch: bool = False, woken: bool = False) -> None:
+        """Called by the gate, in the thread of the first message that needs the kernel
+        (or, ``woken``, of the kernel's own wake thread: a GPU call made between cells):
         room (from the arbiter, which restores a suspended kernel; without one, the
-        kernel's own look at the card), then the memory back. Every wait longer than a
-        second is shown in the cell's output, and kept up to date. A ``prefetch`` asks
-        once, waits for nothing and prints nothing."""
+        kernel's own look at the card), then the memory back, then the GPU calls held
+        meanwhile go on. Every wait longer than a second is shown in the cell's output
+        (the last cell's, when woken), and kept up to date. A ``prefetch`` asks once,
+        waits for nothing and prints nothing; one that fails leaves the held calls
+        waiting for the next message; any other way back that fails makes them return an
+        error that says why."""
+        from .pause import vmm
+
         purpose = "prefetch" if prefetch else {g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run")
         what = {
             "run": "asking the node arbiter for room on the GPU",
@@ -476,19 +608,25 @@ class PauseControl:
             "restore": "this kernel is suspended: asking the node arbiter to restore it",
             "prefetch": "bringing this kernel back ahead of its next cell",
         }[purpose]
+        if woken:
+            what = f"code running between cells used the GPU; {what}"
         progress = Progress((lambda *a, **k: None) if prefetch else self.say, what)
         deadline = time.monotonic() + self.config.resume_timeout
         try:
             alone = self._room(purpose, progress, deadline, suspended=state == g.SUSPENDED)
             if state == g.SUSPENDED:
                 self._restore(progress, deadline, alone)
+                self._set_gate(vmm.PAUSED)  # the process runs again: only the paused memory waits
             engine = self.engine
             if engine is not None and engine.state == "paused":
                 with self._plain():
                     self._resume_engine(engine, progress, deadline, wait=not prefetch)
         except BaseException as e:
+            if not prefetch:
+                self._fail_gate(str(e) or type(e).__name__)
             progress.done(f"not brought back: {e}" if isinstance(e, Exception) else None)
             raise
+        self._open_gate()
         progress.done("room granted" if purpose == "run" else "back on the GPU")
 
     def _room(self, purpose: str, progress: Progress, deadline: float, suspended: bool = False) -> bool:
@@ -790,17 +928,28 @@ class PauseControl:
             self.last_refusal = f"{'; '.join(reasons)}; {self.consequence(reasons)}"
             raise g.Refused(self.last_refusal)
 
+        risk = self._suspend_risk()
+        if risk:
+            self.last_refusal = f"{'; '.join(risk)}; {NOT_SUSPENDED}"
+            raise g.Refused(self.last_refusal)
         if self.gate.state == g.IDLE:  # asked now: NVML waits once the process is checkpointed
             self.suspended_with = sorted(self.gpu_children())
+        from .pause import vmm
 
         def work():
-            if not reasons:  # else the checkpoint takes all of the memory, context included
-                with self._plain():
-                    engine = self._engine()
-                    if engine is not None and engine.state == "active":
-                        engine.pause()
-            if not self.stand_in:
-                self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
+            self._close_gate(vmm.PAUSED)
+            try:
+                if not reasons:  # else the checkpoint takes all of the memory, context included
+                    with self._plain():
+                        engine = self._engine()
+                        if engine is not None and engine.state == "active":
+                            engine.pause()
+                if not self.stand_in:
+                    self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
+            except BaseException:
+                self._open_gate()
+                raise
+            self._set_gate(vmm.SUSPENDED)  # every driver call waits from here: the arbiter locks next
 
         self.gate.away(work, to=g.SUSPENDED)
         self.last_refusal = f"{'; '.join(reasons)}; suspended instead of paused" if reasons else None
@@ -881,8 +1030,9 @@ class PauseControl:
         ``paused_bytes``, ``unpausable_bytes``, ``host_bytes``, ``ratio``, ``codec``,
         ``last_pause_seconds``, ``last_resume_seconds``, ``stand_in``, ``pausable`` (True,
         False, or None where nothing is known: a simulated GPU, no CUDA yet),
-        ``not_pausable`` (why not and what happens instead, or None), ``unavailable``,
-        ``refused``."""
+        ``not_pausable`` (why not and what happens instead, or None), ``between_cells``
+        (code of the user's that may run between cells, in words, or None),
+        ``unavailable``, ``refused``."""
         out = {
             "state": self.state,
             "paused_bytes": 0,
@@ -907,10 +1057,12 @@ class PauseControl:
         reasons = self.blockers(max_age=5.0) if fresh else (self._blockers or (0, None))[1]
         pausable = None if reasons is None else not reasons
         not_pausable = f"{'; '.join(reasons)}; {self.consequence(reasons)}" if reasons else None
+        between = self.idle_code() if fresh else []
         out.update(
             stand_in=self.stand_in,
             pausable=pausable,
             not_pausable=not_pausable,
+            between_cells="; ".join(between)[:4000] or None,
             unavailable=self.unavailable,
             refused=self.last_refusal,
             error=self.last_error,
@@ -922,6 +1074,8 @@ class PauseControl:
 
 #: How the blockers name memory shared between processes.
 CUDA_IPC = "CUDA IPC"
+#: What happens to a kernel whose code between cells makes a suspend unsafe.
+NOT_SUSPENDED = "this kernel is paused when the GPU is needed, never suspended"
 
 
 def _unsuspendable(reasons: list[str]) -> str | None:

@@ -111,6 +111,14 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
         rows.append(("pausable", "yes: all of its GPU memory can be paused to host memory while it is idle"))
     elif st.get("pausable") is False:
         rows.append(("pausable", f"no: {st['not_pausable']}"))
+    if st.get("between_cells"):
+        rows.append(
+            (
+                "between cells",
+                f"{st['between_cells']} may run while the kernel is idle: its GPU calls wait while "
+                "the kernel is away and bring it back",
+            )
+        )
     if st.get("refused") and st.get("refused") != st.get("not_pausable"):
         rows.append(("not paused", st["refused"]))
     if st.get("error"):

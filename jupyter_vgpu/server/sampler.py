@@ -134,6 +134,7 @@ class Sampler:
             "pausable": pause.get("pausable"),
             "not_pausable": pause.get("not_pausable"),
             "unpausable_bytes": pause.get("unpausable_bytes"),
+            "between_cells": pause.get("between_cells"),
         }
 
     async def sample(self) -> dict[str, Any]:

@@ -52,6 +52,12 @@ export interface IPauseStats {
    * by CUDA itself).
    */
   unpausable_bytes?: number;
+  /**
+   * Code of the user's that may run between cells (threads, timers, asyncio tasks, a GUI event
+   * loop), in a notebook user's words; its GPU calls wait while the kernel is away and bring it
+   * back. Null when there is none.
+   */
+  between_cells?: string | null;
 }
 
 /**
@@ -263,6 +269,11 @@ export interface IKernelUsage {
   not_pausable?: string | null;
   /** GPU memory a pause cannot release. */
   unpausable_bytes?: number | null;
+  /**
+   * Code of the user's that may run between cells, in words; its GPU calls bring a kernel that is
+   * away back.
+   */
+  between_cells?: string | null;
 }
 
 /**

@@ -263,6 +263,20 @@ export class UsagePanel extends Widget {
         )
       );
     }
+    if (k.between_cells) {
+      // code of the user's that runs between cells: it keeps nothing on the card
+      rows.push(
+        h(
+          'tr',
+          { class: 'jp-vgpu-kernel-note', 'data-between-cells': 'true' },
+          h(
+            'td',
+            { colspan: '3' },
+            `Runs between cells: ${k.between_cells}; its GPU calls bring this kernel back when it is away`
+          )
+        )
+      );
+    }
     if (k.pausable === false && k.not_pausable) {
       // why this kernel is not paused, and what happens instead (suspended, or kept on the GPU)
       rows.push(

@@ -298,7 +298,7 @@ class PauseEngine:
         Raises:
             PauseError: the pause failed and was undone (the kernel runs on as before).
         """
-        with self._lock, self._plain_torch():
+        with self._lock, self._plain_torch(), self.vmm.machinery():
             if self.state != "active":
                 raise PauseError(f"the kernel is {self.state}, not active")
             failpoints.hit("kernel.pause.start")
@@ -458,7 +458,7 @@ class PauseEngine:
             vmm.DeviceFull: the device has no room yet (:meth:`room_needed`); still paused.
             ResumeError: host data is damaged or unreadable; still paused, host copy intact.
         """
-        with self._lock, self._plain_torch():
+        with self._lock, self._plain_torch(), self.vmm.machinery():
             return self._resume()
 
     def _resume(self) -> Outcome:
@@ -546,7 +546,7 @@ class PauseEngine:
             OSError: a host path entry could not be written: those moved before it stay
                 on disk, the others in memory; none is lost.
         """
-        with self._lock:
+        with self._lock, self.vmm.machinery():
             if self.state != "paused":
                 raise PauseError(f"the kernel is {self.state}, not paused: nothing to move to disk")
             t0 = time.perf_counter()
@@ -606,7 +606,8 @@ class PauseEngine:
         Raises:
             whatever pinning raises (host memory exhausted); slabs already pinned stay.
         """
-        return self.arena.prepare(self.pinned_ahead_target(), keep_going)
+        with self.vmm.machinery():
+            return self.arena.prepare(self.pinned_ahead_target(), keep_going)
 
     def host_held(self) -> int:
         """Host memory held for paused data now, bytes: the pinned slabs (warm ones
@@ -618,7 +619,7 @@ class PauseEngine:
         """Let go of the pinned slabs kept warm for the next pause (which will then pin
         again, slowly); returns the bytes given back to the system. Slabs holding paused
         data stay."""
-        with self._lock:
+        with self._lock, self.vmm.machinery():
             freed = self.arena.trim()
             if freed:
                 _empty_host_cache(self.torch)
