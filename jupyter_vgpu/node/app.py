@@ -36,6 +36,7 @@ from jupyter_vgpu.units import ByteSize
 
 from . import disk
 from .arbiter import Arbiter
+from .checkpoint_pool import CheckpointPool
 from .limits import RateLimit, raise_descriptor_limit
 from .socket_path import default_socket
 
@@ -170,6 +171,14 @@ class ArbiterApp(Application):
     ).tag(config=True)
 
     poll_seconds = Float(1.0, help="Seconds between two background looks at the cards.").tag(config=True)
+
+    checkpoint_timeout = Float(
+        30.0,
+        help="""Seconds any call of the driver's process checkpoint may take, on top of 1 s per
+        GiB it moves (and the lock's 10 s). A call past it is given up (its worker process
+        ended): the kernel is left as the driver has it (locked or checkpointed), the
+        decision log and the kernel say so, and no other kernel waits for it.""",
+    ).tag(config=True)
 
     hub_poll_seconds = Float(5.0, help="Seconds between two reads of the Hub's slices.").tag(config=True)
 
@@ -368,16 +377,16 @@ class ArbiterApp(Application):
         from . import checkpoint
 
         reason = checkpoint.unavailable()
-        if os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN"):  # tests: a recording stand-in
-            from jupyter_vgpu.testing import checkpoint_standin as checkpoint
-
-            checkpoint.LOG, reason = os.environ["JUPYTER_VGPU_CHECKPOINT_STANDIN"], None
+        standin = os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN")
+        if standin:  # tests: a recording stand-in answers in the workers
+            reason = None
             self.log.warning(
-                "the driver's checkpoint is a recording stand-in (%s): nothing is suspended", checkpoint.LOG
+                "the driver's checkpoint is a recording stand-in (%s): nothing is suspended", standin
             )
         elif reason:
             self.log.info("suspend unavailable here (%s): kernels are paused, never suspended", reason)
-        arbiter = Arbiter(self, checkpoint=None if reason else checkpoint)
+        pool = None if reason else CheckpointPool(base_timeout=self.checkpoint_timeout)
+        arbiter = Arbiter(self, checkpoint=pool)
         url, token = os.environ.get("JUPYTERHUB_API_URL"), os.environ.get("JUPYTERHUB_API_TOKEN")
         hub = HubLink(arbiter, url, token, self.node_name) if url and token else None
         if hub is not None:
@@ -408,6 +417,8 @@ class ArbiterApp(Application):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.hub_poll_seconds)
         await arbiter.stop()
+        if pool is not None:
+            pool.close()
 
     def start(self):
         loop = asyncio.new_event_loop()

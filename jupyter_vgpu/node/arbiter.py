@@ -487,6 +487,10 @@ class Arbiter:
                     "tier": k.tier,
                     "budget": k.budget,
                     "gpu_uuid": k.slice.gpu_uuid,
+                    # a call of the driver's checkpoint about it in progress: which, since when
+                    "driver_call": {"call": k.driver_call[0], "since": k.driver_call[1]}
+                    if k.driver_call
+                    else None,
                 }
                 for k in self.kernels
             ],
@@ -1152,10 +1156,9 @@ class Arbiter:
             why = "no driver checkpoint here; the kernel restores itself when it runs a cell"
             self._decide("suspended kernel found", server=kernel.server.key, pid=kernel.pid, message=why)
             return
-        loop = asyncio.get_running_loop()
         try:
-            where = await loop.run_in_executor(
-                None, lambda: self.checkpoint.state(*_checked([kernel.identity]))
+            where = await self._driver(
+                kernel, "state", lambda: self.checkpoint.state(*_checked([kernel.identity]))
             )
         except Exception as e:
             self._decide(
@@ -1167,7 +1170,9 @@ class Arbiter:
             return
         if where == "locked":
             try:
-                await loop.run_in_executor(None, lambda: self.checkpoint.restore(_checked([kernel.identity])))
+                await self._driver(
+                    kernel, "unlock", lambda: self.checkpoint.restore(_checked([kernel.identity]))
+                )
             except Exception as e:
                 self._decide("unlock failed", server=kernel.server.key, pid=kernel.pid, message=str(e))
                 return
@@ -1237,17 +1242,20 @@ class Arbiter:
                 await deny("no room", f"no room to come back ahead of the cell ({format_bytes(short)} short)")
                 return
             self._prefetched[kernel.server.user] = now
-            if held and self.checkpoint is not None:
-                ok, why = await self._restore(kernel)
-                if not ok:
-                    await deny("no room", why or "the restore failed")
-                    return
             # counted as running until it reports itself idle: what it brings back is promised
-            kernel.granted = kernel.resident + kernel.paused_bytes
+            was = kernel.state
+            kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
             kernel.state, kernel.since = ACTIVE, time.monotonic()
-            self._decide("prefetch", server=kernel.server.key, pid=kernel.pid, bytes=kernel.paused_bytes)
-            self.metrics.prefetches.labels(gpu=uuid, outcome="granted").inc()
-            await self._send(conn, {"type": "grant", "id": rid})
+        if held and self.checkpoint is not None:  # outside the card's lock, its room held
+            ok, why = await self._restore(kernel)
+            if not ok:
+                kernel.state, kernel.granted = was, 0
+                await self._notify()
+                await deny("no room", why or "the restore failed")
+                return
+        self._decide("prefetch", server=kernel.server.key, pid=kernel.pid, bytes=kernel.paused_bytes)
+        self.metrics.prefetches.labels(gpu=uuid, outcome="granted").inc()
+        await self._send(conn, {"type": "grant", "id": rid})
 
     async def _room(self, conn: _Conn, rid: int, purpose: str) -> None:
         kernel = conn.kernel
@@ -1265,36 +1273,42 @@ class Arbiter:
             notes: list[str] = []  # why victims stayed where they are
             async with self._locks[uuid]:
                 short, reading = await self._make_room(kernel, uuid, tell, notes)
+                # the kernel's word (``restore``) or the books: whichever says the driver holds
+                # it, the driver is asked (a kernel reports itself active as soon as its cell
+                # starts, before its room)
                 held = purpose == "restore" or kernel.state == SUSPENDED
-                if short <= 0 and held and self.checkpoint is not None:
-                    # the kernel's word (``restore``) or the books: whichever says the driver
-                    # holds it, the driver is asked (a kernel reports itself active as soon
-                    # as its cell starts, before its room). A word each second while the
-                    # driver restores (tens of seconds for tens of GiB): the cell is never
-                    # silent, and the kernel never takes the silence for a hung arbiter
-                    ok, why = await said_while(
-                        self._restore(kernel), tell, "restoring this kernel from the driver's checkpoint"
-                    )
-                    if ok is None:  # NVML shows less free than the restore needs: wait for it
-                        short = 1
-                        notes.append(why)
-                    elif not ok:
-                        await self._send(conn, {"type": "deny", "id": rid, "message": why})
-                        return
-                if short <= 0:
-                    if kernel.tier in ("host", "disk"):
-                        where = "disk" if kernel.tier == "disk" else "host memory"
-                        await tell(
-                            f"room granted: bringing {format_bytes(kernel.paused_bytes)} back from {where}"
-                        )
+                restoring = short <= 0 and held and self.checkpoint is not None
+                if short <= 0:  # its room is its own from here: a kernel running, as the books see it
+                    was = kernel.state
                     others = [k for k in self.on_card(uuid) if k is not kernel]
                     kernel.granted = books.growth(kernel, reading.free, others)
                     kernel.state, kernel.since = ACTIVE, time.monotonic()
-                    waited = time.monotonic() - t0
-                    self.metrics.queue_wait.labels(gpu=uuid).observe(waited)
-                    await self._send(conn, {"type": "grant", "id": rid})
-                    failpoints.hit("arbiter.grant")
+            if restoring:
+                # outside the card's lock: a restore that hangs holds up no other kernel. A word
+                # each second while the driver restores (tens of seconds for tens of GiB): the
+                # cell is never silent, and the kernel never takes the silence for a hung arbiter
+                ok, why = await said_while(
+                    self._restore(kernel), tell, "restoring this kernel from the driver's checkpoint"
+                )
+                if not ok:
+                    kernel.state, kernel.granted = was, 0  # as it was, its room given back
+                    await self._notify()
+                if ok is None:  # NVML shows less free than the restore needs: wait for it
+                    short = 1
+                    notes.append(why)
+                elif not ok:
+                    await self._send(conn, {"type": "deny", "id": rid, "message": why})
                     return
+            if short <= 0:
+                if kernel.tier in ("host", "disk"):
+                    where = "disk" if kernel.tier == "disk" else "host memory"
+                    back = format_bytes(kernel.paused_bytes)
+                    await tell(f"room granted: bringing {back} back from {where}")
+                waited = time.monotonic() - t0
+                self.metrics.queue_wait.labels(gpu=uuid).observe(waited)
+                await self._send(conn, {"type": "grant", "id": rid})
+                failpoints.hit("arbiter.grant")
+                return
             running = [k for k in self.on_card(uuid) if k.state == ACTIVE and k is not kernel]
             message = (
                 f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) running, "
@@ -1411,8 +1425,10 @@ class Arbiter:
             held = (await self.read(uuid)).processes
             kernel.checkpoint_bytes = sum(held.get(i.pid, 0) for i in group)
             try:
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: self.checkpoint.suspend(_checked(group))
+                await self._driver(
+                    kernel,
+                    "suspend",
+                    lambda: self.checkpoint.suspend(_checked(group), nbytes=kernel.checkpoint_bytes),
                 )
             except Exception as e:
                 procs.close_quietly(group[:-1])
@@ -1471,6 +1487,29 @@ class Arbiter:
                 ident.close()
         return [*group, kernel.identity]
 
+    async def _driver(self, kernel: Kernel, what: str, call):
+        """``call()`` (a call of the driver's checkpoint about ``kernel``, each bounded by
+        the :mod:`.checkpoint_pool`) in the executor. While it lasts, the books show it
+        (``driver_call``: which call, since when); one given up past its deadline is a
+        decision, and the kernel hears of it (``%vgpu status`` shows the notice).
+
+        Raises:
+            Exception: whatever ``call`` raised.
+        """
+        kernel.driver_call = (what, time.time())
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, call)
+        except Exception as e:
+            if isinstance(e, getattr(self.checkpoint, "Timeout", ())):
+                self._decide("driver call given up", server=kernel.server.key, pid=kernel.pid, message=str(e))
+                conn = self.conns.get(kernel.pid)
+                if conn is not None:
+                    notice = f"{e}. If this kernel does not answer, restart it."
+                    await self._send(conn, {"type": "notice", "message": notice})
+            raise
+        finally:
+            kernel.driver_call = None
+
     async def _settle(self, uuid: str, before: int, timeout: float = 2.0) -> None:
         """Wait (briefly) for NVML to show the memory a pause released."""
         if self._simulated_total(uuid) is not None:
@@ -1487,13 +1526,12 @@ class Arbiter:
         ``(None, why)`` when NVML shows too little free memory to try (a restore the card
         has no room for leaves the process unrestorable: :mod:`.checkpoint`), ``(False,
         why)`` when the driver refused."""
-        loop = asyncio.get_running_loop()
         if not kernel.group and not kernel.checkpoint_bytes:
             # not suspended by this arbiter, nor with a footprint: only the kernel's word
             # says so (chaos mode's helper, or a kernel suspended before it touched CUDA)
             try:
-                where = await loop.run_in_executor(
-                    None, lambda: self.checkpoint.state(*_checked([kernel.identity]))
+                where = await self._driver(
+                    kernel, "state", lambda: self.checkpoint.state(*_checked([kernel.identity]))
                 )
             except Exception:  # no CUDA context in it: nothing the driver holds
                 where = "running"
@@ -1508,7 +1546,9 @@ class Arbiter:
             found = [procs.Identity.of(p, uid=kernel.uid) for p in _descendants(kernel.pid, kernel.uid)]
             group = [*(i for i in found if i is not None), kernel.identity]
         try:
-            seconds = await loop.run_in_executor(None, lambda: self.checkpoint.restore(_checked(group), need))
+            seconds = await self._driver(
+                kernel, "restore", lambda: self.checkpoint.restore(_checked(group), need)
+            )
         except self.checkpoint.NoRoom as e:
             return None, f"{kernel.server.key} waits to be restored: {e}"
         except Exception as e:

@@ -148,6 +148,7 @@ class Kernel:
     measured: int | None = None
     disk_measured: int | None = None
     capped: bool = False  # a figure of its passed its bound (logged once)
+    driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
 
     @property
     def slice(self) -> Slice:

@@ -14,7 +14,9 @@ processes (a kernel with its CUDA child processes), prints ``suspended``, restor
 when a line arrives on stdin (or stdin closes), prints ``restored``. Kernels in chaos
 mode ``suspend`` use it; the node arbiter calls the functions directly. The helper
 ignores SIGINT: an interrupt of the kernel is not meant for it, and ending it would
-leave the kernel suspended. ``python -m jupyter_vgpu.node.checkpoint restore PID
+leave the kernel suspended. ``python -m jupyter_vgpu.node.checkpoint serve`` is a worker
+of the node arbiter's, which makes every driver call through such workers, each bounded
+(:mod:`.checkpoint_pool`). ``python -m jupyter_vgpu.node.checkpoint restore PID
 [PID ...]`` restores (or unlocks) the processes whoever suspended them and prints
 ``restored``: a kernel whose checkpoint's holder ended (the helper, or the node arbiter
 with no successor) restores itself so. The driver keeps a process's checkpoint state
@@ -33,9 +35,11 @@ refuses, with :class:`NoRoom` and no driver call, unless it exceeds that footpri
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -258,11 +262,55 @@ def _restore(pids: list[int], need: dict[str, int] | None = None) -> int:
     return 0
 
 
+#: Environment variable of the arbiter's (tests only) naming calls its checkpoint workers
+#: never return from, as a driver call that hangs would not: ``CALL:PID`` pairs, comma
+#: separated (``restore:4242``).
+HANG_ENV = "JUPYTER_VGPU_CHECKPOINT_HANG"
+
+
+def _serve() -> int:
+    """A worker of the arbiter's :class:`.checkpoint_pool.CheckpointPool`: one request a
+    line on stdin (``{"call": "state"|"suspend"|"restore", "pids": [...], "need": {...}
+    | null, "lock_timeout": seconds}``), one answer a line on stdout (``{"ok": true,
+    "result": ...}``, or ``{"ok": false, "kind": "NoRoom"|..., "error": str}``), until
+    stdin closes. With ``JUPYTER_VGPU_CHECKPOINT_STANDIN`` in its environment (the
+    arbiter's, set by a test), the recording stand-in answers instead of the driver."""
+    impl = sys.modules[__name__]
+    if os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN"):
+        from jupyter_vgpu.testing import checkpoint_standin as impl
+
+        impl.LOG = os.environ["JUPYTER_VGPU_CHECKPOINT_STANDIN"]
+    hang = set(os.environ.get(HANG_ENV, "").split(","))
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+            call, pids = request["call"], [int(p) for p in request["pids"]]
+            if any(f"{call}:{p}" in hang for p in pids):
+                threading.Event().wait()  # a driver call that never returns (tests, HANG_ENV)
+            if call == "state":
+                result = impl.state(pids[0])
+            elif call == "suspend":
+                result = impl.suspend(pids, timeout=float(request.get("lock_timeout") or 10.0))
+            elif call == "restore":
+                result = impl.restore(pids, request.get("need") or None)
+            else:
+                raise ValueError(f"no call {call!r}")
+            answer = {"ok": True, "result": result}
+        except NoRoom as e:
+            answer = {"ok": False, "kind": "NoRoom", "error": str(e)}
+        except Exception as e:
+            answer = {"ok": False, "kind": type(e).__name__, "error": str(e)}
+        _say(json.dumps(answer))
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     usage = (
         "usage: python -m jupyter_vgpu.node.checkpoint hold PID [PID ...] | "
-        "restore [--need UUID=BYTES ...] PID [PID ...]"
+        "restore [--need UUID=BYTES ...] PID [PID ...] | serve"
     )
+    if argv == ["serve"]:
+        return _serve()
     if not argv or argv[0] not in ("hold", "restore"):
         sys.exit(usage)
     need: dict[str, int] = {}

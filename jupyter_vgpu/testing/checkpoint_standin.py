@@ -3,12 +3,13 @@ testing the arbiter's suspend and restore decisions on a machine without a GPU.
 
 It has :mod:`jupyter_vgpu.node.checkpoint`'s interface (``state``, ``suspend``,
 ``restore``, ``NoRoom``, ``CheckpointError``) and moves nothing: it notes which
-processes were suspended and says so when asked. Every call is appended to the file
+processes were suspended and says so when asked. The arbiter's checkpoint workers
+(:mod:`jupyter_vgpu.node.checkpoint_pool`) use it instead of the driver. Every call is appended to the file
 :data:`LOG` names, a JSON object a line: the call, the PIDs, and, read at that moment,
 each process's uid and start time (None when gone). A test then sees exactly which
 processes the arbiter would have handed to the driver.
 
-The arbiter uses it only when its own environment names the log in
+The arbiter's workers use it only when the arbiter's own environment names the log in
 ``JUPYTER_VGPU_CHECKPOINT_STANDIN`` (set by whoever starts the arbiter: the admin, a
 test; never a user).
 """
@@ -29,7 +30,6 @@ LOG = ""
 
 __all__ = ["LOG", "CheckpointError", "NoRoom", "restore", "state", "suspend"]
 
-_held: set[int] = set()
 _lock = threading.Lock()
 
 
@@ -49,24 +49,22 @@ def _pids(pids: int | Iterable[int]) -> list[int]:
 
 
 def state(pid: int) -> str:
-    """``checkpointed`` for a process this stand-in suspended, else ``running``."""
+    """``checkpointed`` for a process the stand-in was last asked to suspend (by any of
+    the arbiter's workers: the log says), else ``running``."""
+    last = [c["call"] for c in calls(LOG) if pid in c["pids"] and c["call"] in ("suspend", "restore")]
     _note("state", [pid])
-    return "checkpointed" if pid in _held else "running"
+    return "checkpointed" if last and last[-1] == "suspend" else "running"
 
 
 def suspend(pids: int | Iterable[int], timeout: float = 10.0) -> float:
     """Note the processes as suspended; 0 seconds."""
-    group = _pids(pids)
-    _note("suspend", group)
-    _held.update(group)
+    _note("suspend", _pids(pids))
     return 0.0
 
 
 def restore(pids: int | Iterable[int], need: dict[str, int] | None = None) -> float:
     """Note the processes as restored; 0 seconds."""
-    group = _pids(pids)
-    _note("restore", group)
-    _held.difference_update(group)
+    _note("restore", _pids(pids))
     return 0.0
 
 
