@@ -94,6 +94,8 @@ PATTERNS = {
         "threading.Thread(target=work, daemon=True).start()\n"
     ),
 }
+#: How many GPU calls of the kernel's threads waited for it at the allocator's gate so far.
+HELD = "from jupyter_vgpu.kernel.pause import vmm as _vmm\nprint(_vmm.load().gate().held_total)"
 #: What the kernel answers once every step ran: the steps counted, its data bit-exact.
 CHECK = "print(json.dumps({'acc': acc.item(), 'exact': w.double().sum().item() == ref}))"
 
@@ -152,20 +154,22 @@ def run_pattern(tmp: Path, pattern: str, mode: str, extra_env: dict | None = Non
         kernel.run(f"LOG = {str(log)!r}\n" + SETUP)
         wait_for(lambda: _away(channel, kernel), 60, "the kernel to leave the GPU after its first cell")
         kernel.run(PATTERNS[pattern])  # the kernel leaves again as the cell ends; the steps go on
-        report = _report(channel, kernel)
-        left = report.get("state") if report.get("state") in ("paused", "suspended") else "kept"
-        why = report.get("refused") or report.get("not_pausable")
         wait_for(lambda: log.exists() and log.read_text().count("\n") >= 20, 120, f"the {pattern}'s steps")
         times = [float(x) for x in log.read_text().split()]
-        wait_for(lambda: _away(channel, kernel), 60, "the kernel to leave the GPU after the check")
-        kernel.run("None")  # the kernel leaves once more: the next message meets it away
-        wait_for(lambda: _away(channel, kernel), 60, "the kernel away before the timed message")
+        held = json.loads(kernel.run(HELD).strip().splitlines()[-1])  # the kernel leaves again after it
+        wait_for(
+            lambda: _away(channel, kernel) or _report(channel, kernel).get("refused"), 60, "the pause after"
+        )
+        kept = _report(channel, kernel).get("refused") if held == 0 else None
+        left = "kept" if held == 0 else {"pause": "paused", "suspend": "suspended"}[mode]
+        if left != "kept":
+            wait_for(lambda: _away(channel, kernel), 60, "the kernel away before the timed message")
         t0 = time.monotonic()
         out = kernel.run(CHECK)
         seconds = time.monotonic() - t0
         got = json.loads(out.strip().splitlines()[-1])
         gap = max(b - a for a, b in itertools.pairwise(times))
         exact = got["exact"] and got["acc"] == len(times)
-        return Row(pattern, mode, left, why if left == "kept" else None, len(times), exact, gap, seconds)
+        return Row(pattern, mode, left, kept, len(times), exact, gap, seconds)
     finally:
         kernel.shutdown()
