@@ -98,6 +98,7 @@ static CUresult wait_here(int suspended_only) {
   pthread_once(&g_python_once, find_python);
   void *gil = NULL;
   if (py_gil_check && py_gil_check()) gil = py_save();
+  vgpu_trace("gate: a call waits (%s; the GIL %s)", suspended_only ? "suspended" : "away", gil ? "let go" : "not held");
   pthread_mutex_lock(&g_gate_lock);
   if (g_waiting++ == 0) g_waiting_since_ns = now_ns();
   g_held_total++;
