@@ -221,6 +221,10 @@ class ArbiterClient:
     # -- receiving -------------------------------------------------------------------
 
     def _run(self) -> None:
+        with self.pausing.own_calls():  # the figures it sends are this package's own look
+            self._connect_for_good()
+
+    def _connect_for_good(self) -> None:
         delay = 0.05
         while not self._stop.is_set():
             t0 = time.monotonic()
@@ -303,6 +307,10 @@ class ArbiterClient:
                     sock.close()
 
     def _obey(self, msg: dict) -> None:
+        with self.pausing.own_calls():
+            self._do(msg)
+
+    def _do(self, msg: dict) -> None:
         t0 = time.monotonic()
         reply = {"type": "reply", "id": msg["id"], "released": None}
         try:

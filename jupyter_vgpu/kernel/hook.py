@@ -395,10 +395,11 @@ class KernelHook:
         last_report = 0.0
         while not self._stop.wait(self.config.poll_seconds):
             try:
-                self._poll_channel()
-                now = time.monotonic()
-                if now - last_report >= self.config.report_seconds:
-                    last_report = now
-                    self.write_report()
+                with self.pausing.own_calls():
+                    self._poll_channel()
+                    now = time.monotonic()
+                    if now - last_report >= self.config.report_seconds:
+                        last_report = now
+                        self.write_report()
             except Exception:  # the watcher must outlive any single failure
                 log.exception("jupyter-vgpu: watcher step failed")

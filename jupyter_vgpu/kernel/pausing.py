@@ -119,6 +119,7 @@ class PauseControl:
         self.node_figures: Callable[[], dict | None] = lambda: None
         self._helper: subprocess.Popen | None = None
         self._waker: threading.Thread | None = None  # brings the kernel back for a held GPU call
+        self._allocator_found: tuple | None = None  # (the allocator or None), once looked up
         self.suspended_with: list[int] = []  # child processes suspended with the kernel
         #: bytes per GPU UUID the kernel and ``suspended_with`` held when the driver took
         #: them off (NVML, just before): what a restore needs free (:mod:`..node.checkpoint`)
@@ -139,17 +140,33 @@ class PauseControl:
     def _changed(self, state: str) -> None:
         if state != g.IDLE:
             self._left_idle.set()
-        for listener in list(self.listeners):
-            try:
-                listener(state)
-            except Exception:
-                log.exception("jupyter-vgpu: a state listener failed")
+        with self.own_calls():  # reports; and under the gate's lock, where a held call would stall it
+            for listener in list(self.listeners):
+                try:
+                    listener(state)
+                except Exception:
+                    log.exception("jupyter-vgpu: a state listener failed")
+
+    def own_calls(self):
+        """A context in which the calling thread's GPU calls are this package's own (its
+        reports, its look at PyTorch's figures): never held at the allocator's gate. They
+        are made as before the gate existed: the figures read while the kernel is away
+        never need the memory, and every driver call the package makes while the kernel is
+        suspended is one the driver's lock does not stop."""
+        allocator = self._allocator()
+        return allocator.machinery() if allocator is not None else contextlib.nullcontext()
 
     # -- the engine ----------------------------------------------------------------------
 
     def _allocator(self):
         """The pausable allocator, when this process was started with it (LD_PRELOAD), else
-        None (never built or loaded otherwise)."""
+        None (never built or loaded otherwise). Looked up once."""
+        if self._allocator_found is None:
+            self._allocator_found = (self._find_allocator(),)
+        return self._allocator_found[0]
+
+    @staticmethod
+    def _find_allocator():
         preload = os.environ.get("LD_PRELOAD", "")
         if not any(Path(p).name.startswith(("libjupyter_vgpu_vmm", "vmm-")) for p in preload.split(":") if p):
             return None
