@@ -88,7 +88,7 @@ PATTERNS = {
         "gil_held_memset.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t]\n"
         "twice = torch.zeros(1, dtype=torch.int32, device='cuda')\n"
         "def work():\n"
-        "    torch.cuda.set_device(0)  # the thread's CUDA context, for the driver's own calls\n"
+        "    acc.add_(0)  # a call of the runtime's makes the thread's CUDA context current\n"
         "    for k in range(20):\n"
         "        assert gil_held_memset(twice.data_ptr(), 2 * (k + 1), 1) == 0\n"
         "        step(); time.sleep(0.01)\n"
