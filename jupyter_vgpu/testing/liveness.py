@@ -22,9 +22,14 @@ from .kernel_runner import Kernel
 from .preloaded import environment
 from .waiting import wait_for
 
+#: Seconds between two steps: twenty of them span the kernel's time away after the cell
+#: (a pause takes a fraction of a second, a suspend about one), so that several meet it away.
+INTERVAL = 0.2
+
 #: The kernel's data: a tensor the steps add to, and one whose sum is checked bit for bit.
 SETUP = (
     "import torch, time, json\n"
+    f"INTERVAL = {INTERVAL}\n"
     "acc = torch.zeros(1, device='cuda')\n"
     "w = torch.randn(1 << 24, device='cuda')\n"
     "ref = w.double().sum().item()\n"
@@ -39,7 +44,7 @@ PATTERNS = {
         "import asyncio\n"
         "async def job():\n"
         "    for _ in range(20):\n"
-        "        step(); await asyncio.sleep(0.01)\n"
+        "        step(); await asyncio.sleep(INTERVAL)\n"
         "task = asyncio.ensure_future(job())\n"
     ),
     "tornado PeriodicCallback": (
@@ -48,14 +53,14 @@ PATTERNS = {
         "def tick():\n"
         "    step(); n[0] += 1\n"
         "    if n[0] >= 20: pc.stop()\n"
-        "pc = PeriodicCallback(tick, 10); pc.start()\n"
+        "pc = PeriodicCallback(tick, INTERVAL * 1000); pc.start()\n"
     ),
     "IOLoop call_later": (
         "from tornado.ioloop import IOLoop\n"
         "def tick(k):\n"
         "    step()\n"
-        "    if k < 19: IOLoop.current().call_later(0.01, tick, k + 1)\n"
-        "IOLoop.current().call_later(0.01, tick, 0)\n"
+        "    if k < 19: IOLoop.current().call_later(INTERVAL, tick, k + 1)\n"
+        "IOLoop.current().call_later(INTERVAL, tick, 0)\n"
     ),
     "threading.Timer": (
         "import threading\n"
@@ -63,21 +68,21 @@ PATTERNS = {
         "    step()\n"
         "    if k < 19: later(k + 1)\n"
         "def later(k):\n"
-        "    t = threading.Timer(0.01, tick, (k,)); t.daemon = True; t.start()\n"
+        "    t = threading.Timer(INTERVAL, tick, (k,)); t.daemon = True; t.start()\n"
         "later(0)\n"
     ),
     "thread": (
         "import threading\n"
         "def work():\n"
         "    for _ in range(20):\n"
-        "        step(); time.sleep(0.01)\n"
+        "        step(); time.sleep(INTERVAL)\n"
         "threading.Thread(target=work, daemon=True).start()\n"
     ),
     "thread in a CUDA call": (
         "import threading\n"
         "def work():\n"
         "    for _ in range(20):\n"
-        "        (acc * 2).sum().item(); torch.cuda.synchronize(); step()\n"
+        "        (acc * 2).sum().item(); torch.cuda.synchronize(); step(); time.sleep(INTERVAL)\n"
         "threading.Thread(target=work, daemon=True).start()\n"
     ),
     "thread holding the GIL in C": (
@@ -91,7 +96,7 @@ PATTERNS = {
         "    acc.add_(0)  # a call of the runtime's makes the thread's CUDA context current\n"
         "    for k in range(20):\n"
         "        assert gil_held_memset(twice.data_ptr(), 2 * (k + 1), 1) == 0\n"
-        "        step(); time.sleep(0.01)\n"
+        "        step(); time.sleep(INTERVAL)\n"
         "threading.Thread(target=work, daemon=True).start()\n"
     ),
 }
@@ -112,8 +117,8 @@ class Row:
         why: why it was kept, in the kernel's words, or None.
         steps: steps that ran (20 when none was lost).
         exact: the kernel's data came back bit-exact and every step counted.
-        longest_step_gap: the longest time between two steps, seconds (a step that met
-            the kernel away waited that long, the way back included).
+        longest_step_gap: the longest time between two steps, seconds: :data:`INTERVAL`
+            plus what a step that met the kernel away waited (its way back included).
         message_seconds: seconds from a cell sent while the kernel was away to its answer.
     """
 
@@ -155,7 +160,7 @@ def run_pattern(tmp: Path, pattern: str, mode: str, extra_env: dict | None = Non
         kernel.run(f"LOG = {str(log)!r}\n" + SETUP)
         wait_for(lambda: _away(channel, kernel), 60, "the kernel to leave the GPU after its first cell")
         kernel.run(PATTERNS[pattern])  # the kernel leaves again as the cell ends; the steps go on
-        wait_for(lambda: log.exists() and log.read_text().count("\n") >= 20, 120, f"the {pattern}'s steps")
+        wait_for(lambda: log.exists() and log.read_text().count("\n") >= 20, 180, f"the {pattern}'s steps")
         times = [float(x) for x in log.read_text().split()]
         held = json.loads(kernel.run(HELD).strip().splitlines()[-1])  # the kernel leaves again after it
         wait_for(

@@ -18,7 +18,7 @@ import pytest
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
-from jupyter_vgpu.testing import liveness
+from jupyter_vgpu.testing import card_holder, liveness
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
@@ -118,15 +118,15 @@ def test_interrupt_restart_and_shutdown_of_a_suspended_kernel(tmp_path):
 
 def test_room_on_demand_takes_a_kernel_with_a_running_task_off_and_its_task_brings_it_back(tmp_path):
     """Through the node arbiter: ada's kernel runs an asyncio task touching her tensors
-    between cells; bob's cell needs the card, so ada's kernel is taken off (paused, then
-    suspended once idle past suspend_after) while her task runs. Her task's next GPU
-    call brings her back once bob's cell is done; every step runs, her data are bit-exact,
-    and bob's cell had its room."""
+    between cells; bob's cell needs the card (ballast outside every server leaves the two
+    kernels 12 GiB of it), so ada's kernel is taken off while her task runs. Her task's
+    next GPU call brings her back once bob's cell is done; every step runs, her data are
+    bit-exact, and bob's cell had its room."""
     gpu = nvml.list_gpus()[0]
-    card = gpu.memory_total  # her 45% and his 60% of the card cannot both be on it
-    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, card, int(0.7 * card), 100, overcommit_ratio=2.0)
-    hers, his = int(0.45 * card) // 4, int(0.6 * card) // 4  # float32 elements
-    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=1", "--queue-timeout=300").start()
+    free = nvml.free_memory(gpu.uuid)
+    ballast = card_holder.hold(free - 12 * GiB)
+    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 10 * GiB, 100, overcommit_ratio=2.0)
+    arbiter = ArbiterProcess(tmp_path, "--queue-timeout=300").start()
     kernels = {}
     try:
         for user in ("ada", "bob"):
@@ -136,22 +136,24 @@ def test_room_on_demand_takes_a_kernel_with_a_running_task_off_and_its_task_brin
                 c.register(kernels[user].pid, user, "", slice_)
         ada, bob = kernels["ada"], kernels["bob"]
         steps = tmp_path / "steps"
-        ada.run(f"LOG = {str(steps)!r}\n" + liveness.SETUP + f"big = torch.ones({hers}, device='cuda')")
+        ada.run(f"LOG = {str(steps)!r}\n" + liveness.SETUP + "big = torch.ones(5 * 2**28, device='cuda')")
         ada.run(
-            "import asyncio\nasync def job():\n    for _ in range(200):\n"
+            "import asyncio\nasync def job():\n    for _ in range(100):\n"
             "        step(); await asyncio.sleep(0.05)\ntask = asyncio.ensure_future(job())"
         )
         out = bob.run(
-            f"import torch\nmine = torch.ones({his}, device='cuda')\n"
+            "import torch\nmine = torch.ones(8 * 2**28, device='cuda')\n"
             "import time; time.sleep(3)\nprint(mine.sum(dtype=torch.float64).item())"
         )
-        assert out.strip().splitlines()[-1] == str(float(his)), out
-        wait_for(lambda: steps.read_text().count("\n") >= 200, 240, "ada's task to finish")
+        assert out.strip().splitlines()[-1] == str(float(8 * 2**28)), out
+        wait_for(lambda: steps.read_text().count("\n") >= 100, 240, "ada's task to finish")
         got = json.loads(ada.run(liveness.CHECK + "\nprint(big.sum().item())").strip().splitlines()[0])
-        assert got == {"acc": 200.0, "exact": True}
+        assert got == {"acc": 100.0, "exact": True}
         taken = [d for d in arbiter.books()["decisions"] if d["what"] in ("pause", "suspend")]
         assert any(d["server"] == "ada/" for d in taken), taken
     finally:
         for kernel in kernels.values():
             kernel.shutdown()
         arbiter.stop()
+        ballast.kill()
+        ballast.wait()
