@@ -143,9 +143,9 @@ def test_room_on_demand_takes_a_kernel_with_a_running_task_off_and_its_task_brin
         )
         out = bob.run(
             "import torch\nmine = torch.ones(8 * 2**28, device='cuda')\n"
-            "import time; time.sleep(3)\nprint(mine.sum(dtype=torch.float64).item())"
+            "import time; time.sleep(3)\nprint(mine.min().item(), mine.max().item())"
         )
-        assert out.strip().splitlines()[-1] == str(float(8 * 2**28)), out
+        assert out.strip().splitlines()[-1] == "1.0 1.0", out
         wait_for(lambda: steps.read_text().count("\n") >= 100, 240, "ada's task to finish")
         got = json.loads(ada.run(liveness.CHECK + "\nprint(big.sum().item())").strip().splitlines()[0])
         assert got == {"acc": 100.0, "exact": True}
