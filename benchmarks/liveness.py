@@ -172,7 +172,7 @@ def main(argv=None) -> None:
         for mode in args.modes:
             with tempfile.TemporaryDirectory() as d:
                 row = liveness.run_pattern(Path(d), pattern, mode)
-            rows.append(row.__dict__ | {"longest_step_gap": round(row.longest_step_gap, 3),
+            rows.append(row.__dict__ | {"longest_call": round(row.longest_call, 3),
                                         "message_seconds": round(row.message_seconds, 3)})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     doc.update(

@@ -13,7 +13,6 @@ kernel while it was away to its answer.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import time
 from pathlib import Path
@@ -34,8 +33,9 @@ SETUP = (
     "w = torch.randn(1 << 24, device='cuda')\n"
     "ref = w.double().sum().item()\n"
     "def step():\n"
-    "    acc.add_(1)\n"
-    "    with open(LOG, 'a') as f: f.write(f'{time.monotonic()}\\n')\n"
+    "    t0 = time.monotonic()\n"
+    "    acc.add_(1)  # held, the first time after the kernel left, until it is back\n"
+    "    with open(LOG, 'a') as f: f.write(f'{t0} {time.monotonic()}\\n')\n"
 )
 
 #: Each pattern's cell: twenty steps after the cell has ended.
@@ -117,8 +117,9 @@ class Row:
         why: why it was kept, in the kernel's words, or None.
         steps: steps that ran (20 when none was lost).
         exact: the kernel's data came back bit-exact and every step counted.
-        longest_step_gap: the longest time between two steps, seconds: :data:`INTERVAL`
-            plus what a step that met the kernel away waited (its way back included).
+        longest_call: the longest a step's GPU call took, seconds: the first call after
+            the kernel left waits there for its way back (a held call brings the kernel
+            back, and it stays), the others take microseconds.
         message_seconds: seconds from a cell sent while the kernel was away to its answer.
     """
 
@@ -128,7 +129,7 @@ class Row:
     why: str | None
     steps: int
     exact: bool
-    longest_step_gap: float
+    longest_call: float
     message_seconds: float
 
 
@@ -161,7 +162,7 @@ def run_pattern(tmp: Path, pattern: str, mode: str, extra_env: dict | None = Non
         wait_for(lambda: _away(channel, kernel), 60, "the kernel to leave the GPU after its first cell")
         kernel.run(PATTERNS[pattern])  # the kernel leaves again as the cell ends; the steps go on
         wait_for(lambda: log.exists() and log.read_text().count("\n") >= 20, 180, f"the {pattern}'s steps")
-        times = [float(x) for x in log.read_text().split()]
+        calls = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
         held = json.loads(kernel.run(HELD).strip().splitlines()[-1])  # the kernel leaves again after it
         wait_for(
             lambda: _away(channel, kernel) or _report(channel, kernel).get("refused"), 60, "the pause after"
@@ -174,8 +175,8 @@ def run_pattern(tmp: Path, pattern: str, mode: str, extra_env: dict | None = Non
         out = kernel.run(CHECK)
         seconds = time.monotonic() - t0
         got = json.loads(out.strip().splitlines()[-1])
-        gap = max(b - a for a, b in itertools.pairwise(times))
-        exact = got["exact"] and got["acc"] == len(times)
-        return Row(pattern, mode, left, kept, len(times), exact, gap, seconds)
+        longest = max(done - began for began, done in calls)
+        exact = got["exact"] and got["acc"] == len(calls)
+        return Row(pattern, mode, left, kept, len(calls), exact, longest, seconds)
     finally:
         kernel.shutdown()
