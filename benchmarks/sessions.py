@@ -64,7 +64,6 @@ import argparse
 import json
 import queue
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -80,6 +79,7 @@ from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
 from jupyter_vgpu.testing.compute_share import of_cells  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
+from jupyter_vgpu.testing.percentiles import percentile, percentile_or_none  # noqa: E402
 from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
@@ -255,11 +255,6 @@ class HostMemory:
         self._thread.join()
 
 
-def quantile(values: list[float], q: float) -> float | None:
-    """The value at rank ``q`` of sorted ``values`` (nearest rank below), or None."""
-    return values[int(q * (len(values) - 1))] if values else None
-
-
 def start_arbiter(directory: Path, args) -> ArbiterProcess:
     settings = [
         "--ArbiterApp.poll_seconds=0.25",
@@ -381,15 +376,15 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "workload": args.workload,
                 "edit_before_s": edit,
                 "cells": len(latencies),
-                "p50_cell_s": statistics.median(latencies) if latencies else None,
-                "p95_cell_s": quantile(latencies, 0.95),
-                "p99_cell_s": quantile(latencies, 0.99),
+                "p50_cell_s": percentile_or_none(latencies, 50),
+                "p95_cell_s": percentile_or_none(latencies, 95),
+                "p99_cell_s": percentile_or_none(latencies, 99),
                 "prefetched": sum(
                     c["state_at_edit"] in away and c["state_before"] not in away for c in detail
                 ),
                 "prefetches": sum(d["what"] == "prefetch" for d in books["decisions"]),
-                "p50_inner_s": statistics.median(c["inner_s"] for c in detail) if detail else None,
-                "p50_outside_s_by_state_before": {k: statistics.median(v) for k, v in outside.items()},
+                "p50_inner_s": percentile_or_none((c["inner_s"] for c in detail), 50),
+                "p50_outside_s_by_state_before": {k: percentile(v, 50) for k, v in outside.items()},
                 "cells_by_state_before": {k: len(v) for k, v in outside.items()},
                 "ooms": ooms + sum("OutOfMemory" in e or "MemoryError" in e for e in errors),
                 "errors": errors[:5],
@@ -457,7 +452,7 @@ def calibrate(args, gpu) -> dict:
         "context_bytes": context,
         "static_sessions": int(card // session_peak),
         "budget_bytes": min(card, max_reserved + (1 << 30)),
-        "solo_cell_s": statistics.median(solo),
+        "solo_cell_s": percentile(solo, 50),
         "solo_cells_s": solo,
         "steps_per_cell": steps,
         "model": model_of(args),

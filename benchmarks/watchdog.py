@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.cgroups import Cgroup
 from jupyter_vgpu.node.watchdog import Watchdog, owners
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.percentiles import percentile
 
 GiB = 1 << 30
 
@@ -153,10 +153,10 @@ def main() -> None:
             "over_budget_seen": len(warned),
             "mapped_by": mapped if not args.gpu else None,
             "cgroups": host.describe() if host else f"none: {why_not}",
-            "cpu_ms_per_look_median": statistics.median(times) * 1e3,
-            "cpu_ms_per_look_p95": sorted(times)[int(0.95 * len(times))] * 1e3,
-            "cpu_percent_at_1s_poll": statistics.median(times) * 100,
-            "nvml_cpu_ms_per_look_median": statistics.median(nvml_times) * 1e3 if nvml_times else None,
+            "cpu_ms_per_look_median": percentile(times, 50) * 1e3,
+            "cpu_ms_per_look_p95": percentile(times, 95) * 1e3,
+            "cpu_percent_at_1s_poll": percentile(times, 50) * 100,
+            "nvml_cpu_ms_per_look_median": percentile(nvml_times, 50) * 1e3 if nvml_times else None,
             "excludes": None if args.gpu else "NVML's per-process query (no GPU on this machine)",
             "gpu": gpu.name if gpu else None,
             "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
