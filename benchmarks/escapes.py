@@ -33,6 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
+from gpu_common import require_gpu  # noqa: E402
+
 from jupyter_vgpu import nvml  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing import escape_cases  # noqa: E402
@@ -209,8 +212,10 @@ def main() -> None:
         "--cases", default="", help="only the cases whose names contain one of these, comma-separated"
     )
     args = parser.parse_args()
+    require_gpu(parser)
     wanted = [w for w in args.cases.split(",") if w]
     cases = {n: c for n, c in CASES.items() if not wanted or any(w in n for w in wanted)}
+    record = provenance.record()
     gpu = nvml.list_gpus()[0]
     slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100)
     rows = []
@@ -240,6 +245,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 with open(args.out, "w") as f:
                     doc = {
+                        **record,
                         "cases": rows,
                         "gpu": gpu.name,
                         "policy": "kill after 1 s",

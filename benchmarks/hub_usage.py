@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import provenance
+
 from hub_spawner.inventory import GPU
 from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
 from jupyter_vgpu.slice import Slice
@@ -67,6 +69,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    record = provenance.record()
     cards, board, spawners = setup(args.servers, args.gpus)
     answer(cards, board, spawners)
     times = []
@@ -76,6 +79,7 @@ def main():
         times.append(time.perf_counter() - start)
     times.sort()
     result = {
+        **record,
         "benchmark": "GET /hub/api/vgpu/usage work (aggregate + JSON), in process",
         "servers": args.servers,
         "gpus": args.gpus,

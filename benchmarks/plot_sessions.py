@@ -13,8 +13,8 @@ Usage: ``python benchmarks/plot_sessions.py benchmarks/results/sessions-h100.jso
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 320, 60, 20, 30, 50
@@ -118,8 +118,13 @@ def svg(doc: dict) -> str:
 
 
 def main() -> None:
-    source, target = sys.argv[1], sys.argv[2]
-    Path(target).write_text(svg(json.loads(Path(source).read_text())))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="a sessions output (benchmarks/results/sessions-h100.json)")
+    parser.add_argument("target", type=Path, help="the SVG to write (docs/sessions-h100.svg)")
+    args = parser.parse_args()
+    if not args.source.is_file():
+        parser.error(f"no such file: {args.source}")
+    args.target.write_text(svg(json.loads(args.source.read_text())))
 
 
 if __name__ == "__main__":

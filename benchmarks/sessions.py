@@ -73,13 +73,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
+from gpu_common import require_gpu  # noqa: E402
+
 from jupyter_vgpu import channel, nvml  # noqa: E402
 from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
 from jupyter_vgpu.testing.compute_share import of_cells  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
-from jupyter_vgpu.testing.percentiles import percentile, percentile_or_none  # noqa: E402
+from jupyter_vgpu.testing.percentiles import RULE, percentile, percentile_or_none  # noqa: E402
 from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
@@ -517,6 +520,8 @@ def main() -> None:
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    require_gpu(parser)
+    record = provenance.record()
     if args.seed is None:
         args.seed = random.randrange(1 << 31)
 
@@ -533,9 +538,11 @@ def main() -> None:
         else:
             args.width, args.layers, args.batch = (model[k] for k in ("width", "layers", "batch"))
         args.think = result["think_s"] if args.think is None else args.think
+        result = provenance.stamped(result, record)  # the calibration's record moves to its history
     else:
         args.think = 90.0 if args.think is None else args.think
-        result = {**calibrate(args, gpu), "think_s": args.think, "runs": []}
+        result = {**record, **calibrate(args, gpu), "think_s": args.think, "runs": []}
+    result["percentiles"] = RULE
     result["arbiter"] = {
         "idle_seconds": args.idle_seconds,
         "watermark": args.watermark,
@@ -577,7 +584,9 @@ def main() -> None:
         # setups at once: what the card holds beside n contexts, at most the static count
         beside = card * len(gpus) - n * result["context_bytes"]
         together = max(1, min(static, int(beside // result["session_peak_bytes"])))
+        began = provenance.run_record()  # a file that later calls add to: each run its own
         row = run_sessions(n, args, slices, result["steps_per_cell"], together)
+        row.update(began)
         row["gpus"] = len(gpus)
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default

@@ -35,6 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import provenance
+from gpu_common import require_gpu
+
 from hub_spawner import server_cgroup
 from jupyter_vgpu import nvml
 from jupyter_vgpu.node import peers
@@ -80,7 +83,11 @@ def main() -> None:
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    gpu = nvml.list_gpus()[0] if args.gpu else None
+    record = provenance.record()
+    gpu = None
+    if args.gpu:
+        require_gpu(parser)
+        gpu = nvml.list_gpus()[0]
 
     host, why_not = None, "--tree"
     if not args.tree:
@@ -147,6 +154,7 @@ def main() -> None:
             times.append(time.process_time() - t0)
             warned |= {a.pid for a in actions}
         result = {
+            **record,
             "servers": args.servers,
             "processes": sum(len(t) for t in trees.values()),
             "processes_on_card": len(reading),
