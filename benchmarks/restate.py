@@ -11,7 +11,8 @@
   commit and date of the version of the file that first held it as it is now. A file
   that is a list of rows becomes ``{..., "rows": [...]}``. Runs of a sessions output get
   their own ``commit`` (from the short one written by hand in ``code``, else from the git
-  log: the first version of the file that held the run).
+  log: the first version of the file that held the run). A p95 taken by an earlier rule
+  from samples that were not recorded is said to be so (``percentiles``).
 
 Both are idempotent: a second call changes nothing.
 
@@ -57,6 +58,16 @@ HAND = {
     "sessions-h100.json": ("note",),
     "sessions-h200x2.json": ("note",),
     "sessions-transformer-h200.json": ("note", "gpu_run_on"),
+}
+
+#: Files whose p95 came from a rule of its own and recorded no samples to take it again.
+EARLIER_P95 = {
+    "hub-usage.json": "ms_p95 is the value at int(0.95 * n) - 1 of the sorted times (not numpy.percentile); "
+    "the times were not recorded, so it is not recomputed",
+    "watchdog-cpu.json": "cpu_ms_per_look_p95 is the value at int(0.95 * n) of the sorted looks (not "
+    "numpy.percentile); the looks were not recorded, so it is not recomputed",
+    "watchdog-h100.json": "cpu_ms_per_look_p95 is the value at int(0.95 * n) of the sorted looks (not "
+    "numpy.percentile); the looks were not recorded, so it is not recomputed",
 }
 
 
@@ -194,6 +205,8 @@ def restate_provenance(path: Path) -> bool:
             calibration["provenance"] = f"{FROM_GIT}: the first version that held it as it is"
     if path.name == "coverage-h100.json":
         _coverage_rows(rel, doc, history)
+    if path.name in EARLIER_P95:
+        doc["percentiles"] = EARLIER_P95[path.name]
     if "commit" not in doc:
         sha, date = git("log", "-1", "--format=%H %cI", "--", rel).split()
         doc["commit"] = sha

@@ -41,3 +41,19 @@ def test_a_run_without_cells_says_its_percentiles_were_not_taken_again():
     assert without, "the earliest sessions runs recorded no cells"
     for run in without:
         assert run["percentiles"].startswith("not recomputed"), run["percentiles"]
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_every_results_file_says_which_commit_and_when_and_so_does_its_history(path):
+    doc = json.loads(path.read_text())
+    assert isinstance(doc, dict), "a results file is an object with commit and date at its top"
+    assert len(doc.get("commit") or "") == 40, doc.get("commit")
+    assert doc.get("date"), "no date"
+    for entry in doc.get("history", []):
+        assert entry.get("commit"), entry
+        assert entry.get("date"), entry
+        assert entry.get("what"), entry
+    for run in doc.get("runs", []) if isinstance(doc.get("runs"), list) else []:
+        if "cells_detail" in run or "p50_cell_s" in run:  # a sessions run: its own record
+            assert len(run.get("commit") or "") == 40, run.get("commit")
+            assert run.get("date"), "a run without a date"
