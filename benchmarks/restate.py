@@ -12,7 +12,9 @@
   that is a list of rows becomes ``{..., "rows": [...]}``. Runs of a sessions output get
   their own ``commit`` (from the short one written by hand in ``code``, else from the git
   log: the first version of the file that held the run). A p95 taken by an earlier rule
-  from samples that were not recorded is said to be so (``percentiles``).
+  from samples that were not recorded is said to be so (``percentiles``), and a run the
+  README quotes that a later run replaced comes back into ``history`` from the commit that
+  wrote it (``RECOVERED``).
 
 Both are idempotent: a second call changes nothing.
 
@@ -68,6 +70,12 @@ EARLIER_P95 = {
     "numpy.percentile); the looks were not recorded, so it is not recomputed",
     "watchdog-h100.json": "cpu_ms_per_look_p95 is the value at int(0.95 * n) of the sorted looks (not "
     "numpy.percentile); the looks were not recorded, so it is not recomputed",
+}
+
+#: Runs a file held once and lost when a later run took its place, which the README still
+#: quotes: each comes back into the file's history from the commit that wrote it.
+RECOVERED = {
+    "pause-h100.json": (("e1b3664", "the first run on the H100, before the batched copy-out"),),
 }
 
 
@@ -205,6 +213,14 @@ def restate_provenance(path: Path) -> bool:
             calibration["provenance"] = f"{FROM_GIT}: the first version that held it as it is"
     if path.name == "coverage-h100.json":
         _coverage_rows(rel, doc, history)
+    for short, what in RECOVERED.get(path.name, ()):
+        sha = full_sha(short)
+        if not any(h.get("commit") == sha and h.get("what") == what for h in history):
+            value = json.loads(git("show", f"{sha}:{rel}"))
+            said = f"git show {short}:{rel} (the version of this file that commit wrote)"
+            history.append(
+                {"commit": sha, "date": commit_date(sha), "provenance": said, "what": what, "value": value}
+            )
     if path.name in EARLIER_P95:
         doc["percentiles"] = EARLIER_P95[path.name]
     if "commit" not in doc:
