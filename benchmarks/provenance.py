@@ -129,10 +129,15 @@ def record() -> dict:
     return {**run_record(), "machine": machine()}
 
 
+#: Keys of an earlier record that move with it: :data:`KEYS` and ``provenance``, the note
+#: of how a file written before this module got its commit and date.
+CARRIED = (*KEYS, "provenance")
+
+
 def carried(earlier: dict, what: str) -> dict:
     """A ``history`` entry for the record of an earlier output whose figures a new run
-    keeps: its provenance keys (those it has) and ``what`` it held."""
-    return {**{k: earlier[k] for k in KEYS if k in earlier}, "what": what}
+    keeps: its provenance keys (those it has, :data:`CARRIED`) and ``what`` it held."""
+    return {**{k: earlier[k] for k in CARRIED if k in earlier}, "what": what}
 
 
 def stamped(figures: dict, provenance: dict) -> dict:
@@ -140,7 +145,7 @@ def stamped(figures: dict, provenance: dict) -> dict:
     top (an output read back to add to) moves into its ``history``, unless it is this
     very record."""
     out = dict(figures)
-    earlier = {k: out.pop(k) for k in KEYS if k in out}
+    earlier = {k: out.pop(k) for k in CARRIED if k in out}
     if earlier and any(earlier.get(k) != provenance.get(k) for k in ("commit", "date", "command")):
         history = out.pop("history", [])
         history.append(carried(earlier, "the figures of this file that the run above did not measure again"))

@@ -63,10 +63,18 @@ def test_a_copy_without_git_takes_the_commit_from_the_environment(monkeypatch):
 
 def test_an_earlier_record_moves_into_the_history_once():
     provenance = load("provenance")
-    earlier = {"commit": "old", "date": "2026-11-20T00:00:00+00:00", "command": ["a"], "runs": [1]}
+    earlier = {
+        "commit": "old",
+        "date": "2026-11-20T00:00:00+00:00",
+        "provenance": "git log of this file",
+        "command": ["a"],
+        "runs": [1],
+    }
     now = {"commit": "new", "dirty": False, "date": "2026-11-27T00:00:00+00:00", "command": ["b"]}
     doc = provenance.stamped(earlier, now)
     assert {k: doc[k] for k in now} == now
     assert doc["runs"] == [1]
     assert [(h["commit"], h["command"]) for h in doc["history"]] == [("old", ["a"])]
+    assert "provenance" not in doc, "how the earlier record was found goes with it"
+    assert doc["history"][0]["provenance"] == "git log of this file"
     assert provenance.stamped(doc, now) == doc  # the run's own record is not history
