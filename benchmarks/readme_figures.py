@@ -238,6 +238,23 @@ class Claim:
         return re.compile("".join(parts))
 
 
+def _calibration() -> dict:
+    doc = load("sessions-h100.json")
+    t = doc["transformer"]
+    return {
+        "w": fig(doc["working_set_bytes"] / GiB),
+        "solo": fig(doc["solo_cell_s"]),
+        "peak": fig(doc["session_peak_bytes"] / GiB, 1),
+        "static": str(doc["static_sessions"]),
+        "steps": str(doc["steps_per_cell"]),
+        "t_w": fig(t["working_set_bytes"] / 1e9),
+        "t_peak": fig(t["session_peak_bytes"] / 1e9),
+        "t_static": str(t["static_sessions"]),
+        "t_steps": str(t["steps_per_cell"]),
+        "t_solo": fig(t["solo_cell_s"]),
+    }
+
+
 def _codec() -> dict:
     doc = load("codec-h100.json")
     now = {(w["name"], w["path"]): w for w in doc["workloads"]}
@@ -584,6 +601,21 @@ CLAIMS = [
         "pause-prepared-h100.json",
         "a training step {step} with the allocator",
         _prepared,
+    ),
+    Claim("sessions: the working set", "sessions-h100.json", "each holding W = {w} GiB", _calibration),
+    Claim(
+        "sessions: the cell and the peak",
+        "sessions-h100.json",
+        "a cell is {steps} training steps on a batch of 61,440 random tokens, {solo} s on an empty card, "
+        "with a peak of {peak} GiB (W, gradients, activations, CUDA context), so static slices fit {static}",
+        _calibration,
+    ),
+    Claim(
+        "transformer: the calibration",
+        "sessions-h100.json",
+        "W {t_w} GB, peak {t_peak} GB, so static slices fit {t_static}; a cell is {t_steps} steps, "
+        "{t_solo} s alone",
+        _calibration,
     ),
     Claim(
         "sessions: the model at 12 and 20",
