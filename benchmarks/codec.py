@@ -34,6 +34,8 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
+import provenance
+
 from jupyter_vgpu.kernel.codec.zstd import Codec
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", nargs="+", help="workloads to run (default: all)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure, best kept (default 3)")
     args = ap.parse_args(argv)
+    record = provenance.record()
 
     nbytes = parse_size(args.size)
     threads = args.threads or sorted({1, os.cpu_count() or 1})
@@ -149,11 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{row['ratio']:>9.3f} {row['encode_GBps']:>8.2f} {row['decode_GBps']:>8.2f}",
                                 flush=True,
                             )
+    record["machine"].update(machine())
     result = {
+        **record,
         "benchmark": "codec",
         "size_bytes": nbytes,
         "units": {"encode_GBps": "1e9 uncompressed bytes / s", "decode_GBps": "1e9 uncompressed bytes / s"},
-        "machine": machine(),
         "rows": rows,
     }
     if args.out:

@@ -25,14 +25,15 @@ import json
 import statistics
 import time
 
-from gpu_common import GiB, make, preloaded_or_reexec, raw_copies
+import provenance
+from gpu_common import GiB, make, preloaded_or_reexec, raw_copies, require_gpu
 
 WORKLOADS = ("bf16_weights", "fp32_adam_v", "bf16_relu_act", "zeros")
 
 
-def save(path: str, rows: list, torch) -> None:
+def save(path: str, rows: list, torch, record: dict) -> None:
     with open(path, "w") as f:
-        doc = {"workloads": rows, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+        doc = {**record, "workloads": rows, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
         json.dump(doc, f, indent=2)
 
 
@@ -48,9 +49,11 @@ def main() -> None:
         help="also run the nvCOMP path without its per-slot CUDA graphs (path nvcomp-direct)",
     )
     args = parser.parse_args()
+    require_gpu(parser)
     preloaded_or_reexec()
     import torch
 
+    record = provenance.record()
     from jupyter_vgpu.kernel.pause import vmm
     from jupyter_vgpu.kernel.pause.engine import PauseEngine
 
@@ -107,7 +110,7 @@ def main() -> None:
                 row["join_reason"] = engine.host_path.join_reason
             rows.append(row)
             print(json.dumps(row), flush=True)
-            save(args.out, rows, torch)
+            save(args.out, rows, torch, record)
         del t
         torch.cuda.empty_cache()
     for r in rows:

@@ -30,11 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
+
 from jupyter_vgpu.testing.compute_share import (  # noqa: E402
     DISCIPLINES,
     expected,
     of_cells,
 )
+from jupyter_vgpu.testing.percentiles import RULE  # noqa: E402
 
 
 def annotate(path: Path) -> int:
@@ -44,9 +47,13 @@ def annotate(path: Path) -> int:
     added = 0
     for run in doc["runs"]:
         if run.get("cells_detail") and "compute_share" not in run:
-            run["compute_share"] = of_cells(
-                run["cells_detail"], run.get("gpus", 1), run.get("solo_p50_cell_s", doc["solo_cell_s"])
-            )
+            run["compute_share"] = {
+                **of_cells(
+                    run["cells_detail"], run.get("gpus", 1), run.get("solo_p50_cell_s", doc["solo_cell_s"])
+                ),
+                "percentiles": RULE,
+                "added_by": provenance.run_record(),
+            }
             added += 1
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return added
@@ -65,6 +72,7 @@ def main() -> None:
     parser.add_argument("--annotate", nargs="*", default=[], help="sessions outputs to add compute_share to")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    record = provenance.record()
     rows = []
     for cell in (float(v) for v in args.cell_seconds.split(",")):
         for n in (int(v) for v in args.sessions.split(",")):
@@ -85,6 +93,8 @@ def main() -> None:
                 flush=True,
             )
     out = {
+        **record,
+        "percentiles": RULE,
         "model": "jupyter_vgpu/testing/compute_share.py: cells that meet on a card share its compute "
         "equally (share), or run one after another in the order sent (one at a time); no memory cost",
         "think_s": args.think,

@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_common import GiB
+import provenance
+from gpu_common import GiB, require_gpu
 from pause import step_times
 
 from jupyter_vgpu import nvml
@@ -224,7 +225,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed training steps per run (0: none)")
     parser.add_argument("--cycles", type=int, default=2, help="cycles per path (the first unmeasured)")
     args = parser.parse_args()
-    result = {"gpu": nvml.list_gpus()[0].name, "paths": []}
+    require_gpu(parser)
+    result = {**provenance.record(), "gpu": nvml.list_gpus()[0].name, "paths": []}
     for name, env, fill in PATHS:
         if args.only and args.only not in name:
             continue
@@ -235,7 +237,7 @@ def main() -> None:
                 row = {"name": name, "error": f"{type(e).__name__}: {e}"[:2000]}
         result["paths"].append(row)
         print(json.dumps(row), flush=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.steps:
         for conf, key in (("", "default"), ("expandable_segments:True", "expandable_segments")):
             plain, pre = [], []
@@ -245,7 +247,7 @@ def main() -> None:
             result[f"step_overhead_idle_{key}"] = statistics.median(pre) / statistics.median(plain) - 1
             result[f"step_s_plain_{key}"] = statistics.median(plain)
             print(key, result[f"step_overhead_idle_{key}"], flush=True)
-            Path(args.out).write_text(json.dumps(result, indent=2))
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for row in result["paths"]:
         if "error" in row:
             print(f"{row['name']}: {row['error']}")

@@ -31,7 +31,13 @@ import threading
 import time
 from pathlib import Path
 
-from cuda.bindings import driver
+import provenance
+
+try:
+    from cuda.bindings import driver
+except ImportError as e:  # --help still answers; a run says why it cannot start
+    driver = None
+    NO_DRIVER = f"cuda-bindings cannot be imported ({e}): pip install 'jupyter-vgpu[gpu]' on a GPU machine"
 
 MiB = 1 << 20
 
@@ -49,6 +55,9 @@ def main() -> None:
     parser.add_argument("--page-mib", type=int, default=20)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if driver is None:
+        parser.error(NO_DRIVER)
+    record = provenance.record()
     page, n = args.page_mib * MiB, args.pages
 
     check(driver.cuInit(0), "cuInit")
@@ -101,7 +110,7 @@ def main() -> None:
         check(driver.cuMemSetAccess(base, page * n, [access], 1), "cuMemSetAccess")
         return time.perf_counter() - start
 
-    out = {"pages": n, "page_bytes": page, "threads": {}}
+    out = {**record, "pages": n, "page_bytes": page, "threads": {}}
     in_threads(create, 1)
     set_access()
     for k in (1, 2, 4, 8, 1, 2, 4, 8):

@@ -14,7 +14,8 @@ the server's process tree (``tests/gpu/escape_cases.py``: a double fork, ``setsi
 case: whether the arbiter caught it, how long after the memory was taken (the escape
 prints the wall-clock time it finished allocating; the arbiter logs its decisions with
 theirs), what it did, and how it knew whose the process was (``mapped_by``: ``cgroup``,
-``tree``, or ``unowned``).
+``tree``, or ``unowned``); ``goals`` says whether every case was caught within the
+issue's 2 s.
 
 Usage (GPU machine): ``python benchmarks/escapes.py --out benchmarks/results/escapes-h100.json``
 """
@@ -33,6 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
+from gpu_common import require_gpu  # noqa: E402
+
 from jupyter_vgpu import nvml  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing import escape_cases  # noqa: E402
@@ -43,6 +47,10 @@ from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 from jupyter_vgpu.testing.server_process import TERMINALS_ON, JupyterServer  # noqa: E402
 
 GiB = 1 << 30
+#: The issue's bound: an escape is caught (warned) within this many seconds of holding
+#: the memory. Tests check the catch with a bound a loaded machine meets; this is where
+#: the bound itself is measured.
+CATCH_GOAL_S = 2.0
 HOLD = "import time\nprint('took', time.time(), flush=True)\ntime.sleep(6)\n"
 CASES = {
     "fraction lifted in the kernel": (
@@ -126,9 +134,11 @@ def judge(arbiter: ArbiterProcess, since: float, took: float | None, output: str
         if acted or time.time() > deadline:
             break
         time.sleep(0.1)
+    seconds = round(warned["time"] - took, 3) if warned and took else None
     return {
         "caught": warned is not None,
-        "seconds_to_catch": round(warned["time"] - took, 3) if warned and took else None,
+        "seconds_to_catch": seconds,
+        f"caught_within_{CATCH_GOAL_S:g}_s": seconds is not None and seconds < CATCH_GOAL_S,
         "action": "kill" if acted else ("warn" if warned else None),
         "seconds_to_action": round(acted["time"] - took, 3) if acted and took else None,
         "mapped_by": warned.get("mapped_by") if warned else None,
@@ -209,8 +219,10 @@ def main() -> None:
         "--cases", default="", help="only the cases whose names contain one of these, comma-separated"
     )
     args = parser.parse_args()
+    require_gpu(parser)
     wanted = [w for w in args.cases.split(",") if w]
     cases = {n: c for n, c in CASES.items() if not wanted or any(w in n for w in wanted)}
+    record = provenance.record()
     gpu = nvml.list_gpus()[0]
     slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100)
     rows = []
@@ -240,10 +252,16 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 with open(args.out, "w") as f:
                     doc = {
+                        **record,
                         "cases": rows,
                         "gpu": gpu.name,
                         "policy": "kill after 1 s",
                         "budget_bytes": 2 * GiB,
+                        "goals": {
+                            f"every_case_caught_within_{CATCH_GOAL_S:g}_s": all(
+                                r[f"caught_within_{CATCH_GOAL_S:g}_s"] for r in rows
+                            ),
+                        },
                     }
                     json.dump(doc, f, indent=2)
         finally:

@@ -18,6 +18,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, n
 GiB = 1 << 30
 
 
+def require_gpu(parser) -> None:
+    """End the run at once, through ``parser.error`` (exit status 2), with the reason where
+    NVML lists no GPU here: a GPU benchmark measures nothing without one."""
+    from jupyter_vgpu import nvml
+
+    try:
+        cards = nvml.list_gpus()
+    except nvml.NVMLUnavailable as e:
+        parser.error(f"needs an NVIDIA GPU: {e}")
+    if not cards:
+        parser.error("needs an NVIDIA GPU: NVML lists none on this machine")
+
+
 def preloaded_or_reexec() -> None:
     """Return in a preloaded process; otherwise replace this one with a preloaded copy."""
     from jupyter_vgpu.kernel.pause import vmm

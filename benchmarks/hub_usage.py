@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import types
@@ -23,10 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import provenance
+
 from hub_spawner.inventory import GPU
 from hub_spawner.usage import UsageBoard, gpu_rows, parse_report, slice_rows
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing import documents
+from jupyter_vgpu.testing.percentiles import percentile
 
 GiB = 2**30
 
@@ -67,6 +69,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    record = provenance.record()
     cards, board, spawners = setup(args.servers, args.gpus)
     answer(cards, board, spawners)
     times = []
@@ -76,12 +79,13 @@ def main():
         times.append(time.perf_counter() - start)
     times.sort()
     result = {
+        **record,
         "benchmark": "GET /hub/api/vgpu/usage work (aggregate + JSON), in process",
         "servers": args.servers,
         "gpus": args.gpus,
         "answer_bytes": len(body),
-        "ms_median": statistics.median(times) * 1e3,
-        "ms_p95": times[int(0.95 * len(times)) - 1] * 1e3,
+        "ms_median": percentile(times, 50) * 1e3,
+        "ms_p95": percentile(times, 95) * 1e3,
         "ms_max": times[-1] * 1e3,
         "goal_ms": 50,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},

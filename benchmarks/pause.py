@@ -26,7 +26,8 @@ import subprocess
 import sys
 import time
 
-from gpu_common import GiB, make, nvml_bytes, preloaded_or_reexec, raw_copies
+import provenance
+from gpu_common import GiB, make, nvml_bytes, preloaded_or_reexec, raw_copies, require_gpu
 
 STEP = r"""
 import json, statistics, time, torch
@@ -173,6 +174,7 @@ def measure(torch, gib: float) -> dict:
 def save(path: str, result: dict) -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
+        f.write("\n")
 
 
 def main() -> None:
@@ -181,10 +183,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed training steps per run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    require_gpu(parser)
     preloaded_or_reexec()
     import torch
 
-    result = {"workloads": [], "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    result = {
+        **provenance.record(),
+        "workloads": [],
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+    }
     for gib in (float(s) for s in args.sizes.split(",") if s):
         row = measure(torch, gib)
         result["workloads"].append(row)

@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout, not an installed copy
 
+import provenance  # noqa: E402
+
 from jupyter_vgpu.testing import fault_scene as scene  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
 from jupyter_vgpu.testing.fault_kernels import served_kernel  # noqa: E402
@@ -66,10 +68,13 @@ def main() -> None:
     ap.add_argument("--cell-seconds", type=float, default=1.0, help="the cell's own work, seconds")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    record = provenance.record()
     nbytes = args.mib * MiB
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-prefetch-"))
     arbiter = ArbiterProcess(tmp, "--ArbiterApp.prefetch_interval=0.5").start()
     try:
+        # ends at once, with the server's log, where the kernel dies instead of starting
+        print("starting a server and its kernel (up to 120 s)", file=sys.stderr, flush=True)
         served = served_kernel(tmp, arbiter)
     except BaseException:
         arbiter.stop()
@@ -107,6 +112,7 @@ def main() -> None:
         server.stop()
         arbiter.stop()
     result = {
+        **record,
         "device": "cpu",
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "bytes": nbytes,

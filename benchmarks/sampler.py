@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+import provenance
 import psutil
 import requests
 
@@ -143,10 +144,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measuring window per mode, seconds")
     parser.add_argument("--out", type=Path, help="write the JSON result here")
     args = parser.parse_args()
+    record = provenance.record()
     with tempfile.TemporaryDirectory() as tmp:
         off = run("off", args.seconds, Path(tmp) / "off")
         on = run("on", args.seconds, Path(tmp) / "on")
     result = {
+        **record,
         "benchmark": "sampler CPU cost: one server, five idle kernels, usage stream at 1 Hz",
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()},
         "off": off,
@@ -156,7 +159,6 @@ def main() -> None:
             on["kernel_cpu_percent_mean"] - off["kernel_cpu_percent_mean"], 3
         ),
         "unit": "percent of one CPU core",
-        "timestamp": time.time(),
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -64,7 +64,6 @@ import argparse
 import json
 import queue
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -74,12 +73,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402
+from gpu_common import require_gpu  # noqa: E402
+
 from jupyter_vgpu import channel, nvml  # noqa: E402
 from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
 from jupyter_vgpu.testing.compute_share import of_cells  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
+from jupyter_vgpu.testing.percentiles import RULE, percentile, percentile_or_none  # noqa: E402
 from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
@@ -255,11 +258,6 @@ class HostMemory:
         self._thread.join()
 
 
-def quantile(values: list[float], q: float) -> float | None:
-    """The value at rank ``q`` of sorted ``values`` (nearest rank below), or None."""
-    return values[int(q * (len(values) - 1))] if values else None
-
-
 def start_arbiter(directory: Path, args) -> ArbiterProcess:
     settings = [
         "--ArbiterApp.poll_seconds=0.25",
@@ -381,15 +379,15 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "workload": args.workload,
                 "edit_before_s": edit,
                 "cells": len(latencies),
-                "p50_cell_s": statistics.median(latencies) if latencies else None,
-                "p95_cell_s": quantile(latencies, 0.95),
-                "p99_cell_s": quantile(latencies, 0.99),
+                "p50_cell_s": percentile_or_none(latencies, 50),
+                "p95_cell_s": percentile_or_none(latencies, 95),
+                "p99_cell_s": percentile_or_none(latencies, 99),
                 "prefetched": sum(
                     c["state_at_edit"] in away and c["state_before"] not in away for c in detail
                 ),
                 "prefetches": sum(d["what"] == "prefetch" for d in books["decisions"]),
-                "p50_inner_s": statistics.median(c["inner_s"] for c in detail) if detail else None,
-                "p50_outside_s_by_state_before": {k: statistics.median(v) for k, v in outside.items()},
+                "p50_inner_s": percentile_or_none((c["inner_s"] for c in detail), 50),
+                "p50_outside_s_by_state_before": {k: percentile(v, 50) for k, v in outside.items()},
                 "cells_by_state_before": {k: len(v) for k, v in outside.items()},
                 "ooms": ooms + sum("OutOfMemory" in e or "MemoryError" in e for e in errors),
                 "errors": errors[:5],
@@ -457,7 +455,7 @@ def calibrate(args, gpu) -> dict:
         "context_bytes": context,
         "static_sessions": int(card // session_peak),
         "budget_bytes": min(card, max_reserved + (1 << 30)),
-        "solo_cell_s": statistics.median(solo),
+        "solo_cell_s": percentile(solo, 50),
         "solo_cells_s": solo,
         "steps_per_cell": steps,
         "model": model_of(args),
@@ -522,6 +520,8 @@ def main() -> None:
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    require_gpu(parser)
+    record = provenance.record()
     if args.seed is None:
         args.seed = random.randrange(1 << 31)
 
@@ -538,9 +538,11 @@ def main() -> None:
         else:
             args.width, args.layers, args.batch = (model[k] for k in ("width", "layers", "batch"))
         args.think = result["think_s"] if args.think is None else args.think
+        result = provenance.stamped(result, record)  # the calibration's record moves to its history
     else:
         args.think = 90.0 if args.think is None else args.think
-        result = {**calibrate(args, gpu), "think_s": args.think, "runs": []}
+        result = {**record, **calibrate(args, gpu), "think_s": args.think, "runs": []}
+    result["percentiles"] = RULE
     result["arbiter"] = {
         "idle_seconds": args.idle_seconds,
         "watermark": args.watermark,
@@ -582,7 +584,9 @@ def main() -> None:
         # setups at once: what the card holds beside n contexts, at most the static count
         beside = card * len(gpus) - n * result["context_bytes"]
         together = max(1, min(static, int(beside // result["session_peak_bytes"])))
+        began = provenance.run_record()  # a file that later calls add to: each run its own
         row = run_sessions(n, args, slices, result["steps_per_cell"], together)
+        row.update(began)
         row["gpus"] = len(gpus)
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default

@@ -22,14 +22,16 @@ import collections
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import provenance
+
 from jupyter_vgpu.testing.hub_process import HubProcess
+from jupyter_vgpu.testing.percentiles import percentile
 from jupyter_vgpu.testing.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
 
 USERS = [f"user{i:02d}" for i in range(10)]
@@ -71,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the JSON result here")
     args = parser.parse_args()
+    record = provenance.record()
     reason = why_not()
     if reason:
         sys.exit(f"cannot run a Slurm cluster here: {reason}")
@@ -96,11 +99,12 @@ def main() -> None:
         local.shutdown()
 
     result = {
+        **record,
         "benchmark": "spawn request to ready server, 10 users one after another",
         "spawns": len(slurm_s),
-        "p50_s": statistics.median(slurm_s),
+        "p50_s": percentile(slurm_s, 50),
         "max_s": max(slurm_s),
-        "local_p50_s": statistics.median(local_s),
+        "local_p50_s": percentile(local_s, 50),
         "local_max_s": max(local_s),
         "slurm_s": [round(s, 3) for s in slurm_s],
         "local_s": [round(s, 3) for s in local_s],

@@ -28,13 +28,15 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import provenance
+from gpu_common import require_gpu
 
 from hub_spawner import server_cgroup
 from jupyter_vgpu import nvml
@@ -44,6 +46,7 @@ from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.cgroups import Cgroup
 from jupyter_vgpu.node.watchdog import Watchdog, owners
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.percentiles import percentile
 
 GiB = 1 << 30
 
@@ -80,7 +83,11 @@ def main() -> None:
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    gpu = nvml.list_gpus()[0] if args.gpu else None
+    record = provenance.record()
+    gpu = None
+    if args.gpu:
+        require_gpu(parser)
+        gpu = nvml.list_gpus()[0]
 
     host, why_not = None, "--tree"
     if not args.tree:
@@ -147,16 +154,17 @@ def main() -> None:
             times.append(time.process_time() - t0)
             warned |= {a.pid for a in actions}
         result = {
+            **record,
             "servers": args.servers,
             "processes": sum(len(t) for t in trees.values()),
             "processes_on_card": len(reading),
             "over_budget_seen": len(warned),
             "mapped_by": mapped if not args.gpu else None,
             "cgroups": host.describe() if host else f"none: {why_not}",
-            "cpu_ms_per_look_median": statistics.median(times) * 1e3,
-            "cpu_ms_per_look_p95": sorted(times)[int(0.95 * len(times))] * 1e3,
-            "cpu_percent_at_1s_poll": statistics.median(times) * 100,
-            "nvml_cpu_ms_per_look_median": statistics.median(nvml_times) * 1e3 if nvml_times else None,
+            "cpu_ms_per_look_median": percentile(times, 50) * 1e3,
+            "cpu_ms_per_look_p95": percentile(times, 95) * 1e3,
+            "cpu_percent_at_1s_poll": percentile(times, 50) * 100,
+            "nvml_cpu_ms_per_look_median": percentile(nvml_times, 50) * 1e3 if nvml_times else None,
             "excludes": None if args.gpu else "NVML's per-process query (no GPU on this machine)",
             "gpu": gpu.name if gpu else None,
             "host": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -24,8 +24,9 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import statistics
 from collections.abc import Sequence
+
+from jupyter_vgpu.testing.percentiles import percentile
 
 SHARE = "share"
 ONE_AT_A_TIME = "one at a time"
@@ -120,19 +121,12 @@ def latencies_of(
     return out
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The value at rank ``q`` (0..1) of ``values``, nearest rank below, as the sessions
-    benchmark takes its p95 and p99. Raises ValueError on no values."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
-
-
 def summary(latencies: Sequence[float], solo_s: float) -> dict:
     """``{"p50_cell_s", "p95_cell_s", "p99_cell_s"}`` (seconds) and the same over
-    ``solo_s`` (``"p50_over_solo"``: 1.0 is the cell alone)."""
-    p50, p95, p99 = statistics.median(latencies), quantile(latencies, 0.95), quantile(latencies, 0.99)
+    ``solo_s`` (``"p50_over_solo"``: 1.0 is the cell alone). Percentiles by
+    :func:`jupyter_vgpu.testing.percentiles.percentile` (linear interpolation). Raises
+    ValueError on no latencies."""
+    p50, p95, p99 = (percentile(latencies, q) for q in (50, 95, 99))
     return {
         "p50_cell_s": p50,
         "p95_cell_s": p95,
@@ -203,13 +197,13 @@ def expected(
             done = simulate(firsts, cell_s, think_s=think_s, cycles=cycles, discipline=discipline)
             run += [latency for _, _, latency in done]
         pooled += run
-        p50s.append(statistics.median(run) / cell_s)
-        p95s.append(quantile(run, 0.95) / cell_s)
-    deciles = (0.1, 0.5, 0.9)
+        p50s.append(percentile(run, 50) / cell_s)
+        p95s.append(percentile(run, 95) / cell_s)
+    deciles = (10, 50, 90)
     return {
         **summary(pooled, cell_s),
-        "p50_over_solo_by_run": [quantile(p50s, q) for q in deciles],
-        "p95_over_solo_by_run": [quantile(p95s, q) for q in deciles],
+        "p50_over_solo_by_run": [percentile(p50s, q) for q in deciles],
+        "p95_over_solo_by_run": [percentile(p95s, q) for q in deciles],
         "runs_within_p95_goal": sum(p <= p95_goal for p in p95s) / len(p95s),
         "met_another": _met(pooled, cell_s),
     }

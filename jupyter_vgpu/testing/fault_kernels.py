@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,19 +112,24 @@ class Attached:
     """A kernel reached through its connection file (the run helpers need ``client``).
 
     Ready once it answers ``kernel_info`` on the shell channel and IOPub carries its
-    status, waited for with :func:`.waiting.wait_for` (``timeout`` seconds).
+    status, waited for with :func:`.waiting.wait_for` (``timeout`` seconds). ``gone``,
+    where given, is asked at every try and returns why the kernel will never answer (it
+    died, its server let it go) or None: the wait then ends at once with that reason.
     ``BlockingKernelClient.wait_for_ready`` is not used: a client without a kernel
     manager judges the kernel alive by its heartbeat alone, and on the H100 machine a
     server-started kernel still loading CUDA missed its first beats and was called dead
     ("Kernel died before replying to kernel_info") while it was starting."""
 
-    def __init__(self, connection_file, timeout: float = 120):
+    def __init__(self, connection_file, timeout: float = 120, gone: Callable[[], str | None] | None = None):
+        self.gone = gone
         self.client = BlockingKernelClient()
         self.client.load_connection_file(connection_file)
         self.client.start_channels()
         wait_for(self._answers, timeout, "the kernel's kernel_info reply and its IOPub status", interval=0)
 
     def _answers(self) -> bool:
+        why = self.gone() if self.gone is not None else None
+        assert why is None, f"the kernel will not answer: {why}"
         asked = self.client.kernel_info()
         try:
             while True:  # replies to earlier tries may come first
@@ -138,6 +144,20 @@ class Attached:
                 self.client.get_iopub_msg(timeout=0.2)
             except queue.Empty:
                 return True
+
+
+def kernel_gone(server: JupyterServer, kid: str) -> str | None:
+    """Why ``server``'s kernel ``kid`` will never answer, or None while it may: the server
+    drops a kernel that died and could not be restarted (404), or marks it dead."""
+    try:
+        answer = server.request("GET", f"api/kernels/{kid}")
+    except OSError as e:  # the server itself went away
+        return f"its server does not answer: {e}"
+    if answer.status_code == 404:
+        return f"its server no longer has kernel {kid}: it died and could not be restarted"
+    if answer.ok and answer.json().get("execution_state") == "dead":
+        return f"its server reports kernel {kid} dead"
+    return None
 
 
 def kernel_of(arbiter, server: str) -> int | None:
@@ -179,7 +199,7 @@ def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Serv
         with arbiter.control() as c:
             c.register(server.proc.pid, user, "", fault_scene.SLICE)
         kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-        kernel = Attached(runtime / f"kernel-{kid}.json")
+        kernel = Attached(runtime / f"kernel-{kid}.json", gone=lambda: kernel_gone(server, kid))
         pid = wait_for(lambda: kernel_of(arbiter, f"{user}/"), 60, f"{user}'s kernel in the books")
     except BaseException as e:
         server.stop()

@@ -9,8 +9,8 @@ from jupyter_vgpu.testing.compute_share import (
     expected,
     latencies_of,
     of_cells,
-    quantile,
     simulate,
+    summary,
 )
 
 
@@ -64,7 +64,7 @@ def test_cells_of_different_cards_do_not_meet():
         (lambda: simulate([0.0], 1.0, discipline="fifo"), "discipline must be one of"),
         (lambda: latencies_of([0.0], [0, 1], 1.0), "1 starts for 2 cards"),
         (lambda: expected(0, 1.0, 10.0), "must be >= 1"),
-        (lambda: quantile([], 0.5), "no values"),
+        (lambda: summary([], 1.0), "no values"),
     ],
 )
 def test_bad_arguments_are_refused(call, says):

@@ -2,13 +2,13 @@
 
 import json
 import re
-import time
 
 import pytest
 
 from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 SLICE = Slice(
@@ -35,16 +35,6 @@ def kernel(tmp_path, channel_dir):
     k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(channel_dir), "JUPYTER_VGPU_SLICE": ""})
     yield k
     k.shutdown()
-
-
-def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_status_shows_the_slice_without_any_user_action(kernel):
@@ -76,14 +66,14 @@ def test_live_change_reaches_the_running_kernel(kernel, channel_dir):
         out = kernel.run("%vgpu status")
         return out if "2.00 GiB" in out else None
 
-    out = wait_for(new_budget_shown, what="new budget")
+    out = wait_for(new_budget_shown, 30, "the new budget in %vgpu status")
     assert "10% (enforced by MPS)" in out
 
 
 def test_report_counts_tensors_on_a_simulated_gpu(kernel, channel_dir):
     kernel.run("import torch\nx = torch.zeros(64 * 2**20)\ny = x[:10]")
     path = channel.kernel_path(channel_dir, kernel.id)
-    report = wait_for(lambda: channel.read_json(path), what="kernel report")
+    report = wait_for(lambda: channel.read_json(path), 30, "the kernel's report")
     assert report["kernel_id"] == kernel.id
     fields = {"pid", "updated", "torch_imported", "cuda_available", "torch_allocated"}
     fields |= {"torch_reserved", "budget", "simulated_used", "busy", "pause"}

@@ -1,0 +1,80 @@
+"""Every benchmark says how it is run (``--help``) and records where its figures come
+from (``benchmarks/provenance.py``)."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+#: Modules the scripts share, not scripts themselves.
+SHARED = {"gpu_common.py", "provenance.py"}
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in SHARED)
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_answers_help(script):
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: "), done.stdout[:500]
+
+
+def test_a_record_names_the_commit_the_date_the_machine_and_the_command(monkeypatch):
+    provenance = load("provenance")
+    monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", "--out", "x.json"])
+    record = provenance.record()
+    assert set(record) == set(provenance.KEYS)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert record["commit"] == head.stdout.strip()
+    assert record["dirty"] in (True, False)
+    when = datetime.datetime.fromisoformat(record["date"])
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 60
+    assert record["command"] == ["benchmarks/x.py", "--out", "x.json"]
+    machine = record["machine"]
+    assert machine["host_memory_bytes"] > 0
+    assert isinstance(machine["gpu"], str)
+    assert machine["gpu"]
+    assert (machine["driver"] is None) == (machine["gpu"] == "cpu")
+
+
+def test_a_copy_without_git_takes_the_commit_from_the_environment(monkeypatch):
+    provenance = load("provenance")
+    monkeypatch.setattr(provenance, "_git", lambda *args: None)
+    monkeypatch.setenv("JUPYTER_VGPU_COMMIT", "abc123")
+    assert provenance.commit() == ("abc123", None)
+    monkeypatch.delenv("JUPYTER_VGPU_COMMIT")
+    assert provenance.commit() == (None, None)
+
+
+def test_an_earlier_record_moves_into_the_history_once():
+    provenance = load("provenance")
+    earlier = {
+        "commit": "old",
+        "date": "2026-11-20T00:00:00+00:00",
+        "provenance": "git log of this file",
+        "command": ["a"],
+        "runs": [1],
+    }
+    now = {"commit": "new", "dirty": False, "date": "2026-11-27T00:00:00+00:00", "command": ["b"]}
+    doc = provenance.stamped(earlier, now)
+    assert {k: doc[k] for k in now} == now
+    assert doc["runs"] == [1]
+    assert [(h["commit"], h["command"]) for h in doc["history"]] == [("old", ["a"])]
+    assert "provenance" not in doc, "how the earlier record was found goes with it"
+    assert doc["history"][0]["provenance"] == "git log of this file"
+    assert provenance.stamped(doc, now) == doc  # the run's own record is not history
