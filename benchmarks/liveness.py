@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import gpu_common  # noqa: F401 - puts this checkout first on the path
+import provenance
 
 from jupyter_vgpu.node import checkpoint
 from jupyter_vgpu.node.checkpoint_pool import CheckpointPool, CheckpointTimeout
@@ -38,11 +39,6 @@ from jupyter_vgpu.testing import liveness
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
-
-try:
-    import provenance  # benchmarks/provenance.py: commit, date, machine, command
-except ImportError:
-    provenance = None
 
 GiB = 2**30
 
@@ -162,11 +158,7 @@ def main(argv=None) -> None:
     why = checkpoint.unavailable()
     if why:
         sys.exit(f"liveness.py needs the driver's process checkpoint: {why}")
-    if provenance is not None:
-        doc = provenance.record()
-    else:  # a copy without benchmarks/provenance.py: what the caller says of it
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        doc = {"commit": os.environ.get("JUPYTER_VGPU_COMMIT"), "date": now, "command": sys.argv}
+    doc = provenance.record()
     rows = []
     for pattern in args.patterns:
         for mode in args.modes:

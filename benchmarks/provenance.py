@@ -68,31 +68,15 @@ def host_memory_bytes() -> int | None:
 
 def gpus() -> dict:
     """``{"gpu": name of the first GPU, "gpus": [{"name", "memory_bytes"}], "driver": version}``
-    from NVML, or ``{"gpu": "cpu", "gpus": [], "driver": None, "nvml": why}`` without one."""
+    from NVML (:mod:`jupyter_vgpu.nvml`), or ``{"gpu": "cpu", "gpus": [], "driver": None,
+    "nvml": why}`` without one."""
+    from jupyter_vgpu import nvml
+
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # no library, no driver: a machine without a GPU
-        return {"gpu": "cpu", "gpus": [], "driver": None, "nvml": f"{type(e).__name__}: {e}"}
-    try:
-
-        def text(value) -> str:
-            return value.decode() if isinstance(value, bytes) else str(value)
-
-        cards = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            cards.append({"name": text(pynvml.nvmlDeviceGetName(handle)), "memory_bytes": int(memory)})
-        driver = text(pynvml.nvmlSystemGetDriverVersion())
-    except Exception as e:
-        return {"gpu": "cpu", "gpus": [], "driver": None, "nvml": f"{type(e).__name__}: {e}"}
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        cards = [{"name": g.name, "memory_bytes": g.memory_total} for g in nvml.list_gpus()]
+        driver = nvml.driver_version()
+    except nvml.NVMLUnavailable as e:  # no library, no driver: a machine without a GPU
+        return {"gpu": "cpu", "gpus": [], "driver": None, "nvml": str(e)}
     return {"gpu": cards[0]["name"] if cards else "cpu", "gpus": cards, "driver": driver}
 
 

@@ -123,6 +123,19 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def driver_version() -> str:
+    """The NVIDIA driver's version (``580.159.04``).
+
+    Raises:
+        NVMLUnavailable: no NVIDIA driver.
+    """
+    nv = _nvml()
+    try:
+        return _text(nv.nvmlSystemGetDriverVersion())
+    except nv.NVMLError as e:
+        raise NVMLUnavailable(f"NVML query failed: {e}") from None
+
+
 def list_gpus() -> list[GPUInfo]:
     """Every GPU on this host, in NVML index order.
 
