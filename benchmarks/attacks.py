@@ -50,8 +50,9 @@ def run_ipc(name: str, test: str) -> dict:
         check=False,
     )
     last = (done.stdout.strip().splitlines() or [""])[-1]
+    refused = done.returncode == 0
     return {
-        "name": name, "surface": "CUDA IPC sockets", "severity": "low-medium", "refused": done.returncode == 0,
+        "name": name, "surface": "CUDA IPC sockets", "severity": "low-medium", "refused": refused,
         "message": f"{test}: {last}", "seconds": round(time.monotonic() - t0, 2),
     }  # fmt: skip
 

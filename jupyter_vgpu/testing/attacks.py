@@ -295,7 +295,7 @@ def false_host_figure(scene: SecurityScene) -> Outcome:
     runner = _kernel_of(scene, "victim", hello=hello("idle"))
     runner.command({"room": "run"})
     runner.received("grant", timeout=40)  # AssertionError (the attack worked) when it never comes
-    capped = scene.decisions("figure capped")
+    capped = [d for d in scene.decisions("figure capped") if d["server"] == "attacker/"]
     return Outcome(bool(capped), capped[-1]["message"] if capped else "granted, but no figure was capped")
 
 
