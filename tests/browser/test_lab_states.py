@@ -83,21 +83,24 @@ def test_above_90_percent_of_the_budget_the_status_bar_warns(lab_small_budget, p
     screenshot(page, "panel-warning", "#jupyter-vgpu-panel")
 
 
-def test_a_kernel_that_cannot_be_paused_says_why_in_the_panel(lab_small_budget, page):
-    """A thread that may use the GPU while the kernel is idle keeps a pause from being
-    safe: the panel's kernel row says so, in words, and what happens instead."""
+def test_code_that_runs_between_cells_is_named_in_the_panel(lab_small_budget, page):
+    """A thread that may use the GPU while the kernel is idle keeps no kernel on the card
+    (its GPU calls bring the kernel back): the panel's kernel row names it, says so, and
+    does not call the kernel unpausable; the note goes once the thread ends."""
     lab = lab_small_budget
     open_new_notebook(lab, page, "threads.ipynb")
     show_panel(page)
-    note = page.locator("#jupyter-vgpu-panel .jp-vgpu-kernel-note")
+    note = page.locator("#jupyter-vgpu-panel .jp-vgpu-kernel-note[data-between-cells]")
     expect(note).to_have_count(0)
     run_cell(
         page,
         "import threading\nstop = threading.Event()\n"
         "t = threading.Thread(target=stop.wait, name='watcher'); t.start()",
     )
-    expect(note).to_contain_text("Not pausable: thread 'watcher'", timeout=60_000)
-    expect(note).to_contain_text("suspended instead of paused")
+    expect(note).to_contain_text("Runs between cells: thread 'watcher'", timeout=60_000)
+    expect(note).to_contain_text("its GPU calls bring this kernel back")
+    expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-kernel-note[data-pausable]")).to_have_count(0)
+    screenshot(page, "panel-between-cells", "#jupyter-vgpu-panel")
     editor = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
     editor.click()
     page.keyboard.press("Control+a")
