@@ -4,8 +4,8 @@ A pause releases the device memory behind every pointer of the process; code of 
 user's that runs while the kernel waits for its next message (a thread, a timer, an
 asyncio task, a GUI event loop) would touch it. That is made safe by the pausable
 allocator's gate (``native/gate.c``): its GPU calls wait while the kernel is away and
-bring it back. So this list keeps no kernel on the card; ``%vgpu status``, the panel and
-the Hub page show it (``between cells``), in a notebook user's words (a DataLoader's
+bring it back. So this list keeps no kernel on the card; ``%vgpu status`` and the JupyterLab
+panel show it (``between cells``), in a notebook user's words (a DataLoader's
 pin-memory thread, a timer, an asyncio task), so that a user who sees their kernel come
 back on its own knows why. Where the allocator cannot hold every driver call (not
 x86-64), it keeps a kernel from being suspended (:meth:`.pausing.PauseControl._suspend_risk`).
