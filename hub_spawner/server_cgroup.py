@@ -376,6 +376,31 @@ class ServerCgroupMixin(HasTraits):
         finally:
             self.cmd = saved
 
+    async def poll(self):
+        """The base spawner's answer; and for a server loaded from the database (a Hub
+        started again), whose process the Hub knows by its PID alone, that PID must still
+        be in the server's cgroup: a PID handed out again to another process is not the
+        server, which is then reported stopped (whatever is left in its cgroup ended) and
+        never signalled."""
+        status = await super().poll()
+        if status is not None or getattr(self, "proc", None) is not None or not getattr(self, "pid", 0):
+            return status
+        directory = self.cgroup_directory()
+        if directory is None:
+            return status
+        if self.pid in cgroups.procs(directory):
+            return None
+        self.log.warning(
+            "jupyter-vgpu: %s's server process %d is not in its cgroup %s any more (the PID belongs to "
+            "another process now): the server is gone, and that process is left alone",
+            self._log_name,
+            self.pid,
+            self.vgpu_cgroup,
+        )
+        self.pid = 0
+        self.clear_state()
+        return 0
+
     async def stop(self, now=False):
         try:
             return await super().stop(now=now)
