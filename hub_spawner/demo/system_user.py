@@ -59,10 +59,16 @@ def account_name(username: str) -> str:
     return f"vgpu_{clean}_{hashlib.sha1(username.encode()).hexdigest()[:16]}"
 
 
-def ensure(name: str, attempts: int = 20) -> pwd.struct_passwd | None:
+def ensure(name: str, attempts: int = 20, record: Path | None = None) -> pwd.struct_passwd | None:
     """The system account ``name``, created (``useradd --system``, no login shell, no
     home) when missing and this process is root; None when it is missing and cannot be
-    created. ``useradd`` is retried while another one holds the password file's lock."""
+    created. ``useradd`` is retried while another one holds the password file's lock.
+
+    Args:
+        record: a file that gets the account's name as a line of its own when this call
+            creates it (the demo's ``<state>/accounts``, which ``scripts/demo clean``
+            removes the accounts of: :func:`remove`).
+    """
     for _ in range(attempts):
         try:
             return pwd.getpwnam(name)
@@ -71,6 +77,9 @@ def ensure(name: str, attempts: int = 20) -> pwd.struct_passwd | None:
         if os.geteuid() != 0 or not shutil.which("useradd"):
             return None
         done = subprocess.run([*USERADD, name], check=False, capture_output=True, text=True)
+        if done.returncode == 0 and record is not None:
+            with open(record, "a") as f:
+                f.write(name + "\n")
         if done.returncode in (0, 9):  # 9: created meanwhile by another process
             continue
         time.sleep(0.1)  # e.g. 10: /etc/passwd is locked by another useradd
@@ -78,6 +87,59 @@ def ensure(name: str, attempts: int = 20) -> pwd.struct_passwd | None:
         return pwd.getpwnam(name)
     except KeyError:
         return None
+
+
+def recorded(record: Path) -> list[str]:
+    """The accounts listed in ``record`` (:func:`ensure`), each once, in order."""
+    try:
+        lines = record.read_text().split()
+    except OSError:
+        return []
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def processes_of(uid: int) -> list[int]:
+    """The PIDs of the processes running as ``uid`` (real or effective)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if str(uid) in line.split()[1:3]:
+                            found.append(int(entry.name))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def remove(names: list[str]) -> tuple[list[str], list[str]]:
+    """Remove the system accounts ``names`` (``userdel``: the account and its group), each
+    where it exists and no process runs as it. Give it only accounts the demo recorded
+    as made by itself (:func:`recorded`): an account that was there before stays.
+
+    Returns:
+        ``(removed, kept)``: names removed, and ``"name: why not"`` for the others.
+    """
+    removed, kept = [], []
+    for name in names:
+        try:
+            account = pwd.getpwnam(name)
+        except KeyError:
+            continue  # gone already
+        busy = processes_of(account.pw_uid)
+        if busy:
+            kept.append(f"{name}: processes {', '.join(map(str, busy[:5]))} still run as it")
+            continue
+        done = subprocess.run(["userdel", name], check=False, capture_output=True, text=True)
+        if done.returncode == 0:
+            removed.append(name)
+        else:
+            kept.append(f"{name}: userdel said {done.stderr.strip() or done.returncode}")
+    return removed, kept
 
 
 def cannot_run_servers(account: pwd.struct_passwd, workdir: Path, python: str = sys.executable) -> str | None:

@@ -5,7 +5,9 @@ reached over HTTP exactly as a browser or an admin script would. The state direc
 is a new one under the system's temporary directory (pytest's own is private to its
 user, and demo servers run as accounts of their own when the tests run as root); its
 servers' cgroups go under a cgroup of its own (``/jupyter-vgpu-tests/<state>``), removed
-with it; the Hub's log is kept in ``test-artifacts/``.
+with it, as are the system accounts it made for its users; the Hub's log is kept in
+``test-artifacts/``. Its users' servers keep running when the Hub is stopped
+(``JUPYTER_VGPU_DEMO_KEEP_SERVERS``), so that a Hub started again adopts them.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class HubProcess:
             "JUPYTER_VGPU_DEMO_PASSWORD": PASSWORD,
             "JUPYTER_VGPU_DEMO_SIMULATE": "1",
             "JUPYTER_VGPU_DEMO_CGROUP_PARENT": f"/jupyter-vgpu-tests/{self.state_dir.name}",
+            # servers outlive a Hub the tests stop (restart() shows the Hub adopting them)
+            "JUPYTER_VGPU_DEMO_KEEP_SERVERS": "1",
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen | None = None
@@ -118,6 +122,7 @@ class HubProcess:
                 pass
         psutil.wait_procs(victims, timeout=10)
         self.remove_cgroups()
+        self.remove_accounts()
         ARTIFACTS.mkdir(exist_ok=True)
         if self.log_path.exists():
             shutil.copy(self.log_path, ARTIFACTS / f"{self.name}-{self.port}.log")
@@ -142,6 +147,12 @@ class HubProcess:
                 top.parent.rmdir()  # the tests' top cgroup, when no other Hub uses it
             except OSError:
                 pass
+
+    def remove_accounts(self) -> None:
+        """Remove the system accounts this Hub made for its users (none is left behind)."""
+        from hub_spawner.demo import settings, system_user
+
+        system_user.remove(system_user.recorded(self.state_dir / settings.ACCOUNTS))
 
     def log_tail(self, lines: int = 60) -> str:
         try:
