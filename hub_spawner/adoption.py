@@ -75,7 +75,10 @@ def _end_local(state: dict[str, Any], user: str) -> str:
         mount = cgroups.find_mount(str(saved.get("hierarchy") or cgroups.V2))
         directory = mount.directory(saved["path"]) if mount is not None else None
         if directory is not None and directory.is_dir():
-            n = kill_all(directory)
+            try:
+                n = kill_all(directory)
+            except ValueError as e:  # a saved path that names a hierarchy's root
+                return f"not ended: {e}"
             try:
                 directory.rmdir()
             except OSError:

@@ -220,7 +220,15 @@ def kill_all(directory: Path, rounds: int = 50) -> int:
     """End every process in the cgroup at ``directory`` (SIGKILL; ``cgroup.kill`` where
     the kernel has it, Linux 5.14+); returns how many PIDs were seen in it. Processes
     forking while they are killed are caught by the next round, up to ``rounds`` of them
-    (about 1 s)."""
+    (about 1 s).
+
+    Raises:
+        ValueError: ``directory`` is a hierarchy's root cgroup (every process of the
+            host), which is never a server's.
+    """
+    directory = Path(directory)
+    if (directory / "cgroup.procs").exists() and not (directory.parent / "cgroup.procs").exists():
+        raise ValueError(f"{directory} is a cgroup hierarchy's root: refusing to end every process in it")
     seen: set[int] = set()
     kill_file = directory / "cgroup.kill"
     for _ in range(rounds):

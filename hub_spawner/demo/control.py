@@ -134,12 +134,16 @@ def stop_cluster(state: Path) -> list[str]:
 
 
 def _cgroup_dirs(parent: str) -> list[Path]:
+    """The demo's cgroup parent in every hierarchy where it exists; never a hierarchy's
+    root (a ``demo.json`` naming ``/`` or nothing names no cgroup of the demo's)."""
     from jupyter_vgpu.node import cgroups
 
+    if not parent.strip("/"):
+        return []
     found = []
     for mount in cgroups.mounts():
         top = mount.directory(parent)
-        if top is not None and top.is_dir():
+        if top is not None and top.is_dir() and top != Path(mount.mountpoint):
             found.append(top)
     return found
 

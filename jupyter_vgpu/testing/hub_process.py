@@ -41,11 +41,20 @@ class HubProcess:
         name: names the Hub's log in ``test-artifacts/``.
         extra_env: more of the demo config's environment (``JUPYTER_VGPU_DEMO_MIG``...).
         config: the Hub's config file (default: the demo's).
+        command: what starts the Hub (default: ``python -m jupyterhub -f <config>``; the
+            demo's own ``bash scripts/demo``, in the tests of that script).
     """
 
-    def __init__(self, name: str = "hub", extra_env: dict[str, str] | None = None, config: Path = CONFIG):
+    def __init__(
+        self,
+        name: str = "hub",
+        extra_env: dict[str, str] | None = None,
+        config: Path = CONFIG,
+        command: list[str] | None = None,
+    ):
         self.name = name
         self.config = config
+        self.command = command or [sys.executable, "-m", "jupyterhub", "-f", str(config)]
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"vgpu-{name}-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -72,7 +81,7 @@ class HubProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")  # noqa: SIM115 - the child process writes to it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
+            self.command,
             cwd=self.state_dir,
             env=self.env,
             stdout=log,
@@ -128,14 +137,24 @@ class HubProcess:
             shutil.copy(self.log_path, ARTIFACTS / f"{self.name}-{self.port}.log")
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
+    @property
+    def cgroup_parent(self) -> str:
+        """The cgroup its servers' cgroups go under: the tests' one
+        (``JUPYTER_VGPU_DEMO_CGROUP_PARENT``), else the demo's own for its state directory."""
+        from hub_spawner.demo import settings
+
+        return self.env.get("JUPYTER_VGPU_DEMO_CGROUP_PARENT") or settings.cgroup_names(self.state_dir)[0]
+
     def remove_cgroups(self) -> None:
         """End whatever is left in this Hub's servers' cgroups and remove them."""
         from hub_spawner.server_cgroup import kill_all
         from jupyter_vgpu.node import cgroups
 
+        parent = self.cgroup_parent
+        assert parent.strip("/"), f"no cgroup parent to clean: {parent!r}"
         for mount in cgroups.mounts():
-            top = mount.directory(self.env["JUPYTER_VGPU_DEMO_CGROUP_PARENT"])
-            if top is None or not top.is_dir():
+            top = mount.directory(parent)
+            if top is None or not top.is_dir() or top == Path(mount.mountpoint):
                 continue
             for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 kill_all(directory)
