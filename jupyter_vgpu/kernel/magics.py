@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .status import format_status
 
+
 @magics_class
 class VGPUMagics(Magics):
     def __init__(self, shell, *, hook):

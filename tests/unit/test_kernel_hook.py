@@ -131,7 +131,8 @@ def test_help_and_the_question_mark_print_the_magics_usage(kernel):
     reply = kernel.client.get_shell_msg(timeout=30)
     assert reply["parent_header"]["msg_id"] == msg_id
     pages = [p for p in reply["content"]["payload"] if p["source"] == "page"]
-    assert pages and "Return the number of items" in pages[0]["data"]["text/plain"]
+    assert pages
+    assert "Return the number of items" in pages[0]["data"]["text/plain"]
 
 
 def test_no_slice_outside_a_hub(tmp_path):
