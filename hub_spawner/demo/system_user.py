@@ -69,24 +69,31 @@ def ensure(name: str, attempts: int = 20, record: Path | None = None) -> pwd.str
             creates it (the demo's ``<state>/accounts``, which ``scripts/demo clean``
             removes the accounts of: :func:`remove`).
     """
-    for _ in range(attempts):
+    made = False  # by this call: useradd ran, and no other process made it meanwhile
+
+    def found() -> pwd.struct_passwd | None:
         try:
-            return pwd.getpwnam(name)
+            account = pwd.getpwnam(name)
         except KeyError:
-            pass
+            return None
+        if made and record is not None:
+            with open(record, "a") as f:
+                f.write(name + "\n")
+        return account
+
+    for _ in range(attempts):
+        account = found()
+        if account is not None:
+            return account
         if os.geteuid() != 0 or not shutil.which("useradd"):
             return None
         done = subprocess.run([*USERADD, name], check=False, capture_output=True, text=True)
-        if done.returncode == 0 and record is not None:
-            with open(record, "a") as f:
-                f.write(name + "\n")
-        if done.returncode in (0, 9):  # 9: created meanwhile by another process
+        if done.returncode == 9:  # created meanwhile by another process
             continue
-        time.sleep(0.1)  # e.g. 10: /etc/passwd is locked by another useradd
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        return None
+        made = True  # 0, or a failure that may have left the account made (a group file locked)
+        if done.returncode != 0:
+            time.sleep(0.1)  # e.g. 10: /etc/group is locked by another useradd
+    return found()
 
 
 def recorded(record: Path) -> list[str]:

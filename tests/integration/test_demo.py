@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,17 @@ if os.fork() == 0:
 os.wait()
 time.sleep(0.3)
 """
+
+
+def fresh_user() -> str:
+    """A user name whose account no earlier run can have left (the demo removes only
+    accounts it made itself)."""
+    while True:
+        name = f"t{secrets.token_hex(4)}"
+        try:
+            pwd.getpwnam(system_user.account_name(name))
+        except KeyError:
+            return name
 
 
 def gone(pid: int) -> bool:
@@ -108,7 +120,8 @@ def assert_nothing_runs(hub: HubProcess, pids: dict[str, int], directory: Path) 
 def clean_and_check(hub: HubProcess, user: str) -> None:
     account = system_user.account_name(user)
     made = system_user.recorded(hub.state_dir / settings.ACCOUNTS)
-    pwd.getpwnam(account)  # the demo made it
+    assert account in made, made  # the demo made it, and said so
+    pwd.getpwnam(account)
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(hub.log_path, ARTIFACTS / f"{hub.name}-{hub.port}.log")
     done = run_demo("clean", hub=hub)
@@ -124,7 +137,8 @@ def test_scripts_demo_stop_ends_everything_the_demo_started_and_clean_removes_th
     hub = demo("demo-stop")
     try:
         hub.start()
-        pids, directory = started(hub, "tess")
+        user = fresh_user()
+        pids, directory = started(hub, user)
         done = run_demo("stop", hub=hub)
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"stopping the Hub (pid {pids['hub']})" in done.stdout
@@ -134,7 +148,7 @@ def test_scripts_demo_stop_ends_everything_the_demo_started_and_clean_removes_th
         # the Hub stopped the server itself (cleanup_servers), its cgroup's last process
         # (the daemon) ended with it
         assert "Cleaning up single-user servers" in hub.log_path.read_text()
-        clean_and_check(hub, "tess")
+        clean_and_check(hub, user)
     finally:
         hub.shutdown()
 
@@ -143,13 +157,14 @@ def test_ctrl_c_stops_everything_the_demo_started():
     hub = demo("demo-ctrl-c")
     try:
         hub.start()
-        pids, directory = started(hub, "tess")
+        user = fresh_user()
+        pids, directory = started(hub, user)
         # Ctrl-C: SIGINT to the terminal's foreground process group, the script's
         os.killpg(hub.proc.pid, signal.SIGINT)
         assert hub.proc.wait(120) is not None
         assert "stopped: nothing of the demo runs" in hub.log_path.read_text()
         assert_nothing_runs(hub, pids, directory)
-        clean_and_check(hub, "tess")
+        clean_and_check(hub, user)
     finally:
         hub.shutdown()
 
