@@ -66,6 +66,10 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
     hub_log = logging.getLogger("JupyterHub")  # the JupyterHub application's logger
     if not any(isinstance(f, _ExtraHandlersNote) for f in hub_log.filters):
         hub_log.addFilter(_ExtraHandlersNote())
+    from .adoption import StoppedNote
+
+    if not any(isinstance(f, StoppedNote) for f in hub_log.filters):
+        hub_log.addFilter(StoppedNote())  # servers it ended because it could not adopt them
     templates = str(Path(__file__).parent / "templates")
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [templates, *[p for p in paths if p != templates]]

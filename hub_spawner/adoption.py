@@ -144,5 +144,5 @@ class StoppedNote(logging.Filter):
             and record.args
             and record.args[0] in ended
         ):
-            record.msg = "%s was ended: this Hub could not adopt it (see the warning above)"
+            record.msg = "%s's server was ended: this Hub could not adopt it (see the warning above)"
         return True
