@@ -34,7 +34,9 @@ class _ExtraHandlersNote(logging.Filter):
 ARBITER_SERVICE = "vgpu-arbiter"
 
 
-def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None:
+def setup(
+    c, *, arbiter: bool = True, arbiter_socket: str | None = None, arbiter_token: str | None = None
+) -> None:
     """Configure a Hub for vGPU slices: the ``vgpu`` spawner, the ``/hub/api/vgpu`` API,
     the ``/hub/vgpu`` page, the metrics, the node arbiter of this host, and the custom
     scope ``custom:vgpu-nodes:write`` (Kubernetes node arbiters' reports).
@@ -49,6 +51,11 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
             before this call, else ``/run/jupyter-vgpu/arbiter.sock`` for a root Hub and
             the Hub user's Jupyter runtime directory otherwise. Servers and kernels get
             it in ``JUPYTER_VGPU_ARBITER``.
+        arbiter_token: the node arbiter runs outside the Hub, as a systemd unit of its
+            own (``deploy/systemd/jupyter-vgpu-arbiter.service``; docs/admin.md), with
+            this token (its ``JUPYTERHUB_API_TOKEN``): registered as the service
+            ``vgpu-arbiter``, whose role reads users, and not started by the Hub. It
+            then keeps running while the Hub restarts, and either can be upgraded alone.
 
     To keep another spawner, set ``c.JupyterHub.spawner_class`` afterwards to a class
     that puts :class:`hub_spawner.spawner.VGPUSpawnerMixin` first in its bases.
@@ -77,12 +84,15 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
     scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
     scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
     c.JupyterHub.custom_scopes = scopes
-    if arbiter:
+    if arbiter_token:
+        _run_arbiter(c, arbiter_socket, arbiter_token)
+    elif arbiter:
         _run_arbiter(c, arbiter_socket)
 
 
-def _run_arbiter(c, socket: str | None) -> None:
-    """The node arbiter as a managed service with a role that reads users, on ``socket``."""
+def _run_arbiter(c, socket: str | None, token: str | None = None) -> None:
+    """The node arbiter as a managed service with a role that reads users, on ``socket``;
+    with ``token``, an external service of that token instead (its own systemd unit)."""
     import sys
 
     from jupyter_vgpu.node.socket_path import default_socket
@@ -91,11 +101,14 @@ def _run_arbiter(c, socket: str | None) -> None:
         socket = c.VGPUHub.arbiter_socket if "arbiter_socket" in c.VGPUHub else ""
     socket = socket or default_socket()
     c.VGPUHub.arbiter_socket = socket
-    service = {
-        "name": ARBITER_SERVICE,
-        "display": False,
-        "command": [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={socket}"],
-    }
+    if token:
+        service = {"name": ARBITER_SERVICE, "display": False, "api_token": token}
+    else:
+        service = {
+            "name": ARBITER_SERVICE,
+            "display": False,
+            "command": [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={socket}"],
+        }
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     c.JupyterHub.services = [s for s in services if s.get("name") != ARBITER_SERVICE] + [service]
     role = {
