@@ -62,10 +62,16 @@ def setup(
     """
     from pathlib import Path
 
+    import jupyter_vgpu
+
     from . import metrics
     from .api import NODES_SCOPE, handlers
     from .page import VGPUPageHandler
 
+    # which code runs (an upgrade restarts the Hub on the new one: docs/admin.md)
+    logging.getLogger("JupyterHub").info(
+        "jupyter-vgpu %s, code in %s", jupyter_vgpu.__version__, Path(__file__).resolve().parent
+    )
     c.JupyterHub.spawner_class = "vgpu"
     ours = [*handlers, (r"/vgpu", VGPUPageHandler)]
     existing = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []

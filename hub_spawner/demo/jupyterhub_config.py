@@ -25,6 +25,9 @@
 #                               e.g. "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
 #   JUPYTER_VGPU_DEMO_ISOLATION isolation backend of shared GPUs: time-slicing (default) or mps
 #   JUPYTER_VGPU_DEMO_NODE_TOKEN  a token for Kubernetes node arbiters' reports (service vgpu-node)
+#   JUPYTER_VGPU_DEMO_ARBITER_TOKEN the node arbiter runs outside the Hub with this token (as a
+#                               real host's unit runs it, docs/admin.md): start it yourself, on
+#                               <state>/arbiter/arbiter.sock (default: the Hub runs it)
 #   JUPYTER_VGPU_DEMO_CGROUP_PARENT the cgroup servers' cgroups go under (default: one of this
 #                               demo's own, /jupyter-vgpu-demo/<state>-<hash>)
 from hub_spawner.demo import settings

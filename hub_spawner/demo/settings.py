@@ -207,10 +207,17 @@ def local(c) -> Path:
     # The node arbiter (a managed service) listens in the state directory, so that demo
     # Hubs side by side (the tests) each have their own; a socket path has at most 107 bytes.
     arbiter_socket = state / "arbiter" / "arbiter.sock"
-    hub_spawner.setup(c, arbiter_socket=str(arbiter_socket) if len(str(arbiter_socket)) < 100 else None)
+    # JUPYTER_VGPU_DEMO_ARBITER_TOKEN: the arbiter runs outside the Hub with that token, as
+    # a real host's systemd unit runs it (docs/admin.md); whoever starts it gives it its
+    # socket and disk tier
+    hub_spawner.setup(
+        c,
+        arbiter_socket=str(arbiter_socket) if len(str(arbiter_socket)) < 100 else None,
+        arbiter_token=os.environ.get("JUPYTER_VGPU_DEMO_ARBITER_TOKEN") or None,
+    )
     # ... and keeps its disk tier (paused kernels moved out of host memory) there too
     for service in c.JupyterHub.services:
-        if service["name"] == hub_spawner.ARBITER_SERVICE:
+        if service["name"] == hub_spawner.ARBITER_SERVICE and "command" in service:
             service["command"].append(f"--ArbiterApp.disk_dir={state / 'disk'}")
     # Demo users are not system users: the demo makes each one a system account of their
     # own (hub_spawner.demo.system_user) when the Hub is root, and runs their server as it,

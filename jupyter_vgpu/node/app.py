@@ -335,8 +335,19 @@ class ArbiterApp(Application):
         logging.basicConfig(level=logging.INFO, format="[%(name)s %(asctime)s] %(message)s")
 
     async def serve(self) -> None:
+        from pathlib import Path
+
+        import jupyter_vgpu
+
         from . import checkpoint
 
+        # which code runs (an upgrade restarts the arbiter on the new one: docs/admin.md)
+        logging.getLogger("jupyter_vgpu.node").info(
+            "jupyter-vgpu node arbiter %s, pid %d, code in %s",
+            jupyter_vgpu.__version__,
+            os.getpid(),
+            Path(jupyter_vgpu.__file__).parent,
+        )
         reason = checkpoint.unavailable()
         if reason:
             self.log.info("suspend unavailable here (%s): kernels are paused, never suspended", reason)
