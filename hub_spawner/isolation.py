@@ -16,6 +16,31 @@ from .server_cgroup import host_status
 _DEMO_SPAWNERS = ("DemoSpawner", "DemoSlurmSpawner")
 
 
+def process_account(pid: int | None) -> tuple[int, str] | None:
+    """``(uid, name)`` of the account process ``pid`` runs as on this host, or None."""
+    import os
+    import pwd
+
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid if pid else None
+    except OSError:
+        return None
+    if uid is None:
+        return None
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, str(uid)
+
+
+def _account(spawner) -> tuple[int | None, str] | None:
+    """The account a running server runs as: its spawner's word where it has one (a Slurm
+    job's, from Slurm), else its process's owner here."""
+    if hasattr(spawner, "vgpu_account"):
+        return spawner.vgpu_account()
+    return process_account(getattr(spawner, "pid", None))
+
+
 def _slurm(spawner_class) -> bool:
     return getattr(spawner_class, "vgpu_kind", "") == "slurm"
 
@@ -41,7 +66,7 @@ def summary(spawner_class, config, running: list, log) -> dict[str, Any]:
     names: dict[int | str, str] = {}
     accounts = []
     for user, spawner in running:
-        account = spawner.vgpu_account() if hasattr(spawner, "vgpu_account") else None
+        account = _account(spawner)
         if account is None:
             continue
         uid, name = account

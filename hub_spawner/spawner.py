@@ -182,20 +182,9 @@ class VGPUSpawnerMixin(HasTraits):
     def vgpu_account(self) -> tuple[int | None, str] | None:
         """``(uid, name)`` of the Unix account the running server runs as (its process's
         owner, on this host), or None where the Hub cannot tell."""
-        import os
-        import pwd
+        from .isolation import process_account
 
-        pid = getattr(self, "pid", None)
-        try:
-            uid = os.stat(f"/proc/{pid}").st_uid if pid else None
-        except OSError:
-            return None
-        if uid is None:
-            return None
-        try:
-            return uid, pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return uid, str(uid)
+        return process_account(getattr(self, "pid", None))
 
     def vgpu_update(self, effective) -> Slice:
         """Apply a quota change to the running slice (same device) and save the state.
