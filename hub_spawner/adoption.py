@@ -79,10 +79,18 @@ def _end_local(state: dict[str, Any], user: str) -> str:
                 n = kill_all(directory)
             except ValueError as e:  # a saved path that names a hierarchy's root
                 return f"not ended: {e}"
-            try:
-                directory.rmdir()
-            except OSError:
-                pass
+            deadline = time.monotonic() + 10  # its processes' last moments keep it busy
+            while directory.exists():
+                try:
+                    directory.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        done.append(f"(its cgroup {saved['path']} is still busy: left for the next stop)")
+                        break
+                    kill_all(directory, rounds=1)
+                    time.sleep(0.2)
             done.append(f"{n} process(es) in its cgroup {saved['path']}")
     pid = state.get("pid")
     if isinstance(pid, int) and pid > 0 and _is_server_of(pid, user):
