@@ -3,10 +3,10 @@ and ``slurm_config.py`` (the demo on a Slurm test cluster).
 
 Each demo mode keeps a state directory of its own (``.vgpu-demo`` and
 ``.vgpu-demo-slurm`` in the checkout, or ``JUPYTER_VGPU_DEMO_DIR``): the Hub's database,
-cookie secret and PID files, users' homes, the arbiter's socket and disk tier, and
-``demo.json``, which says which mode the directory belongs to, where its servers'
-cgroups go, and which system accounts it made (``scripts/demo stop`` and ``clean`` read
-it, :mod:`hub_spawner.demo.control`). A Hub of one mode refuses the other's directory:
+cookie secret and PID files, users' homes, the arbiter's socket and disk tier,
+``demo.json``, which says which mode the directory belongs to and where its servers'
+cgroups go, and ``accounts``, the system accounts it made (``scripts/demo stop`` and
+``clean`` read them, :mod:`hub_spawner.demo.control`). A Hub of one mode refuses the other's directory:
 its database names servers the other mode started, which it could neither adopt nor
 end.
 
