@@ -34,7 +34,9 @@ class _ExtraHandlersNote(logging.Filter):
 ARBITER_SERVICE = "vgpu-arbiter"
 
 
-def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None:
+def setup(
+    c, *, arbiter: bool = True, arbiter_socket: str | None = None, arbiter_token: str | None = None
+) -> None:
     """Configure a Hub for vGPU slices: the ``vgpu`` spawner, the ``/hub/api/vgpu`` API,
     the ``/hub/vgpu`` page, the metrics, the node arbiter of this host, and the custom
     scope ``custom:vgpu-nodes:write`` (Kubernetes node arbiters' reports).
@@ -49,16 +51,27 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
             before this call, else ``/run/jupyter-vgpu/arbiter.sock`` for a root Hub and
             the Hub user's Jupyter runtime directory otherwise. Servers and kernels get
             it in ``JUPYTER_VGPU_ARBITER``.
+        arbiter_token: the node arbiter runs outside the Hub, as a systemd unit of its
+            own (``deploy/systemd/jupyter-vgpu-arbiter.service``; docs/admin.md), with
+            this token (its ``JUPYTERHUB_API_TOKEN``): registered as the service
+            ``vgpu-arbiter``, whose role reads users, and not started by the Hub. It
+            then keeps running while the Hub restarts, and either can be upgraded alone.
 
     To keep another spawner, set ``c.JupyterHub.spawner_class`` afterwards to a class
     that puts :class:`hub_spawner.spawner.VGPUSpawnerMixin` first in its bases.
     """
     from pathlib import Path
 
+    import jupyter_vgpu
+
     from . import metrics
     from .api import NODES_SCOPE, handlers
     from .page import VGPUPageHandler
 
+    # which code runs (an upgrade restarts the Hub on the new one: docs/admin.md)
+    logging.getLogger("JupyterHub").info(
+        "jupyter-vgpu %s, code in %s", jupyter_vgpu.__version__, Path(__file__).resolve().parent
+    )
     c.JupyterHub.spawner_class = "vgpu"
     ours = [*handlers, (r"/vgpu", VGPUPageHandler)]
     existing = list(c.JupyterHub.extra_handlers) if "extra_handlers" in c.JupyterHub else []
@@ -66,6 +79,10 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
     hub_log = logging.getLogger("JupyterHub")  # the JupyterHub application's logger
     if not any(isinstance(f, _ExtraHandlersNote) for f in hub_log.filters):
         hub_log.addFilter(_ExtraHandlersNote())
+    from .adoption import StoppedNote
+
+    if not any(isinstance(f, StoppedNote) for f in hub_log.filters):
+        hub_log.addFilter(StoppedNote())  # servers it ended because it could not adopt them
     templates = str(Path(__file__).parent / "templates")
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     c.JupyterHub.template_paths = [templates, *[p for p in paths if p != templates]]
@@ -73,12 +90,15 @@ def setup(c, *, arbiter: bool = True, arbiter_socket: str | None = None) -> None
     scopes = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
     scopes.setdefault(NODES_SCOPE, {"description": "Report a GPU node's devices and pods to jupyter-vgpu"})
     c.JupyterHub.custom_scopes = scopes
-    if arbiter:
+    if arbiter_token:
+        _run_arbiter(c, arbiter_socket, arbiter_token)
+    elif arbiter:
         _run_arbiter(c, arbiter_socket)
 
 
-def _run_arbiter(c, socket: str | None) -> None:
-    """The node arbiter as a managed service with a role that reads users, on ``socket``."""
+def _run_arbiter(c, socket: str | None, token: str | None = None) -> None:
+    """The node arbiter as a managed service with a role that reads users, on ``socket``;
+    with ``token``, an external service of that token instead (its own systemd unit)."""
     import sys
 
     from jupyter_vgpu.node.socket_path import default_socket
@@ -87,11 +107,14 @@ def _run_arbiter(c, socket: str | None) -> None:
         socket = c.VGPUHub.arbiter_socket if "arbiter_socket" in c.VGPUHub else ""
     socket = socket or default_socket()
     c.VGPUHub.arbiter_socket = socket
-    service = {
-        "name": ARBITER_SERVICE,
-        "display": False,
-        "command": [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={socket}"],
-    }
+    if token:
+        service = {"name": ARBITER_SERVICE, "display": False, "api_token": token}
+    else:
+        service = {
+            "name": ARBITER_SERVICE,
+            "display": False,
+            "command": [sys.executable, "-m", "jupyter_vgpu.node", f"--socket={socket}"],
+        }
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     c.JupyterHub.services = [s for s in services if s.get("name") != ARBITER_SERVICE] + [service]
     role = {

@@ -55,6 +55,8 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
     the user's quota, and a profile asking more than the quota is refused.
     """
 
+    vgpu_kind = "kube"
+
     vgpu_mode = Enum(
         list(MODES),
         default_value="hami",
@@ -376,6 +378,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
     def start(self):
         # KubeSpawner.start keeps the future of _start for progress(); the mixin's start
         # would size the slice before the profile's overrides are applied.
+        self._vgpu_foreign = None  # a new server: what the database said before is gone
         return KubeSpawner.start(self)
 
     async def _start(self):
@@ -516,6 +519,8 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
 
     def load_state(self, state: dict[str, Any]) -> None:
         # The Kubernetes scheduler placed the slice; no allocator holds it.
+        if self.vgpu_foreign(state):
+            return
         KubeSpawner.load_state(self, state)
         data = state.get(STATE_KEY)
         if not data:

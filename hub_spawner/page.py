@@ -44,6 +44,10 @@ class VGPUPageHandler(BaseHandler):
         kept_apart = isolation.summary(
             self.settings.get("spawner_class"), self.settings["config"], hub.running(self.users), self.log
         )
+        simulate = hub.inventory.simulate
+        node_gpus = {
+            name: node_cards(name, node, hub.allocator.gpus, simulate) for name, node in nodes.items()
+        }
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,
@@ -55,10 +59,35 @@ class VGPUPageHandler(BaseHandler):
             arbiter=arbiter,
             arbiter_problem=arbiter_problem,
             nodes=nodes,
+            node_gpus=node_gpus,
             kept_apart=kept_apart,
             clock=lambda t: datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"),
         )
         self.finish(html)
+
+
+def node_cards(name: str, node: dict, gpus: list, simulate: bool = False) -> dict:
+    """What the page says of a node's GPUs that slices go on: ``{"text", "simulated",
+    "problems"}``. On a node whose GPUs the Hub simulates (``GPUInventory.simulate``: a
+    test cluster's GRES on dummy device files), its arbiter's "NVML failed" is what is
+    expected there, and said so."""
+    mine = sorted((g for g in gpus if g.node == name and g.mig_profile is None), key=lambda g: g.index)
+    simulated = all(g.simulated for g in mine) if mine else simulate
+    if mine:
+        sizes = sorted({g.memory for g in mine})
+        each = " / ".join(format_bytes(m) for m in sizes)
+        kind = "simulated " if simulated else ""
+        text = f"{len(mine)} {kind}GPU{'s' if len(mine) != 1 else ''} of {each} ({mine[0].name})"
+    else:
+        text = "simulated GPUs (the Hub lists them at the next spawn)" if simulate else ""
+    problems = list(node["problems"])
+    if simulated:
+        text += ": no NVIDIA GPU behind them"
+        problems = [
+            f"{p} (expected: this node's GPUs are simulated)" if p.startswith("NVML failed") else p
+            for p in problems
+        ]
+    return {"text": text, "simulated": simulated, "problems": problems}
 
 
 async def arbiter_books(socket: str, timeout: float = 2.0) -> tuple[dict | None, str | None]:

@@ -220,7 +220,15 @@ def kill_all(directory: Path, rounds: int = 50) -> int:
     """End every process in the cgroup at ``directory`` (SIGKILL; ``cgroup.kill`` where
     the kernel has it, Linux 5.14+); returns how many PIDs were seen in it. Processes
     forking while they are killed are caught by the next round, up to ``rounds`` of them
-    (about 1 s)."""
+    (about 1 s).
+
+    Raises:
+        ValueError: ``directory`` is a hierarchy's root cgroup (every process of the
+            host), which is never a server's.
+    """
+    directory = Path(directory)
+    if (directory / "cgroup.procs").exists() and not (directory.parent / "cgroup.procs").exists():
+        raise ValueError(f"{directory} is a cgroup hierarchy's root: refusing to end every process in it")
     seen: set[int] = set()
     kill_file = directory / "cgroup.kill"
     for _ in range(rounds):
@@ -393,6 +401,33 @@ class ServerCgroupMixin(HasTraits):
         self.vgpu_server_start = procs.start_time(pid) if pid else None
         account = self.cgroup_account()
         self.vgpu_server_uid = account[0] if account is not None else os.geteuid()
+
+    async def poll(self):
+        """The base spawner's answer; and for a server loaded from the database (a Hub
+        started again), whose process the Hub knows by its PID alone, that PID must still
+        be in the server's cgroup: a PID handed out again to another process is not the
+        server (nor is one that started at another time than the one recorded), which is then
+        reported stopped (whatever is left in its cgroup ended) and never signalled."""
+        status = await super().poll()
+        if status is not None or getattr(self, "proc", None) is not None or not getattr(self, "pid", 0):
+            return status
+        directory = self.cgroup_directory()
+        if directory is None:
+            return status
+        started = self.vgpu_server_start
+        same = started is None or procs.start_time(self.pid) == started
+        if same and self.pid in cgroups.procs(directory):
+            return None
+        self.log.warning(
+            "jupyter-vgpu: %s's server process %d is not in its cgroup %s any more (the PID belongs to "
+            "another process now): the server is gone, and that process is left alone",
+            self._log_name,
+            self.pid,
+            self.vgpu_cgroup,
+        )
+        self.pid = 0
+        self.clear_state()
+        return 0
 
     async def stop(self, now=False):
         try:

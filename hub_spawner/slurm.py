@@ -73,6 +73,8 @@ class SlurmRefused(Exception):
 class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
     """batchspawner's SlurmSpawner with a vGPU slice per server (entry point ``vgpu-slurm``)."""
 
+    vgpu_kind = "slurm"
+
     vgpu_gres = Enum(
         ["shard", "gpu"],
         default_value="shard",
@@ -153,7 +155,8 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
             raise TraitError(f"vgpu_priority must be {MIN_PRIORITY}-{MAX_PRIORITY}, not {proposal.value}")
         return proposal.value
 
-    #: Where the job runs: ``{"node", "job_id", "gres", "shards", "shards_per_gpu"}``.
+    #: Where the job runs: ``{"node", "job_id", "gres", "shards", "shards_per_gpu"}``, and
+    #: once it runs the ``account`` (and ``uid``) Slurm runs it as.
     vgpu_where: dict[str, Any] = {}
     #: The cluster's nodes by name, as the last look at Slurm found them (shared).
     _nodes: dict[str, slurm_nodes.SlurmNode] = {}
@@ -410,6 +413,7 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         return f"{head}\n{ours}{rest}"
 
     async def start(self):
+        self._vgpu_foreign = None  # a new server: what the database said before is gone
         self._vgpu_events = []
         self._vgpu_done = False
         try:
@@ -512,6 +516,9 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         where = self.vgpu_where
         if place.node:
             where["node"] = place.node
+        if place.user:
+            where["account"] = place.user
+            where["uid"] = place.uid
         if place.gpu_indices:
             self._vgpu_move_to(where["node"], place.gpu_indices[0])
         return self.vgpu_slice
@@ -590,11 +597,23 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
 
     def vgpu_listing(self) -> dict[str, Any]:
         """Where the slice runs, for ``GET /hub/api/vgpu/slices``: ``node``, ``job_id``
-        (the node arbiter knows the job's processes by it) and ``slurm_gres``."""
+        (the node arbiter knows the job's processes by it), ``slurm_gres``, and the
+        ``account`` Slurm runs the job as (None until it runs)."""
         where = self.vgpu_where
         if not where:
             return {}
-        return {"node": where["node"], "job_id": where["job_id"] or None, "slurm_gres": where["gres"]}
+        return {
+            "node": where["node"],
+            "job_id": where["job_id"] or None,
+            "slurm_gres": where["gres"],
+            "account": where.get("account"),
+        }
+
+    def vgpu_account(self) -> tuple[int | None, str] | None:
+        """``(uid, name)`` of the account Slurm runs the job as (``scontrol show job``'s
+        ``UserId``), or None before it runs."""
+        name = self.vgpu_where.get("account")
+        return (self.vgpu_where.get("uid"), name) if name else None
 
     # -- quota changes ----------------------------------------------------------------
 
@@ -635,6 +654,15 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         self.user.db.commit()
         return self.vgpu_slice
 
+    async def stop(self, now=False):
+        """batchspawner's stop (``scancel``, then wait for the job to leave), or, with no
+        job to cancel (a spawn that never submitted one, a server of another kind of
+        spawner ended at load), only the slice's release."""
+        if not self.job_id:
+            self.vgpu_release()
+            return
+        return await super().stop(now=now)
+
     # -- the Hub's books --------------------------------------------------------------
 
     def vgpu_release(self) -> None:
@@ -650,6 +678,8 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
     def load_state(self, state: dict[str, Any]) -> None:
         # batchspawner's job id; the slice's device joins the allocator until the next
         # look at Slurm lists the nodes again
+        if self.vgpu_foreign(state):
+            return
         SlurmSpawner.load_state(self, state)
         data = state.get(STATE_KEY)
         if not data:

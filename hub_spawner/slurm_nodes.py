@@ -112,12 +112,16 @@ class JobPlace:
         reason: why it waits (``Resources``, ``Priority``, ...; ``None`` when it does not).
         node: the node its GPU GRES is on ('' before it runs).
         gpu_indices: Slurm's GRES indices of the GPUs its ``gpu`` or ``shard`` GRES are on.
+        user: the account it runs as, ``UserId``'s name (``vgpu-ada(999)`` -> ``vgpu-ada``).
+        uid: that account's uid, or None where Slurm does not say.
     """
 
     state: str
     reason: str
     node: str
     gpu_indices: tuple[int, ...]
+    user: str = ""
+    uid: int | None = None
 
 
 def _indices(text: str) -> list[int]:
@@ -149,7 +153,9 @@ def parse_job(text: str) -> JobPlace:
                 node, indices = current, tuple(_indices(m["idx"]))
     if not node and f.get("JobState") == "RUNNING":
         node = f.get("BatchHost") or f.get("NodeList", "")
-    return JobPlace(f.get("JobState", ""), f.get("Reason", "").replace("_", " "), node, indices)
+    m = re.fullmatch(r"(?P<user>[^()]*)(?:\((?P<uid>[0-9]+)\))?", f.get("UserId", ""))
+    user, uid = (m["user"], int(m["uid"]) if m["uid"] else None) if m else ("", None)
+    return JobPlace(f.get("JobState", ""), f.get("Reason", "").replace("_", " "), node, indices, user, uid)
 
 
 def devices(

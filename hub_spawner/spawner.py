@@ -14,6 +14,7 @@ in the spawner's state, so the Hub's database keeps it across restarts and
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -22,7 +23,7 @@ from traitlets import HasTraits, Integer, TraitError, Tuple, default, validate
 from jupyter_vgpu.node.socket_path import SOCKET_ENV, mps_pipe_directory
 from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
-from . import options, ports
+from . import adoption, options, ports
 from .config import VGPUHub
 from .placement import Placement, PlacementError
 from .quotas import QuotaStore
@@ -39,6 +40,12 @@ class VGPUSpawnerMixin(HasTraits):
     vgpu_slice: Slice | None = None
     #: Whether servers of different users run as one Unix account (the Hub page warns).
     vgpu_shared_account = False
+    #: The kind of spawner, written into the state of every running server: a Hub whose
+    #: spawner is of another kind ends such a server instead of losing track of it
+    #: (:mod:`hub_spawner.adoption`).
+    vgpu_kind = "local"
+    #: A running server of another kind of spawner, loaded from the database, to end.
+    _vgpu_foreign: dict[str, Any] | None = None
 
     @default("server_token_scopes")
     def _vgpu_server_token_scopes(self):
@@ -172,6 +179,13 @@ class VGPUSpawnerMixin(HasTraits):
         """Fields the slice listings add about where the server runs ({} on one host)."""
         return {}
 
+    def vgpu_account(self) -> tuple[int | None, str] | None:
+        """``(uid, name)`` of the Unix account the running server runs as (its process's
+        owner, on this host), or None where the Hub cannot tell."""
+        from .isolation import process_account
+
+        return process_account(getattr(self, "pid", None))
+
     def vgpu_update(self, effective) -> Slice:
         """Apply a quota change to the running slice (same device) and save the state.
 
@@ -201,6 +215,7 @@ class VGPUSpawnerMixin(HasTraits):
         return self.vgpu_slice
 
     async def start(self):
+        self._vgpu_foreign = None  # a new server: what the database said before is gone
         self.vgpu_place()
         try:
             return await super().start()
@@ -234,11 +249,40 @@ class VGPUSpawnerMixin(HasTraits):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        if self.vgpu_slice is not None:
+        if self.vgpu_slice is not None:  # while the server runs
             state[STATE_KEY] = self.vgpu_slice.to_dict()
+            state[adoption.KIND_KEY] = self.vgpu_kind
         return state
 
+    def vgpu_foreign(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` holds a running server of another kind of spawner (kept to be
+        ended by :meth:`poll`; nothing of it is loaded)."""
+        kind = adoption.kind_of(state)
+        self._vgpu_foreign = dict(state) if kind is not None and kind != self.vgpu_kind else None
+        return self._vgpu_foreign is not None
+
+    async def poll(self):
+        """A running server of another kind of spawner, loaded from the database, is
+        ended here (this spawner cannot adopt it) and reported stopped; anything else is
+        the base spawner's to answer."""
+        foreign, self._vgpu_foreign = self._vgpu_foreign, None
+        if foreign is not None and self.server is not None:  # the database says it runs
+            await asyncio.get_running_loop().run_in_executor(
+                None,
+                adoption.end,
+                foreign,
+                adoption.kind_of(foreign),
+                self.user.name,
+                self._log_name,
+                self.vgpu_kind,
+                self.log,
+            )
+            return 1
+        return await super().poll()
+
     def load_state(self, state: dict[str, Any]) -> None:
+        if self.vgpu_foreign(state):
+            return
         super().load_state(state)
         data = state.get(STATE_KEY)
         if not data:
@@ -260,6 +304,7 @@ class VGPUSpawnerMixin(HasTraits):
 
     def clear_state(self) -> None:
         super().clear_state()
+        self._vgpu_foreign = None
         self.vgpu_release()
 
 

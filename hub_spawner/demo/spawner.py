@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 
-from traitlets import Bool
+from traitlets import Bool, Unicode
 
 from ..spawner import VGPUSimpleSpawner
 from . import system_user
@@ -25,6 +26,12 @@ class DemoSpawner(VGPUSimpleSpawner):
         other's processes. False: every server runs as the Hub's own user.""",
     ).tag(config=True)
 
+    accounts_file = Unicode(
+        "",
+        help="""A file that lists the system accounts this demo made, one a line (the
+        demo's <state>/accounts; scripts/demo clean removes them). '': none kept.""",
+    ).tag(config=True)
+
     @property
     def vgpu_shared_account(self) -> bool:
         return not self.accounts_per_user
@@ -36,7 +43,7 @@ class DemoSpawner(VGPUSimpleSpawner):
             RuntimeError: it cannot be created (the message is shown on the spawn page).
         """
         name = system_user.account_name(self.user.name)
-        account = system_user.ensure(name)
+        account = system_user.ensure(name, record=Path(self.accounts_file) if self.accounts_file else None)
         if account is None:
             raise RuntimeError(f"cannot create the system account {name} for {self.user.name}")
         return account

@@ -59,25 +59,94 @@ def account_name(username: str) -> str:
     return f"vgpu_{clean}_{hashlib.sha1(username.encode()).hexdigest()[:16]}"
 
 
-def ensure(name: str, attempts: int = 20) -> pwd.struct_passwd | None:
+def ensure(name: str, attempts: int = 20, record: Path | None = None) -> pwd.struct_passwd | None:
     """The system account ``name``, created (``useradd --system``, no login shell, no
     home) when missing and this process is root; None when it is missing and cannot be
-    created. ``useradd`` is retried while another one holds the password file's lock."""
-    for _ in range(attempts):
+    created. ``useradd`` is retried while another one holds the password file's lock.
+
+    Args:
+        record: a file that gets the account's name as a line of its own when this call
+            creates it (the demo's ``<state>/accounts``, which ``scripts/demo clean``
+            removes the accounts of: :func:`remove`).
+    """
+    made = False  # by this call: useradd ran, and no other process made it meanwhile
+
+    def found() -> pwd.struct_passwd | None:
         try:
-            return pwd.getpwnam(name)
+            account = pwd.getpwnam(name)
         except KeyError:
-            pass
+            return None
+        if made and record is not None:
+            with open(record, "a") as f:
+                f.write(name + "\n")
+        return account
+
+    for _ in range(attempts):
+        account = found()
+        if account is not None:
+            return account
         if os.geteuid() != 0 or not shutil.which("useradd"):
             return None
         done = subprocess.run([*USERADD, name], check=False, capture_output=True, text=True)
-        if done.returncode in (0, 9):  # 9: created meanwhile by another process
+        if done.returncode == 9:  # created meanwhile by another process
             continue
-        time.sleep(0.1)  # e.g. 10: /etc/passwd is locked by another useradd
+        made = True  # 0, or a failure that may have left the account made (a group file locked)
+        if done.returncode != 0:
+            time.sleep(0.1)  # e.g. 10: /etc/group is locked by another useradd
+    return found()
+
+
+def recorded(record: Path) -> list[str]:
+    """The accounts listed in ``record`` (:func:`ensure`), each once, in order."""
     try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        return None
+        lines = record.read_text().split()
+    except OSError:
+        return []
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def processes_of(uid: int) -> list[int]:
+    """The PIDs of the processes running as ``uid`` (real or effective)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if str(uid) in line.split()[1:3]:
+                            found.append(int(entry.name))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def remove(names: list[str]) -> tuple[list[str], list[str]]:
+    """Remove the system accounts ``names`` (``userdel``: the account and its group), each
+    where it exists and no process runs as it. Give it only accounts the demo recorded
+    as made by itself (:func:`recorded`): an account that was there before stays.
+
+    Returns:
+        ``(removed, kept)``: names removed, and ``"name: why not"`` for the others.
+    """
+    removed, kept = [], []
+    for name in names:
+        try:
+            account = pwd.getpwnam(name)
+        except KeyError:
+            continue  # gone already
+        busy = processes_of(account.pw_uid)
+        if busy:
+            kept.append(f"{name}: processes {', '.join(map(str, busy[:5]))} still run as it")
+            continue
+        done = subprocess.run(["userdel", name], check=False, capture_output=True, text=True)
+        if done.returncode == 0:
+            removed.append(name)
+        else:
+            kept.append(f"{name}: userdel said {done.stderr.strip() or done.returncode}")
+    return removed, kept
 
 
 def cannot_run_servers(account: pwd.struct_passwd, workdir: Path, python: str = sys.executable) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .hook import KernelHook
-from .magics import VGPUMagics
+from .magics import VGPUMagics, show_in_pager
 
 _ATTR = "_jupyter_vgpu_hook"
 
@@ -15,6 +15,8 @@ def load_ipython_extension(ip) -> None:
     hook = KernelHook(ip)
     setattr(ip, _ATTR, hook)
     ip.register_magics(VGPUMagics(ip, hook=hook))
+    # `%vgpu?` prints its usage (frontends without a pager show no page payload)
+    ip.set_hook("show_in_pager", show_in_pager, priority=10)
     hook.start()
 
 
@@ -24,6 +26,8 @@ def unload_ipython_extension(ip) -> None:
     if hook is not None:
         hook.stop()
         setattr(ip, _ATTR, None)
+        chain = getattr(getattr(ip.hooks, "show_in_pager", None), "chain", [])
+        chain[:] = [(p, f) for p, f in chain if getattr(f, "__func__", f) is not show_in_pager]
 
 
 def get_hook(ip) -> KernelHook | None:

@@ -374,8 +374,19 @@ class ArbiterApp(Application):
         self.log.info("open files: up to %d", descriptors)
 
     async def serve(self) -> None:
+        from pathlib import Path
+
+        import jupyter_vgpu
+
         from . import checkpoint
 
+        # which code runs (an upgrade restarts the arbiter on the new one: docs/admin.md)
+        logging.getLogger("jupyter_vgpu.node").info(
+            "jupyter-vgpu node arbiter %s, pid %d, code in %s",
+            jupyter_vgpu.__version__,
+            os.getpid(),
+            Path(jupyter_vgpu.__file__).parent,
+        )
         reason = checkpoint.unavailable()
         standin = os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN")
         if standin:  # tests: a recording stand-in answers in the workers

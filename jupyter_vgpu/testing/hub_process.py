@@ -5,7 +5,9 @@ reached over HTTP exactly as a browser or an admin script would. The state direc
 is a new one under the system's temporary directory (pytest's own is private to its
 user, and demo servers run as accounts of their own when the tests run as root); its
 servers' cgroups go under a cgroup of its own (``/jupyter-vgpu-tests/<state>``), removed
-with it; the Hub's log is kept in ``test-artifacts/``.
+with it, as are the system accounts it made for its users; the Hub's log is kept in
+``test-artifacts/``. Its users' servers keep running when the Hub is stopped
+(``JUPYTER_VGPU_DEMO_KEEP_SERVERS``), so that a Hub started again adopts them.
 """
 
 from __future__ import annotations
@@ -39,11 +41,20 @@ class HubProcess:
         name: names the Hub's log in ``test-artifacts/``.
         extra_env: more of the demo config's environment (``JUPYTER_VGPU_DEMO_MIG``...).
         config: the Hub's config file (default: the demo's).
+        command: what starts the Hub (default: ``python -m jupyterhub -f <config>``; the
+            demo's own ``bash scripts/demo``, in the tests of that script).
     """
 
-    def __init__(self, name: str = "hub", extra_env: dict[str, str] | None = None, config: Path = CONFIG):
+    def __init__(
+        self,
+        name: str = "hub",
+        extra_env: dict[str, str] | None = None,
+        config: Path = CONFIG,
+        command: list[str] | None = None,
+    ):
         self.name = name
         self.config = config
+        self.command = command or [sys.executable, "-m", "jupyterhub", "-f", str(config)]
         self.state_dir = Path(tempfile.mkdtemp(prefix=f"vgpu-{name}-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -57,6 +68,8 @@ class HubProcess:
             "JUPYTER_VGPU_DEMO_PASSWORD": PASSWORD,
             "JUPYTER_VGPU_DEMO_SIMULATE": "1",
             "JUPYTER_VGPU_DEMO_CGROUP_PARENT": f"/jupyter-vgpu-tests/{self.state_dir.name}",
+            # servers outlive a Hub the tests stop (restart() shows the Hub adopting them)
+            "JUPYTER_VGPU_DEMO_KEEP_SERVERS": "1",
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen | None = None
@@ -68,7 +81,7 @@ class HubProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")  # noqa: SIM115 - the child process writes to it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
+            self.command,
             cwd=self.state_dir,
             env=self.env,
             stdout=log,
@@ -118,19 +131,30 @@ class HubProcess:
                 pass
         psutil.wait_procs(victims, timeout=10)
         self.remove_cgroups()
+        self.remove_accounts()
         ARTIFACTS.mkdir(exist_ok=True)
         if self.log_path.exists():
             shutil.copy(self.log_path, ARTIFACTS / f"{self.name}-{self.port}.log")
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    @property
+    def cgroup_parent(self) -> str:
+        """The cgroup its servers' cgroups go under: the tests' one
+        (``JUPYTER_VGPU_DEMO_CGROUP_PARENT``), else the demo's own for its state directory."""
+        from hub_spawner.demo import settings
+
+        return self.env.get("JUPYTER_VGPU_DEMO_CGROUP_PARENT") or settings.cgroup_names(self.state_dir)[0]
 
     def remove_cgroups(self) -> None:
         """End whatever is left in this Hub's servers' cgroups and remove them."""
         from hub_spawner.server_cgroup import kill_all
         from jupyter_vgpu.node import cgroups
 
+        parent = self.cgroup_parent
+        assert parent.strip("/"), f"no cgroup parent to clean: {parent!r}"
         for mount in cgroups.mounts():
-            top = mount.directory(self.env["JUPYTER_VGPU_DEMO_CGROUP_PARENT"])
-            if top is None or not top.is_dir():
+            top = mount.directory(parent)
+            if top is None or not top.is_dir() or top == Path(mount.mountpoint):
                 continue
             for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 kill_all(directory)
@@ -142,6 +166,12 @@ class HubProcess:
                 top.parent.rmdir()  # the tests' top cgroup, when no other Hub uses it
             except OSError:
                 pass
+
+    def remove_accounts(self) -> None:
+        """Remove the system accounts this Hub made for its users (none is left behind)."""
+        from hub_spawner.demo import settings, system_user
+
+        system_user.remove(system_user.recorded(self.state_dir / settings.ACCOUNTS))
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -39,6 +39,7 @@ class SlurmCluster:
 
     def __init__(self, nodes: int = 2, gpus: int = 2, shards: int = 16):
         self.dir = Path(tempfile.mkdtemp(prefix="vgpu-slurm-"))
+        self.dir.chmod(0o755)  # users' jobs read its slurm.conf and reach its arbiters' sockets
         self.size = (nodes, gpus, shards)
         self.info: dict = {}
 

@@ -1,17 +1,22 @@
 """JupyterHub on a real Slurm cluster (slurmctld, munge, two slurmd nodes in network
 namespaces, simulated GPUs as GRES, a node arbiter per node): a user's server is a real
-sbatch job on the node the Hub placed its slice on, holding the GPU shards its guarantee
-needs; its kernel follows a quota change live; both nodes report to the Hub; Slurm's
-refusals reach the spawn page in its own words; stopping the server ends the job."""
+sbatch job, submitted as her own account, on the node the Hub placed its slice on,
+holding the GPU shards its guarantee needs; its kernel follows a quota change live; both
+nodes report to the Hub, which says they are simulated and how users are kept apart on
+them; Slurm's refusals reach the spawn page in its own words; stopping the server ends
+the job."""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 
+import psutil
 import pytest
 
+from hub_spawner.demo import system_user
 from jupyter_vgpu.node.control import Control
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
@@ -119,6 +124,10 @@ def test_the_server_is_a_slurm_job_on_the_node_the_hub_named(hub, cluster, ada):
     assert f"Submitted Slurm job {job} to node {node} (--gres=shard:2)" in messages
     fields = cluster.job(job)
     assert fields["JobState"] == "RUNNING"
+    # submitted as her own account, as a real site's Hub submits its users' jobs
+    account = pwd.getpwnam(system_user.account_name("ada"))
+    assert fields["UserId"] == f"{account.pw_name}({account.pw_uid})"
+    assert slice_["account"] == account.pw_name
     assert fields["ReqNodeList"] == node
     assert fields["NodeList"] == node
     # the GPU Slurm gave the shards on is the one the slice records
@@ -132,6 +141,7 @@ def test_the_node_arbiter_knows_the_job_by_its_cgroup(hub, cluster, ada):
     lab, kernel, _ = ada
     slice_ = mine(hub, "ada")
     pid = int(lab.execute(kernel, "import os; print(os.getpid())").strip())
+    assert psutil.Process(pid).username() == system_user.account_name("ada")  # her kernel too
     with open(f"/proc/{pid}/cgroup") as f:
         cgroup = f.read()
     assert f"/job_{slice_['job_id']}/" in cgroup, cgroup
@@ -195,10 +205,18 @@ def test_both_nodes_are_on_the_hub_page(hub, cluster, ada):
     page = hub.login("admin").get(f"{hub.url}/hub/vgpu")
     assert page.status_code == 200
     for node in cluster.info["nodes"]:
-        assert f'data-node="{node}"' in page.text
+        assert f'data-node="{node}" data-simulated="yes"' in page.text
         assert f"{node} GPU 0" in page.text  # its simulated GPUs, from Slurm's GRES
+    # each node says what it is: simulated cards of 16 GiB, NVML's failure expected there
+    assert page.text.count("2 simulated GPUs of 16.00 GiB") == 2
+    assert "(expected: this node&#39;s GPUs are simulated)" in page.text
     assert "ada" in page.text
     assert "The node arbiters run on the nodes" in page.text
+    # how users are kept apart, where their servers run
+    assert "Isolation on the Slurm nodes" in page.text
+    assert "each server is a Slurm job, its processes in the job&#39;s cgroup on its node" in page.text
+    assert f"ada as <code>{system_user.account_name('ada')}</code>" in page.text
+    assert "run as root" not in page.text
 
 
 def test_sbatch_refusing_the_job_reaches_the_spawn_page(hub, cluster, ada):

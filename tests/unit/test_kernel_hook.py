@@ -105,6 +105,26 @@ def test_bad_arguments_get_a_usage_line_and_loading_twice_is_harmless(kernel):
     assert wrapped.split() == ["wrapper", "execute_request"]
 
 
+def test_help_and_the_question_mark_print_the_magics_usage(kernel):
+    """Issue 43: `%vgpu?` went to a pager, which a kernel turns into a page payload that
+    a notebook run outside JupyterLab (nbclient, a REST client) never shows."""
+    from jupyter_vgpu.kernel.magics import usage
+
+    text = usage()
+    assert text.startswith("  %vgpu [status|pause|resume|help]")
+    for action in ("status", "pause", "resume", "help"):
+        assert re.search(rf"^  {action} ", text, re.M), action
+    assert kernel.run("%vgpu help") == text + "\n"
+    assert kernel.run("%vgpu?") == text + "\n"
+    # any other `?` still goes to the pager, as a page payload of the reply
+    msg_id = kernel.client.execute("len?")
+    reply = kernel.client.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    pages = [p for p in reply["content"]["payload"] if p["source"] == "page"]
+    assert pages
+    assert "Return the number of items" in pages[0]["data"]["text/plain"]
+
+
 def test_no_slice_outside_a_hub(tmp_path):
     k = Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": ""})
     try:
