@@ -25,12 +25,13 @@ from pathlib import Path
 from ..cache import cache_dir
 
 NATIVE = Path(__file__).with_name("native")
-#: The library's C sources, compiled together (``vmm.h`` is their shared header).
+#: The library's C sources, compiled together (``vmm.h`` is their internal header,
+#: ``driver.h`` the driver's types and the table of its entry points).
 SOURCES = tuple(
     NATIVE / name
     for name in ("vmm.c", "handles.c", "arena.c", "ipc.c", "interpose.c", "held.c", "gate.c", "stubs.S")
 )
-HEADERS = tuple(NATIVE / name for name in ("vmm.h", "held.h", "interpose.h", "stubs.h"))
+HEADERS = tuple(NATIVE / name for name in ("vmm.h", "driver.h", "stubs.h"))
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
 
 #: Backends of :meth:`VMM.init`.
@@ -244,7 +245,6 @@ class VMM:
         lib = self._lib = ctypes.CDLL(str(path))
         u64, i32, sz = ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t
         lib.vgpu_init.argtypes, lib.vgpu_init.restype = [i32], i32
-        lib.vgpu_set_limit.argtypes, lib.vgpu_set_limit.restype = [u64], None
         lib.vgpu_malloc.argtypes = [ctypes.c_ssize_t, i32, ctypes.c_void_p]
         lib.vgpu_malloc.restype = ctypes.c_void_p
         lib.vgpu_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, i32, ctypes.c_void_p]
@@ -262,12 +262,11 @@ class VMM:
         lib.vgpu_units.restype = sz
         lib.vgpu_figures.argtypes, lib.vgpu_figures.restype = [ctypes.POINTER(u64), sz], sz
         lib.vgpu_collect.argtypes, lib.vgpu_collect.restype = [], None
-        for name in ("vgpu_mapped_bytes", "vgpu_paused_bytes"):
-            getattr(lib, name).restype = u64
-        lib.vgpu_backend.restype = i32
-        lib.vgpu_preloaded.restype = i32
-        lib.vgpu_last_error.restype = i32
-        lib.vgpu_last_message.restype = ctypes.c_char_p
+        lib.vgpu_mapped_bytes.argtypes, lib.vgpu_mapped_bytes.restype = [], u64
+        lib.vgpu_backend.argtypes, lib.vgpu_backend.restype = [], i32
+        lib.vgpu_preloaded.argtypes, lib.vgpu_preloaded.restype = [], i32
+        lib.vgpu_last_error.argtypes, lib.vgpu_last_error.restype = [], i32
+        lib.vgpu_last_message.argtypes, lib.vgpu_last_message.restype = [], ctypes.c_char_p
         lib.vgpu_gate_close.argtypes, lib.vgpu_gate_close.restype = [i32, i32], i32
         lib.vgpu_gate_set.argtypes, lib.vgpu_gate_set.restype = [i32], None
         lib.vgpu_gate_open.argtypes, lib.vgpu_gate_open.restype = [], None
@@ -282,7 +281,7 @@ class VMM:
             ctypes.POINTER(i32),
         ]
         lib.vgpu_gate_figures.restype = None
-        lib.vgpu_stubs_available.restype = i32
+        lib.vgpu_stubs_available.argtypes, lib.vgpu_stubs_available.restype = [], i32
 
     # -- the gate (gate.c): no thread's GPU call reaches memory that is away -------------
 
@@ -374,10 +373,6 @@ class VMM:
         """:data:`CUDA`, :data:`HOST`, or 0 before :meth:`init`."""
         return self._lib.vgpu_backend()
 
-    def set_limit(self, nbytes: int) -> None:
-        """Refuse new segments past ``nbytes`` mapped bytes (0: no limit)."""
-        self._lib.vgpu_set_limit(nbytes)
-
     def malloc(self, nbytes: int, device: int = 0) -> int:
         """A new mapped segment of at least ``nbytes``; its address.
 
@@ -460,11 +455,6 @@ class VMM:
     def mapped_bytes(self) -> int:
         """Bytes with physical memory behind them."""
         return self._lib.vgpu_mapped_bytes()
-
-    @property
-    def paused_bytes(self) -> int:
-        """Bytes of paused segments (reserved addresses, no physical memory)."""
-        return self._lib.vgpu_paused_bytes()
 
     def _raise(self, code: int, what: str):
         raise (DeviceFull if code == OUT_OF_MEMORY else VMMError)(code, what)

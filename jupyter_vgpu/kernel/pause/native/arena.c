@@ -187,17 +187,6 @@ static int device_of_pool(CUmemoryPool pool) {
   return -1;
 }
 
-int async_pool_is_ours(CUmemoryPool pool) {
-  pthread_mutex_lock(&g_lock);
-  int d = device_of_pool(pool);
-  if (d < 0) { /* not looked up yet: the current device's? */
-    int dev;
-    if (current_device(&dev) == CUDA_SUCCESS && default_pool(dev) == pool) d = dev;
-  }
-  pthread_mutex_unlock(&g_lock);
-  return d >= 0;
-}
-
 static void note_high(int d) {
   if (d < 0 || d >= MAX_DEVICES) return;
   if (g_live[d] > g_high_used[d]) g_high_used[d] = g_live[d];
@@ -296,7 +285,7 @@ void async_collect(int release) {
   }
 }
 
-CUresult async_alloc(uint64_t *out, size_t size, CUstream stream, int ptsz) {
+CUresult async_alloc(uint64_t *out, size_t size) {
   if (!out) return CUDA_ERROR_INVALID_VALUE;
   int device;
   CUresult r = current_device(&device);

@@ -399,12 +399,6 @@ int handles_map_unset(uint64_t va, AccessNote note, void *ctx) {
   return 0;
 }
 
-uint64_t handles_count(void) {
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < g_nallocs; i++) n += g_allocs[i].used != 0;
-  return n;
-}
-
 void handles_figures(uint64_t *mapped, uint64_t *paused, uint64_t *exported, uint64_t *imported,
                      uint64_t *other) {
   for (uint32_t i = 0; i < g_nallocs; i++) {
@@ -417,13 +411,4 @@ void handles_figures(uint64_t *mapped, uint64_t *paused, uint64_t *exported, uin
     else if (a->maps && !window(i)) *other += a->size;
     else *mapped += a->size;
   }
-}
-
-/* What the caller asked for when it made the allocation; for the engine's tests. */
-int vgpu_handle_paused(CUmemGenericAllocationHandle h) {
-  pthread_mutex_lock(&g_lock);
-  Alloc *a = lookup(h, NULL);
-  int p = a ? a->paused : -1;
-  pthread_mutex_unlock(&g_lock);
-  return p;
 }

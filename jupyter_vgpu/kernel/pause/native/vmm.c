@@ -40,8 +40,6 @@
  */
 #include "vmm.h"
 
-#include "held.h"
-
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -54,11 +52,10 @@
 Driver drv;
 int g_backend = BACKEND_NONE;
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-uint64_t g_mapped_bytes = 0, g_paused_bytes = 0;
 
+static uint64_t g_mapped_bytes = 0, g_paused_bytes = 0;
 static Segment **g_segments = NULL; /* sorted by ptr; pointers stay valid while listed */
 static size_t g_count = 0, g_capacity = 0;
-static uint64_t g_limit = 0; /* 0: none; else new segments refused past this many mapped bytes */
 static int g_fd_handles = 1; /* segments ask for POSIX fd handles (CUDA IPC) until refused */
 static int g_last_error = 0;
 static char g_message[256];
@@ -91,32 +88,23 @@ static pthread_once_t g_resolved_once = PTHREAD_ONCE_INIT;
 static int g_resolved = 0;
 static __thread int t_resolving = 0; /* libcuda's own start-up may look symbols up through us */
 
+/* Every entry point of the table: those the library needs first (a driver without one
+ * of them is no driver to it), then the rest where the driver has them. */
 static void resolve(void) {
   t_resolving = 1;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   t_resolving = 0;
   if (!lib) return;
 #define SYM(name) (*(void **)&drv.name = vgpu_real_dlsym(lib, #name))
-#define NEED(name) if (!SYM(name)) return
-  NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxGetCurrent); NEED(cuCtxSetCurrent); NEED(cuCtxGetDevice);
-  NEED(cuDevicePrimaryCtxRetain); NEED(cuMemGetAllocationGranularity); NEED(cuMemAddressReserve);
-  NEED(cuMemAddressFree); NEED(cuMemCreate); NEED(cuMemRelease); NEED(cuMemMap); NEED(cuMemUnmap);
-  NEED(cuMemSetAccess); NEED(cuCtxSynchronize); NEED(cuMemAlloc_v2); NEED(cuMemFree_v2);
-  /* the rest: wrapped or used when the driver has them */
-  SYM(cuDeviceGetAttribute); SYM(cuDeviceGetDefaultMemPool); SYM(cuDeviceGetMemPool);
-  SYM(cuMemRetainAllocationHandle); SYM(cuMemGetAllocationPropertiesFromHandle);
-  SYM(cuMemExportToShareableHandle); SYM(cuMemImportFromShareableHandle); SYM(cuMemAllocPitch_v2);
-  SYM(cuMemGetAddressRange_v2); SYM(cuMemAllocManaged); SYM(cuMemAllocAsync); SYM(cuMemAllocAsync_ptsz);
-  SYM(cuMemFreeAsync); SYM(cuMemFreeAsync_ptsz); SYM(cuMemAllocFromPoolAsync);
-  SYM(cuMemAllocFromPoolAsync_ptsz); SYM(cuMemPoolTrimTo); SYM(cuMemPoolGetAttribute);
-  SYM(cuMemPoolSetAttribute); SYM(cuPointerGetAttribute); SYM(cuPointerGetAttributes);
-  SYM(cuIpcGetMemHandle); SYM(cuIpcOpenMemHandle); SYM(cuIpcOpenMemHandle_v2); SYM(cuIpcCloseMemHandle); SYM(cuEventCreate);
-  SYM(cuEventRecord); SYM(cuEventRecord_ptsz); SYM(cuEventQuery); SYM(cuEventDestroy_v2);
-  SYM(cuStreamIsCapturing); SYM(cuStreamIsCapturing_ptsz); SYM(cuGetProcAddress);
-  SYM(cuGetProcAddress_v2);
-#undef NEED
+#define NEEDED(name, need, params) if (need && !SYM(name)) return;
+#define OPTIONAL(name, need, params) if (!need) SYM(name);
+#define OPTIONAL_HELD(name, params, args) SYM(name);
+  VGPU_DRIVER_ENTRIES(NEEDED, NEEDED, VGPU_NONE2)
+  VGPU_DRIVER_ENTRIES(OPTIONAL, OPTIONAL, OPTIONAL_HELD)
+#undef OPTIONAL_HELD
+#undef OPTIONAL
+#undef NEEDED
 #undef SYM
-  held_resolve(lib);
   g_resolved = 1;
 }
 
@@ -187,7 +175,7 @@ Segment *seg_containing(uint64_t addr) {
   return addr < s->ptr + s->size ? s : NULL;
 }
 
-Segment *seg_at(uint64_t ptr) {
+static Segment *seg_at(uint64_t ptr) {
   Segment *s = seg_containing(ptr);
   return s && s->ptr == ptr ? s : NULL;
 }
@@ -215,7 +203,7 @@ static void unlist(Segment *s) {
 }
 
 /* Physical memory for the segment's range, mapped; access not set yet (CUDA backend). */
-CUresult seg_back_unset(Segment *s) {
+static CUresult seg_back_unset(Segment *s) {
   CUmemAllocationProp p;
   props(&p, s->device, (s->flags & SEG_FD) != 0);
   CUresult r = drv.cuMemCreate(&s->handle, s->size, &p, 0);
@@ -225,7 +213,7 @@ CUresult seg_back_unset(Segment *s) {
 }
 
 /* Physical memory for the segment's range, mapped read-write. */
-CUresult seg_back(Segment *s) {
+static CUresult seg_back(Segment *s) {
   if (g_backend == BACKEND_HOST) {
     void *p = mmap((void *)(uintptr_t)s->ptr, s->size, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -241,7 +229,7 @@ CUresult seg_back(Segment *s) {
   return r;
 }
 
-CUresult seg_unback(Segment *s) {
+static CUresult seg_unback(Segment *s) {
   if (g_backend == BACKEND_HOST) {
     void *p = mmap((void *)(uintptr_t)s->ptr, s->size, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -262,7 +250,6 @@ CUresult seg_new(int device, uint64_t size, int flags, Segment **out) {
   CUresult r;
   if (g_backend == BACKEND_HOST) {
     s->size = round_up(size, 2u << 20);
-    if (g_limit && g_mapped_bytes + s->size > g_limit) { free(s); return CUDA_ERROR_OUT_OF_MEMORY; }
     void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) { free(s); return VGPU_ERROR_HOST; }
     s->ptr = (uint64_t)(uintptr_t)p;
@@ -273,7 +260,6 @@ CUresult seg_new(int device, uint64_t size, int flags, Segment **out) {
       return r;
     }
     s->size = round_up(size, g);
-    if (g_limit && g_mapped_bytes + s->size > g_limit) { free(s); return CUDA_ERROR_OUT_OF_MEMORY; }
     if ((r = drv.cuMemAddressReserve((CUdeviceptr *)&s->ptr, s->size, g, 0, 0)) != CUDA_SUCCESS) {
       free(s);
       return r;
@@ -323,7 +309,7 @@ void seg_delete(Segment *s) {
 }
 
 /* The descriptor of the CUDA IPC export named token, or -1 (the lock is held). */
-int vgpu_export_fd(uint64_t token) {
+int seg_export_fd(uint64_t token) {
   for (size_t i = 0; i < g_count; i++)
     if (g_segments[i]->export_fd >= 0 && g_segments[i]->token == token) return g_segments[i]->export_fd;
   return -1;
@@ -344,9 +330,6 @@ int vgpu_init(int backend) {
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
-
-/* Mapped bytes above which vgpu_malloc refuses (0: no limit). */
-void vgpu_set_limit(uint64_t bytes) { g_limit = bytes; }
 
 /* A new mapped segment of at least size bytes on device (PyTorch's pluggable-allocator
  * malloc signature: void* (size_t size, int device, cudaStream_t)); NULL on failure. */
@@ -588,7 +571,6 @@ size_t vgpu_figures(uint64_t *out, size_t n) {
 }
 
 uint64_t vgpu_mapped_bytes(void) { return g_mapped_bytes; }
-uint64_t vgpu_paused_bytes(void) { return g_paused_bytes; }
 int vgpu_backend(void) { return g_backend; }
 int vgpu_last_error(void) { return g_last_error; }
 const char *vgpu_last_message(void) { return g_message; }
