@@ -19,25 +19,16 @@ ROOT = HERE.parents[1]
 
 
 def build(directory: Path) -> Path:
-    """Compile the stand-ins into ``directory`` as ``libcuda.so.1`` and ``libcudart.so.13``."""
+    """Compile the stand-ins into ``directory`` as ``libcuda.so.1`` and ``libcudart.so.13``,
+    with the library's flags (every warning an error) and its ``driver.h``, whose table
+    holds the driver stand-in's functions to the signatures the library calls."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     directory.mkdir(parents=True, exist_ok=True)
     for source, name in (("fake_cuda.c", "libcuda.so.1"), ("fake_cudart.c", "libcudart.so.13")):
-        subprocess.run(
-            [
-                compiler,
-                "-O2",
-                "-shared",
-                "-fPIC",
-                "-o",
-                str(directory / name),
-                str(HERE / source),
-                "-ldl",
-                "-lpthread",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        command = [*vmm.compile_command(compiler, str(directory / name), (HERE / source,)), f"-I{vmm.NATIVE}"]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise AssertionError(f"building {source} failed:\n{result.stderr}")
     return directory
 
 

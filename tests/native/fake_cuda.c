@@ -24,19 +24,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUhandle;
-typedef struct { int type; int id; } CUmemLocation;
-typedef struct {
-  int type;
-  int requestedHandleTypes;
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  unsigned char allocFlags[8];
-} CUmemAllocationProp;
-typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
-typedef struct { char reserved[64]; } CUipcMemHandle;
+/* The library's view of the driver: its types, and the prototypes of every entry point
+ * of its table, so that each function here has the signature the library calls. */
+#include "driver.h"
+VGPU_DRIVER_ENTRIES(VGPU_DRIVER_PROTO, VGPU_DRIVER_PROTO, VGPU_DRIVER_PROTO_HELD)
+CUresult cuDriverGetVersion(int *v);
+CUresult cuDeviceGetCount(int *n);
+CUresult cuMemAlloc(CUdeviceptr *dptr, unsigned int size);
+
+/* The tests' controls. */
+uint64_t fake_cuda_used(void);
+void fake_cuda_hold_events(int on);
+void fake_cuda_capture(int on);
+void fake_cuda_limit(uint64_t bytes);
+uint64_t fake_cuda_set_access_calls(void);
+
+typedef CUmemGenericAllocationHandle CUhandle;
 
 #define OK 0
 #define INVALID_VALUE 1
@@ -397,8 +400,6 @@ CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr s, size_t n) { memcpy(h, (void *)(
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
 
 /* ---- cuGetProcAddress --------------------------------------------------------------- */
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 
 /* The driver's own table: a lookup never goes through dlsym (which the library wraps). */
 #define E(name) {#name, (void *)name}

@@ -33,6 +33,11 @@ SOURCES = tuple(
 )
 HEADERS = tuple(NATIVE / name for name in ("vmm.h", "driver.h", "stubs.h"))
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
+#: How the library is compiled, wherever it is built (install, first use, tests): every
+#: warning is an error, so a prototype out of step with its definition, a function
+#: another file declares by hand, or an unused parameter stops the build.
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror", "-shared", "-fPIC")
+LIBS = ("-ldl", "-lpthread")
 
 #: Backends of :meth:`VMM.init`.
 CUDA, HOST = 1, 2
@@ -168,14 +173,22 @@ class Figures:
         return self.pausable + self.unpausable + self.async_cached
 
 
+def compile_command(compiler: str, target: str, sources: tuple[Path, ...] = SOURCES) -> list[str]:
+    """The command that compiles ``sources`` into the shared library ``target``
+    (:data:`CFLAGS`)."""
+    return [compiler, *CFLAGS, "-o", target, *map(str, sources), *LIBS]
+
+
 def build(target: Path, sources: tuple[Path, ...] = SOURCES) -> Path:
-    """Compile ``sources`` into the shared library ``target`` with the system C compiler.
+    """Compile ``sources`` into the shared library ``target`` with the system C compiler,
+    every warning an error (:data:`CFLAGS`).
 
     ``-O2`` matters beyond speed: the library's ``dlsym`` must end in a sibling call to
     glibc's, so that glibc resolves ``RTLD_NEXT`` and ``RTLD_DEFAULT`` for its caller.
 
     Raises:
-        VMMUnavailable: no compiler (``$CC``, ``cc``, ``gcc``) or the build failed.
+        VMMUnavailable: no compiler (``$CC``, ``cc``, ``gcc``) or the build failed (the
+            compiler's first complaint in the message).
     """
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
@@ -183,7 +196,7 @@ def build(target: Path, sources: tuple[Path, ...] = SOURCES) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, *map(str, sources), "-ldl", "-lpthread"]
+    cmd = compile_command(compiler, tmp, sources)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         os.unlink(tmp)
@@ -204,7 +217,8 @@ def library_path() -> Path:
     newest = max(p.stat().st_mtime for p in (*SOURCES, *HEADERS))
     if packaged.exists() and packaged.stat().st_mtime >= newest:
         return packaged
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))).hexdigest()[:16]
+    flags = " ".join((*CFLAGS, *LIBS)).encode()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + flags).hexdigest()[:16]
     cached = cache_dir() / f"vmm-{digest}.so"
     return cached if cached.exists() else build(cached)
 
