@@ -399,6 +399,32 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { memcpy((void 
 CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr s, size_t n) { memcpy(h, (void *)(uintptr_t)s, n); return OK; }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
 
+/* ---- errors -------------------------------------------------------------------------- */
+/* The driver's names and words for the errors the stand-in returns. */
+static const struct { CUresult code; const char *name, *text; } errors[] = {
+    {OK, "CUDA_SUCCESS", "no error"},
+    {INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+};
+
+static CUresult error_entry(CUresult code, const char **out, int text) {
+  for (size_t i = 0; i < sizeof errors / sizeof *errors; i++)
+    if (errors[i].code == code) {
+      *out = text ? errors[i].text : errors[i].name;
+      return OK;
+    }
+  *out = NULL;
+  return INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult code, const char **name) { return error_entry(code, name, 0); }
+CUresult cuGetErrorString(CUresult code, const char **text) { return error_entry(code, text, 1); }
+
 /* ---- cuGetProcAddress --------------------------------------------------------------- */
 
 /* The driver's own table: a lookup never goes through dlsym (which the library wraps). */
@@ -416,7 +442,8 @@ static const struct { const char *name; void *fn; } table[] = {
     E(cuStreamIsCapturing_ptsz), E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemAllocFromPoolAsync), E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFreeAsync),
     E(cuMemFreeAsync_ptsz), E(cuMemPoolTrimTo), E(cuMemPoolGetAttribute), E(cuMemPoolSetAttribute),
-    E(cuLaunchKernel), E(cuMemcpyHtoD_v2), E(cuMemcpyDtoH_v2), E(cuMemsetD8_v2),
+    E(cuLaunchKernel), E(cuMemcpyHtoD_v2), E(cuMemcpyDtoH_v2), E(cuMemsetD8_v2), E(cuGetErrorName),
+    E(cuGetErrorString),
 };
 #undef E
 

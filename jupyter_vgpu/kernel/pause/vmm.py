@@ -44,30 +44,42 @@ CUDA, HOST = 1, 2
 #: ``vgpu_map`` found no room on the device (``CUDA_ERROR_OUT_OF_MEMORY``).
 OUT_OF_MEMORY = 2
 
-_ERRORS = {
-    900: "the allocator is not initialised",
-    901: "no segment starts at that address",
-    902: "the segment is not in the state the call needs",
-    903: "the CUDA driver (libcuda.so.1) cannot be opened or initialised",
-    904: "a host memory call failed",
-}
-
 
 class VMMUnavailable(RuntimeError):
     """The library is missing and cannot be built here; the message says why."""
 
 
 class VMMError(RuntimeError):
-    """A call of the library failed.
+    """A call of the library failed. Its message reads ``what: NAME: words (the library's
+    words)``, e.g. ``resuming the segment at 0x7f3a00000000: CUDA_ERROR_OUT_OF_MEMORY: out
+    of memory (mapping the unit at 0x7f3a00000000)``.
+
+    Args:
+        code: see the attribute.
+        what: what the caller was doing.
+        name, text: the error's name and words; by default the loaded library's
+            (:meth:`VMM.describe`), which asks the driver.
+        detail: the library's own words for this failure (``vgpu_last_message``).
 
     Attributes:
         code: the CUDA driver error (``CUresult``) or one of the library's own (900-904).
+        name: ``CUDA_ERROR_OUT_OF_MEMORY`` (``cuGetErrorName``), or the library's own
+            ``VGPU_ERROR_...``; ``error <code>`` where nothing knows the code.
+        text: ``out of memory`` (``cuGetErrorString``), or the library's own words; ""
+            where nothing knows them.
+        detail: the library's words, or "".
     """
 
-    def __init__(self, code: int, what: str):
-        reason = _ERRORS.get(code, f"CUDA driver error {code}")
-        super().__init__(f"{what}: {reason}")
-        self.code = code
+    def __init__(
+        self, code: int, what: str, name: str | None = None, text: str | None = None, detail: str = ""
+    ):
+        if name is None or text is None:
+            known_name, known_text = describe(code)
+            name = known_name if name is None else name
+            text = known_text if text is None else text
+        self.code, self.what, self.name, self.text, self.detail = code, what, name, text, detail
+        message = f"{what}: {name}: {text}" if text else f"{what}: {name}"
+        super().__init__(f"{message} ({detail})" if detail else message)
 
 
 class DeviceFull(VMMError):
@@ -281,6 +293,8 @@ class VMM:
         lib.vgpu_preloaded.argtypes, lib.vgpu_preloaded.restype = [], i32
         lib.vgpu_last_error.argtypes, lib.vgpu_last_error.restype = [], i32
         lib.vgpu_last_message.argtypes, lib.vgpu_last_message.restype = [], ctypes.c_char_p
+        lib.vgpu_error_name.argtypes, lib.vgpu_error_name.restype = [i32], ctypes.c_char_p
+        lib.vgpu_error_string.argtypes, lib.vgpu_error_string.restype = [i32], ctypes.c_char_p
         lib.vgpu_gate_close.argtypes, lib.vgpu_gate_close.restype = [i32, i32], i32
         lib.vgpu_gate_set.argtypes, lib.vgpu_gate_set.restype = [i32], None
         lib.vgpu_gate_open.argtypes, lib.vgpu_gate_open.restype = [], None
@@ -355,9 +369,26 @@ class VMM:
         return GateFigures(mode.value, waiting.value, since.value or None, total.value, bool(wanted.value))
 
     @property
+    def last_error(self) -> int:
+        """The calling thread's last error in the library (``CUresult``, or 900-904); each
+        thread has its own."""
+        return self._lib.vgpu_last_error()
+
+    @property
     def last_message(self) -> str:
-        """The library's last error, in words (what failed, and why)."""
+        """The library's words for the calling thread's last error (what failed, and why)."""
         return (self._lib.vgpu_last_message() or b"").decode(errors="replace")
+
+    def describe(self, code: int) -> tuple[str, str]:
+        """The name and the words of an error ``code`` the library returned: the library's
+        own (900-904), else the driver's (``cuGetErrorName``, ``cuGetErrorString``: the
+        driver the library loaded, asked only while the process is not suspended), else
+        the name the library knows; ``error <code>`` and "" where none knows it."""
+        name, text = self._lib.vgpu_error_name(code), self._lib.vgpu_error_string(code)
+        return (
+            name.decode(errors="replace") if name else f"error {code}",
+            text.decode(errors="replace") if text else "",
+        )
 
     @property
     def holds_every_call(self) -> bool:
@@ -374,7 +405,7 @@ class VMM:
         """
         rc = self._lib.vgpu_init(backend)
         if rc:
-            raise VMMError(rc, "choosing the allocator's backend")
+            self._raise(rc, "choosing the allocator's backend")
 
     @property
     def preloaded(self) -> bool:
@@ -471,11 +502,21 @@ class VMM:
         return self._lib.vgpu_mapped_bytes()
 
     def _raise(self, code: int, what: str):
-        raise (DeviceFull if code == OUT_OF_MEMORY else VMMError)(code, what)
+        """Raise the error of the library call this thread just made, which returned ``code``,
+        with the driver's name and words for it and the library's own (its last message)."""
+        name, text = self.describe(code)
+        detail = self.last_message if self.last_error == code else ""
+        raise (DeviceFull if code == OUT_OF_MEMORY else VMMError)(code, what, name, text, detail)
 
 
 _instance: VMM | None = None
 _lock = threading.Lock()
+
+
+def describe(code: int) -> tuple[str, str]:
+    """:meth:`VMM.describe` through the process's library where it is loaded; else
+    ``error <code>`` and ""."""
+    return _instance.describe(code) if _instance is not None else (f"error {code}", "")
 
 
 def load() -> VMM:

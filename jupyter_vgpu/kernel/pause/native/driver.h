@@ -46,7 +46,8 @@ typedef struct {
 typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 typedef struct { char reserved[64]; } CUipcMemHandle;
 
-/* The driver's errors the library returns or tests itself (name, number). */
+/* The driver's errors the library returns or tests itself (name, number). Their words
+ * come from the driver (cuGetErrorString), never from here. */
 #define VGPU_CUDA_ERRORS(X)           \
   X(CUDA_SUCCESS, 0)                  \
   X(CUDA_ERROR_INVALID_VALUE, 1)      \
@@ -120,6 +121,8 @@ enum { VGPU_CUDA_ERRORS(VGPU_ERROR_ENUM) };
   CALLED(cuEventDestroy_v2, 0, (CUevent event))                                                                       \
   CALLED(cuStreamIsCapturing, 0, (CUstream stream, int *status))                                                      \
   CALLED(cuStreamIsCapturing_ptsz, 0, (CUstream stream, int *status))                                                 \
+  CALLED(cuGetErrorName, 0, (CUresult error, const char **name))                                                      \
+  CALLED(cuGetErrorString, 0, (CUresult error, const char **text))                                                    \
   OURS(cuMemCreate, 1, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,           \
                         unsigned long long flags))                                                                    \
   OURS(cuMemRelease, 1, (CUmemGenericAllocationHandle handle))                                                        \

@@ -76,7 +76,7 @@ static CUresult alloc_sync(int device, uint64_t size, uint64_t *out) {
     r = seg_new(device, size, 0, &s);
     if (r == CUDA_SUCCESS) *out = s->ptr;
   }
-  if (r != CUDA_SUCCESS) set_error(r, "allocation");
+  if (r != CUDA_SUCCESS) set_error(r, "%llu bytes on device %d", (unsigned long long)size, device);
   pthread_mutex_unlock(&g_lock);
   return r;
 }

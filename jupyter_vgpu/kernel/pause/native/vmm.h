@@ -74,7 +74,9 @@ int seg_export_fd(uint64_t token); /* the descriptor of the CUDA IPC export name
 CUresult current_device(int *device); /* the calling thread's context's device */
 CUresult ensure_context(int device);
 
-void set_error(int code, const char *what); /* vgpu_last_error, vgpu_last_message */
+/* The calling thread's last error (vgpu_last_error, vgpu_last_message): code, and the
+ * library's words for what failed. Never calls the driver. */
+void set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* JUPYTER_VGPU_TRACE=1: a line on stderr for each step of the rarer paths (CUDA IPC), to
  * tell where a program waits or fails. */
@@ -184,6 +186,8 @@ uint64_t vgpu_mapped_bytes(void);
 int vgpu_backend(void);
 int vgpu_last_error(void);
 const char *vgpu_last_message(void);
+const char *vgpu_error_name(int code);
+const char *vgpu_error_string(int code);
 /* interpose.c */
 int vgpu_preloaded(void);
 int vgpu_stubs_available(void);
