@@ -269,6 +269,43 @@ def test_an_error_reads_as_the_drivers_name_and_words_with_the_librarys_own(nati
     assert engine == "resuming needs 8 free bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
 
 
+def test_two_threads_read_their_own_last_errors(native):
+    """Two threads fail at once, differently; each then reads its own error, not the one
+    the other made last, and a third thread's stays as it was."""
+    got = run(
+        native,
+        """
+        import threading
+        start()
+        A = _vmm.load()
+        A.init(_vmm.CUDA)
+        ptr = A.malloc(2 * 2**20)
+        both_failed = threading.Barrier(2, timeout=10)
+        seen = {}
+
+        def fail(name, call):
+            try:
+                call()
+            except _vmm.VMMError as e:
+                raised = [e.code, e.name, e.detail]
+            both_failed.wait()
+            seen[name] = [*raised, A.last_error, A.last_message]
+
+        threads = [threading.Thread(target=fail, args=("unknown", lambda: A.unmap(0x1000))),
+                   threading.Thread(target=fail, args=("mapped", lambda: A.map(ptr)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        print(json.dumps({**seen, "ptr": ptr, "mine": [A.last_error, A.last_message]}))
+        """,
+    )
+    unknown, mapped = "releasing the unit at 0x1000", f"mapping the unit at {got['ptr']:#x}: mapped already"
+    assert got["unknown"] == [901, "VGPU_ERROR_UNKNOWN_POINTER", unknown, 901, unknown]
+    assert got["mapped"] == [902, "VGPU_ERROR_BAD_STATE", mapped, 902, mapped]
+    assert got["mine"] == [0, ""]
+
+
 def test_small_allocations_share_chunks_and_keep_their_own_ranges(native):
     got = run(
         native,
