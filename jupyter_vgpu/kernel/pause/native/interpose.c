@@ -123,15 +123,7 @@ static size_t g_ndeferred = 0, g_cap_deferred = 0;
 
 static CUresult defer_free(uint64_t ptr) {
   pthread_mutex_lock(&g_lock);
-  if (g_ndeferred == g_cap_deferred) {
-    size_t cap = g_cap_deferred ? 2 * g_cap_deferred : 64;
-    uint64_t *grown = realloc(g_deferred, cap * sizeof *grown);
-    if (grown) {
-      g_deferred = grown;
-      g_cap_deferred = cap;
-    }
-  }
-  int kept = g_ndeferred < g_cap_deferred;
+  int kept = VGPU_ROOM(g_deferred, g_ndeferred, g_cap_deferred, 64);
   if (kept) g_deferred[g_ndeferred++] = ptr;
   pthread_mutex_unlock(&g_lock);
   return kept ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -154,12 +146,7 @@ static size_t g_nmanaged = 0, g_cap_managed = 0;
 
 static void note_managed(uint64_t ptr, uint64_t size) {
   pthread_mutex_lock(&g_lock);
-  if (g_nmanaged == g_cap_managed) {
-    size_t cap = g_cap_managed ? 2 * g_cap_managed : 64;
-    Managed *grown = realloc(g_managed, cap * sizeof *grown);
-    if (grown) { g_managed = grown; g_cap_managed = cap; }
-  }
-  if (g_nmanaged < g_cap_managed) {
+  if (VGPU_ROOM(g_managed, g_nmanaged, g_cap_managed, 64)) {
     g_managed[g_nmanaged].ptr = ptr;
     g_managed[g_nmanaged++].size = size;
     g_managed_bytes += size;

@@ -316,15 +316,7 @@ CUresult ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle) {
     return r;
   }
   pthread_mutex_lock(&g_lock);
-  if (g_nimports == g_cap_imports) {
-    size_t cap = g_cap_imports ? 2 * g_cap_imports : 16;
-    Import *grown = realloc(g_imports, cap * sizeof *grown);
-    if (grown) {
-      g_imports = grown;
-      g_cap_imports = cap;
-    }
-  }
-  if (g_nimports < g_cap_imports) {
+  if (VGPU_ROOM(g_imports, g_nimports, g_cap_imports, 16)) {
     Import imp = {b.pid, b.token, va, b.size, real, 1};
     g_imports[g_nimports++] = imp;
     g_imported_bytes += b.size;

@@ -242,13 +242,7 @@ static Segment *seg_at(uint64_t ptr) {
 }
 
 static int insert(Segment *s) {
-  if (g_count == g_capacity) {
-    size_t cap = g_capacity ? 2 * g_capacity : 256;
-    Segment **grown = realloc(g_segments, cap * sizeof *grown);
-    if (!grown) return 0;
-    g_segments = grown;
-    g_capacity = cap;
-  }
+  if (!VGPU_ROOM(g_segments, g_count, g_capacity, 256)) return 0;
   size_t i = upper(s->ptr);
   memmove(g_segments + i + 1, g_segments + i, (g_count - i) * sizeof *g_segments);
   g_segments[i] = s;
@@ -492,12 +486,9 @@ typedef struct {
 
 static void note_run(void *ctx, uint64_t va, uint64_t size, const CUmemAccessDesc *access, int count) {
   Runs *rs = ctx;
-  if (rs->n == rs->cap) {
-    size_t cap = rs->cap ? 2 * rs->cap : 256;
-    Run *grown = realloc(rs->runs, cap * sizeof *grown);
-    if (!grown) { rs->failed = 1; return; }
-    rs->runs = grown;
-    rs->cap = cap;
+  if (!VGPU_ROOM(rs->runs, rs->n, rs->cap, 256)) {
+    rs->failed = 1;
+    return;
   }
   Run *r = &rs->runs[rs->n++];
   r->va = va;

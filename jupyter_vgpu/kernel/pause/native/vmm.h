@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include "driver.h"
@@ -83,6 +84,24 @@ void set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
 void vgpu_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define MAX_ACCESS 8 /* locations whose access a mapping keeps */
+
+/* 1 when the growing array `array` of `count` items, with room for `cap`, has room for one
+ * more, doubling it when full (`first` items the first time); 0 when memory ran out, the
+ * array left as it was. */
+#define VGPU_ROOM(array, count, cap, first)                                 \
+  __extension__({                                                           \
+    int room_ = (count) < (cap);                                            \
+    if (!room_) {                                                           \
+      size_t want_ = (cap) ? 2 * (size_t)(cap) : (size_t)(first);           \
+      __typeof__(array) grown_ = realloc((array), want_ * sizeof *(array)); \
+      if (grown_) {                                                         \
+        (array) = grown_;                                                   \
+        (cap) = want_;                                                      \
+        room_ = 1;                                                          \
+      }                                                                     \
+    }                                                                       \
+    room_;                                                                  \
+  })
 
 /* Flags of the units the engine pauses (vgpu_units). */
 #define UNIT_MAPPED 1
