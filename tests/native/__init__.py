@@ -4,50 +4,39 @@ preloads the allocator over them."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 from jupyter_vgpu.kernel.pause import vmm
+from jupyter_vgpu.testing import preloaded
 
 HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
 
 
 def build(directory: Path) -> Path:
-    """Compile the stand-ins into ``directory`` as ``libcuda.so.1`` and ``libcudart.so.13``."""
+    """Compile the stand-ins into ``directory`` as ``libcuda.so.1`` and ``libcudart.so.13``,
+    with the library's flags (every warning an error) and its ``driver.h``, whose table
+    holds the driver stand-in's functions to the signatures the library calls."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     directory.mkdir(parents=True, exist_ok=True)
     for source, name in (("fake_cuda.c", "libcuda.so.1"), ("fake_cudart.c", "libcudart.so.13")):
-        subprocess.run(
-            [
-                compiler,
-                "-O2",
-                "-shared",
-                "-fPIC",
-                "-o",
-                str(directory / name),
-                str(HERE / source),
-                "-ldl",
-                "-lpthread",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        command = [*vmm.compile_command(compiler, str(directory / name), (HERE / source,)), f"-I{vmm.NATIVE}"]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise AssertionError(f"building {source} failed:\n{result.stderr}")
     return directory
+
+
+def _first_on_library_path(directory: Path) -> dict[str, str]:
+    return {"LD_LIBRARY_PATH": os.pathsep.join([str(directory), os.environ.get("LD_LIBRARY_PATH", "")])}
 
 
 def environment(directory: Path, **extra: str) -> dict[str, str]:
     """A process environment that preloads the allocator over the stand-ins in ``directory``."""
-    env = vmm.preload_environment(dict(os.environ))
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([str(directory), env.get("LD_LIBRARY_PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.update(extra)
-    return env
+    return preloaded.environment(**{**_first_on_library_path(directory), **extra})
 
 
 PRELUDE = """
@@ -85,14 +74,5 @@ def run(directory: Path, code: str, timeout: float = 60, **extra: str) -> dict:
     """Run :data:`PRELUDE` and ``code`` (dedented) in a preloaded process over the
     stand-ins; return the JSON object it printed last. Fails with its output when it
     exits non-zero."""
-    result = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-        env=environment(directory, **extra),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    env = {**_first_on_library_path(directory), **extra}
+    return preloaded.run(PRELUDE + textwrap.dedent(code), timeout, **env)

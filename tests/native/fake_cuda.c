@@ -24,19 +24,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUhandle;
-typedef struct { int type; int id; } CUmemLocation;
-typedef struct {
-  int type;
-  int requestedHandleTypes;
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  unsigned char allocFlags[8];
-} CUmemAllocationProp;
-typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
-typedef struct { char reserved[64]; } CUipcMemHandle;
+/* The library's view of the driver: its types, and the prototypes of every entry point
+ * of its table, so that each function here has the signature the library calls. */
+#include "driver.h"
+VGPU_DRIVER_ENTRIES(VGPU_DRIVER_PROTO, VGPU_DRIVER_PROTO, VGPU_DRIVER_PROTO_HELD)
+CUresult cuDriverGetVersion(int *v);
+CUresult cuDeviceGetCount(int *n);
+CUresult cuMemAlloc(CUdeviceptr *dptr, unsigned int size);
+
+/* The tests' controls. */
+uint64_t fake_cuda_used(void);
+void fake_cuda_hold_events(int on);
+void fake_cuda_capture(int on);
+void fake_cuda_limit(uint64_t bytes);
+uint64_t fake_cuda_set_access_calls(void);
+
+typedef CUmemGenericAllocationHandle CUhandle;
 
 #define OK 0
 #define INVALID_VALUE 1
@@ -396,9 +399,33 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { memcpy((void 
 CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr s, size_t n) { memcpy(h, (void *)(uintptr_t)s, n); return OK; }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
 
+/* ---- errors -------------------------------------------------------------------------- */
+/* The driver's names and words for the errors the stand-in returns. */
+static const struct { CUresult code; const char *name, *text; } errors[] = {
+    {OK, "CUDA_SUCCESS", "no error"},
+    {INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+};
+
+static CUresult error_entry(CUresult code, const char **out, int text) {
+  for (size_t i = 0; i < sizeof errors / sizeof *errors; i++)
+    if (errors[i].code == code) {
+      *out = text ? errors[i].text : errors[i].name;
+      return OK;
+    }
+  *out = NULL;
+  return INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult code, const char **name) { return error_entry(code, name, 0); }
+CUresult cuGetErrorString(CUresult code, const char **text) { return error_entry(code, text, 1); }
+
 /* ---- cuGetProcAddress --------------------------------------------------------------- */
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 
 /* The driver's own table: a lookup never goes through dlsym (which the library wraps). */
 #define E(name) {#name, (void *)name}
@@ -415,7 +442,8 @@ static const struct { const char *name; void *fn; } table[] = {
     E(cuStreamIsCapturing_ptsz), E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool), E(cuMemAllocAsync),
     E(cuMemAllocAsync_ptsz), E(cuMemAllocFromPoolAsync), E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFreeAsync),
     E(cuMemFreeAsync_ptsz), E(cuMemPoolTrimTo), E(cuMemPoolGetAttribute), E(cuMemPoolSetAttribute),
-    E(cuLaunchKernel), E(cuMemcpyHtoD_v2), E(cuMemcpyDtoH_v2), E(cuMemsetD8_v2),
+    E(cuLaunchKernel), E(cuMemcpyHtoD_v2), E(cuMemcpyDtoH_v2), E(cuMemsetD8_v2), E(cuGetErrorName),
+    E(cuGetErrorString),
 };
 #undef E
 

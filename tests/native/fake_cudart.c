@@ -13,6 +13,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+int cudaRuntimeGetVersion(int *v);
+int cudaGetDevice(int *d);
+int cudaSetDevice(int d);
+int cudaMalloc(void **p, size_t size);
+int cudaFree(void *p);
+int cudaMallocAsync(void **p, size_t size, void *stream);
+int cudaFreeAsync(void *p, void *stream);
+int cudaMallocManaged(void **p, size_t size, unsigned int flags);
+int cudaIpcGetMemHandle(void *handle, void *p);
+int cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version, unsigned long long flags,
+                                     int *status);
+
 typedef int (*proc_fn)(const char *, void **, int, unsigned long long, int *);
 
 static struct {

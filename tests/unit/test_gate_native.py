@@ -127,7 +127,8 @@ print(json.dumps({"returned": returned, "kept while away": kept, "freed once bac
 
 def test_a_way_back_that_failed_ends_the_wait_with_an_error(native):
     """When the kernel cannot come back (no room before the arbiter's timeout), the held
-    call returns CUDA_ERROR_OUT_OF_MEMORY, and the library's last message says why."""
+    call returns CUDA_ERROR_OUT_OF_MEMORY, and the library's last message in the thread
+    that made it says why (in that thread only: each thread has its own last error)."""
     got = run(
         native,
         HELD
@@ -135,15 +136,24 @@ def test_a_way_back_that_failed_ends_the_wait_with_an_error(native):
 launch = launcher(False)
 vmm.gate_close(_vmm.PAUSED)
 params = (ctypes.c_void_p * 1)(ptr)
-t, out = in_thread(lambda: launch(write(7), 1, 1, 1, 1, 1, 1, 0, None, params, None))
+
+def held():
+    rc = launch(write(7), 1, 1, 1, 1, 1, 1, 0, None, params, None)
+    return rc, vmm.last_error, vmm.last_message
+
+t, out = in_thread(held)
 time.sleep(0.2)
 vmm.gate_fail("no room on the GPU for 600 s")
 t.join(10)
-print(json.dumps({"rc": out.get("rc"), "message": vmm.last_message}))
+rc, code, message = out["rc"]
+print(json.dumps({"rc": rc, "code": code, "message": message, "named": vmm.describe(rc),
+                  "the closing thread's": [vmm.last_error, vmm.last_message]}))
 """,
     )
-    assert got["rc"] == 2
-    assert "no room on the GPU" in got["message"]
+    assert got["rc"] == got["code"] == 2
+    assert got["message"] == "no room on the GPU for 600 s"
+    assert got["named"] == ["CUDA_ERROR_OUT_OF_MEMORY", "out of memory"]  # the driver's words
+    assert got["the closing thread's"] == [0, ""]
 
 
 def test_closing_waits_for_the_calls_already_in_the_driver(native):

@@ -225,6 +225,87 @@ def test_units_come_back_all_or_none_with_one_access_call_per_run(native):
     assert got["mapped"]
 
 
+def test_an_error_reads_as_the_drivers_name_and_words_with_the_librarys_own(native):
+    """A failed call names its error as the driver does (cuGetErrorName, cuGetErrorString,
+    through the driver the library loaded), and says what the library was doing."""
+    got = run(
+        native,
+        """
+        start()
+        A = _vmm.load()
+        A.init(_vmm.CUDA)
+        out = {}
+        cuda.fake_cuda_limit(u64(2**20))  # no room for a segment
+        try:
+            A.malloc(4 * 2**20)
+        except _vmm.DeviceFull as e:
+            out["full"] = [str(e), e.code, e.name, e.text, e.detail]
+        cuda.fake_cuda_limit(u64(0))
+        try:
+            A.unmap(0x1000)
+        except _vmm.VMMError as e:
+            out["own"] = str(e)
+        out["only the driver knows"] = A.describe(101)
+        out["nobody knows"] = A.describe(12345)
+        out["raised by the engine"] = str(_vmm.DeviceFull(2, "resuming needs 8 free bytes"))
+        print(json.dumps(out))
+        """,
+    )
+    assert got["full"] == [
+        "allocating 4194304 bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+        " (a segment of 4194304 bytes on device 0)",
+        2,
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "out of memory",
+        "a segment of 4194304 bytes on device 0",
+    ]
+    assert got["own"] == (
+        "pausing the segment at 0x1000: VGPU_ERROR_UNKNOWN_POINTER: no segment starts at that address"
+        " (releasing the unit at 0x1000)"
+    )
+    assert got["only the driver knows"] == ["CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"]
+    assert got["nobody knows"] == ["error 12345", ""]
+    engine = got["raised by the engine"]
+    assert engine == "resuming needs 8 free bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+
+
+def test_two_threads_read_their_own_last_errors(native):
+    """Two threads fail at once, differently; each then reads its own error, not the one
+    the other made last, and a third thread's stays as it was."""
+    got = run(
+        native,
+        """
+        import threading
+        start()
+        A = _vmm.load()
+        A.init(_vmm.CUDA)
+        ptr = A.malloc(2 * 2**20)
+        both_failed = threading.Barrier(2, timeout=10)
+        seen = {}
+
+        def fail(name, call):
+            try:
+                call()
+            except _vmm.VMMError as e:
+                raised = [e.code, e.name, e.detail]
+            both_failed.wait()
+            seen[name] = [*raised, A.last_error, A.last_message]
+
+        threads = [threading.Thread(target=fail, args=("unknown", lambda: A.unmap(0x1000))),
+                   threading.Thread(target=fail, args=("mapped", lambda: A.map(ptr)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        print(json.dumps({**seen, "ptr": ptr, "mine": [A.last_error, A.last_message]}))
+        """,
+    )
+    unknown, mapped = "releasing the unit at 0x1000", f"mapping the unit at {got['ptr']:#x}: mapped already"
+    assert got["unknown"] == [901, "VGPU_ERROR_UNKNOWN_POINTER", unknown, 901, unknown]
+    assert got["mapped"] == [902, "VGPU_ERROR_BAD_STATE", mapped, 902, mapped]
+    assert got["mine"] == [0, ""]
+
+
 def test_small_allocations_share_chunks_and_keep_their_own_ranges(native):
     got = run(
         native,

@@ -25,26 +25,24 @@ from pathlib import Path
 from ..cache import cache_dir
 
 NATIVE = Path(__file__).with_name("native")
-#: The library's C sources, compiled together (``vmm.h`` is their shared header).
+#: The library's C sources, compiled together (``vmm.h`` is their internal header,
+#: ``driver.h`` the driver's types and the table of its entry points).
 SOURCES = tuple(
     NATIVE / name
     for name in ("vmm.c", "handles.c", "arena.c", "ipc.c", "interpose.c", "held.c", "gate.c", "stubs.S")
 )
-HEADERS = tuple(NATIVE / name for name in ("vmm.h", "held.h", "interpose.h", "stubs.h"))
+HEADERS = tuple(NATIVE / name for name in ("vmm.h", "driver.h", "stubs.h"))
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
+#: How the library is compiled, wherever it is built (install, first use, tests): every
+#: warning is an error, so a prototype out of step with its definition, a function
+#: another file declares by hand, or an unused parameter stops the build.
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror", "-shared", "-fPIC")
+LIBS = ("-ldl", "-lpthread")
 
 #: Backends of :meth:`VMM.init`.
 CUDA, HOST = 1, 2
 #: ``vgpu_map`` found no room on the device (``CUDA_ERROR_OUT_OF_MEMORY``).
 OUT_OF_MEMORY = 2
-
-_ERRORS = {
-    900: "the allocator is not initialised",
-    901: "no segment starts at that address",
-    902: "the segment is not in the state the call needs",
-    903: "the CUDA driver (libcuda.so.1) cannot be opened or initialised",
-    904: "a host memory call failed",
-}
 
 
 class VMMUnavailable(RuntimeError):
@@ -52,16 +50,36 @@ class VMMUnavailable(RuntimeError):
 
 
 class VMMError(RuntimeError):
-    """A call of the library failed.
+    """A call of the library failed. Its message reads ``what: NAME: words (the library's
+    words)``, e.g. ``resuming the segment at 0x7f3a00000000: CUDA_ERROR_OUT_OF_MEMORY: out
+    of memory (mapping the unit at 0x7f3a00000000)``.
+
+    Args:
+        code: see the attribute.
+        what: what the caller was doing.
+        name, text: the error's name and words; by default the loaded library's
+            (:meth:`VMM.describe`), which asks the driver.
+        detail: the library's own words for this failure (``vgpu_last_message``).
 
     Attributes:
         code: the CUDA driver error (``CUresult``) or one of the library's own (900-904).
+        name: ``CUDA_ERROR_OUT_OF_MEMORY`` (``cuGetErrorName``), or the library's own
+            ``VGPU_ERROR_...``; ``error <code>`` where nothing knows the code.
+        text: ``out of memory`` (``cuGetErrorString``), or the library's own words; ""
+            where nothing knows them.
+        detail: the library's words, or "".
     """
 
-    def __init__(self, code: int, what: str):
-        reason = _ERRORS.get(code, f"CUDA driver error {code}")
-        super().__init__(f"{what}: {reason}")
-        self.code = code
+    def __init__(
+        self, code: int, what: str, name: str | None = None, text: str | None = None, detail: str = ""
+    ):
+        if name is None or text is None:
+            known_name, known_text = describe(code)
+            name = known_name if name is None else name
+            text = known_text if text is None else text
+        self.code, self.what, self.name, self.text, self.detail = code, what, name, text, detail
+        message = f"{what}: {name}: {text}" if text else f"{what}: {name}"
+        super().__init__(f"{message} ({detail})" if detail else message)
 
 
 class DeviceFull(VMMError):
@@ -167,14 +185,22 @@ class Figures:
         return self.pausable + self.unpausable + self.async_cached
 
 
+def compile_command(compiler: str, target: str, sources: tuple[Path, ...] = SOURCES) -> list[str]:
+    """The command that compiles ``sources`` into the shared library ``target``
+    (:data:`CFLAGS`)."""
+    return [compiler, *CFLAGS, "-o", target, *map(str, sources), *LIBS]
+
+
 def build(target: Path, sources: tuple[Path, ...] = SOURCES) -> Path:
-    """Compile ``sources`` into the shared library ``target`` with the system C compiler.
+    """Compile ``sources`` into the shared library ``target`` with the system C compiler,
+    every warning an error (:data:`CFLAGS`).
 
     ``-O2`` matters beyond speed: the library's ``dlsym`` must end in a sibling call to
     glibc's, so that glibc resolves ``RTLD_NEXT`` and ``RTLD_DEFAULT`` for its caller.
 
     Raises:
-        VMMUnavailable: no compiler (``$CC``, ``cc``, ``gcc``) or the build failed.
+        VMMUnavailable: no compiler (``$CC``, ``cc``, ``gcc``) or the build failed (the
+            compiler's first complaint in the message).
     """
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
@@ -182,7 +208,7 @@ def build(target: Path, sources: tuple[Path, ...] = SOURCES) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, *map(str, sources), "-ldl", "-lpthread"]
+    cmd = compile_command(compiler, tmp, sources)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         os.unlink(tmp)
@@ -203,7 +229,8 @@ def library_path() -> Path:
     newest = max(p.stat().st_mtime for p in (*SOURCES, *HEADERS))
     if packaged.exists() and packaged.stat().st_mtime >= newest:
         return packaged
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))).hexdigest()[:16]
+    flags = " ".join((*CFLAGS, *LIBS)).encode()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + flags).hexdigest()[:16]
     cached = cache_dir() / f"vmm-{digest}.so"
     return cached if cached.exists() else build(cached)
 
@@ -244,7 +271,6 @@ class VMM:
         lib = self._lib = ctypes.CDLL(str(path))
         u64, i32, sz = ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t
         lib.vgpu_init.argtypes, lib.vgpu_init.restype = [i32], i32
-        lib.vgpu_set_limit.argtypes, lib.vgpu_set_limit.restype = [u64], None
         lib.vgpu_malloc.argtypes = [ctypes.c_ssize_t, i32, ctypes.c_void_p]
         lib.vgpu_malloc.restype = ctypes.c_void_p
         lib.vgpu_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, i32, ctypes.c_void_p]
@@ -262,12 +288,13 @@ class VMM:
         lib.vgpu_units.restype = sz
         lib.vgpu_figures.argtypes, lib.vgpu_figures.restype = [ctypes.POINTER(u64), sz], sz
         lib.vgpu_collect.argtypes, lib.vgpu_collect.restype = [], None
-        for name in ("vgpu_mapped_bytes", "vgpu_paused_bytes"):
-            getattr(lib, name).restype = u64
-        lib.vgpu_backend.restype = i32
-        lib.vgpu_preloaded.restype = i32
-        lib.vgpu_last_error.restype = i32
-        lib.vgpu_last_message.restype = ctypes.c_char_p
+        lib.vgpu_mapped_bytes.argtypes, lib.vgpu_mapped_bytes.restype = [], u64
+        lib.vgpu_backend.argtypes, lib.vgpu_backend.restype = [], i32
+        lib.vgpu_preloaded.argtypes, lib.vgpu_preloaded.restype = [], i32
+        lib.vgpu_last_error.argtypes, lib.vgpu_last_error.restype = [], i32
+        lib.vgpu_last_message.argtypes, lib.vgpu_last_message.restype = [], ctypes.c_char_p
+        lib.vgpu_error_name.argtypes, lib.vgpu_error_name.restype = [i32], ctypes.c_char_p
+        lib.vgpu_error_string.argtypes, lib.vgpu_error_string.restype = [i32], ctypes.c_char_p
         lib.vgpu_gate_close.argtypes, lib.vgpu_gate_close.restype = [i32, i32], i32
         lib.vgpu_gate_set.argtypes, lib.vgpu_gate_set.restype = [i32], None
         lib.vgpu_gate_open.argtypes, lib.vgpu_gate_open.restype = [], None
@@ -282,7 +309,7 @@ class VMM:
             ctypes.POINTER(i32),
         ]
         lib.vgpu_gate_figures.restype = None
-        lib.vgpu_stubs_available.restype = i32
+        lib.vgpu_stubs_available.argtypes, lib.vgpu_stubs_available.restype = [], i32
 
     # -- the gate (gate.c): no thread's GPU call reaches memory that is away -------------
 
@@ -342,9 +369,26 @@ class VMM:
         return GateFigures(mode.value, waiting.value, since.value or None, total.value, bool(wanted.value))
 
     @property
+    def last_error(self) -> int:
+        """The calling thread's last error in the library (``CUresult``, or 900-904); each
+        thread has its own."""
+        return self._lib.vgpu_last_error()
+
+    @property
     def last_message(self) -> str:
-        """The library's last error, in words (what failed, and why)."""
+        """The library's words for the calling thread's last error (what failed, and why)."""
         return (self._lib.vgpu_last_message() or b"").decode(errors="replace")
+
+    def describe(self, code: int) -> tuple[str, str]:
+        """The name and the words of an error ``code`` the library returned: the library's
+        own (900-904), else the driver's (``cuGetErrorName``, ``cuGetErrorString``: the
+        driver the library loaded, asked only while the process is not suspended), else
+        the name the library knows; ``error <code>`` and "" where none knows it."""
+        name, text = self._lib.vgpu_error_name(code), self._lib.vgpu_error_string(code)
+        return (
+            name.decode(errors="replace") if name else f"error {code}",
+            text.decode(errors="replace") if text else "",
+        )
 
     @property
     def holds_every_call(self) -> bool:
@@ -361,7 +405,7 @@ class VMM:
         """
         rc = self._lib.vgpu_init(backend)
         if rc:
-            raise VMMError(rc, "choosing the allocator's backend")
+            self._raise(rc, "choosing the allocator's backend")
 
     @property
     def preloaded(self) -> bool:
@@ -373,10 +417,6 @@ class VMM:
     def backend(self) -> int:
         """:data:`CUDA`, :data:`HOST`, or 0 before :meth:`init`."""
         return self._lib.vgpu_backend()
-
-    def set_limit(self, nbytes: int) -> None:
-        """Refuse new segments past ``nbytes`` mapped bytes (0: no limit)."""
-        self._lib.vgpu_set_limit(nbytes)
 
     def malloc(self, nbytes: int, device: int = 0) -> int:
         """A new mapped segment of at least ``nbytes``; its address.
@@ -461,17 +501,22 @@ class VMM:
         """Bytes with physical memory behind them."""
         return self._lib.vgpu_mapped_bytes()
 
-    @property
-    def paused_bytes(self) -> int:
-        """Bytes of paused segments (reserved addresses, no physical memory)."""
-        return self._lib.vgpu_paused_bytes()
-
     def _raise(self, code: int, what: str):
-        raise (DeviceFull if code == OUT_OF_MEMORY else VMMError)(code, what)
+        """Raise the error of the library call this thread just made, which returned ``code``,
+        with the driver's name and words for it and the library's own (its last message)."""
+        name, text = self.describe(code)
+        detail = self.last_message if self.last_error == code else ""
+        raise (DeviceFull if code == OUT_OF_MEMORY else VMMError)(code, what, name, text, detail)
 
 
 _instance: VMM | None = None
 _lock = threading.Lock()
+
+
+def describe(code: int) -> tuple[str, str]:
+    """:meth:`VMM.describe` through the process's library where it is loaded; else
+    ``error <code>`` and ""."""
+    return _instance.describe(code) if _instance is not None else (f"error {code}", "")
 
 
 def load() -> VMM:

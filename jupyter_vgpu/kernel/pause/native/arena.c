@@ -162,16 +162,6 @@ static CUmemoryPool g_default_pool[MAX_DEVICES];
 static uint64_t g_live[MAX_DEVICES], g_cached[MAX_DEVICES], g_high_used[MAX_DEVICES],
     g_high_reserved[MAX_DEVICES];
 
-static int grow(void **array, size_t *cap, size_t count, size_t item) {
-  if (count < *cap) return 1;
-  size_t n = *cap ? 2 * *cap : 64;
-  void *grown = realloc(*array, n * item);
-  if (!grown) return 0;
-  *array = grown;
-  *cap = n;
-  return 1;
-}
-
 static CUmemoryPool default_pool(int device) {
   if (device < 0 || device >= MAX_DEVICES || !drv.cuDeviceGetDefaultMemPool) return NULL;
   if (!g_default_pool[device]) {
@@ -187,17 +177,6 @@ static int device_of_pool(CUmemoryPool pool) {
   return -1;
 }
 
-int async_pool_is_ours(CUmemoryPool pool) {
-  pthread_mutex_lock(&g_lock);
-  int d = device_of_pool(pool);
-  if (d < 0) { /* not looked up yet: the current device's? */
-    int dev;
-    if (current_device(&dev) == CUDA_SUCCESS && default_pool(dev) == pool) d = dev;
-  }
-  pthread_mutex_unlock(&g_lock);
-  return d >= 0;
-}
-
 static void note_high(int d) {
   if (d < 0 || d >= MAX_DEVICES) return;
   if (g_live[d] > g_high_used[d]) g_high_used[d] = g_live[d];
@@ -211,7 +190,7 @@ static int capturing(CUstream stream, int ptsz) {
 }
 
 static void let_through(uint64_t ptr, uint64_t size) {
-  if (grow((void **)&g_through, &g_cap_through, g_nthrough, sizeof *g_through)) {
+  if (VGPU_ROOM(g_through, g_nthrough, g_cap_through, 64)) {
     g_through[g_nthrough].ptr = ptr;
     g_through[g_nthrough++].size = size;
     g_passthrough_bytes += size;
@@ -241,7 +220,7 @@ static void reclaim(uint64_t ptr, int release) {
   int d = s->device < MAX_DEVICES ? s->device : 0;
   g_live[d] -= s->size;
   g_async_live_bytes -= s->size;
-  if (release || !s->mapped || !grow((void **)&g_cache, &g_cap_cache, g_ncache, sizeof *g_cache)) {
+  if (release || !s->mapped || !VGPU_ROOM(g_cache, g_ncache, g_cap_cache, 64)) {
     seg_delete(s);
     return;
   }
@@ -296,7 +275,7 @@ void async_collect(int release) {
   }
 }
 
-CUresult async_alloc(uint64_t *out, size_t size, CUstream stream, int ptsz) {
+CUresult async_alloc(uint64_t *out, size_t size) {
   if (!out) return CUDA_ERROR_INVALID_VALUE;
   int device;
   CUresult r = current_device(&device);
@@ -345,7 +324,7 @@ CUresult async_free(uint64_t ptr, CUstream stream, int ptsz) {
     return CUDA_ERROR_NOT_FOUND;
   }
   CUresult r = CUDA_SUCCESS;
-  if (grow((void **)&g_pending, &g_cap_pending, g_npending, sizeof *g_pending)) {
+  if (VGPU_ROOM(g_pending, g_npending, g_cap_pending, 64)) {
     Pending p = {ptr, NULL};
     if (!capturing(stream, ptsz)) {
       CUresult (*record)(CUevent, CUstream) = ptsz ? drv.cuEventRecord_ptsz : drv.cuEventRecord;

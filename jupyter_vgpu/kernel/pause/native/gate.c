@@ -56,6 +56,7 @@ static pthread_once_t g_cond_once = PTHREAD_ONCE_INIT;
 static int g_wanted_fd = -1;
 static int g_wanted = 0;        /* the way back was asked for in this away period */
 static CUresult g_failed = 0;   /* the way back failed: held calls return this */
+static char g_failed_why[256];  /* and leave this as their thread's last message */
 static long g_waiting = 0;      /* threads waiting now */
 static uint64_t g_waiting_since_ns = 0, g_held_total = 0;
 
@@ -119,7 +120,10 @@ static CUresult wait_here(int suspended_only) {
     pthread_cond_wait(&g_gate_cond, &g_gate_lock);
   }
   g_waiting--;
+  char why[sizeof g_failed_why];
+  if (r) memcpy(why, g_failed_why, sizeof why);
   pthread_mutex_unlock(&g_gate_lock);
+  if (r) set_error(r, "%s", why);
   if (gil) py_restore(gil);
   return r;
 }
@@ -229,12 +233,12 @@ void vgpu_gate_open(void) {
 }
 
 /* The way back failed: every call held in this away period returns `code`, and so does
- * every one made before the gate opens; `why` is the message they leave. */
+ * every one made before the gate opens; `why` is the message each leaves in its thread. */
 void vgpu_gate_fail(int code, const char *why) {
   pthread_once(&g_cond_once, make_cond);
   pthread_mutex_lock(&g_gate_lock);
   g_failed = code ? code : CUDA_ERROR_OUT_OF_MEMORY;
-  set_error(g_failed, why && *why ? why : "bringing the kernel back");
+  snprintf(g_failed_why, sizeof g_failed_why, "%s", why && *why ? why : "bringing the kernel back failed");
   pthread_cond_broadcast(&g_gate_cond);
   pthread_mutex_unlock(&g_gate_lock);
 }

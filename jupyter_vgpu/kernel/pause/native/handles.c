@@ -108,13 +108,7 @@ static Mapping *map_containing(uint64_t addr) {
 }
 
 static int add_map(Mapping m) {
-  if (g_nmaps == g_cap_maps) {
-    size_t cap = g_cap_maps ? 2 * g_cap_maps : 256;
-    Mapping *grown = realloc(g_maps, cap * sizeof *grown);
-    if (!grown) return 0;
-    g_maps = grown;
-    g_cap_maps = cap;
-  }
+  if (!VGPU_ROOM(g_maps, g_nmaps, g_cap_maps, 256)) return 0;
   size_t i = lower_map(m.va);
   memmove(g_maps + i + 1, g_maps + i, (g_nmaps - i) * sizeof *g_maps);
   g_maps[i] = m;
@@ -124,12 +118,11 @@ static int add_map(Mapping m) {
 
 /* ---- the wrapped entry points ------------------------------------------------------ */
 
-CUresult handles_create(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
-                        unsigned long long flags) {
-  if (!out || !prop) return CUDA_ERROR_INVALID_VALUE;
-  CUmemGenericAllocationHandle real;
-  CUresult r = drv.cuMemCreate(&real, size, prop, flags);
-  if (r != CUDA_SUCCESS) return r;
+/* A handle of ours for the driver's allocation real, which the caller holds one reference
+ * to: size 0 when unknown (imported). The driver's reference is released if none can be
+ * made. */
+static CUresult adopt(CUmemGenericAllocationHandle real, uint64_t size, const CUmemAllocationProp *prop,
+                      int imported, CUmemGenericAllocationHandle *out) {
   pthread_mutex_lock(&g_lock);
   uint32_t slot;
   if (!new_alloc(&slot)) {
@@ -142,9 +135,19 @@ CUresult handles_create(CUmemGenericAllocationHandle *out, size_t size, const CU
   a->size = size;
   a->prop = *prop;
   a->refs = 1;
+  a->imported = imported;
   *out = tag(slot);
   pthread_mutex_unlock(&g_lock);
   return CUDA_SUCCESS;
+}
+
+CUresult handles_create(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
+                        unsigned long long flags) {
+  if (!out || !prop) return CUDA_ERROR_INVALID_VALUE;
+  CUmemGenericAllocationHandle real;
+  CUresult r = drv.cuMemCreate(&real, size, prop, flags);
+  if (r != CUDA_SUCCESS) return r;
+  return adopt(real, size, prop, 0, out);
 }
 
 CUresult handles_release(CUmemGenericAllocationHandle h) {
@@ -277,21 +280,7 @@ CUresult handles_import(CUmemGenericAllocationHandle *out, void *os_handle, int 
   CUmemAllocationProp prop;
   memset(&prop, 0, sizeof prop);
   if (drv.cuMemGetAllocationPropertiesFromHandle) drv.cuMemGetAllocationPropertiesFromHandle(&prop, real);
-  pthread_mutex_lock(&g_lock);
-  uint32_t slot;
-  if (!new_alloc(&slot)) {
-    pthread_mutex_unlock(&g_lock);
-    drv.cuMemRelease(real);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  Alloc *a = &g_allocs[slot];
-  a->real = real;
-  a->prop = prop;
-  a->refs = 1;
-  a->imported = 1;
-  *out = tag(slot);
-  pthread_mutex_unlock(&g_lock);
-  return CUDA_SUCCESS;
+  return adopt(real, 0, &prop, 1, out);
 }
 
 /* ---- units for the engine (the lock is held by the caller) ------------------------- */
@@ -399,12 +388,6 @@ int handles_map_unset(uint64_t va, AccessNote note, void *ctx) {
   return 0;
 }
 
-uint64_t handles_count(void) {
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < g_nallocs; i++) n += g_allocs[i].used != 0;
-  return n;
-}
-
 void handles_figures(uint64_t *mapped, uint64_t *paused, uint64_t *exported, uint64_t *imported,
                      uint64_t *other) {
   for (uint32_t i = 0; i < g_nallocs; i++) {
@@ -417,13 +400,4 @@ void handles_figures(uint64_t *mapped, uint64_t *paused, uint64_t *exported, uin
     else if (a->maps && !window(i)) *other += a->size;
     else *mapped += a->size;
   }
-}
-
-/* What the caller asked for when it made the allocation; for the engine's tests. */
-int vgpu_handle_paused(CUmemGenericAllocationHandle h) {
-  pthread_mutex_lock(&g_lock);
-  Alloc *a = lookup(h, NULL);
-  int p = a ? a->paused : -1;
-  pthread_mutex_unlock(&g_lock);
-  return p;
 }

@@ -31,23 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "held.h"
-#include "interpose.h"
-
-CUresult handles_create(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult handles_release(CUmemGenericAllocationHandle);
-CUresult handles_map_range(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-int handles_covers(CUdeviceptr, size_t);
-CUresult handles_unmap_range(CUdeviceptr, size_t);
-CUresult handles_set_access(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-CUresult handles_retain(CUmemGenericAllocationHandle *, void *);
-CUresult handles_properties(CUmemAllocationProp *, CUmemGenericAllocationHandle);
-CUresult handles_export(void *, CUmemGenericAllocationHandle, int, unsigned long long);
-CUresult handles_import(CUmemGenericAllocationHandle *, void *, int);
-CUresult ipc_get_handle(CUipcMemHandle *, CUdeviceptr);
-CUresult ipc_open(CUdeviceptr *, const CUipcMemHandle *);
-CUresult ipc_close(CUdeviceptr);
-
 uint64_t g_managed_bytes = 0, g_passthrough_bytes = 0;
 
 /* ---- the real dlsym ------------------------------------------------------------------ */
@@ -73,7 +56,7 @@ static int enabled(void) {
   return !(off && strcmp(off, "0") == 0);
 }
 
-int interposing(void) {
+static int interposing(void) {
   if (g_interpose == 0) {
     g_interpose = enabled() ? 1 : -1;
     if (g_interpose == 1 && g_backend == BACKEND_NONE) {
@@ -93,7 +76,7 @@ static CUresult alloc_sync(int device, uint64_t size, uint64_t *out) {
     r = seg_new(device, size, 0, &s);
     if (r == CUDA_SUCCESS) *out = s->ptr;
   }
-  if (r != CUDA_SUCCESS) set_error(r, "allocation");
+  if (r != CUDA_SUCCESS) set_error(r, "%llu bytes on device %d", (unsigned long long)size, device);
   pthread_mutex_unlock(&g_lock);
   return r;
 }
@@ -140,15 +123,7 @@ static size_t g_ndeferred = 0, g_cap_deferred = 0;
 
 static CUresult defer_free(uint64_t ptr) {
   pthread_mutex_lock(&g_lock);
-  if (g_ndeferred == g_cap_deferred) {
-    size_t cap = g_cap_deferred ? 2 * g_cap_deferred : 64;
-    uint64_t *grown = realloc(g_deferred, cap * sizeof *grown);
-    if (grown) {
-      g_deferred = grown;
-      g_cap_deferred = cap;
-    }
-  }
-  int kept = g_ndeferred < g_cap_deferred;
+  int kept = VGPU_ROOM(g_deferred, g_ndeferred, g_cap_deferred, 64);
   if (kept) g_deferred[g_ndeferred++] = ptr;
   pthread_mutex_unlock(&g_lock);
   return kept ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -171,12 +146,7 @@ static size_t g_nmanaged = 0, g_cap_managed = 0;
 
 static void note_managed(uint64_t ptr, uint64_t size) {
   pthread_mutex_lock(&g_lock);
-  if (g_nmanaged == g_cap_managed) {
-    size_t cap = g_cap_managed ? 2 * g_cap_managed : 64;
-    Managed *grown = realloc(g_managed, cap * sizeof *grown);
-    if (grown) { g_managed = grown; g_cap_managed = cap; }
-  }
-  if (g_nmanaged < g_cap_managed) {
+  if (VGPU_ROOM(g_managed, g_nmanaged, g_cap_managed, 64)) {
     g_managed[g_nmanaged].ptr = ptr;
     g_managed[g_nmanaged++].size = size;
     g_managed_bytes += size;
@@ -280,7 +250,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     return r;
   }
   uint64_t p;
-  CUresult r = async_alloc(&p, size, stream, ptsz);
+  CUresult r = async_alloc(&p, size);
   if (r == CUDA_SUCCESS) *dptr = p;
   return r;
 }
@@ -488,21 +458,18 @@ CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdevic
 }
 
 /* ---- which of ours stands for a driver function ------------------------------------ */
-CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
-CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *);
+/* One entry point of ours: its name, our function, and where the driver's is kept. Every
+ * OURS and HELD row of the driver's table (driver.h), the HELD ones made in held.c. */
+typedef struct {
+  const char *name;
+  void *ours;
+  void **real;
+} Hook;
 
-#define HOOK(name) {#name, (void *)name, (void **)&drv.name}
-static const Hook g_hooks[] = {
-    HOOK(cuMemAlloc_v2), HOOK(cuMemAllocPitch_v2), HOOK(cuMemFree_v2), HOOK(cuMemGetAddressRange_v2),
-    HOOK(cuMemAllocManaged), HOOK(cuMemAllocAsync), HOOK(cuMemAllocAsync_ptsz), HOOK(cuMemFreeAsync),
-    HOOK(cuMemFreeAsync_ptsz), HOOK(cuMemAllocFromPoolAsync), HOOK(cuMemAllocFromPoolAsync_ptsz),
-    HOOK(cuMemPoolTrimTo), HOOK(cuMemPoolGetAttribute), HOOK(cuMemPoolSetAttribute), HOOK(cuMemCreate),
-    HOOK(cuMemRelease), HOOK(cuMemMap), HOOK(cuMemUnmap), HOOK(cuMemSetAccess),
-    HOOK(cuMemRetainAllocationHandle), HOOK(cuMemGetAllocationPropertiesFromHandle),
-    HOOK(cuMemExportToShareableHandle), HOOK(cuMemImportFromShareableHandle), HOOK(cuIpcGetMemHandle),
-    HOOK(cuIpcOpenMemHandle), HOOK(cuIpcOpenMemHandle_v2), HOOK(cuIpcCloseMemHandle), HOOK(cuPointerGetAttribute),
-    HOOK(cuPointerGetAttributes), HOOK(cuGetProcAddress), HOOK(cuGetProcAddress_v2),
-};
+#define HOOK(name, need, params) {#name, (void *)name, (void **)&drv.name},
+#define HOOK_HELD(name, params, args) {#name, (void *)name, (void **)&drv.name},
+static const Hook g_hooks[] = {VGPU_DRIVER_ENTRIES(VGPU_NONE2, HOOK, HOOK_HELD)};
+#undef HOOK_HELD
 #undef HOOK
 #define NHOOKS (sizeof g_hooks / sizeof *g_hooks)
 
@@ -554,8 +521,6 @@ static void *substitute(void *real) {
   if (!real || !enabled() || !vgpu_resolve_driver()) return real;
   for (size_t i = 0; i < NHOOKS; i++)
     if (*g_hooks[i].real == real) return g_hooks[i].ours;
-  for (size_t i = 0; i < held_hook_count; i++)
-    if (*held_hooks[i].real == real) return held_hooks[i].ours;
   return in_driver(real) ? stub_for(real) : real;
 }
 

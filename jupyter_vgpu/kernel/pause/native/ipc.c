@@ -129,8 +129,6 @@ static int send_fd(int sock, int fd) {
   return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1;
 }
 
-int vgpu_export_fd(uint64_t token); /* vmm.c; the lock is held */
-
 static void *serve(void *arg) {
   int listener = (int)(intptr_t)arg;
   for (;;) {
@@ -148,7 +146,7 @@ static void *serve(void *arg) {
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid() && cred.pid > 0 &&
         recv(c, &token, sizeof token, MSG_WAITALL) == (ssize_t)sizeof token) {
       pthread_mutex_lock(&g_lock);
-      int fd = vgpu_export_fd(token);
+      int fd = seg_export_fd(token);
       if (fd >= 0) send_fd(c, fd);
       pthread_mutex_unlock(&g_lock);
     }
@@ -318,15 +316,7 @@ CUresult ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle) {
     return r;
   }
   pthread_mutex_lock(&g_lock);
-  if (g_nimports == g_cap_imports) {
-    size_t cap = g_cap_imports ? 2 * g_cap_imports : 16;
-    Import *grown = realloc(g_imports, cap * sizeof *grown);
-    if (grown) {
-      g_imports = grown;
-      g_cap_imports = cap;
-    }
-  }
-  if (g_nimports < g_cap_imports) {
+  if (VGPU_ROOM(g_imports, g_nimports, g_cap_imports, 16)) {
     Import imp = {b.pid, b.token, va, b.size, real, 1};
     g_imports[g_nimports++] = imp;
     g_imported_bytes += b.size;

@@ -40,8 +40,6 @@
  */
 #include "vmm.h"
 
-#include "held.h"
-
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -54,19 +52,11 @@
 Driver drv;
 int g_backend = BACKEND_NONE;
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-uint64_t g_mapped_bytes = 0, g_paused_bytes = 0;
 
+static uint64_t g_mapped_bytes = 0, g_paused_bytes = 0;
 static Segment **g_segments = NULL; /* sorted by ptr; pointers stay valid while listed */
 static size_t g_count = 0, g_capacity = 0;
-static uint64_t g_limit = 0; /* 0: none; else new segments refused past this many mapped bytes */
 static int g_fd_handles = 1; /* segments ask for POSIX fd handles (CUDA IPC) until refused */
-static int g_last_error = 0;
-static char g_message[256];
-
-void set_error(int code, const char *what) {
-  g_last_error = code;
-  snprintf(g_message, sizeof g_message, "%s failed with error %d", what, code);
-}
 
 static uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -91,33 +81,24 @@ static pthread_once_t g_resolved_once = PTHREAD_ONCE_INIT;
 static int g_resolved = 0;
 static __thread int t_resolving = 0; /* libcuda's own start-up may look symbols up through us */
 
+/* Every entry point of the table: those the library needs first (a driver without one
+ * of them is no driver to it), then the rest where the driver has them. */
 static void resolve(void) {
   t_resolving = 1;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   t_resolving = 0;
   if (!lib) return;
 #define SYM(name) (*(void **)&drv.name = vgpu_real_dlsym(lib, #name))
-#define NEED(name) if (!SYM(name)) return
-  NEED(cuInit); NEED(cuDeviceGet); NEED(cuCtxGetCurrent); NEED(cuCtxSetCurrent); NEED(cuCtxGetDevice);
-  NEED(cuDevicePrimaryCtxRetain); NEED(cuMemGetAllocationGranularity); NEED(cuMemAddressReserve);
-  NEED(cuMemAddressFree); NEED(cuMemCreate); NEED(cuMemRelease); NEED(cuMemMap); NEED(cuMemUnmap);
-  NEED(cuMemSetAccess); NEED(cuCtxSynchronize); NEED(cuMemAlloc_v2); NEED(cuMemFree_v2);
-  /* the rest: wrapped or used when the driver has them */
-  SYM(cuDeviceGetAttribute); SYM(cuDeviceGetDefaultMemPool); SYM(cuDeviceGetMemPool);
-  SYM(cuMemRetainAllocationHandle); SYM(cuMemGetAllocationPropertiesFromHandle);
-  SYM(cuMemExportToShareableHandle); SYM(cuMemImportFromShareableHandle); SYM(cuMemAllocPitch_v2);
-  SYM(cuMemGetAddressRange_v2); SYM(cuMemAllocManaged); SYM(cuMemAllocAsync); SYM(cuMemAllocAsync_ptsz);
-  SYM(cuMemFreeAsync); SYM(cuMemFreeAsync_ptsz); SYM(cuMemAllocFromPoolAsync);
-  SYM(cuMemAllocFromPoolAsync_ptsz); SYM(cuMemPoolTrimTo); SYM(cuMemPoolGetAttribute);
-  SYM(cuMemPoolSetAttribute); SYM(cuPointerGetAttribute); SYM(cuPointerGetAttributes);
-  SYM(cuIpcGetMemHandle); SYM(cuIpcOpenMemHandle); SYM(cuIpcOpenMemHandle_v2); SYM(cuIpcCloseMemHandle); SYM(cuEventCreate);
-  SYM(cuEventRecord); SYM(cuEventRecord_ptsz); SYM(cuEventQuery); SYM(cuEventDestroy_v2);
-  SYM(cuStreamIsCapturing); SYM(cuStreamIsCapturing_ptsz); SYM(cuGetProcAddress);
-  SYM(cuGetProcAddress_v2);
-#undef NEED
+#define NEEDED(name, need, params) if (need && !SYM(name)) return;
+#define OPTIONAL(name, need, params) if (!need) SYM(name);
+#define OPTIONAL_HELD(name, params, args) SYM(name);
+  VGPU_DRIVER_ENTRIES(NEEDED, NEEDED, VGPU_NONE2)
+  VGPU_DRIVER_ENTRIES(OPTIONAL, OPTIONAL, OPTIONAL_HELD)
+#undef OPTIONAL_HELD
+#undef OPTIONAL
+#undef NEEDED
 #undef SYM
-  held_resolve(lib);
-  g_resolved = 1;
+  __atomic_store_n(&g_resolved, 1, __ATOMIC_RELEASE);
 }
 
 int vgpu_resolve_driver(void) {
@@ -126,7 +107,75 @@ int vgpu_resolve_driver(void) {
   return g_resolved;
 }
 
-static int load_driver(void) { return vgpu_resolve_driver() && drv.cuInit(0) == CUDA_SUCCESS; }
+/* ---- errors: the calling thread's last ---------------------------------------------- */
+/* Per thread: a thread that reads its last error (vmm.py, after a call of its own failed)
+ * never reads another thread's, made meanwhile. */
+static __thread int t_error = 0;
+static __thread char t_words[256];
+
+void set_error(int code, const char *fmt, ...) {
+  t_error = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t_words, sizeof t_words, fmt, ap);
+  va_end(ap);
+}
+
+/* The calling thread's last error: a CUresult or one of the library's own (900-904). */
+int vgpu_last_error(void) { return t_error; }
+
+/* The library's words for the calling thread's last error: what failed, and why where
+ * the library knows more than the code says. */
+const char *vgpu_last_message(void) { return t_words; }
+
+/* The driver answers questions about its errors through the library's handle on it, when
+ * it is loaded (never loaded for this) and the process is not suspended (the driver's
+ * checkpoint would hold the call). */
+static int driver_answers(void) {
+  return __atomic_load_n(&g_resolved, __ATOMIC_ACQUIRE) &&
+         __atomic_load_n(&g_vgpu_away, __ATOMIC_SEQ_CST) != VGPU_SUSPENDED;
+}
+
+/* The name of an error code the library returned (CUDA_ERROR_OUT_OF_MEMORY): its own
+ * first, whose numbers the driver uses for other errors; else the driver's
+ * (cuGetErrorName); else the name the library knows it by; else NULL. */
+const char *vgpu_error_name(int code) {
+#define OWN(name, value, words) if (code == value) return #name;
+  VGPU_OWN_ERRORS(OWN)
+#undef OWN
+  const char *name = NULL;
+  if (driver_answers() && drv.cuGetErrorName && drv.cuGetErrorName(code, &name) == CUDA_SUCCESS && name)
+    return name;
+#define KNOWN(known, value) if (code == value) return #known;
+  VGPU_CUDA_ERRORS(KNOWN)
+#undef KNOWN
+  return NULL;
+}
+
+/* The words for an error code the library returned ("out of memory"): its own first,
+ * else the driver's (cuGetErrorString); else NULL. */
+const char *vgpu_error_string(int code) {
+#define OWN(name, value, words) if (code == value) return words;
+  VGPU_OWN_ERRORS(OWN)
+#undef OWN
+  const char *text = NULL;
+  if (driver_answers() && drv.cuGetErrorString && drv.cuGetErrorString(code, &text) == CUDA_SUCCESS && text)
+    return text;
+  return NULL;
+}
+
+/* 0 when the driver is there and initialised; else the error, with words. */
+static int load_driver(void) {
+  if (!vgpu_resolve_driver()) {
+    set_error(VGPU_ERROR_NO_DRIVER, "libcuda.so.1 cannot be loaded, or lacks an entry point the library needs");
+    return VGPU_ERROR_NO_DRIVER;
+  }
+  CUresult r = drv.cuInit(0);
+  if (r == CUDA_SUCCESS) return 0;
+  const char *name = vgpu_error_name(r);
+  set_error(VGPU_ERROR_NO_DRIVER, "cuInit answered %s (%d)", name ? name : "an error", r);
+  return VGPU_ERROR_NO_DRIVER;
+}
 
 /* The driver API needs a current context; threads PyTorch never touched have none. */
 CUresult ensure_context(int device) {
@@ -187,19 +236,13 @@ Segment *seg_containing(uint64_t addr) {
   return addr < s->ptr + s->size ? s : NULL;
 }
 
-Segment *seg_at(uint64_t ptr) {
+static Segment *seg_at(uint64_t ptr) {
   Segment *s = seg_containing(ptr);
   return s && s->ptr == ptr ? s : NULL;
 }
 
 static int insert(Segment *s) {
-  if (g_count == g_capacity) {
-    size_t cap = g_capacity ? 2 * g_capacity : 256;
-    Segment **grown = realloc(g_segments, cap * sizeof *grown);
-    if (!grown) return 0;
-    g_segments = grown;
-    g_capacity = cap;
-  }
+  if (!VGPU_ROOM(g_segments, g_count, g_capacity, 256)) return 0;
   size_t i = upper(s->ptr);
   memmove(g_segments + i + 1, g_segments + i, (g_count - i) * sizeof *g_segments);
   g_segments[i] = s;
@@ -215,7 +258,7 @@ static void unlist(Segment *s) {
 }
 
 /* Physical memory for the segment's range, mapped; access not set yet (CUDA backend). */
-CUresult seg_back_unset(Segment *s) {
+static CUresult seg_back_unset(Segment *s) {
   CUmemAllocationProp p;
   props(&p, s->device, (s->flags & SEG_FD) != 0);
   CUresult r = drv.cuMemCreate(&s->handle, s->size, &p, 0);
@@ -225,7 +268,7 @@ CUresult seg_back_unset(Segment *s) {
 }
 
 /* Physical memory for the segment's range, mapped read-write. */
-CUresult seg_back(Segment *s) {
+static CUresult seg_back(Segment *s) {
   if (g_backend == BACKEND_HOST) {
     void *p = mmap((void *)(uintptr_t)s->ptr, s->size, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -241,7 +284,7 @@ CUresult seg_back(Segment *s) {
   return r;
 }
 
-CUresult seg_unback(Segment *s) {
+static CUresult seg_unback(Segment *s) {
   if (g_backend == BACKEND_HOST) {
     void *p = mmap((void *)(uintptr_t)s->ptr, s->size, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -262,7 +305,6 @@ CUresult seg_new(int device, uint64_t size, int flags, Segment **out) {
   CUresult r;
   if (g_backend == BACKEND_HOST) {
     s->size = round_up(size, 2u << 20);
-    if (g_limit && g_mapped_bytes + s->size > g_limit) { free(s); return CUDA_ERROR_OUT_OF_MEMORY; }
     void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) { free(s); return VGPU_ERROR_HOST; }
     s->ptr = (uint64_t)(uintptr_t)p;
@@ -273,7 +315,6 @@ CUresult seg_new(int device, uint64_t size, int flags, Segment **out) {
       return r;
     }
     s->size = round_up(size, g);
-    if (g_limit && g_mapped_bytes + s->size > g_limit) { free(s); return CUDA_ERROR_OUT_OF_MEMORY; }
     if ((r = drv.cuMemAddressReserve((CUdeviceptr *)&s->ptr, s->size, g, 0, 0)) != CUDA_SUCCESS) {
       free(s);
       return r;
@@ -323,7 +364,7 @@ void seg_delete(Segment *s) {
 }
 
 /* The descriptor of the CUDA IPC export named token, or -1 (the lock is held). */
-int vgpu_export_fd(uint64_t token) {
+int seg_export_fd(uint64_t token) {
   for (size_t i = 0; i < g_count; i++)
     if (g_segments[i]->export_fd >= 0 && g_segments[i]->token == token) return g_segments[i]->export_fd;
   return -1;
@@ -335,18 +376,19 @@ int vgpu_export_fd(uint64_t token) {
 int vgpu_init(int backend) {
   pthread_mutex_lock(&g_lock);
   int rc = 0;
-  if (g_backend != BACKEND_NONE && g_backend != backend) rc = VGPU_ERROR_BAD_STATE;
-  else if (backend == BACKEND_CUDA && g_backend == BACKEND_NONE && !load_driver())
-    rc = VGPU_ERROR_NO_DRIVER;
-  else if (backend != BACKEND_CUDA && backend != BACKEND_HOST) rc = VGPU_ERROR_BAD_STATE;
-  else g_backend = backend;
-  if (rc) set_error(rc, "vgpu_init");
+  if (g_backend != BACKEND_NONE && g_backend != backend) {
+    rc = VGPU_ERROR_BAD_STATE;
+    set_error(rc, "backend %d was chosen before backend %d", g_backend, backend);
+  } else if (backend == BACKEND_CUDA && g_backend == BACKEND_NONE) {
+    rc = load_driver(); /* its words say why */
+  } else if (backend != BACKEND_CUDA && backend != BACKEND_HOST) {
+    rc = VGPU_ERROR_BAD_STATE;
+    set_error(rc, "there is no backend %d", backend);
+  }
+  if (!rc) g_backend = backend;
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
-
-/* Mapped bytes above which vgpu_malloc refuses (0: no limit). */
-void vgpu_set_limit(uint64_t bytes) { g_limit = bytes; }
 
 /* A new mapped segment of at least size bytes on device (PyTorch's pluggable-allocator
  * malloc signature: void* (size_t size, int device, cudaStream_t)); NULL on failure. */
@@ -355,7 +397,7 @@ void *vgpu_malloc(ssize_t size, int device, void *stream) {
   pthread_mutex_lock(&g_lock);
   Segment *s = NULL;
   CUresult r = g_backend == BACKEND_NONE ? VGPU_ERROR_NOT_INITIALISED : seg_new(device, (uint64_t)size, 0, &s);
-  if (r != CUDA_SUCCESS) set_error(r, "vgpu_malloc");
+  if (r != CUDA_SUCCESS) set_error(r, "a segment of %zd bytes on device %d", size, device);
   pthread_mutex_unlock(&g_lock);
   return s ? (void *)(uintptr_t)s->ptr : NULL;
 }
@@ -368,7 +410,7 @@ void vgpu_free(void *ptr, ssize_t size, int device, void *stream) {
   int dev = s ? s->device : 0;
   pthread_mutex_unlock(&g_lock);
   if (!s) {
-    set_error(VGPU_ERROR_UNKNOWN_POINTER, "vgpu_free");
+    set_error(VGPU_ERROR_UNKNOWN_POINTER, "freeing %p: no segment of ours starts there", ptr);
     return;
   }
   if (g_backend == BACKEND_CUDA) { /* cudaFree's contract; without the lock (see free_sync) */
@@ -378,7 +420,7 @@ void vgpu_free(void *ptr, ssize_t size, int device, void *stream) {
   pthread_mutex_lock(&g_lock);
   s = seg_at((uint64_t)(uintptr_t)ptr);
   if (s) seg_delete(s);
-  else set_error(VGPU_ERROR_UNKNOWN_POINTER, "vgpu_free");
+  else set_error(VGPU_ERROR_UNKNOWN_POINTER, "freeing %p: another thread freed it meanwhile", ptr);
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -386,17 +428,23 @@ void vgpu_free(void *ptr, ssize_t size, int device, void *stream) {
 int vgpu_unmap(uint64_t ptr) {
   pthread_mutex_lock(&g_lock);
   int rc = 0;
+  const char *why = "";
   Segment *s = seg_at(ptr);
   if (!s) {
     rc = handles_unmap(ptr);
     if (rc < 0) rc = VGPU_ERROR_UNKNOWN_POINTER;
-  } else if (!s->mapped || (s->flags & (SEG_EXPORTED | SEG_CACHED))) rc = VGPU_ERROR_BAD_STATE;
-  else {
+    if (rc == VGPU_ERROR_BAD_STATE) why = ": paused already, or shared with another process";
+  } else if (!s->mapped || (s->flags & (SEG_EXPORTED | SEG_CACHED))) {
+    rc = VGPU_ERROR_BAD_STATE;
+    why = !s->mapped                    ? ": paused already"
+          : (s->flags & SEG_EXPORTED) ? ": shared with another process (CUDA IPC)"
+                                        : ": freed, kept for reuse";
+  } else {
     if (g_backend == BACKEND_CUDA) rc = ensure_context(s->device);
     if (!rc) rc = seg_unback(s);
     if (!rc) { s->mapped = 0; g_mapped_bytes -= s->size; g_paused_bytes += s->size; }
   }
-  if (rc) set_error(rc, "unmap");
+  if (rc) set_error(rc, "releasing the unit at %#llx%s", (unsigned long long)ptr, why);
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -416,7 +464,9 @@ int vgpu_map(uint64_t ptr) {
     if (!rc) rc = seg_back(s);
     if (!rc) { s->mapped = 1; g_mapped_bytes += s->size; g_paused_bytes -= s->size; }
   }
-  if (rc) set_error(rc, "map");
+  if (rc)
+    set_error(rc, "mapping the unit at %#llx%s", (unsigned long long)ptr,
+              rc == VGPU_ERROR_BAD_STATE ? ": mapped already" : "");
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -436,12 +486,9 @@ typedef struct {
 
 static void note_run(void *ctx, uint64_t va, uint64_t size, const CUmemAccessDesc *access, int count) {
   Runs *rs = ctx;
-  if (rs->n == rs->cap) {
-    size_t cap = rs->cap ? 2 * rs->cap : 256;
-    Run *grown = realloc(rs->runs, cap * sizeof *grown);
-    if (!grown) { rs->failed = 1; return; }
-    rs->runs = grown;
-    rs->cap = cap;
+  if (!VGPU_ROOM(rs->runs, rs->n, rs->cap, 256)) {
+    rs->failed = 1;
+    return;
   }
   Run *r = &rs->runs[rs->n++];
   r->va = va;
@@ -519,7 +566,11 @@ int vgpu_map_many(const uint64_t *ptrs, size_t n) {
         handles_unmap(ptrs[i]);
       }
     }
-    set_error(rc, "map");
+    if (done < n)
+      set_error(rc, "mapping %zu paused units: the unit at %#llx%s", n, (unsigned long long)ptrs[done],
+                rc == VGPU_ERROR_BAD_STATE ? " is mapped already" : "");
+    else
+      set_error(rc, "mapping %zu paused units: setting their access", n);
   }
   free(rs.runs);
   pthread_mutex_unlock(&g_lock);
@@ -588,10 +639,7 @@ size_t vgpu_figures(uint64_t *out, size_t n) {
 }
 
 uint64_t vgpu_mapped_bytes(void) { return g_mapped_bytes; }
-uint64_t vgpu_paused_bytes(void) { return g_paused_bytes; }
 int vgpu_backend(void) { return g_backend; }
-int vgpu_last_error(void) { return g_last_error; }
-const char *vgpu_last_message(void) { return g_message; }
 
 /* ---- fork ------------------------------------------------------------------------- */
 static void child_after_fork(void) {
