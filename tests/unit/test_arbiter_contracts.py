@@ -1,9 +1,14 @@
 """The arbiter's socket protocol as contracts (``to-arbiter``, ``from-arbiter``), checked on
 both sides without jsonschema (:mod:`jupyter_vgpu.contracts.lean`): the lean checker
 agrees with jsonschema on every message and its broken variants, and says what is wrong
-in the same words."""
+in the same words; a kernel drops what breaks the contract and keeps its link."""
 
+import contextlib
+import json
+import logging
 import math
+import socket
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +16,9 @@ from hypothesis import strategies as st
 
 from jupyter_vgpu import contracts
 from jupyter_vgpu.contracts import lean
+from jupyter_vgpu.kernel.arbiter_client import ArbiterClient
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
 SLICE = Slice("GPU-sim-0", 0, "H100", 80 * GiB, 8 * GiB, 50, simulated=True).to_dict()
@@ -164,3 +171,77 @@ def test_the_protocols_contracts_are_not_the_browsers():
 
     assert {"to-arbiter", "from-arbiter"} <= set(contracts.names())
     assert "ToArbiter" not in typescript.render()
+
+
+class Pausing:
+    last_notice = None
+
+    def own_calls(self):
+        return contextlib.nullcontext()
+
+
+@pytest.fixture
+def arbiter_socket(tmp_path):
+    """A stand-in arbiter: accepts one kernel, reads its hello, and sends the lines the
+    test queued (bytes); ``heard`` collects what the kernel writes."""
+    path = str(tmp_path / "arbiter.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+    lines: list[bytes] = []
+    heard: list[dict] = []
+
+    def serve():
+        conn, _ = server.accept()
+        reader = conn.makefile("rb")
+        heard.append(json.loads(reader.readline()))
+        conn.sendall(b"".join(lines))
+        for line in reader:
+            heard.append(json.loads(line))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield path, lines, heard
+    server.close()
+
+
+def test_a_kernel_drops_what_breaks_the_contract_and_keeps_its_link(arbiter_socket, caplog):
+    path, lines, heard = arbiter_socket
+    adopted = []
+    lines += [
+        b"not json\n",
+        b'{"type": "welcome", "slice": null, "server": 5}\n',  # breaks it: dropped
+        b'{"type": "node", "host_used": -1, "host_limit": 1, "disk_used": 0}\n',
+        b'{"type": "pause"}\n',  # no id: never obeyed, never answered
+        b'{"type": "notice", "message": ["x"]}\n',
+        b'{"type": "welcome", "slice": null, "server": null}\n',
+        b'{"type": "node", "host_used": 1, "host_limit": 2, "disk_used": 3}\n',
+    ]
+    figures = {
+        "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
+        "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
+    }  # fmt: skip
+    said = []
+    client = ArbiterClient(
+        path, "k", adopted.append, lambda: figures, Pausing(), lambda *a, **k: said.append(a)
+    )
+    with caplog.at_level(logging.WARNING, logger="jupyter_vgpu"):
+        client.start()
+        try:
+            wait_for(lambda: client.node is not None, 10, "the node's figures")
+            wait_for(lambda: len(heard) >= 2, 10, "the kernel's state after its welcome")
+            assert client.connected.is_set()
+        finally:
+            client.stop()
+    assert client.node == {"host_used": 1, "host_limit": 2, "disk_used": 3}
+    assert adopted == [None]  # the one welcome that keeps the contract
+    assert said == []
+    assert client.pausing.last_notice is None
+    assert client.last_error is None
+    assert [m["type"] for m in heard] == ["hello", "state"]  # no reply to the broken pause
+    text = caplog.text
+    assert "not JSON" in text
+    assert "welcome.server: must be a string or null" in text
+    assert "node.host_used: must be at least 0" in text
+    assert "pause: missing field(s): id" in text
+    assert "notice.message: must be a string" in text
