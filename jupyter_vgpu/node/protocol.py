@@ -67,8 +67,10 @@ its contract. A slice inside a message is an object here, checked by
 :meth:`jupyter_vgpu.slice.Slice.from_dict` (which also reads version 1, and whose checks
 the slice contract's tests hold to its schema).
 
-The arbiter speaks to a kernel in the version of the kernel's hello: a field or a
-message added to ``from-arbiter`` is sent only to kernels whose hello says they know it.
+A kernel checks what it receives against the ``from-arbiter`` it was built with: a field
+or a message added to it in a later version must go only to kernels whose hello says
+they know it (kernels of version 1 checked nothing, and passed over what they did not
+know).
 """
 
 from __future__ import annotations
