@@ -164,7 +164,8 @@ class Enforcement:
 
     async def step(self, now: float) -> None:
         """Compare every server's processes on the managed cards, together, with its
-        budget, and find the cards' processes that belong to no server (real cards)."""
+        budget, and find the cards' processes that belong to no server (real cards);
+        ``now`` is monotonic seconds."""
         a = self.arbiter
         processes: dict[int, int] = {}
         by_card: dict[int, dict[str, int]] = {}

@@ -82,6 +82,7 @@ class Tiering:
                 self.arbiter.decide("disk tier freed", message=f"{gone}: its kernel has ended")
 
     def close(self) -> None:
+        """Let go of the disk tier's root (the arbiter stops)."""
         if self.disk is not None:
             self.disk.close()
             self.disk = None
@@ -123,7 +124,9 @@ class Tiering:
         return self.disk.kernel_dir(conn.uid, conn.pid, conn.identity.start)
 
     def forget(self, uid: int, pid: int, start: int) -> None:
-        """Remove the disk tier directory of a kernel that ended (in the background)."""
+        """Remove the disk tier directory of the kernel that was process ``pid`` of user
+        ``uid``, started at ``start`` (clock ticks after boot), once it ended (in the
+        background)."""
         if self.disk is not None:
             loop = asyncio.get_running_loop()
             self.arbiter.spawn(loop.run_in_executor(None, self.disk.remove, uid, pid, start))
@@ -335,7 +338,8 @@ class Tiering:
 
     async def step(self, now: float) -> None:
         """The host budget's background step: spill what is over the mark, tell the kernels
-        the node's figures, publish the gauges, sweep the disk tier of ended kernels."""
+        the node's figures, publish the gauges, sweep the disk tier of ended kernels
+        (``now``: monotonic seconds)."""
         a = self.arbiter
         if self._spilling is None or self._spilling.done():
             self._spilling = asyncio.ensure_future(self._spill_coldest())
