@@ -17,7 +17,10 @@ Two departures from plain JSON Schema, both stricter, both for Python's JSON par
 
 Pure Python: imports jsonschema (lazily, on first validation), never torch or
 jupyterhub. Importing jsonschema costs about a second where ``rfc3987-syntax`` is
-installed, so kernels do not validate with it (see :mod:`jupyter_vgpu.slice`).
+installed, so kernels do not validate with it (see :mod:`jupyter_vgpu.slice`); the
+messages of the node arbiter's socket (``to-arbiter``, ``from-arbiter``), checked by the
+arbiter and by every kernel, are checked against these same schemas by
+:mod:`jupyter_vgpu.contracts.lean`, without jsonschema.
 """
 
 from __future__ import annotations
@@ -153,7 +156,19 @@ _TYPE_WORDS = {
 
 def _explain(error) -> str:
     """One sentence for a jsonschema error, without Python's reprs of huge values."""
-    v, expected, got = error.validator, error.validator_value, error.instance
+    allowed = error.schema.get("properties", {}) if error.validator == "additionalProperties" else ()
+    said = _problem(error.validator, error.validator_value, error.instance, allowed)
+    if said is not None:
+        return said
+    return error.message if len(error.message) <= 200 else error.message[:199] + "…"
+
+
+def _problem(keyword: str, expected: Any, got: Any, allowed: Any = ()) -> str | None:
+    """What is wrong with ``got`` under schema keyword ``keyword`` (whose value is
+    ``expected``), in one sentence with values shortened; ``allowed`` names the fields an
+    ``additionalProperties: false`` object may have. None for a keyword without words of
+    its own. Shared by :func:`validate` and :mod:`.lean`, so both say the same."""
+    v = keyword
     if v == "type":
         wanted = " or ".join(_TYPE_WORDS[t] for t in (expected if isinstance(expected, list) else [expected]))
         shown = (
@@ -176,7 +191,6 @@ def _explain(error) -> str:
         missing = [k for k in expected if isinstance(got, dict) and k not in got]
         return f"missing field(s): {', '.join(missing)}"
     if v == "additionalProperties":
-        allowed = set(error.schema.get("properties", {}))
         extra = sorted(k for k in got if k not in allowed) if isinstance(got, dict) else []
         return f"unknown field(s): {', '.join(_short(k) for k in extra)}"
     if v == "maxLength":
@@ -185,7 +199,7 @@ def _explain(error) -> str:
         return f"must be at least {expected} character(s) long"
     if v == "maxItems":
         return f"must have at most {expected} items"
-    return error.message if len(error.message) <= 200 else error.message[:199] + "…"
+    return None
 
 
 @functools.cache

@@ -9,7 +9,10 @@ so a schema can never be translated wrongly in silence: ``type`` (one or a list)
 ``const``, ``anyOf`` (unions), ``$ref`` (inside a file, and to other contracts by
 ``urn:jupyter-vgpu:<name>``), ``$defs``; range and length keywords only document.
 Every schema and every ``$defs`` entry with a ``title`` becomes an exported type
-(objects: ``interface I<Title>``); the rest is written inline.
+(objects: ``interface I<Title>``); the rest is written inline. The arbiter's socket
+protocol (:data:`NOT_FOR_THE_BROWSER`) is left out: no page speaks to the arbiter, and
+its messages are told apart by ``if``/``then`` on their type, which this does not
+translate.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ HEADER = """\
 // jupyter_vgpu/contracts/*.schema.json: edit the schemas, then run it again.
 // Sizes are bytes, times Unix seconds, durations seconds, shares percent.
 """
+
+#: Contracts no page reads: the node arbiter's socket protocol.
+NOT_FOR_THE_BROWSER = frozenset({"to-arbiter", "from-arbiter"})
 
 #: Keywords that constrain values but not their TypeScript type.
 DOCUMENTING = {
@@ -173,7 +179,8 @@ class Generator:
         self.out.append("\n".join(block))
 
     def render(self) -> str:
-        for name in names():
+        browser = [n for n in names() if n not in NOT_FOR_THE_BROWSER]
+        for name in browser:
             root = schema(name)
             if "title" not in root:
                 raise UnsupportedSchema(f"{name}: the schema needs a title")
@@ -181,7 +188,7 @@ class Generator:
             for key, sub in root.get("$defs", {}).items():
                 if "title" in sub:
                     self.emit(sub, name, f"/$defs/{key}")
-        versions = ",\n".join(f"  '{n}': {version(n)}" for n in names())
+        versions = ",\n".join(f"  '{n}': {version(n)}" for n in browser)
         tail = (
             "/** The layout version of each contract; documents carry theirs in `version`. */\n"
             f"export const CONTRACT_VERSIONS = {{\n{versions}\n}} as const;"

@@ -20,6 +20,10 @@ there is no arbiter, :meth:`ArbiterClient.room` raises :class:`ArbiterUnavailabl
 the kernel decides for itself (:mod:`.pausing`: a resident kernel runs, a paused one
 comes back if the card has room). What the arbiter says in protocol words (an ``error``
 message) is kept for ``%vgpu status`` and the kernel's log, never printed into a cell.
+
+Every line the arbiter sends is checked against its contract (``from-arbiter``, with
+:mod:`jupyter_vgpu.contracts.lean`: no jsonschema in a kernel) before anything acts on
+it; one that breaks it is logged and dropped, and the link stays up.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from collections.abc import Callable
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.contracts import ContractError, lean
 
 log = logging.getLogger("jupyter_vgpu")
 
@@ -257,23 +262,38 @@ class ArbiterClient:
             self._send(self._hello())
             reader = sock.makefile("rb")
             for line in reader:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(msg, dict):
+                msg = self._received(line)
+                if msg is not None:
                     self._handle(msg)
         finally:
             self._sock = None
             sock.close()
 
+    @staticmethod
+    def _received(line: bytes) -> dict | None:
+        """The arbiter's message in ``line``, checked against the ``from-arbiter`` contract;
+        None (logged) when it is not JSON or breaks the contract."""
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            log.warning("jupyter-vgpu: the node arbiter sent a line that is not JSON; dropped")
+            return None
+        try:
+            lean.validate_message("from-arbiter", msg)
+        except ContractError as e:
+            log.warning(
+                "jupyter-vgpu: the node arbiter sent a message that breaks its contract, dropped: %s", e
+            )
+            return None
+        return msg
+
     def _handle(self, msg: dict) -> None:
-        kind = msg.get("type")
+        """Act on one message of the arbiter's (checked: :meth:`_received`)."""
+        kind = msg["type"]
         if kind == "welcome":
-            self.managed = msg.get("slice") is not None
-            dir_ = msg.get("disk_dir")
-            self.disk_dir = dir_ if isinstance(dir_, str) and dir_ else None
-            self.adopt_slice(msg.get("slice"))
+            self.managed = msg["slice"] is not None
+            self.disk_dir = msg.get("disk_dir") or None  # absent from an arbiter before version 2
+            self.adopt_slice(msg["slice"])
             if self.lost_at is not None:
                 self.reconnects += 1
                 log.info(
@@ -283,22 +303,18 @@ class ArbiterClient:
             self.connected.set()
             self.send_state()
         elif kind == "slice":
-            self.adopt_slice(msg.get("slice"))
+            self.adopt_slice(msg["slice"])
         elif kind in ("grant", "wait", "deny"):
             self._answer(msg)
         elif kind in ("pause", "suspend", "spill", "trim"):
             threading.Thread(target=self._obey, args=(msg,), name="jupyter-vgpu-pause", daemon=True).start()
         elif kind == "notice":
-            self.pausing.last_notice = str(msg.get("message"))[:1000]
+            self.pausing.last_notice = msg["message"][:1000]
             self.say(f"jupyter-vgpu: {self.pausing.last_notice}")
         elif kind == "node":
-            figures = {k: msg.get(k) for k in ("host_used", "host_limit", "disk_used")}
-            if all(
-                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 for v in figures.values()
-            ):
-                self.node = figures
+            self.node = {k: msg[k] for k in ("host_used", "host_limit", "disk_used")}
         elif kind == "error":
-            self.last_error = str(msg.get("message"))[:1000]
+            self.last_error = msg["message"][:1000]
             log.debug("jupyter-vgpu: the arbiter refused a message: %s", self.last_error)
             if self._hello_version > 1 and "hello" in self.last_error and "version" in self.last_error:
                 self._hello_version = 1  # an arbiter older than this kernel: speak its version

@@ -3,6 +3,7 @@
 For programs the arbiter trusts to name slices: the arbiter's own user or root, outside
 every registered server, and only where ``ArbiterApp.registrars`` allows it (a
 standalone arbiter, a benchmark, tests; under a Hub the slices come from the Hub).
+The arbiter's answers are checked against their contract (``from-arbiter``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import json
 import socket
 
+from jupyter_vgpu.contracts import ContractError, lean
 from jupyter_vgpu.slice import Slice
 
 
 class ControlError(RuntimeError):
-    """The arbiter refused; the message is its answer."""
+    """The arbiter refused (the message is its answer), or answered outside its contract."""
 
 
 class Control:
@@ -29,7 +31,11 @@ class Control:
     def _ask(self, msg: dict) -> dict:
         self._sock.sendall(json.dumps(msg).encode() + b"\n")
         answer = json.loads(self._reader.readline())
-        if answer.get("type") != "ok":
+        try:
+            lean.validate_message("from-arbiter", answer)
+        except ContractError as e:
+            raise ControlError(f"the arbiter's answer breaks its contract: {e}") from None
+        if answer["type"] != "ok":
             raise ControlError(answer.get("message", str(answer)))
         return answer
 

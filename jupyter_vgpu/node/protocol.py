@@ -54,9 +54,23 @@ the Hub's page) and ``{"type": "refresh"}`` (the Hub's slices changed: read them
 sent by the Hub after a quota change); each is answered ``{"type": "ok", ...}`` or
 ``{"type": "error", "message": str}``.
 
-Everything received is checked here before anything acts on it: unknown types, missing
-or extra fields, wrong types and out-of-range numbers are refused with a message, and
-a line longer than :data:`MAX_LINE` bytes ends the connection.
+Both directions are contracts (:mod:`jupyter_vgpu.contracts`): ``to-arbiter`` is what
+clients send, ``from-arbiter`` what the arbiter sends, each defined once as a JSON
+Schema and checked where received without jsonschema (:mod:`jupyter_vgpu.contracts.lean`:
+the arbiter reads every line of every kernel, and a kernel starts in a second). Here,
+:func:`decode` checks every line before anything acts on it: unknown types, missing or
+extra fields, wrong types and out-of-range numbers are refused with a message that
+names the message's type, the field and what is wrong (``reply.released: must be at
+least 0; got -1``), the client may go on; a line longer than :data:`MAX_LINE` bytes
+ends the connection. A kernel drops (and logs) a message of the arbiter's that breaks
+its contract. A slice inside a message is an object here, checked by
+:meth:`jupyter_vgpu.slice.Slice.from_dict` (which also reads version 1, and whose checks
+the slice contract's tests hold to its schema).
+
+A kernel checks what it receives against the ``from-arbiter`` it was built with: a field
+or a message added to it in a later version must go only to kernels whose hello says
+they know it (kernels of version 1 checked nothing, and passed over what they did not
+know).
 """
 
 from __future__ import annotations
@@ -64,73 +78,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-VERSION = 2
-#: Versions of ``hello`` accepted (1: kernels started before an upgrade).
-VERSIONS = (1, 2)
+from jupyter_vgpu.contracts import ContractError, lean, version
+
+#: The protocol's version (a kernel's hello says which it speaks).
+VERSION = version("to-arbiter")
 #: The longest line accepted, bytes.
 MAX_LINE = 64 * 1024
-STATES = ("active", "idle", "paused", "suspended")
-ROOM_FOR = ("run", "resume", "restore", "prefetch")
-_MAX_INT = 2**62
+#: What only trusted clients may send.
+TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
 
 
 class ProtocolError(ValueError):
     """A received message is malformed; the message says what is wrong."""
 
 
-def _int(msg: dict, key: str, *, lo: int = 0) -> int:
-    value = msg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= _MAX_INT:
-        raise ProtocolError(f"{msg.get('type')}: {key} must be an integer >= {lo}")
-    return value
-
-
-def _str(msg: dict, key: str, limit: int = 256) -> str:
-    value = msg.get(key)
-    if not isinstance(value, str) or len(value) > limit:
-        raise ProtocolError(f"{msg.get('type')}: {key} must be a string of at most {limit} characters")
-    return value
-
-
-def _seconds(msg: dict, key: str) -> float:
-    value = msg.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
-        raise ProtocolError(f"{msg.get('type')}: {key} must be a number of seconds")
-    return value
-
-
-def _figures(msg: dict) -> None:
-    """The figures a hello and a state carry: ``state`` and byte counts."""
-    if msg["state"] not in STATES:
-        raise ProtocolError(f"{msg['type']}: state must be one of {', '.join(STATES)}")
-    for key in ("resident", "paused_bytes", "host_bytes", "disk_bytes"):
-        if key in msg:
-            _int(msg, key)
-
-
-_HELLO = {
-    1: {"type", "version", "kernel_id"},
-    2: {"type", "version", "kernel_id", "state", "resident", "paused_bytes", "host_bytes", "disk_bytes"}
-    | {"budget", "idle_seconds"},
-}
-_FIELDS = {
-    "hello": _HELLO[1],
-    "state": {"type", "state", "resident", "paused_bytes", "host_bytes", "resume_seconds"},
-    "room": {"type", "id", "for"},
-    "reply": {"type", "id", "ok", "message", "released"},
-    "register": {"type", "pid", "user", "server", "slice"},
-    "unregister": {"type", "pid"},
-    "books": {"type"},
-    "refresh": {"type"},
-}
-#: Fields a message may leave out: those a version-1 kernel does not send, and a
-#: registration's cgroup (a server without one is known by its process tree).
-_OPTIONAL = {"state": {"disk_bytes"}, "register": {"cgroup", "start", "uid"}}
-TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
-
-
 def decode(line: bytes) -> dict[str, Any]:
-    """The message in one received line, checked.
+    """The message in one received line, checked against the ``to-arbiter`` contract.
 
     Raises:
         ProtocolError: not JSON, not an object, an unknown type, or a bad field.
@@ -141,55 +104,10 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError("not a JSON object") from None
     if not isinstance(msg, dict):
         raise ProtocolError("not a JSON object")
-    kind = msg.get("type")
-    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
-    if fields is None:
-        raise ProtocolError(f"unknown message type {kind!r}")
-    if kind == "hello":
-        version = msg.get("version")
-        if isinstance(version, bool) or version not in VERSIONS:
-            raise ProtocolError(
-                f"hello: protocol version {' or '.join(map(str, VERSIONS))} expected, got {version!r}"
-            )
-        fields = _HELLO[version]
-    optional = _OPTIONAL.get(kind, set())
-    extra, missing = set(msg) - fields - optional, fields - set(msg)
-    if extra or missing:
-        raise ProtocolError(f"{kind}: fields {sorted(fields | optional)} expected, got {sorted(msg)}")
-    if kind == "hello":
-        _str(msg, "kernel_id", 128)
-        if msg["version"] >= 2:
-            _figures(msg)
-            if msg["budget"] is not None:
-                _int(msg, "budget")
-            _seconds(msg, "idle_seconds")
-    elif kind == "state":
-        _figures(msg)
-        if msg["resume_seconds"] is not None:
-            _seconds(msg, "resume_seconds")
-    elif kind == "room":
-        _int(msg, "id")
-        if msg["for"] not in ROOM_FOR:
-            raise ProtocolError(f"room: for must be one of {', '.join(ROOM_FOR)}")
-    elif kind == "reply":
-        _int(msg, "id")
-        if not isinstance(msg["ok"], bool):
-            raise ProtocolError("reply: ok must be true or false")
-        _str(msg, "message", 4096)
-        if msg["released"] is not None:
-            _int(msg, "released")
-    elif kind in ("register", "unregister"):
-        _int(msg, "pid", lo=1)
-        if kind == "register":
-            _str(msg, "user")
-            _str(msg, "server")
-            if not isinstance(msg["slice"], dict):
-                raise ProtocolError("register: slice must be a slice object")
-            if "cgroup" in msg and msg["cgroup"] is not None:
-                _str(msg, "cgroup", 4096)
-            for key in ("start", "uid"):
-                if msg.get(key) is not None:
-                    _int(msg, key)
+    try:
+        lean.validate_message("to-arbiter", msg)
+    except ContractError as e:
+        raise ProtocolError(str(e)) from None
     return msg
 
 

@@ -20,7 +20,14 @@ from jupyter_vgpu.testing.waiting import wait_for
 MiB = scene.MiB
 ADA, BOB, CAROL = (1, 16 * MiB), (2, 4 * MiB), (3, 16 * MiB)
 #: Words of the arbiter's protocol that must never reach a cell's output.
-PROTOCOL_WORDS = ("say hello first", "the arbiter says", "refused:", "fields [", "unknown message type")
+PROTOCOL_WORDS = (
+    "say hello first",
+    "the arbiter says",
+    "refused:",
+    "missing field(s)",
+    "unknown field(s)",
+    "type: must be one of",
+)
 
 
 def arbiter_args(tmp, *more):

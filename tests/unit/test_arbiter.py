@@ -176,11 +176,17 @@ def test_bad_messages_get_a_clear_answer_and_change_nothing(arbiter, two):
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(arbiter.socket))
         reader = s.makefile("rb")
-        for bad in (b"not json\n", b'{"type": "pause"}\n', b'{"type": "state", "state": "gone"}\n'):
+        for bad, says in (
+            (b"not json\n", "not a JSON object"),
+            (b'{"type": "pause"}\n', 'type: must be one of "hello"'),
+            (b'{"type": "state", "state": "gone"}\n', "state: missing field(s): resident"),
+            (b'{"type": "room", "id": 1, "for": "run", "budget": 1}\n', 'room: unknown field(s): "budget"'),
+            (b'{"type": "hello", "version": 9, "kernel_id": "k"}\n', "hello.version: must be one of 1, 2"),
+        ):
             s.sendall(bad)
             answer = json.loads(reader.readline())
             assert answer["type"] == "error"
-            assert answer["message"]
+            assert says in answer["message"]  # and the connection stays open for the next line
         s.sendall(b"x" * 70000 + b"\n")
         assert json.loads(reader.readline())["message"] == "line too long"
     assert arbiter.kernel(ada.pid)["budget"] == 600 * MiB

@@ -65,7 +65,7 @@ def restore(driver: Driver, pids: list[int], suspended_by_us: bool = True, **fie
         kernel.group_ids = [procs.Identity.of(p) for p in pids[:-1]] + [kernel.identity]
         kernel.group = list(pids)
     arbiter = Arbiter(ArbiterApp(), checkpoint=driver)
-    return asyncio.run(arbiter._restore(kernel)), kernel
+    return asyncio.run(arbiter.moves.restore(kernel)), kernel
 
 
 def test_a_kernel_the_arbiter_suspended_is_restored_with_its_footprint_as_the_room_needed(processes):
@@ -112,7 +112,7 @@ def test_a_group_whose_process_changed_hands_is_never_handed_to_the_driver(proce
     kernel.group_ids, kernel.group = [child, kernel.identity], list(processes)
     os.kill(processes[0], signal.SIGKILL)
     wait_for(lambda: not child.current(), 10, "the child to end")
-    ok, why = asyncio.run(Arbiter(ArbiterApp(), checkpoint=driver)._restore(kernel))
+    ok, why = asyncio.run(Arbiter(ArbiterApp(), checkpoint=driver).moves.restore(kernel))
     assert ok is False
     assert f"process {processes[0]} has ended" in why
     assert driver.calls == []

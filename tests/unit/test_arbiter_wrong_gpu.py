@@ -100,7 +100,7 @@ def test_a_process_of_no_server_is_named_by_the_card_it_holds_most_on(processes)
             return set(held)
 
         arbiter.read = read
-        arbiter.managed_cards = managed
+        arbiter.enforcement.managed_cards = managed
         asyncio.run(arbiter.enforce(0.0))
         [reported] = [d for d in arbiter.decisions if d["what"].startswith("unowned")]
         assert (reported["pid"], reported["gpu"]) == (stray.pid, "GPU-2")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from jupyter_vgpu.node.arbiter import said_while
+from jupyter_vgpu.node.room import said_while
 
 
 def test_a_long_wait_is_told_at_once_and_then_every_interval_with_its_seconds():

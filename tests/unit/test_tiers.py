@@ -257,11 +257,11 @@ def test_a_version_2_hello_carries_where_the_memory_is():
     assert decode(json.dumps(hello).encode()) == hello
     assert decode(b'{"type": "hello", "version": 1, "kernel_id": "k"}')["version"] == 1
     for bad, says in (
-        ({**hello, "state": "asleep"}, "state must be"),
-        ({**hello, "idle_seconds": -1}, "idle_seconds"),
-        ({**hello, "version": 3}, "version 1 or 2"),
-        ({**hello, "version": True}, "version 1 or 2"),
-        ({k: v for k, v in hello.items() if k != "disk_bytes"}, "fields"),
+        ({**hello, "state": "asleep"}, "hello.state: must be one of"),
+        ({**hello, "idle_seconds": -1}, "hello.idle_seconds: must be at least 0"),
+        ({**hello, "version": 3}, "hello.version: must be one of 1, 2; got 3"),
+        ({**hello, "version": True}, "hello.version: must be one of 1, 2; got true"),
+        ({k: v for k, v in hello.items() if k != "disk_bytes"}, r"hello: missing field\(s\): disk_bytes"),
     ):
         with pytest.raises(ProtocolError, match=says):
             decode(json.dumps(bad).encode())

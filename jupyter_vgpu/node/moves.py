@@ -1,0 +1,286 @@
+"""Kernels off their card and back: pauses asked of kernels, suspends and restores through the driver.
+
+Owns every move of a kernel's memory across the card's edge that the arbiter decides:
+a pause (the kernel moves its memory to host memory and answers), a suspend (the kernel
+prepares, then the driver's process checkpoint takes the kernel and its children that
+hold memory on the card), a restore from that checkpoint, and the look at a kernel met
+suspended at its hello. Host memory for a pause is made first (:mod:`.tiering`);
+the card's memory is then read until NVML shows it free.
+
+Every call of the driver's checkpoint goes through :meth:`Moves.driver` (bounded by
+:mod:`.checkpoint_pool`; the books show it while it lasts), and only on processes
+checked just before to be still the ones taken (:func:`checked`): a PID that changed
+hands is never handed to the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from jupyter_vgpu import failpoints
+
+from . import peers, procs, tiers
+from .books import PAUSED, SUSPENDED, Kernel, Reason
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter
+
+log = logging.getLogger("jupyter_vgpu.node")
+
+
+def _descendants(pid: int, uid: int) -> list[int]:
+    """Every process of user ``uid`` descending from ``pid`` (from ``/proc``): the processes
+    a kernel may have been suspended with, when the arbiter that suspended it is not this
+    one. Another user's process below it (a setuid program) is never among them."""
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    return [p for p in pids if p != pid and pid in peers.ancestors(p) and procs.uid_of(p) == uid]
+
+
+class ProcessChanged(RuntimeError):
+    """A process the arbiter was about to act on has ended, or its PID names another
+    process now; nothing was done."""
+
+
+def checked(identities: list[procs.Identity]) -> list[int]:
+    """The PIDs of ``identities``, once each is checked to be still the process it was
+    (:meth:`.procs.Identity.current`): the driver's checkpoint calls take PIDs, and a PID
+    that changed hands names someone else. Called just before the call, on its thread.
+
+    Raises:
+        ProcessChanged: one of them has ended or changed hands.
+    """
+    changed = [i.pid for i in identities if i is None or not i.current()]
+    if changed:
+        raise ProcessChanged(f"process {', '.join(map(str, changed))} has ended or is not the one it was")
+    return [i.pid for i in identities]
+
+
+class Moves:
+    """Pauses, suspends and restores of the arbiter's kernels.
+
+    Args:
+        arbiter: the :class:`~.arbiter.Arbiter` (its connections, the driver's checkpoint
+            module in ``checkpoint``, or None where the driver lacks it).
+    """
+
+    def __init__(self, arbiter: Arbiter):
+        self.arbiter = arbiter
+
+    async def take_off(
+        self, kernel: Kernel, action: str, reason: Reason, for_whom: str = "", tell=None, notes=None
+    ) -> bool:
+        """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
+        Host memory for it is made first (:meth:`.tiering.Tiering.host_room`); where none
+        can be, it stays. ``reason`` labels the pauses metric and the decision.
+
+        A kernel that cannot be paused safely (it says why: a thread that may use the GPU
+        while idle, child processes on the GPU...) is suspended instead, where the
+        driver's checkpoint is available; one the driver cannot suspend (CUDA IPC, managed
+        memory) pauses in part, what is shared or managed staying on the card, and refuses
+        a suspend later. A suspend takes the kernel's child processes that hold memory on
+        the card with it.
+        """
+        a = self.arbiter
+        conn = a.conns.get(kernel.pid)
+        if conn is None:
+            return False
+        need = tiers.host_need(kernel)
+        why = await a.tiering.host_room(kernel, need, tell)
+        if why is not None:
+            a.decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)
+            if notes is not None:
+                notes.append(f"{kernel.server.key} stays: {why}")
+            return False
+        uuid = kernel.slice.gpu_uuid
+        t0 = time.monotonic()
+        reading = await a.read(uuid)
+        before = reading.used
+        measured = None if kernel.slice.simulated else kernel.resident  # NVML's, just read
+        answer = await conn.ask(
+            {"type": action}, a.config.pause_timeout, sent=lambda: failpoints.hit("arbiter.pause")
+        )
+        a.enforcement.heard(kernel, action, answer)
+        if (
+            not answer.get("ok")
+            and action == "pause"
+            and a.checkpoint is not None
+            and not answer.get("timeout")
+        ):
+            a.decide("pause refused", server=kernel.server.key, message=answer.get("message", ""))
+            action = "suspend"
+            answer = await conn.ask({"type": action}, a.config.pause_timeout)
+            a.enforcement.heard(kernel, action, answer)
+        if not answer.get("ok"):
+            a.decide(f"{action} refused", server=kernel.server.key, message=answer.get("message", ""))
+            if notes is not None:
+                notes.append(f"{kernel.server.key} stays: {answer.get('message', '')}")
+            return False
+        if action == "suspend":
+            failpoints.hit("arbiter.suspend")
+            group = self.group_of(kernel, reading.processes)
+            # what the checkpoint takes off the card, after the kernel's own pause: its restore needs it back
+            held = (await a.read(uuid)).processes
+            kernel.checkpoint_bytes = sum(held.get(i.pid, 0) for i in group)
+            try:
+                await self.driver(
+                    kernel,
+                    "suspend",
+                    lambda: a.checkpoint.suspend(checked(group), nbytes=kernel.checkpoint_bytes),
+                )
+            except Exception as e:
+                procs.close_quietly(group[:-1])
+                a.decide("suspend failed", server=kernel.server.key, message=str(e))
+                return False
+            kernel.group, kernel.group_ids = [i.pid for i in group], group
+            kernel.state, kernel.since = SUSPENDED, time.monotonic()
+            a.metrics.suspends.labels(gpu=uuid).inc()
+        else:
+            kernel.state = PAUSED
+            kernel.measured = measured
+            a.metrics.pauses.labels(gpu=uuid, reason=reason.value).inc()
+        released = answer.get("released")  # bytes; absent from a suspend's answer
+        if released != 0:  # a pause that released nothing leaves nothing to wait for
+            await self.settle(uuid, before)
+        took = time.monotonic() - t0
+        fields = {"released": released} if released is not None else {}
+        if action == "suspend" and len(kernel.group) > 1:
+            fields["with"] = ",".join(map(str, kernel.group[:-1]))
+        said = f"room for {for_whom}" if reason is Reason.ROOM else reason.value
+        a.decide(
+            action, server=kernel.server.key, pid=kernel.pid, reason=said, seconds=round(took, 3), **fields
+        )
+        return True
+
+    def group_of(self, kernel: Kernel, on_card) -> list[procs.Identity]:
+        """The processes a suspend of ``kernel`` takes, the kernel last: its descendants
+        holding memory on the card (``on_card``: PIDs) that are of its uid and its server,
+        each as a :class:`.procs.Identity` taken now."""
+        group = []
+        for pid in on_card:
+            if pid == kernel.pid or kernel.pid not in peers.ancestors(pid):
+                continue
+            ident = procs.Identity.of(pid, uid=kernel.uid)
+            if ident is not None and self.arbiter.root_of(pid) == kernel.server.root:
+                group.append(ident)
+            elif ident is not None:
+                ident.close()
+        return [*group, kernel.identity]
+
+    async def driver(self, kernel: Kernel, what: str, call):
+        """``call()`` (a call of the driver's checkpoint about ``kernel``, each bounded by
+        the :mod:`.checkpoint_pool`) in the executor. While it lasts, the books show it
+        (``driver_call``: which call, since when); one given up past its deadline is a
+        decision, and the kernel hears of it (``%vgpu status`` shows the notice).
+
+        Raises:
+            Exception: whatever ``call`` raised.
+        """
+        a = self.arbiter
+        kernel.driver_call = (what, time.time())
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, call)
+        except Exception as e:
+            if isinstance(e, getattr(a.checkpoint, "Timeout", ())):
+                a.decide("driver call given up", server=kernel.server.key, pid=kernel.pid, message=str(e))
+                conn = a.conns.get(kernel.pid)
+                if conn is not None:
+                    notice = f"{e}. If this kernel does not answer, restart it."
+                    await a.sessions.send(conn, {"type": "notice", "message": notice})
+            raise
+        finally:
+            kernel.driver_call = None
+
+    async def settle(self, uuid: str, before: int, timeout: float = 2.0) -> None:
+        """Wait (briefly, ``timeout`` seconds) for NVML to show the memory a pause released."""
+        a = self.arbiter
+        if a.simulated_total(uuid) is not None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (await a.read(uuid)).used < before:
+                return
+            await asyncio.sleep(0.02)
+
+    async def restore(self, kernel: Kernel) -> tuple[bool | None, str]:
+        """Bring ``kernel`` (and its group) back from the driver's checkpoint, if the driver
+        holds it; ``(True, "")`` once it runs (restored now, or it was not checkpointed),
+        ``(None, why)`` when NVML shows too little free memory to try (a restore the card
+        has no room for leaves the process unrestorable: :mod:`.checkpoint`), ``(False,
+        why)`` when the driver refused."""
+        a = self.arbiter
+        if not kernel.group and not kernel.checkpoint_bytes:
+            # not suspended by this arbiter, nor with a footprint: only the kernel's word
+            # says so (chaos mode's helper, or a kernel suspended before it touched CUDA)
+            try:
+                where = await self.driver(
+                    kernel, "state", lambda: a.checkpoint.state(*checked([kernel.identity]))
+                )
+            except Exception:  # no CUDA context in it: nothing the driver holds
+                where = "running"
+            if where == "running":
+                return True, ""
+        failpoints.hit("arbiter.restore")
+        # logged before the driver's call, so that a restore that never ends shows in the log
+        log.info("restoring %s from the driver's checkpoint (group %s)", kernel.describe(), kernel.group)
+        need = {kernel.slice.gpu_uuid: kernel.checkpoint_bytes} if not kernel.slice.simulated else None
+        group = kernel.group_ids
+        if not group:  # suspended by another: its descendants of its own user, as they are now
+            found = [procs.Identity.of(p, uid=kernel.uid) for p in _descendants(kernel.pid, kernel.uid)]
+            group = [*(i for i in found if i is not None), kernel.identity]
+        try:
+            seconds = await self.driver(kernel, "restore", lambda: a.checkpoint.restore(checked(group), need))
+        except a.checkpoint.NoRoom as e:
+            return None, f"{kernel.server.key} waits to be restored: {e}"
+        except Exception as e:
+            return False, f"restoring the kernel failed: {e}"
+        finally:
+            if group is not kernel.group_ids:
+                procs.close_quietly(group[:-1])
+        procs.close_quietly(kernel.group_ids[:-1])
+        kernel.checkpoint_bytes, kernel.group, kernel.group_ids = 0, [], []
+        a.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
+        a.decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
+        return True, ""
+
+    async def found_suspended(self, kernel: Kernel) -> None:
+        """A kernel that says it is suspended, met at its hello (its checkpoint's holder,
+        an arbiter before this one or chaos mode's helper, may have ended): ask the driver
+        where the process is, so that it is never left locked for good. A checkpointed
+        process is restored at its next cell, as any suspended kernel; one left locked by a
+        suspend cut short holds its memory on the card still, and is unlocked now."""
+        a = self.arbiter
+        key = kernel.server.key
+        if a.checkpoint is None:
+            why = "no driver checkpoint here; the kernel restores itself when it runs a cell"
+            a.decide("suspended kernel found", server=key, pid=kernel.pid, message=why)
+            return
+        try:
+            where = await self.driver(
+                kernel, "state", lambda: a.checkpoint.state(*checked([kernel.identity]))
+            )
+        except Exception as e:
+            why = f"the driver cannot say where it is: {e}"
+            a.decide("suspended kernel found", server=key, pid=kernel.pid, message=why)
+            return
+        if where == "locked":
+            try:
+                await self.driver(kernel, "unlock", lambda: a.checkpoint.restore(checked([kernel.identity])))
+            except Exception as e:
+                a.decide("unlock failed", server=key, pid=kernel.pid, message=str(e))
+                return
+            kernel.state, kernel.checkpoint_bytes = PAUSED, 0
+            why = "its suspend was cut short: unlocked, its memory had not left the card"
+            a.decide("unlocked", server=key, pid=kernel.pid, message=why)
+        elif where == "failed":
+            message = "the driver's checkpoint of this kernel failed; its next cell tries to restore it"
+            a.decide("checkpoint failed", server=key, pid=kernel.pid, message=message)
+            conn = a.conns.get(kernel.pid)
+            if conn is not None:
+                await a.sessions.send(conn, {"type": "notice", "message": message})
+        else:
+            why = f"the driver says {where}; restored at its next cell"
+            a.decide("suspended kernel found", server=key, pid=kernel.pid, message=why)

@@ -1,0 +1,259 @@
+"""Room on demand: a kernel's requests to run, answered by making room on its card.
+
+Before a kernel runs code it asks for room (``{"type": "room"}``, :mod:`.protocol`).
+Under its card's lock the arbiter reads the card, and while the kernel is short
+(:func:`.books.shortfall`) takes idle kernels off it in the order of
+:func:`.books.victims` (:meth:`.moves.Moves.take_off`); it then grants the request, or
+queues it with a message the cell shows until room appears or ``queue_timeout``
+passes. A suspended kernel is restored outside the lock, its room held for it. A
+``prefetch`` (the user is about to run a cell) is answered at once, granted only where
+the card has room without taking anyone off it. Every wait is told to the cell as it
+goes, at least once a second (:func:`said_while`).
+
+A kernel has at most one request decided and one waiting; a newer one replaces the
+waiting one (:meth:`Rooms.request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from jupyter_vgpu import failpoints
+from jupyter_vgpu.units import format_bytes
+
+from . import books
+from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Reason
+from .cards import Reading
+from .enforcement import REFUSAL_SECONDS
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter
+    from .sessions import Connection
+
+T = TypeVar("T")
+
+
+async def said_while(
+    work: Awaitable[T], tell: Callable[[str], Awaitable[None]], what: str, every: float = 1.0
+) -> T:
+    """Await ``work`` and return its result, telling ``what`` at once and then every
+    ``every`` seconds until it is done, with the seconds so far ("what (3 s)").
+
+    Raises:
+        Exception: whatever ``work`` raised.
+    """
+    task = asyncio.ensure_future(work)
+    t0 = time.monotonic()
+    try:
+        await tell(what)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            await tell(f"{what} ({time.monotonic() - t0:.0f} s)")
+    except asyncio.CancelledError:
+        task.cancel()  # as if ``work`` had been awaited directly
+        raise
+
+
+class Rooms:
+    """The requests for room of the arbiter's kernels.
+
+    Args:
+        arbiter: the :class:`~.arbiter.Arbiter` (its cards, their locks, its settings:
+            ``queue_timeout``, ``suspend_after``, ``watermark``, ``prefetch_interval``).
+    """
+
+    def __init__(self, arbiter: Arbiter):
+        self.arbiter = arbiter
+        self._prefetched: dict[str, float] = {}  # user -> monotonic seconds of their last prefetch
+
+    async def request(self, conn: Connection, rid: int, purpose: str) -> None:
+        """Take a kernel's request ``rid`` for room: decided after the one being decided,
+        replacing (and denying) one that waits its turn already."""
+        if conn.room_next is not None:  # one waits for its turn already: this one replaces it
+            why = "a newer request for room from this kernel replaced this one"
+            await self.arbiter.sessions.send(conn, {"type": "deny", "id": conn.room_next[0], "message": why})
+        conn.room_next = (rid, purpose)
+        if conn.room_task is None or conn.room_task.done():
+            conn.room_task = asyncio.ensure_future(self._run(conn))
+
+    async def _run(self, conn: Connection) -> None:
+        """A kernel's requests for room, one at a time (a kernel runs one message at a
+        time; one asked while another is decided waits its turn, and at most one waits)."""
+        while conn.room_next is not None:
+            (rid, purpose), conn.room_next = conn.room_next, None
+            if purpose == "prefetch":
+                await self.prefetch(conn, rid)
+            else:
+                await self.room(conn, rid, purpose)
+
+    async def prefetch(self, conn: Connection, rid: int) -> None:
+        """Bring a paused or suspended kernel back ahead of a cell its user is about to run
+        (they opened, focused or edited its notebook): at once, or not at all. Granted only
+        where the card has room without taking anyone off it and stays at or below its
+        watermark (:func:`books.prefetch_short`), and once per ``prefetch_interval`` per
+        user (all their servers); otherwise denied, and the cell asks for its room when it runs."""
+        a = self.arbiter
+        kernel = conn.kernel
+        uuid = kernel.slice.gpu_uuid
+        now = time.monotonic()
+
+        async def deny(outcome: str, message: str) -> None:
+            a.metrics.prefetches.labels(gpu=uuid, outcome=outcome).inc()
+            a.decide("prefetch refused", server=kernel.server.key, pid=kernel.pid, message=message)
+            await a.sessions.send(conn, {"type": "deny", "id": rid, "message": message})
+
+        last = self._prefetched.get(kernel.server.user)
+        if last is not None and now - last < a.config.prefetch_interval:
+            await deny("too soon", f"one prefetch per {a.config.prefetch_interval:g} s per user")
+            return
+        async with a.locks[uuid]:
+            # its state may read active already: a kernel reports so as it starts coming back
+            held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
+            if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
+                await deny("not away", "nothing to bring back: the kernel is on the GPU")
+                return
+            reading = await a.read(uuid)
+            others = [k for k in a.on_card(uuid) if k is not kernel]
+            short = books.prefetch_short(kernel, reading.free, reading.total, others, a.config.watermark)
+            if short > 0:
+                await deny("no room", f"no room to come back ahead of the cell ({format_bytes(short)} short)")
+                return
+            self._prefetched[kernel.server.user] = now
+            # counted as running until it reports itself idle: what it brings back is promised
+            was = kernel.state
+            kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
+            kernel.state, kernel.since = ACTIVE, time.monotonic()
+        if held and a.checkpoint is not None:  # outside the card's lock, its room held
+            ok, why = await a.moves.restore(kernel)
+            if not ok:
+                kernel.state, kernel.granted = was, 0
+                await a.notify()
+                await deny("no room", why or "the restore failed")
+                return
+        a.decide("prefetch", server=kernel.server.key, pid=kernel.pid, bytes=kernel.paused_bytes)
+        a.metrics.prefetches.labels(gpu=uuid, outcome="granted").inc()
+        await a.sessions.send(conn, {"type": "grant", "id": rid})
+
+    async def room(self, conn: Connection, rid: int, purpose: str) -> None:
+        """Answer request ``rid`` of the kernel on ``conn`` (``purpose``: ``run``,
+        ``resume`` or ``restore``): grant it once the card has room for the kernel, making
+        it (:meth:`make_room`) and restoring the kernel from the driver's checkpoint where
+        the driver holds it; deny it after ``queue_timeout`` seconds."""
+        a = self.arbiter
+        kernel = conn.kernel
+        uuid = kernel.slice.gpu_uuid
+        t0 = time.monotonic()
+        deadline = t0 + a.config.queue_timeout
+        told = False
+
+        async def tell(message: str) -> None:  # what the cell waits for now, shown in its output
+            await a.sessions.send(conn, {"type": "wait", "id": rid, "message": message})
+
+        while True:
+            if a.conns.get(conn.pid) is not conn:
+                return  # the kernel left: nobody to make room for
+            notes: list[str] = []  # why victims stayed where they are
+            async with a.locks[uuid]:
+                short, reading = await self.make_room(kernel, uuid, tell, notes)
+                # the kernel's word (``restore``) or the books: whichever says the driver holds
+                # it, the driver is asked (a kernel reports itself active as soon as its cell
+                # starts, before its room)
+                held = purpose == "restore" or kernel.state == SUSPENDED
+                restoring = short <= 0 and held and a.checkpoint is not None
+                if short <= 0:  # its room is its own from here: a kernel running, as the books see it
+                    was = kernel.state
+                    others = [k for k in a.on_card(uuid) if k is not kernel]
+                    kernel.granted = books.growth(kernel, reading.free, others)
+                    kernel.state, kernel.since = ACTIVE, time.monotonic()
+            if restoring:
+                # outside the card's lock: a restore that hangs holds up no other kernel. A word
+                # each second while the driver restores (tens of seconds for tens of GiB): the
+                # cell is never silent, and the kernel never takes the silence for a hung arbiter
+                ok, why = await said_while(
+                    a.moves.restore(kernel), tell, "restoring this kernel from the driver's checkpoint"
+                )
+                if not ok:
+                    kernel.state, kernel.granted = was, 0  # as it was, its room given back
+                    await a.notify()
+                if ok is None:  # NVML shows less free than the restore needs: wait for it
+                    short = 1
+                    notes.append(why)
+                elif not ok:
+                    await a.sessions.send(conn, {"type": "deny", "id": rid, "message": why})
+                    return
+            if short <= 0:
+                if kernel.tier in ("host", "disk"):
+                    where = "disk" if kernel.tier == "disk" else "host memory"
+                    back = format_bytes(kernel.paused_bytes)
+                    await tell(f"room granted: bringing {back} back from {where}")
+                waited = time.monotonic() - t0
+                a.metrics.queue_wait.labels(gpu=uuid).observe(waited)
+                await a.sessions.send(conn, {"type": "grant", "id": rid})
+                failpoints.hit("arbiter.grant")
+                return
+            running = [k for k in a.on_card(uuid) if k.state == ACTIVE and k is not kernel]
+            message = (
+                f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) running, "
+                f"{format_bytes(short + reading.free)} needed, {format_bytes(reading.free)} free"
+            )
+            if notes:
+                message += f"; {notes[-1]}"
+            if time.monotonic() >= deadline:
+                a.decide("denied", server=kernel.server.key, gpu=uuid, message=message)
+                await a.sessions.send(
+                    conn,
+                    {
+                        "type": "deny",
+                        "id": rid,
+                        "message": f"no room on the GPU after {a.config.queue_timeout:.0f} s ({message})",
+                    },
+                )
+                return
+            if not told:
+                a.decide("queued", server=kernel.server.key, gpu=uuid, message=message)
+                told = True
+            await tell(message)
+            await a.wait_for_change(1.0)
+
+    async def make_room(self, kernel: Kernel, uuid: str, tell=None, notes=None) -> tuple[int, Reading]:
+        """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short
+        (bytes) and the card's last reading. ``await tell(message)`` hears what is being
+        done and why, as it starts; ``notes`` gets why victims stayed."""
+        a = self.arbiter
+        reading = await a.read(uuid)
+        others = [k for k in a.on_card(uuid) if k is not kernel]
+        short = books.shortfall(kernel, reading.free, others)
+        if short <= 0:
+            return short, reading
+        for victim, action in books.victims(others, kernel, a.config.suspend_after):
+            if action == "suspend" and a.checkpoint is None:
+                continue
+            if victim.declined(action, time.monotonic(), REFUSAL_SECONDS):
+                if notes is not None:  # asking again would get the same answer, or none
+                    notes.append(f"{victim.server.key} stays: it declined to {action} a moment ago")
+                continue
+            taking = a.moves.take_off(
+                victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes
+            )
+            if tell is None:
+                ok = await taking
+            else:  # a word each second: a suspend of tens of GiB takes tens of seconds
+                verb = "pausing" if action == "pause" else "suspending"
+                ok = await said_while(
+                    taking,
+                    tell,
+                    f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
+                    f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
+                )
+            if not ok:
+                continue
+            reading = await a.read(uuid)
+            short = books.shortfall(kernel, reading.free, [k for k in a.on_card(uuid) if k is not kernel])
+            if short <= 0:
+                break
+        return short, reading

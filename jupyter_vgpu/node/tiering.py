@@ -1,0 +1,371 @@
+"""Host memory and disk, driven: the arbiter's trims, spills and room in host memory.
+
+:mod:`.tiers` says, from the books alone, what the node holds and whom to trim or spill;
+this module acts on it. It owns the disk tier (:class:`.disk.DiskTier`, made at start
+where its root is safe) and why it is off or left alone (``disk_problem``), asks idle
+kernels to let go of their warm pinned slabs (``trim``) and paused kernels to move their
+data to the disk tier (``spill``), makes room in host memory before a pause
+(:meth:`Tiering.host_room`), and in the background spills what is over the mark, tells
+every kernel the node's figures and sweeps the disk tier of kernels that ended.
+
+A kernel's word is a figure: what it says it holds on disk is capped by what its
+directory holds, a spill it says it made while it holds as much host memory as before is
+a failed one, and a disk error it reports is checked against the arbiter's own write
+before the disk tier is left alone for everyone (:data:`DISK_BACKOFF_SECONDS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from jupyter_vgpu import failpoints
+from jupyter_vgpu.units import format_bytes
+
+from . import books, disk, safe_dirs, tiers
+from .books import IDLE, PAUSED, TIERS, Kernel
+from .enforcement import REFUSAL_SECONDS
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter
+    from .sessions import Connection
+
+log = logging.getLogger("jupyter_vgpu.node")
+
+#: Seconds between two sweeps of the disk tier for directories of kernels that ended.
+SWEEP_SECONDS = 5.0
+#: Seconds the disk tier is left alone after a spill failed (a full or failing disk).
+DISK_BACKOFF_SECONDS = 30.0
+
+
+def _disk_error(message: str) -> bool:
+    """True when a kernel's refusal to spill names an error of the file system (``OSError``
+    and its kinds, ``SpillError``), not of the kernel (suspended, not paused)."""
+    name = message.split(":", 1)[0].strip()
+    kind = getattr(builtins, name, None)
+    return name == "SpillError" or (isinstance(kind, type) and issubclass(kind, OSError))
+
+
+class Tiering:
+    """The node's host memory and disk tier, for the arbiter's kernels.
+
+    Args:
+        arbiter: the :class:`~.arbiter.Arbiter` (its kernels, settings, decisions).
+    """
+
+    def __init__(self, arbiter: Arbiter):
+        self.arbiter = arbiter
+        self.disk_root: str = getattr(arbiter.config, "disk_dir", "") or ""
+        self.disk: disk.DiskTier | None = None  # the disk tier, once its root is made (open)
+        self.disk_problem: str | None = None  # why the disk tier failed last, while it is left alone
+        self._disk_retry = 0.0  # monotonic seconds after which the disk tier is tried again
+        self._swept = 0.0
+        self._spilling: asyncio.Task | None = None
+        self._spills: dict[int, asyncio.Future] = {}  # kernel pid -> its spill in progress
+
+    async def open(self) -> None:
+        """Make the disk tier's root (:class:`.disk.DiskTier`) and sweep it of kernels that
+        ended; where it is not safe, the disk tier stays off and ``disk_problem`` says why."""
+        if not self.disk_root:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            self.disk = await loop.run_in_executor(None, disk.DiskTier, self.disk_root)
+        except OSError as e:
+            self.disk_problem = f"the disk tier is off: {e}"
+            log.error("%s", self.disk_problem)
+        else:
+            for gone in await loop.run_in_executor(None, self.disk.sweep):
+                self.arbiter.decide("disk tier freed", message=f"{gone}: its kernel has ended")
+
+    def close(self) -> None:
+        """Let go of the disk tier's root (the arbiter stops)."""
+        if self.disk is not None:
+            self.disk.close()
+            self.disk = None
+
+    def host_budget(self) -> tiers.HostBudget:
+        """The node's host budget for paused kernels, from the settings and ``/proc/meminfo``."""
+        config = self.arbiter.config
+        total = tiers.meminfo().get("MemTotal", 0)
+        limit = getattr(config, "host_memory_limit", None)
+        if limit is None:
+            limit = int(total * getattr(config, "host_memory_fraction", 0.5))
+        reserve = getattr(config, "host_reserve", None)
+        if reserve is None:
+            reserve = max(2**30, total // 20)
+        spill_at = int(limit * getattr(config, "host_spill_fraction", 0.8))
+        return tiers.HostBudget(limit, spill_at, reserve)
+
+    def node_figures(self) -> dict:
+        """The node's tiers now: ``host_used`` (host bytes of paused and suspended kernels),
+        ``host_limit``, ``host_available`` (``MemAvailable``), ``disk_used`` (bytes in the
+        disk tier), ``disk_free`` (free bytes on its file system, or None), ``disk_dir``,
+        ``disk_problem``, and how many kernels are in each tier."""
+        kernels = self.arbiter.kernels
+        return {
+            "host_used": tiers.host_used(kernels),
+            "host_limit": self.host_budget().limit,
+            "host_available": tiers.meminfo().get("MemAvailable", 0),
+            "disk_used": tiers.disk_used(kernels),
+            "disk_free": self.disk.free_bytes() if self.disk is not None else None,
+            "disk_dir": self.disk_root or None,
+            "disk_problem": self.disk_problem,
+            "tiers": {t: sum(1 for k in kernels if k.tier == t) for t in TIERS},
+        }
+
+    def disk_dir_of(self, conn: Connection) -> str | None:
+        """The disk tier directory of the kernel on ``conn`` (made at its first spill)."""
+        if self.disk is None or conn.identity is None:
+            return None
+        return self.disk.kernel_dir(conn.uid, conn.pid, conn.identity.start)
+
+    def forget(self, uid: int, pid: int, start: int) -> None:
+        """Remove the disk tier directory of the kernel that was process ``pid`` of user
+        ``uid``, started at ``start`` (clock ticks after boot), once it ended (in the
+        background)."""
+        if self.disk is not None:
+            loop = asyncio.get_running_loop()
+            self.arbiter.spawn(loop.run_in_executor(None, self.disk.remove, uid, pid, start))
+
+    def disk_usable(self, need: int) -> str | None:
+        """Why ``need`` more bytes cannot go to the disk tier now (None: they can)."""
+        if self.disk is None:
+            if self.disk_root:
+                return self.disk_problem or f"the disk tier {self.disk_root} is not in use"
+            return "there is no disk tier (ArbiterApp.disk_dir is empty)"
+        if time.monotonic() < self._disk_retry:
+            return self.disk_problem or "the disk tier failed a moment ago"
+        limit = getattr(self.arbiter.config, "disk_limit", None)
+        used = tiers.disk_used(self.arbiter.kernels)
+        if limit is not None and used + need > limit:
+            return f"the disk tier holds {format_bytes(used)} of its {format_bytes(limit)} limit"
+        free = self.disk.free_bytes()
+        keep = getattr(self.arbiter.config, "disk_reserve", 2**30) or 0
+        if free is not None and free - need < keep:
+            return (
+                f"the disk tier's file system has {format_bytes(free)} free, and "
+                f"{format_bytes(keep)} must stay free (ArbiterApp.disk_reserve)"
+            )
+        return None
+
+    async def spill(self, kernel: Kernel, tell=None) -> bool:
+        """Move a paused kernel's host memory to the disk tier; True when it did. A refusal
+        (a full or failing disk) is a decision and leaves the data where it was. Callers
+        at the same time share one request to the kernel."""
+        running = self._spills.get(kernel.pid)
+        if running is None or running.done():
+            running = self._spills[kernel.pid] = asyncio.ensure_future(self._spill(kernel, tell))
+            running.add_done_callback(lambda _, pid=kernel.pid: self._spills.pop(pid, None))
+        return await asyncio.shield(running)
+
+    def _back_off(self, problem: str) -> None:
+        self.disk_problem = problem
+        self._disk_retry = time.monotonic() + DISK_BACKOFF_SECONDS
+
+    async def _spill(self, kernel: Kernel, tell=None) -> bool:
+        a = self.arbiter
+        conn = a.conns.get(kernel.pid)
+        if conn is None or conn.kernel is not kernel or kernel.state != PAUSED or kernel.host_bytes <= 0:
+            return False
+        why = self.disk_usable(kernel.host_bytes)
+        if why is None and not kernel.disk_dir:
+            why = "the kernel has no directory in the disk tier"
+        if why is not None:
+            a.decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=why)
+            return False
+        loop = asyncio.get_running_loop()
+        try:  # the user's directory, theirs and private
+            await loop.run_in_executor(None, self.disk.user_dir, kernel.uid)
+        except safe_dirs.UnsafePath as e:  # that user's directory alone: their spills wait
+            kernel.refused["spill"] = time.monotonic()
+            a.decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=str(e))
+            return False
+        except OSError as e:
+            self._back_off(f"the disk tier's directory cannot be made: {e}")
+            a.decide("spill skipped", server=kernel.server.key, pid=kernel.pid, message=self.disk_problem)
+            return False
+        if tell is not None:
+            await tell(
+                f"moving {kernel.server.key}'s paused memory ({format_bytes(kernel.host_bytes)}) to disk"
+            )
+        t0 = time.monotonic()
+        held = kernel.host_bytes
+        answer = await conn.ask(
+            {"type": "spill", "dir": kernel.disk_dir},
+            a.config.pause_timeout,
+            sent=lambda: failpoints.hit("arbiter.spill"),
+        )
+        if not answer.get("ok") and a.conns.get(kernel.pid) is not conn:
+            a.decide("spill cut short", server=kernel.server.key, pid=kernel.pid, message="the kernel left")
+            return False
+        a.enforcement.heard(kernel, "spill", answer)
+        if not answer.get("ok"):
+            a.metrics.spill_failures.inc()
+            message = answer.get("message", "")
+            # a full or failing disk (the arbiter's own write fails too) leaves the disk tier
+            # alone a while; a kernel's own trouble, or its word alone, stops only its spills
+            broken = await loop.run_in_executor(None, self.disk.probe) if _disk_error(message) else None
+            if broken is not None:
+                self._back_off(f"spilling {kernel.server.key} failed: {message} (the disk tier: {broken})")
+            a.decide("spill failed", server=kernel.server.key, pid=kernel.pid, message=message)
+            return False
+        await self._measure(kernel)
+        if kernel.host_bytes >= held:  # it said it spilled, and holds as much as before
+            kernel.refused["spill"] = time.monotonic()
+            why = "the kernel said it moved its memory to disk, yet holds as much host memory as before"
+            a.decide("spill failed", server=kernel.server.key, pid=kernel.pid, message=why)
+            return False
+        self.disk_problem = None
+        a.metrics.spills.inc()
+        a.decide(
+            "spill", server=kernel.server.key, pid=kernel.pid, seconds=round(time.monotonic() - t0, 3),
+            message=f"{format_bytes(held)} of host memory to the disk tier",
+        )  # fmt: skip
+        return True
+
+    async def _measure(self, kernel: Kernel) -> None:
+        """Size ``kernel``'s directory of the disk tier, and hold its figure to it."""
+        loop = asyncio.get_running_loop()
+        kernel.disk_measured = await loop.run_in_executor(None, self._disk_size, kernel)
+        self.arbiter.enforcement.take_figures(kernel, {"disk_bytes": kernel.disk_bytes})
+
+    async def trim(self, kernel: Kernel) -> int:
+        """Ask an idle kernel to let go of the pinned slabs it keeps warm for its next pause;
+        the bytes it gave back (0: refused, or it held none)."""
+        a = self.arbiter
+        conn = a.conns.get(kernel.pid)
+        if conn is None or conn.kernel is not kernel or kernel.state != IDLE or kernel.host_bytes <= 0:
+            return 0
+        answer = await conn.ask({"type": "trim"}, a.config.pause_timeout)
+        a.enforcement.heard(kernel, "trim", answer)
+        released = answer.get("released")  # its figures came first, in a state message
+        if not answer.get("ok") or not isinstance(released, int) or released <= 0:
+            why = answer.get("message", "")
+            a.decide("trim refused", server=kernel.server.key, pid=kernel.pid, message=why)
+            return 0
+        a.metrics.trimmed.inc(released)
+        a.decide(
+            "trim", server=kernel.server.key, pid=kernel.pid,
+            message=f"{format_bytes(released)} of warm pinned host memory let go (its next pause pins again)",
+        )  # fmt: skip
+        return released
+
+    async def host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
+        """Trim idle kernels' warm slabs (each asked once), then spill colder paused kernels,
+        until ``need`` bytes of ``victim`` fit in host memory; None when they fit, else why
+        not. A pause that would eat into the host's reserve
+        is never made (the OOM killer would take whole kernels); one that would pass the
+        node's budget only when nothing colder is left to spill and the disk tier can take
+        the victim next (a kernel larger than the budget on its own).
+
+        What a kernel that declined to spill holds is its own (:func:`.books.cooperative`):
+        it counts against no one else's pause, and it is not asked again before
+        :data:`.enforcement.REFUSAL_SECONDS`; the host's reserve (``MemAvailable``,
+        measured) still counts everyone's memory."""
+        asked: list[Kernel] = []  # to trim: one that gave nothing back is not asked again
+        tried: list[Kernel] = []  # to spill: each at most once here
+        while True:
+            now = time.monotonic()
+            counted = books.cooperative(self.arbiter.kernels, but=victim)
+            budget = self.host_budget()
+            available = tiers.meminfo().get("MemAvailable", 0)
+            over_budget, over_reserve = tiers.host_room(counted, budget, need, available)
+            if not over_budget and not over_reserve:
+                return None
+            held = format_bytes(tiers.host_used(counted))
+            why = (
+                f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
+                f"{format_bytes(available)} available)"
+            )
+            warm = [
+                k
+                for k in tiers.trimmable(counted, now, exclude=(victim, *asked))
+                if not k.declined("trim", now, REFUSAL_SECONDS)
+            ]
+            if warm:
+                asked.append(warm[0])
+                if await self.trim(warm[0]):
+                    continue  # losing no data comes before moving any to disk
+            candidates = [
+                k
+                for k in tiers.spillable(counted, now, exclude=(victim, *tried))
+                if not k.declined("spill", now, REFUSAL_SECONDS)
+            ]
+            if not candidates:
+                disk_why = self.disk_usable(need)
+                if not over_reserve and disk_why is None:
+                    note = f"{why}: nothing else to move to disk; it goes there next"
+                    self.arbiter.decide(
+                        "past the host budget", server=victim.server.key, pid=victim.pid, message=note
+                    )
+                    return None
+                disk_why = disk_why or "no other paused kernel holds host memory to move there"
+                return f"{why}, and the disk tier takes nothing now: {disk_why}"
+            disk_why = self.disk_usable(candidates[0].host_bytes)
+            if disk_why is not None:
+                return f"{why}, and the disk tier takes nothing now: {disk_why}"
+            tried.append(candidates[0])
+            await self.spill(candidates[0], tell)  # whatever came of it, the next look says
+
+    async def _spill_coldest(self) -> None:
+        """Trim idle kernels' warm slabs, then spill the coldest paused kernels, while the
+        node is over its spill mark (kernels that declined either are left out: their
+        memory is their own, :func:`.books.cooperative`)."""
+        now = time.monotonic()
+        counted = books.cooperative(self.arbiter.kernels)
+        for kernel in tiers.to_trim(counted, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), now):
+            if not kernel.declined("trim", now, REFUSAL_SECONDS):
+                await self.trim(kernel)
+        tried: list[Kernel] = []
+        while True:
+            now = time.monotonic()
+            counted = books.cooperative(self.arbiter.kernels)
+            todo = [
+                k
+                for k in tiers.to_spill(
+                    counted, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), now
+                )
+                if k not in tried and not k.declined("spill", now, REFUSAL_SECONDS)
+            ]
+            if not todo or self.disk_usable(todo[0].host_bytes) is not None:
+                return
+            tried.append(todo[0])
+            await self.spill(todo[0])
+
+    async def step(self, now: float) -> None:
+        """The host budget's background step: spill what is over the mark, tell the kernels
+        the node's figures, publish the gauges, sweep the disk tier of ended kernels
+        (``now``: monotonic seconds)."""
+        a = self.arbiter
+        if self._spilling is None or self._spilling.done():
+            self._spilling = asyncio.ensure_future(self._spill_coldest())
+        figures = self.node_figures()
+        m = a.metrics
+        m.host_bytes.set(figures["host_used"])
+        m.host_limit.set(figures["host_limit"])
+        m.disk_bytes.set(figures["disk_used"])
+        for tier, n in figures["tiers"].items():
+            m.kernels.labels(tier=tier).set(n)
+        told = (figures["host_used"] >> 20, figures["host_limit"] >> 20, figures["disk_used"] >> 20)
+        for conn in list(a.conns.values()):
+            if conn.node_sent != told:
+                conn.node_sent = told
+                msg = {k: figures[k] for k in ("host_used", "host_limit", "disk_used")}
+                await a.sessions.send(conn, {"type": "node", **msg})
+        if self.disk is not None and now - self._swept >= SWEEP_SECONDS:
+            self._swept = now
+            loop = asyncio.get_running_loop()
+            for path in await loop.run_in_executor(None, self.disk.sweep):
+                a.decide("disk tier freed", message=f"{path}: its kernel has ended")
+            for kernel in [k for k in a.kernels if k.disk_bytes > 0]:  # what they say, against what is there
+                await self._measure(kernel)
+
+    def _disk_size(self, kernel: Kernel) -> int | None:
+        """Bytes in ``kernel``'s directory of the disk tier now (None: no disk tier)."""
+        if self.disk is None or kernel.identity is None:
+            return None
+        return self.disk.size(kernel.uid, kernel.pid, kernel.identity.start)

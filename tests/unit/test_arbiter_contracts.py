@@ -1,0 +1,247 @@
+"""The arbiter's socket protocol as contracts (``to-arbiter``, ``from-arbiter``), checked on
+both sides without jsonschema (:mod:`jupyter_vgpu.contracts.lean`): the lean checker
+agrees with jsonschema on every message and its broken variants, and says what is wrong
+in the same words; a kernel drops what breaks the contract and keeps its link."""
+
+import contextlib
+import json
+import logging
+import math
+import socket
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jupyter_vgpu import contracts
+from jupyter_vgpu.contracts import lean
+from jupyter_vgpu.kernel.arbiter_client import ArbiterClient
+from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.waiting import wait_for
+
+GiB = 2**30
+SLICE = Slice("GPU-sim-0", 0, "H100", 80 * GiB, 8 * GiB, 50, simulated=True).to_dict()
+
+#: Valid messages of each kind, both ways.
+TO_ARBITER = [
+    {"type": "hello", "version": 1, "kernel_id": "k"},
+    {
+        "type": "hello", "version": 2, "kernel_id": "k", "state": "paused", "resident": 0,
+        "paused_bytes": 5, "host_bytes": 4, "disk_bytes": 0, "budget": None, "idle_seconds": 12.5,
+    },
+    {
+        "type": "state", "state": "idle", "resident": 1, "paused_bytes": 0, "host_bytes": 0,
+        "disk_bytes": 0, "resume_seconds": 0.25,
+    },
+    {
+        "type": "state", "state": "active", "resident": 1, "paused_bytes": 0, "host_bytes": 0,
+        "resume_seconds": None,
+    },
+    {"type": "room", "id": 1, "for": "run"},
+    {"type": "reply", "id": 7, "ok": True, "message": "done in 0.1 s", "released": 0},
+    {"type": "register", "pid": 1234, "user": "ada", "server": "", "slice": SLICE},
+    {
+        "type": "register", "pid": 1234, "user": "ada", "server": "", "slice": SLICE,
+        "cgroup": "cgroup2:/jupyter/ada", "start": 99, "uid": 1000,
+    },
+    {"type": "unregister", "pid": 1234},
+    {"type": "books"},
+    {"type": "refresh"},
+]  # fmt: skip
+FROM_ARBITER = [
+    {"type": "welcome", "slice": SLICE, "server": "ada/", "disk_dir": "/var/lib/jupyter-vgpu/disk/1000/k"},
+    {"type": "welcome", "slice": None, "server": None, "disk_dir": None},
+    {"type": "welcome", "slice": SLICE, "server": "ada/"},
+    {"type": "slice", "slice": SLICE},
+    {"type": "grant", "id": 1},
+    {"type": "wait", "id": 1, "message": "making room on GPU 0"},
+    {"type": "deny", "id": 1, "message": "no room on the GPU after 60 s"},
+    {"type": "pause", "id": 3},
+    {"type": "suspend", "id": 3},
+    {"type": "trim", "id": 3},
+    {"type": "spill", "id": 3, "dir": "/var/lib/jupyter-vgpu/disk/1000/k"},
+    {"type": "notice", "message": "over budget"},
+    {"type": "error", "message": "say hello first"},
+    {"type": "node", "host_used": 0, "host_limit": 64 * GiB, "disk_used": 2**63 - 1},
+    {"type": "ok"},
+    {"type": "ok", "books": {"servers": [], "kernels": []}},
+]
+MESSAGES = [("to-arbiter", m) for m in TO_ARBITER] + [("from-arbiter", m) for m in FROM_ARBITER]
+
+#: Values that straddle every rule the two contracts have.
+CANDIDATES = [
+    None, True, False, 0, 1, -1, 2, 3, 1.5, 2.0, 2**62, 2**62 + 1, 2**63 - 1, 2**63, 10**400,
+    999999999.5, 1e9, math.nan, math.inf, "", "x", "x" * 129, "x" * 257, "x" * 4097, [], {}, {"a": 1},
+    "run", "prefetch", "active", "hello", "welcome", "node", "pause", "books",
+]  # fmt: skip
+
+
+def jsonschema_errors(name: str, document) -> list:
+    return list(contracts._validator(name).iter_errors(document))
+
+
+@pytest.mark.parametrize(("name", "message"), MESSAGES)
+def test_every_kind_of_message_keeps_its_contract_by_both_checkers(name, message):
+    contracts.validate(name, message)
+    lean.validate_message(name, message)
+
+
+@st.composite
+def broken(draw):
+    name, message = draw(st.sampled_from(MESSAGES))
+    message = dict(message)
+    how = draw(st.sampled_from(["replace", "drop", "add", "whole"]))
+    if how == "replace":
+        message[draw(st.sampled_from(sorted(message)))] = draw(st.sampled_from(CANDIDATES))
+    elif how == "drop":
+        message.pop(draw(st.sampled_from(sorted(message))))
+    elif how == "add":
+        message[draw(st.sampled_from(["budget", "surprise", "disk_dir", "version", "id"]))] = 1
+    else:
+        message = draw(st.sampled_from(CANDIDATES))
+    return name, message
+
+
+@settings(max_examples=1500, deadline=None)
+@given(broken())
+def test_the_lean_checker_agrees_with_jsonschema(case):
+    """Both accept or both refuse; where jsonschema sees one fault, both name it alike."""
+    name, message = case
+    errors = jsonschema_errors(name, message)
+    try:
+        lean.validate(name, message)
+        said = None
+    except contracts.ContractError as e:
+        said = str(e)
+    assert (said is None) == (not errors), (message, said, [e.message for e in errors])
+    if len(errors) == 1:
+        with pytest.raises(contracts.ContractError) as e:
+            contracts.validate(name, message)
+        assert said == str(e.value), message
+
+
+NODE = {"type": "node", "host_used": 0, "host_limit": 0, "disk_used": 0}
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        ({"type": "welcome", "slice": None, "server": 5}, "welcome.server: must be a string or null, not an"),
+        ({"type": "welcome", "slice": "x", "server": None}, "welcome.slice: must be an object or null"),
+        ({"type": "welcome", "slice": None}, "welcome: missing field(s): server"),
+        ({"type": "grant", "id": 1, "surprise": 1}, 'grant: unknown field(s): "surprise"'),
+        ({"type": "grant", "id": 10**400}, "grant.id: must be at most 4611686018427387904; got 1000"),
+        ({"type": "grant", "id": 1.0}, "grant.id: must be an integer, not a number with a fraction"),
+        ({"type": "pause"}, "pause: missing field(s): id"),
+        ({"type": "spill", "id": 1, "dir": None}, "spill.dir: must be a string, not null"),
+        ({**NODE, "host_used": -1}, "node.host_used: must be at least 0"),
+        ({**NODE, "host_used": math.nan}, "node.host_used: must be an integer, not NaN or infinite"),
+        ({"type": "notice", "message": ["x" * 10_000]}, "notice.message: must be a string, not an array"),
+        ({"type": "resume", "id": 1}, 'type: must be one of "welcome", "slice"'),
+        ({"kind": "grant"}, "missing field(s): type"),
+        ([{"type": "grant"}], "must be an object, not an array"),
+    ],
+)
+def test_a_message_of_the_arbiters_that_breaks_its_contract_is_named_by_field(message, said):
+    with pytest.raises(contracts.ContractError) as e:
+        lean.validate_message("from-arbiter", message)
+    assert said in str(e.value)
+    assert len(str(e.value)) < 300
+
+
+def test_the_lean_checker_refuses_keywords_it_does_not_check(monkeypatch):
+    real = contracts.schema
+
+    def patched(name):
+        s = real(name)
+        return {**s, "$defs": {**s["$defs"], "x": {"type": "string", "pattern": "^a"}}}
+
+    monkeypatch.setattr(lean, "schema", patched)
+    lean._root.cache_clear()
+    try:
+        with pytest.raises(lean.UnsupportedSchema, match="pattern"):
+            lean.validate("to-arbiter", {"type": "books"})
+    finally:
+        lean._root.cache_clear()
+
+
+def test_the_protocols_contracts_are_not_the_browsers():
+    from jupyter_vgpu.contracts import typescript
+
+    assert {"to-arbiter", "from-arbiter"} <= set(contracts.names())
+    assert "ToArbiter" not in typescript.render()
+
+
+class Pausing:
+    last_notice = None
+
+    def own_calls(self):
+        return contextlib.nullcontext()
+
+
+@pytest.fixture
+def arbiter_socket(tmp_path):
+    """A stand-in arbiter: accepts one kernel, reads its hello, and sends the lines the
+    test queued (bytes); ``heard`` collects what the kernel writes."""
+    path = str(tmp_path / "arbiter.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+    lines: list[bytes] = []
+    heard: list[dict] = []
+
+    def serve():
+        conn, _ = server.accept()
+        reader = conn.makefile("rb")
+        heard.append(json.loads(reader.readline()))
+        conn.sendall(b"".join(lines))
+        for line in reader:
+            heard.append(json.loads(line))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield path, lines, heard
+    server.close()
+
+
+def test_a_kernel_drops_what_breaks_the_contract_and_keeps_its_link(arbiter_socket, caplog):
+    path, lines, heard = arbiter_socket
+    adopted = []
+    lines += [
+        b"not json\n",
+        b'{"type": "welcome", "slice": null, "server": 5}\n',  # breaks it: dropped
+        b'{"type": "node", "host_used": -1, "host_limit": 1, "disk_used": 0}\n',
+        b'{"type": "pause"}\n',  # no id: never obeyed, never answered
+        b'{"type": "notice", "message": ["x"]}\n',
+        b'{"type": "welcome", "slice": null, "server": null}\n',
+        b'{"type": "node", "host_used": 1, "host_limit": 2, "disk_used": 3}\n',
+    ]
+    figures = {
+        "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
+        "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
+    }  # fmt: skip
+    said = []
+    client = ArbiterClient(
+        path, "k", adopted.append, lambda: figures, Pausing(), lambda *a, **k: said.append(a)
+    )
+    with caplog.at_level(logging.WARNING, logger="jupyter_vgpu"):
+        client.start()
+        try:
+            wait_for(lambda: client.node is not None, 10, "the node's figures")
+            wait_for(lambda: len(heard) >= 2, 10, "the kernel's state after its welcome")
+            assert client.connected.is_set()
+        finally:
+            client.stop()
+    assert client.node == {"host_used": 1, "host_limit": 2, "disk_used": 3}
+    assert adopted == [None]  # the one welcome that keeps the contract
+    assert said == []
+    assert client.pausing.last_notice is None
+    assert client.last_error is None
+    assert [m["type"] for m in heard] == ["hello", "state"]  # no reply to the broken pause
+    text = caplog.text
+    assert "not JSON" in text
+    assert "welcome.server: must be a string or null" in text
+    assert "node.host_used: must be at least 0" in text
+    assert "pause: missing field(s): id" in text
+    assert "notice.message: must be a string" in text
