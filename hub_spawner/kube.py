@@ -33,6 +33,7 @@ from traitlets import Dict, Enum, List, Unicode, default
 from jupyter_vgpu.slice import Slice, SliceError
 
 from . import kube_modes, kube_profiles
+from .inventory import GPU
 from .kube_modes import MODES
 from .profiles import ProfileSizedSlice, Size, arbiter_socket_setting, describe, gpu_memory_setting
 from .spawner import STATE_KEY, VGPUSpawnerMixin
@@ -219,32 +220,15 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
             hub_spawner.profiles.QuotaExceeded: the settings ask for more than the
                 quota (shown on the spawn page).
         """
-        hub = self.vgpu_hub
         ask = self.vgpu_ask()
         sized = self.vgpu_size(ask, self.vgpu_resolve(), self.vgpu_what(self.user_options))
-        isolation = self.vgpu_isolation(ask)
-        mig = ask["mode"] == "mig"
         if ask["mode"] == "hami":
             # HAMi-core shows the container a device of gpumem MiB: that is its card.
             card = max(1, sized.memory_limit // kube_modes.MiB) * kube_modes.MiB
         else:
             card = ask["gpu_memory"] or sized.memory_limit
-        self.vgpu_slice = Slice(
-            gpu_uuid=PENDING,
-            gpu_index=0,
-            gpu_name=self.vgpu_device_name(ask),
-            gpu_memory=card,
-            memory_limit=sized.memory_limit,
-            memory_request=sized.memory_request,
-            compute_share=sized.compute_share,
-            priority=sized.priority,
-            isolation=isolation,
-            placement=hub.placement,
-            overcommit_ratio=1.0 if mig else hub.overcommit_ratio,
-            simulated=False,
-            idle_seconds=hub.idle_seconds,
-            high_watermark=hub.high_watermark,
-        )
+        pending = GPU(0, PENDING, self.vgpu_device_name(ask), card, simulated=False)
+        self.vgpu_slice = self.vgpu_new_slice(pending, sized, self.vgpu_isolation(ask))
         self.vgpu_where = {}
         self._vgpu_take_claim(ask)
         self.log.info("vGPU slice for %s (mode %s): %s", self._log_name, ask["mode"], self.vgpu_describe())

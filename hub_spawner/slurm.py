@@ -317,22 +317,8 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
             "shards": shards,
             "shards_per_gpu": per_gpu,
         }
-        self.vgpu_slice = Slice(
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
-            gpu_name=gpu.name,
-            gpu_memory=gpu.memory,
-            memory_limit=limit,
-            memory_request=request,
-            compute_share=sized.compute_share,
-            priority=sized.priority,
-            isolation="time-slicing",
-            placement=hub.placement,
-            overcommit_ratio=hub.overcommit_ratio,
-            simulated=gpu.simulated,
-            idle_seconds=hub.idle_seconds,
-            high_watermark=hub.high_watermark,
-        )
+        held = Size(limit, request, sized.compute_share, sized.priority)
+        self.vgpu_slice = self.vgpu_new_slice(gpu, held, self.vgpu_isolation(ask))
         self.log.info("vGPU slice for %s: %s; asks Slurm for %s", self._log_name, self.vgpu_describe(), gres)
         return self.vgpu_slice
 

@@ -25,7 +25,9 @@ from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
 from . import adoption, options, ports
 from .config import VGPUHub
+from .inventory import GPU
 from .placement import Placement, PlacementError
+from .profiles import Size
 from .quotas import QuotaStore
 from .server_cgroup import ServerCgroupMixin
 from .sizes import format_size
@@ -102,44 +104,50 @@ class VGPUSpawnerMixin(HasTraits):
             raise PlacementError(str(e)) from None
         if profile is not None or (allocator.gpus and not allocator.shared):
             gpu = allocator.place_instance(self.vgpu_key, profile, quota.memory_limit)
-            self.vgpu_slice = Slice(
-                gpu_uuid=gpu.uuid,
-                gpu_index=gpu.index,
-                gpu_name=gpu.name,
-                gpu_memory=gpu.memory,
-                memory_limit=gpu.memory,
-                memory_request=gpu.memory,
-                compute_share=gpu.compute_percent or 100,
-                priority=quota.priority,
-                isolation="mig",
-                placement=hub.placement,
-                overcommit_ratio=1.0,
-                simulated=gpu.simulated,
-                idle_seconds=hub.idle_seconds,
-                high_watermark=hub.high_watermark,
-            )
+            whole = Size(gpu.memory, gpu.memory, gpu.compute_percent or 100, quota.priority)
+            self.vgpu_slice = self.vgpu_new_slice(gpu, whole, "mig")
         else:
             gpu = allocator.place(
                 self.vgpu_key, quota.memory_limit, quota.compute_share, hub.placement, quota.memory_request
             )
-            self.vgpu_slice = Slice(
-                gpu_uuid=gpu.uuid,
-                gpu_index=gpu.index,
-                gpu_name=gpu.name,
-                gpu_memory=gpu.memory,
-                memory_limit=quota.memory_limit,
-                memory_request=quota.memory_request,
-                compute_share=quota.compute_share,
-                priority=quota.priority,
-                isolation=gpu.isolation,
-                placement=hub.placement,
-                overcommit_ratio=hub.overcommit_ratio,
-                simulated=gpu.simulated,
-                idle_seconds=hub.idle_seconds,
-                high_watermark=hub.high_watermark,
-            )
+            self.vgpu_slice = self.vgpu_new_slice(gpu, quota, gpu.isolation)
         self.log.info("vGPU slice for %s: %s", self._log_name, self.vgpu_describe())
         return self.vgpu_slice
+
+    def vgpu_new_slice(self, device: GPU, sizes, isolation: str) -> Slice:
+        """A slice of ``device`` with ``sizes``, and the Hub's settings every slice carries
+        (placement policy, overcommit ratio, idle seconds, high watermark). The one place
+        a spawner makes a slice.
+
+        Args:
+            device: the GPU or MIG instance (:class:`hub_spawner.inventory.GPU`): its
+                UUID, index, name, memory in bytes and whether it is simulated.
+            sizes: ``memory_limit`` and ``memory_request`` in bytes, ``compute_share`` in
+                percent, ``priority`` (a :class:`hub_spawner.profiles.Size`, or the
+                user's :class:`hub_spawner.quotas.Effective` quota).
+            isolation: the slice's isolation backend; a ``mig`` slice is never
+                overcommitted (ratio 1.0).
+
+        Raises:
+            jupyter_vgpu.slice.SliceError: a field is out of range.
+        """
+        hub = self.vgpu_hub
+        return Slice(
+            gpu_uuid=device.uuid,
+            gpu_index=device.index,
+            gpu_name=device.name,
+            gpu_memory=device.memory,
+            memory_limit=sizes.memory_limit,
+            memory_request=sizes.memory_request,
+            compute_share=sizes.compute_share,
+            priority=sizes.priority,
+            isolation=isolation,
+            placement=hub.placement,
+            overcommit_ratio=1.0 if isolation == "mig" else hub.overcommit_ratio,
+            simulated=device.simulated,
+            idle_seconds=hub.idle_seconds,
+            high_watermark=hub.high_watermark,
+        )
 
     def vgpu_describe(self) -> str:
         """The running slice in one sentence, as the spawn page shows it."""
