@@ -36,12 +36,12 @@ from . import kube_modes, kube_profiles
 from .inventory import GPU
 from .kube_modes import MODES
 from .profiles import ProfileSizedSlice, Size, arbiter_socket_setting, describe, gpu_memory_setting
-from .spawner import STATE_KEY, VGPUSpawnerMixin
+from .spawner import VGPUSpawnerMixin
 
 #: The slice's ``gpu_uuid`` until the Hub knows which GPU the pod got.
 PENDING = "pending"
-#: The spawner state's keys for where the pod runs and the shared claim it names.
-WHERE_KEY, CLAIM_KEY = "vgpu_where", "vgpu_claim"
+#: The spawner state's key for the shared claim the pod names.
+CLAIM_KEY = "vgpu_claim"
 #: The arbiter's socket inside the notebook container (same path as on the node).
 SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
 #: Label on the pod naming its sharing mode (for the arbiter and for people).
@@ -455,6 +455,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
         return self.vgpu_slice
 
     def vgpu_release(self) -> None:
+        # The Kubernetes scheduler placed the slice; no allocator holds it.
         self.vgpu_hub.usage.forget(self.vgpu_key)
         self._vgpu_drop_claim()
         self.vgpu_slice = None
@@ -462,27 +463,13 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        if self.vgpu_slice is not None and self.vgpu_where:
-            state[WHERE_KEY] = dict(self.vgpu_where)
         if self.vgpu_slice is not None and self.vgpu_claim:
             state[CLAIM_KEY] = self.vgpu_claim
         return state
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        # The Kubernetes scheduler placed the slice; no allocator holds it.
-        if self.vgpu_foreign(state):
-            return
-        KubeSpawner.load_state(self, state)
-        data = state.get(STATE_KEY)
-        if not data:
-            return
-        try:
-            self.vgpu_slice = Slice.from_dict(data)
-        except (SliceError, KeyError) as e:
-            self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
-            self.vgpu_slice = None
-            return
-        self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+    def vgpu_restore(self, state: dict[str, Any]) -> None:
+        """The Kubernetes scheduler placed the slice: no allocator holds it. The shared
+        ResourceClaim it names (mode ``dra``) counts it again."""
         if state.get(CLAIM_KEY):
             self.vgpu_claim = state[CLAIM_KEY]
             VGPUKubeSpawner._claims.setdefault(self.vgpu_claim, set()).add(self.vgpu_key)

@@ -54,10 +54,7 @@ from .profiles import (
     describe,
     gpu_memory_setting,
 )
-from .spawner import STATE_KEY, VGPUSpawnerMixin
-
-#: The spawner state's key for where the job runs.
-WHERE_KEY = "vgpu_where"
+from .spawner import VGPUSpawnerMixin
 
 
 class SlurmRefused(Exception):
@@ -600,39 +597,16 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
 
     # -- the Hub's books --------------------------------------------------------------
 
-    def vgpu_release(self) -> None:
-        super().vgpu_release()
-        self.vgpu_where = {}
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.vgpu_slice is not None and self.vgpu_where:
-            state[WHERE_KEY] = dict(self.vgpu_where)
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        # batchspawner's job id; the slice's device joins the allocator until the next
-        # look at Slurm lists the nodes again
-        if self.vgpu_foreign(state):
-            return
-        SlurmSpawner.load_state(self, state)
-        data = state.get(STATE_KEY)
-        if not data:
-            return
-        try:
-            s = Slice.from_dict(data)
-        except (SliceError, KeyError) as e:
-            self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
-            return
-        self.vgpu_slice = s
-        self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+    def vgpu_restore(self, state: dict[str, Any]) -> None:
+        """The slice's device joins the allocator (until the next look at Slurm lists the
+        nodes again) and its placement is restored there."""
+        s = self.vgpu_slice
         allocator = self.vgpu_hub.allocator
         if s.gpu_uuid not in {g.uuid for g in allocator.gpus}:
             node = self.vgpu_where.get("node")
             device = GPU(s.gpu_index, s.gpu_uuid, s.gpu_name, s.gpu_memory, s.simulated, node=node)
             allocator.gpus.append(device)
-        placement = Placement(self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request)
-        allocator.restore(placement)
+        super().vgpu_restore(state)
 
 
 def _slurm_words(error: Exception) -> str:

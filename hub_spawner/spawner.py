@@ -32,7 +32,8 @@ from .quotas import QuotaStore
 from .server_cgroup import ServerCgroupMixin
 from .sizes import format_size
 
-STATE_KEY = "vgpu_slice"
+#: The spawner state's keys: the running server's slice, and where it runs (a platform's).
+STATE_KEY, WHERE_KEY = "vgpu_slice", "vgpu_where"
 
 
 class VGPUSpawnerMixin(HasTraits):
@@ -40,6 +41,9 @@ class VGPUSpawnerMixin(HasTraits):
 
     #: The running server's slice, or None while it is stopped.
     vgpu_slice: Slice | None = None
+    #: Where the running server is, as its platform knows it (a pod, a Slurm job), saved
+    #: with the slice; ``{}`` on one host and while it is stopped.
+    vgpu_where: dict[str, Any] = {}
     #: Whether servers of different users run as one Unix account (the Hub page warns).
     vgpu_shared_account = False
     #: The kind of spawner, written into the state of every running server: a Hub whose
@@ -170,10 +174,12 @@ class VGPUSpawnerMixin(HasTraits):
         )
 
     def vgpu_release(self) -> None:
-        """Give the slice's room back and forget the server's last usage report."""
+        """Give the slice's room back and forget the server's last usage report and
+        where it ran."""
         self.vgpu_hub.allocator.release(self.vgpu_key)
         self.vgpu_hub.usage.forget(self.vgpu_key)
         self.vgpu_slice = None
+        self.vgpu_where = {}
 
     def vgpu_check_update(self, effective) -> None:
         """Check that the running slice may take ``effective``'s sizes on its device.
@@ -260,6 +266,8 @@ class VGPUSpawnerMixin(HasTraits):
         if self.vgpu_slice is not None:  # while the server runs
             state[STATE_KEY] = self.vgpu_slice.to_dict()
             state[adoption.KIND_KEY] = self.vgpu_kind
+            if self.vgpu_where:
+                state[WHERE_KEY] = dict(self.vgpu_where)
         return state
 
     def vgpu_foreign(self, state: dict[str, Any]) -> bool:
@@ -289,6 +297,11 @@ class VGPUSpawnerMixin(HasTraits):
         return await super().poll()
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """The base spawner's state, and the running server's slice, where it ran
+        (:attr:`vgpu_where`) and its place in the Hub's books (:meth:`vgpu_restore`); a
+        running server of another kind of spawner is kept to be ended instead
+        (:meth:`vgpu_foreign`), nothing of it loaded. An unusable saved slice is logged
+        and dropped."""
         if self.vgpu_foreign(state):
             return
         super().load_state(state)
@@ -297,18 +310,23 @@ class VGPUSpawnerMixin(HasTraits):
             return
         try:
             self.vgpu_slice = Slice.from_dict(data)
-            self.vgpu_hub.allocator.restore(
-                Placement(
-                    self.vgpu_key,
-                    self.vgpu_slice.gpu_uuid,
-                    self.vgpu_slice.memory_limit,
-                    self.vgpu_slice.compute_share,
-                    self.vgpu_slice.memory_request,
-                )
-            )
+            self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+            self.vgpu_restore(state)
         except (SliceError, KeyError) as e:
             self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
             self.vgpu_slice = None
+
+    def vgpu_restore(self, state: dict[str, Any]) -> None:
+        """Put the slice just loaded from ``state`` back in the Hub's books: here its
+        placement on its device, unchecked (it runs there whether it fits or not).
+
+        Raises:
+            KeyError: its device is not in the inventory (the slice is then dropped).
+        """
+        s = self.vgpu_slice
+        self.vgpu_hub.allocator.restore(
+            Placement(self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request)
+        )
 
     def clear_state(self) -> None:
         super().clear_state()
