@@ -42,8 +42,6 @@ from .spawner import VGPUSpawnerMixin
 PENDING = "pending"
 #: The spawner state's key for the shared claim the pod names.
 CLAIM_KEY = "vgpu_claim"
-#: The arbiter's socket inside the notebook container (same path as on the node).
-SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
 #: Label on the pod naming its sharing mode (for the arbiter and for people).
 MODE_LABEL = "jupyter-vgpu/mode"
 
@@ -312,17 +310,12 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
         return pod
 
     def get_env(self) -> dict[str, str]:
-        env = super().get_env()
         # The device plugin or DRA driver shows the container its GPU; a UUID in
         # CUDA_VISIBLE_DEVICES would hide it (and is not known before the pod lands).
-        env.pop("CUDA_VISIBLE_DEVICES", None)
         # MPS here is the DRA driver's daemon, whose pipe directory its CDI spec gives the
-        # container; the node's arbiter socket is the spawner's, not the Hub host's.
-        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
-        env.pop(SOCKET_ENV, None)
-        if self.vgpu_slice is not None and self.vgpu_arbiter_socket:
-            env[SOCKET_ENV] = self.vgpu_arbiter_socket
-        return env
+        # container; the node's arbiter socket (mounted at the same path) is the
+        # spawner's, not the Hub host's.
+        return self.vgpu_node_env(super().get_env(), self.vgpu_arbiter_socket)
 
     # -- the running pod --------------------------------------------------------------
 

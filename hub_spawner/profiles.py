@@ -23,6 +23,7 @@ from typing import Any
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bunch, HasTraits, Integer, TraitError, Unicode, ValidateHandler, validate
 
+from jupyter_vgpu.node.socket_path import SOCKET_ENV
 from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, compute_share_text
 
 from .sizes import format_size
@@ -315,6 +316,17 @@ class ProfileSizedSlice(HasTraits):
         """
         ask = self.vgpu_ask(self.vgpu_overrides(user_options))
         return self.vgpu_size(ask, self.vgpu_resolve(), self.vgpu_what(user_options))
+
+    def vgpu_node_env(self, env: dict[str, str], socket: str) -> dict[str, str]:
+        """``env`` (the mixin's) for a server on a cluster's node: without the Hub host's
+        ``CUDA_VISIBLE_DEVICES``, arbiter socket and MPS pipe directory, which mean
+        nothing there, and with the node arbiter's ``socket`` in ``JUPYTER_VGPU_ARBITER``
+        while a slice runs ('' names none)."""
+        for name in ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", SOCKET_ENV):
+            env.pop(name, None)
+        if self.vgpu_slice is not None and socket:
+            env[SOCKET_ENV] = socket
+        return env
 
     def vgpu_choice_line(self, slug: str, effective) -> str:
         """The line the spawn form ends profile ``slug`` with: the slice it gives, why it

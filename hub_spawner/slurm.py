@@ -40,7 +40,6 @@ from batchspawner import SlurmSpawner
 from batchspawner.batchspawner import JobStatus
 from traitlets import Dict, Enum, Float, List, Unicode, default
 
-from jupyter_vgpu.node.socket_path import SOCKET_ENV
 from jupyter_vgpu.slice import Slice, SliceError
 
 from . import slurm_nodes, slurm_profiles
@@ -517,15 +516,10 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
             await asyncio.sleep(0.25)
 
     def get_env(self) -> dict[str, str]:
-        env = super().get_env()
         # Slurm shows the job the GPU its GRES are on (CUDA_VISIBLE_DEVICES); the Hub's
         # host's arbiter socket and MPS pipes mean nothing on a node.
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
-        env.pop(SOCKET_ENV, None)
-        if self.vgpu_slice is not None and self.vgpu_arbiter_socket:
-            env[SOCKET_ENV] = self.vgpu_arbiter_socket.replace("{node}", self.vgpu_where.get("node", ""))
-        return env
+        socket = self.vgpu_arbiter_socket.replace("{node}", self.vgpu_where.get("node", ""))
+        return self.vgpu_node_env(super().get_env(), socket)
 
     def vgpu_listing(self) -> dict[str, Any]:
         """Where the slice runs, for ``GET /hub/api/vgpu/slices``: ``node``, ``job_id``

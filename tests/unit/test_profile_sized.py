@@ -149,7 +149,15 @@ def test_sizes_capped_by_the_quota_field_by_field():
     )
 
 
-def slurm_spawner(hub, name="ada", spawner_class=VGPUSlurmSpawner):
+class NoAccounts(VGPUSlurmSpawner):
+    """Hub users who are not Unix accounts here (batchspawner looks up their home)."""
+
+    def user_env(self, env):
+        env["USER"] = self.user.name
+        return env
+
+
+def slurm_spawner(hub, name="ada", spawner_class=NoAccounts):
     """A Slurm spawner whose allocator has the simulated node's two GPUs (as the last
     look at Slurm found them), without running scontrol."""
     db, config = hub
@@ -165,6 +173,9 @@ def slurm_spawner(hub, name="ada", spawner_class=VGPUSlurmSpawner):
 async def test_a_slurm_slice_is_placed_saved_and_loaded_back(hub):
     db, config = hub
     config.VGPUSlurmSpawner.profile_list = profiles(VGPUSlurmSpawner)
+    config.VGPUSlurmSpawner.vgpu_arbiter_socket = "/run/vgpu/{node}/arbiter.sock"
+    config.VGPUHub.arbiter_socket = "/srv/hub-host/arbiter.sock"
+    config.VGPUHub.isolation = "mps"  # the Hub host's: no MPS pipes on a node
     spawner = slurm_spawner(hub)
     spawner.user_options = {"profile": "small"}
     spawner._vgpu_apply_profile()
@@ -184,6 +195,12 @@ async def test_a_slurm_slice_is_placed_saved_and_loaded_back(hub):
         hub_settings.high_watermark,
     )
     assert spawner.vgpu_where["gres"] == "shard:4"  # 4 GiB guaranteed, 1 GiB shards
+    # the node's arbiter, not the Hub host's; Slurm shows the job its GPU
+    env = spawner.get_env()
+    assert env["JUPYTER_VGPU_ARBITER"] == "/run/vgpu/vgpu-n1/arbiter.sock"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env
+    assert env["CUPY_GPU_MEMORY_LIMIT"] == str(4 * GiB)
     spawner.job_id = spawner.vgpu_where["job_id"] = "12"
     state = spawner.get_state()
     assert state["vgpu_where"]["node"] == "vgpu-n1"
