@@ -248,7 +248,7 @@ class ProfileSizedSlice(HasTraits):
         if hasattr(trait, "validate"):
             value = trait.validate(self, value)
         # every handler, then filtered: trait_events(name) fails on a class with an
-        # @default handler (traitlets 5.14-5.16: it reads trait_names of each)
+        # @default handler (traitlets 5.16: it reads trait_names of each)
         for handler in self.trait_events().values():
             if isinstance(handler, ValidateHandler) and name in handler.trait_names:
                 value = handler(self, Bunch(trait=trait, value=value, owner=self))
