@@ -25,37 +25,38 @@ import asyncio
 import posixpath
 from typing import Any
 
-from jupyterhub.traitlets import ByteSpecification
 from kubernetes_asyncio.client import CoreV1ResourceClaim, V1PodResourceClaim, V1Volume, V1VolumeMount
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
-from traitlets import Dict, Enum, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Dict, Enum, List, Unicode, default
 
-from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, Slice, SliceError
+from jupyter_vgpu.slice import Slice, SliceError
 
 from . import kube_modes, kube_profiles
+from .inventory import GPU
 from .kube_modes import MODES
-from .spawner import STATE_KEY, VGPUSpawnerMixin
+from .profiles import ProfileSizedSlice, Size, arbiter_socket_setting, describe, gpu_memory_setting
+from .spawner import VGPUSpawnerMixin
 
 #: The slice's ``gpu_uuid`` until the Hub knows which GPU the pod got.
 PENDING = "pending"
-#: The spawner state's keys for where the pod runs and the shared claim it names.
-WHERE_KEY, CLAIM_KEY = "vgpu_where", "vgpu_claim"
-#: The arbiter's socket inside the notebook container (same path as on the node).
-SOCKET_ENV = "JUPYTER_VGPU_ARBITER"
+#: The spawner state's key for the shared claim the pod names.
+CLAIM_KEY = "vgpu_claim"
 #: Label on the pod naming its sharing mode (for the arbiter and for people).
 MODE_LABEL = "jupyter-vgpu/mode"
 
 
-class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
+class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
     """KubeSpawner with a vGPU slice per server (entry point ``vgpu-kube``).
 
     Every ``vgpu_*`` setting may be overridden per profile (``kubespawner_override`` in
     ``profile_list``, or in a profile option's choice); sizes left unset (None) come from
-    the user's quota, and a profile asking more than the quota is refused.
+    the user's quota, and a profile asking more than the quota is refused
+    (:mod:`hub_spawner.profiles`).
     """
 
     vgpu_kind = "kube"
+    vgpu_profile_settings = kube_profiles.SLICE_SETTINGS
 
     vgpu_mode = Enum(
         list(MODES),
@@ -65,30 +66,6 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         nvidia.com/gpu, gpumem in MiB and gpucores in percent, from the slice), 'dra' (a
         ResourceClaim from the template vgpu_dra_claim_templates names for
         vgpu_dra_sharing).""",
-    ).tag(config=True)
-
-    vgpu_memory_limit = ByteSpecification(
-        None,
-        allow_none=True,
-        help="""The slice's budget, bytes or a size like '8G'; None: the user's quota.
-        Above the quota is refused.""",
-    ).tag(config=True)
-
-    vgpu_memory_request = ByteSpecification(
-        None,
-        allow_none=True,
-        help="""The slice's guaranteed memory, bytes or a size; None: the user's quota
-        (capped at the budget). Above the quota is refused.""",
-    ).tag(config=True)
-
-    vgpu_compute_share = Integer(
-        None, allow_none=True, help="Compute share, percent 1-100; None: the user's quota."
-    ).tag(config=True)
-
-    vgpu_priority = Integer(
-        None,
-        allow_none=True,
-        help=f"Priority {MIN_PRIORITY}-{MAX_PRIORITY}; None: the user's quota. Above the quota is refused.",
     ).tag(config=True)
 
     vgpu_mig_profile = Unicode(None, allow_none=True, help="The MIG profile ('1g.10gb') of mode 'mig'.").tag(
@@ -128,34 +105,19 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         'cores' (percent); HAMi's defaults unless its chart renamed them.""",
     ).tag(config=True)
 
-    vgpu_gpu_memory = ByteSpecification(
-        None,
-        allow_none=True,
-        help="""Memory of the GPUs this profile's pods land on, bytes or a size like '80G',
+    vgpu_gpu_memory = gpu_memory_setting(
+        """Memory of the GPUs this profile's pods land on, bytes or a size like '80G',
         for the slice until the node arbiter reports the real card; None: the budget.
-        Kernels size their PyTorch memory fraction from it until then.""",
-    ).tag(config=True)
+        Kernels size their PyTorch memory fraction from it until then."""
+    )
 
-    vgpu_arbiter_socket = Unicode(
-        "/run/jupyter-vgpu/arbiter.sock",
-        help="""The node arbiter's socket on every GPU node (the DaemonSet's hostPath);
+    vgpu_arbiter_socket = arbiter_socket_setting(
+        """The node arbiter's socket on every GPU node (the DaemonSet's hostPath);
         its folder is mounted read-only at the same path in the notebook container and
         named to kernels in JUPYTER_VGPU_ARBITER (kernels connect through a read-only
         mount; on a node without the arbiter the folder is made empty and kernels run
-        without it). '' mounts nothing.""",
-    ).tag(config=True)
-
-    @validate("vgpu_compute_share")
-    def _check_share(self, proposal):
-        if proposal.value is not None and not 1 <= proposal.value <= 100:
-            raise ValueError(f"vgpu_compute_share must be 1-100, not {proposal.value}")
-        return proposal.value
-
-    @validate("vgpu_priority")
-    def _check_priority(self, proposal):
-        if proposal.value is not None and not MIN_PRIORITY <= proposal.value <= MAX_PRIORITY:
-            raise ValueError(f"vgpu_priority must be {MIN_PRIORITY}-{MAX_PRIORITY}, not {proposal.value}")
-        return proposal.value
+        without it). '' mounts nothing."""
+    )
 
     #: Where the running pod is: ``{"node", "namespace", "pod", "uid"}`` (empty before it runs).
     vgpu_where: dict[str, str] = {}
@@ -182,18 +144,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
             profiles = await maybe_future(profiles(self))
         profiles = self._get_initialized_profile_list(profiles)
         effective = self.vgpu_resolve()
-        lines = {}
-        for profile in profiles:
-            try:
-                ask = self.vgpu_ask(kube_profiles.chosen_overrides(self, {"profile": profile["slug"]}))
-                sized = kube_profiles.size(ask, effective, what="It")
-            except kube_profiles.QuotaExceeded as e:
-                lines[profile["slug"]] = f"Above your vGPU quota: {e}"
-            except (ValueError, TraitError) as e:
-                self.log.error("vGPU: profile %r is misconfigured: %s", profile["slug"], e)
-                lines[profile["slug"]] = f"Misconfigured, ask an admin: {e}"
-            else:
-                lines[profile["slug"]] = kube_profiles.describe(ask, sized, self.vgpu_isolation(ask))
+        lines = {p["slug"]: self.vgpu_choice_line(p["slug"], effective) for p in profiles}
         return self._render_options_form(kube_profiles.annotate(profiles, lines))
 
     def options_from_form(self, formdata):
@@ -203,41 +154,56 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         self.vgpu_check_choice(user_options)
         return user_options
 
-    def vgpu_check_choice(self, user_options) -> kube_profiles.Size:
-        """The slice a spawn's ``user_options`` would get.
+    def vgpu_overrides(self, user_options) -> dict[str, Any]:
+        """The ``vgpu_*`` overrides ``user_options`` choose, in KubeSpawner's order
+        (:func:`hub_spawner.kube_profiles.chosen_overrides`).
 
         Raises:
-            hub_spawner.kube_profiles.QuotaExceeded: it asks for more than the quota.
             ValueError: no such profile.
         """
-        ask = self.vgpu_ask(kube_profiles.chosen_overrides(self, user_options))
-        return kube_profiles.size(ask, self.vgpu_resolve(), what=self._vgpu_what(user_options))
-
-    def _vgpu_what(self, user_options) -> str:
-        slug = (user_options or {}).get("profile")
-        return f"The profile {slug!r}" if slug else "Your server's profile"
+        return kube_profiles.chosen_overrides(self, user_options)
 
     # -- sizing the slice -------------------------------------------------------------
 
     def vgpu_ask(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """What this spawner's settings ask for, with ``overrides`` (``vgpu_*`` keys)
-        taking the place of the settings they name; sizes in bytes."""
-        values = {name: getattr(self, name) for name in kube_profiles.SLICE_SETTINGS}
-        for name, value in (overrides or {}).items():
-            values[name] = self.traits()[name]._validate(self, value)
-        ask = {name[len("vgpu_") :]: value for name, value in values.items()}
-        for name in ("memory_limit", "memory_request", "gpu_memory"):
-            if ask[name] is not None:
-                ask[name] = int(ask[name])
+        taking the place of the settings they name; sizes in bytes.
+
+        Raises:
+            traitlets.TraitError: an override is not valid for its setting.
+            ValueError: mode ``mig`` without a well-formed MIG profile.
+        """
+        ask = super().vgpu_ask(overrides)
         if ask["mode"] == "mig":
             if not ask["mig_profile"]:
                 raise ValueError("vGPU mode 'mig' needs a MIG profile (vgpu_mig_profile, e.g. '1g.10gb')")
             kube_modes.mig_resource(ask["mig_profile"])  # ValueError on a malformed profile
         return ask
 
+    def vgpu_size(self, ask, effective, what: str) -> Size:
+        """The sizes ``ask`` gets under the quota ``effective``: a MIG instance's own
+        (:func:`hub_spawner.kube_profiles.mig_size`) in mode ``mig``.
+
+        Raises:
+            hub_spawner.profiles.QuotaExceeded: it asks for more than the quota.
+        """
+        if ask["mode"] == "mig":
+            return kube_profiles.mig_size(ask, effective, what=what)
+        return super().vgpu_size(ask, effective, what)
+
     def vgpu_isolation(self, ask: dict[str, Any]) -> str:
         """The slice's isolation backend under ``ask``'s mode."""
         return {"mig": "mig", "dra": ask["dra_sharing"]}.get(ask["mode"], "time-slicing")
+
+    def vgpu_describe_choice(self, ask, sized: Size) -> str:
+        """The spawn form's line for a choice: HAMi enforces the compute share in mode ``hami``."""
+        return describe(
+            sized,
+            self.vgpu_isolation(ask),
+            mig_profile=ask["mig_profile"],
+            whole=ask["mode"] == "whole",
+            enforced_by="HAMi" if ask["mode"] == "hami" else None,
+        )
 
     async def load_user_options(self):
         """KubeSpawner applies the chosen profile's overrides; then the slice is sized."""
@@ -249,35 +215,18 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         and the user's quota; its GPU is :data:`PENDING` until the pod runs.
 
         Raises:
-            hub_spawner.kube_profiles.QuotaExceeded: the settings ask for more than the
+            hub_spawner.profiles.QuotaExceeded: the settings ask for more than the
                 quota (shown on the spawn page).
         """
-        hub = self.vgpu_hub
         ask = self.vgpu_ask()
-        sized = kube_profiles.size(ask, self.vgpu_resolve(), what=self._vgpu_what(self.user_options))
-        isolation = self.vgpu_isolation(ask)
-        mig = ask["mode"] == "mig"
+        sized = self.vgpu_size(ask, self.vgpu_resolve(), self.vgpu_what(self.user_options))
         if ask["mode"] == "hami":
             # HAMi-core shows the container a device of gpumem MiB: that is its card.
             card = max(1, sized.memory_limit // kube_modes.MiB) * kube_modes.MiB
         else:
             card = ask["gpu_memory"] or sized.memory_limit
-        self.vgpu_slice = Slice(
-            gpu_uuid=PENDING,
-            gpu_index=0,
-            gpu_name=self.vgpu_device_name(ask),
-            gpu_memory=card,
-            memory_limit=sized.memory_limit,
-            memory_request=sized.memory_request,
-            compute_share=sized.compute_share,
-            priority=sized.priority,
-            isolation=isolation,
-            placement=hub.placement,
-            overcommit_ratio=1.0 if mig else hub.overcommit_ratio,
-            simulated=False,
-            idle_seconds=hub.idle_seconds,
-            high_watermark=hub.high_watermark,
-        )
+        pending = GPU(0, PENDING, self.vgpu_device_name(ask), card, simulated=False)
+        self.vgpu_slice = self.vgpu_new_slice(pending, sized, self.vgpu_isolation(ask))
         self.vgpu_where = {}
         self._vgpu_take_claim(ask)
         self.log.info("vGPU slice for %s (mode %s): %s", self._log_name, ask["mode"], self.vgpu_describe())
@@ -361,17 +310,12 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         return pod
 
     def get_env(self) -> dict[str, str]:
-        env = super().get_env()
         # The device plugin or DRA driver shows the container its GPU; a UUID in
         # CUDA_VISIBLE_DEVICES would hide it (and is not known before the pod lands).
-        env.pop("CUDA_VISIBLE_DEVICES", None)
         # MPS here is the DRA driver's daemon, whose pipe directory its CDI spec gives the
-        # container; the node's arbiter socket is the spawner's, not the Hub host's.
-        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
-        env.pop(SOCKET_ENV, None)
-        if self.vgpu_slice is not None and self.vgpu_arbiter_socket:
-            env[SOCKET_ENV] = self.vgpu_arbiter_socket
-        return env
+        # container; the node's arbiter socket (mounted at the same path) is the
+        # spawner's, not the Hub host's.
+        return self.vgpu_node_env(super().get_env(), self.vgpu_arbiter_socket)
 
     # -- the running pod --------------------------------------------------------------
 
@@ -504,6 +448,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
         return self.vgpu_slice
 
     def vgpu_release(self) -> None:
+        # The Kubernetes scheduler placed the slice; no allocator holds it.
         self.vgpu_hub.usage.forget(self.vgpu_key)
         self._vgpu_drop_claim()
         self.vgpu_slice = None
@@ -511,27 +456,13 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, KubeSpawner):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        if self.vgpu_slice is not None and self.vgpu_where:
-            state[WHERE_KEY] = dict(self.vgpu_where)
         if self.vgpu_slice is not None and self.vgpu_claim:
             state[CLAIM_KEY] = self.vgpu_claim
         return state
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        # The Kubernetes scheduler placed the slice; no allocator holds it.
-        if self.vgpu_foreign(state):
-            return
-        KubeSpawner.load_state(self, state)
-        data = state.get(STATE_KEY)
-        if not data:
-            return
-        try:
-            self.vgpu_slice = Slice.from_dict(data)
-        except (SliceError, KeyError) as e:
-            self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
-            self.vgpu_slice = None
-            return
-        self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+    def vgpu_restore(self, state: dict[str, Any]) -> None:
+        """The Kubernetes scheduler placed the slice: no allocator holds it. The shared
+        ResourceClaim it names (mode ``dra``) counts it again."""
         if state.get(CLAIM_KEY):
             self.vgpu_claim = state[CLAIM_KEY]
             VGPUKubeSpawner._claims.setdefault(self.vgpu_claim, set()).add(self.vgpu_key)

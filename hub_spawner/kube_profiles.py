@@ -1,5 +1,5 @@
-"""Slice sizes on KubeSpawner's spawn form: what a ``profile_list`` choice asks for, and
-whether the user's quota allows it.
+"""Slice sizes on KubeSpawner's spawn form: which ``vgpu_*`` settings a ``profile_list``
+choice sets, and the sizes of a MIG instance.
 
 Admins size slices the way KubeSpawner users already size everything else: a profile
 (or one of its ``profile_options`` choices) sets the spawner's ``vgpu_*`` settings in
@@ -12,63 +12,30 @@ its ``kubespawner_override``::
     ]
 
 A setting a choice leaves out comes from the user's quota (as on a single host), so a
-profile list without any ``vgpu_*`` key gives every user their quota. What a choice
-asks for may not exceed the quota, field by field: the spawn form names the size of
-each profile and marks those above the quota, and a spawn that asks for more is
-refused with a message saying which field and by how much (:class:`QuotaExceeded`).
-"""
+profile list without any ``vgpu_*`` key gives every user their quota. How a choice and
+the quota settle the sizes, field by field, and how the form words them, is the same on
+Slurm: :mod:`hub_spawner.profiles`. Here is what only Kubernetes has: the choice read
+in KubeSpawner's order (:func:`chosen_overrides`), the sizes of a whole MIG instance
+(:func:`mig_size`), and the vGPU line in KubeSpawner's own form (:func:`annotate`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from jupyter_vgpu.slice import compute_share_text
-
 from .kube_modes import mig_compute, mig_memory
+from .profiles import SIZE_SETTINGS, QuotaExceeded, Size, at_most
 from .sizes import format_size
 
 #: The spawner settings a profile may override to size a slice (``vgpu_`` + field).
 SLICE_SETTINGS = (
     "vgpu_mode",
-    "vgpu_memory_limit",
-    "vgpu_memory_request",
-    "vgpu_compute_share",
-    "vgpu_priority",
+    *SIZE_SETTINGS,
     "vgpu_mig_profile",
     "vgpu_dra_sharing",
     "vgpu_gpu_memory",
 )
-
-
-class QuotaExceeded(ValueError):
-    """A profile asks for more than the user's quota; the message says what and how much.
-
-    JupyterHub shows ``jupyterhub_message`` on the spawn page.
-    """
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.jupyterhub_message = message
-
-
-@dataclasses.dataclass(frozen=True)
-class Size:
-    """A slice's sizes as a profile and a quota settle them.
-
-    Attributes:
-        memory_limit: budget, bytes.
-        memory_request: guaranteed bytes (at most the limit).
-        compute_share: percent, 1-100.
-        priority: 0-100.
-    """
-
-    memory_limit: int
-    memory_request: int
-    compute_share: int
-    priority: int
 
 
 def chosen_overrides(spawner, user_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -120,85 +87,23 @@ def chosen_overrides(spawner, user_options: Mapping[str, Any] | None) -> dict[st
     return out
 
 
-def size(ask: Mapping[str, Any], effective, *, what: str = "This profile") -> Size:
-    """Settle a slice's sizes from what a profile asks and the user's quota.
-
-    Args:
-        ask: ``mode``, ``memory_limit``, ``memory_request`` (bytes or None),
-            ``compute_share``, ``priority`` (or None: the quota's), ``mig_profile``
-            (``mig`` mode).
-        effective: the user's effective quota (:class:`hub_spawner.quotas.Effective`).
-        what: how messages name the choice (``"The profile 'Large GPU'"``).
+def mig_size(ask: Mapping[str, Any], effective, *, what: str = "This profile") -> Size:
+    """The sizes of a whole MIG instance of ``ask["mig_profile"]`` (mode ``mig``): its
+    memory (bytes) as budget and guarantee, its share of the GPU's SMs (percent), and
+    ``ask``'s priority (or the quota's).
 
     Raises:
-        QuotaExceeded: a field above the quota, or a request above the limit.
+        QuotaExceeded: the instance's memory, or the priority, is above the quota.
+        ValueError: a malformed MIG profile.
     """
-    if ask["mode"] == "mig":
-        profile = ask.get("mig_profile")
-        memory = mig_memory(profile)
-        if memory > effective.memory_limit:
-            raise QuotaExceeded(
-                f"{what} asks for a MIG {profile} instance ({format_size(memory)}), more than your vGPU "
-                f"quota of {format_size(effective.memory_limit)}; choose a smaller profile or ask an admin."
-            )
-        return Size(memory, memory, mig_compute(profile), _at_most(ask, "priority", effective, what))
-    limit = _at_most(ask, "memory_limit", effective, what)
-    if ask.get("memory_request") is None:
-        request = min(effective.memory_request, limit)
-    else:
-        request = _at_most(ask, "memory_request", effective, what)
-        if request > limit:
-            raise QuotaExceeded(
-                f"{what} asks for {format_size(request)} guaranteed, more than its budget of "
-                f"{format_size(limit)}; ask an admin to fix the profile."
-            )
-    return Size(
-        limit,
-        request,
-        _at_most(ask, "compute_share", effective, what),
-        _at_most(ask, "priority", effective, what),
-    )
-
-
-_WORDS = {
-    "memory_limit": ("a vGPU budget of", format_size),
-    "memory_request": ("a guaranteed", format_size),
-    "compute_share": ("a compute share of", lambda v: f"{v}%"),
-    "priority": ("priority", str),
-}
-
-
-def _at_most(ask: Mapping[str, Any], field: str, effective, what: str) -> int:
-    quota = getattr(effective, field)
-    value = ask.get(field)
-    if value is None:
-        return quota
-    if value > quota:
-        words, shown = _WORDS[field]
+    profile = ask.get("mig_profile")
+    memory = mig_memory(profile)
+    if memory > effective.memory_limit:
         raise QuotaExceeded(
-            f"{what} asks for {words} {shown(value)}, more than your quota's {shown(quota)}; "
-            "choose a smaller profile or ask an admin."
+            f"{what} asks for a MIG {profile} instance ({format_size(memory)}), more than your vGPU "
+            f"quota of {format_size(effective.memory_limit)}; choose a smaller profile or ask an admin."
         )
-    return value
-
-
-def describe(ask: Mapping[str, Any], sized: Size, isolation: str) -> str:
-    """One line for the spawn form: what a choice gives (``"vGPU: 8.00 GiB budget,
-    4.00 GiB guaranteed; compute share 50% (enforced by MPS); priority 50"``)."""
-    if ask["mode"] == "mig":
-        head = f"vGPU: a whole MIG {ask.get('mig_profile')} instance ({format_size(sized.memory_limit)})"
-    else:
-        guaranteed = (
-            "all of it guaranteed"
-            if sized.memory_request == sized.memory_limit
-            else f"{format_size(sized.memory_request)} guaranteed"
-        )
-        whole = ", on a whole GPU" if ask["mode"] == "whole" else ""
-        head = f"vGPU: {format_size(sized.memory_limit)} budget{whole}, {guaranteed}"
-    share = compute_share_text(isolation, sized.compute_share, ask.get("mig_profile"))
-    if ask["mode"] == "hami":
-        share = f"{sized.compute_share}% (enforced by HAMi)"
-    return f"{head}; compute share {share}; priority {sized.priority}"
+    return Size(memory, memory, mig_compute(profile), at_most(ask, "priority", effective, what))
 
 
 def annotate(profiles: list[dict], lines: Mapping[str, str]) -> list[dict]:

@@ -38,27 +38,22 @@ from typing import Any
 
 from batchspawner import SlurmSpawner
 from batchspawner.batchspawner import JobStatus
-from jupyterhub.traitlets import ByteSpecification
-from traitlets import Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Dict, Enum, Float, List, Unicode, default
 
-from jupyter_vgpu.node.socket_path import SOCKET_ENV
-from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, Slice, SliceError
+from jupyter_vgpu.slice import Slice, SliceError
 
-from . import kube_profiles, slurm_nodes, slurm_profiles
+from . import slurm_nodes, slurm_profiles
 from .inventory import GPU
 from .placement import Placement, PlacementError
-from .spawner import STATE_KEY, VGPUSpawnerMixin
-
-#: The spawner state's key for where the job runs.
-WHERE_KEY = "vgpu_where"
-#: The settings a profile may override to size a slice (``vgpu_`` + field).
-SLICE_SETTINGS = (
-    "vgpu_gres",
-    "vgpu_memory_limit",
-    "vgpu_memory_request",
-    "vgpu_compute_share",
-    "vgpu_priority",
+from .profiles import (
+    ProfileSizedSlice,
+    QuotaExceeded,
+    Size,
+    arbiter_socket_setting,
+    describe,
+    gpu_memory_setting,
 )
+from .spawner import VGPUSpawnerMixin
 
 
 class SlurmRefused(Exception):
@@ -70,10 +65,13 @@ class SlurmRefused(Exception):
         self.jupyterhub_message = message
 
 
-class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
-    """batchspawner's SlurmSpawner with a vGPU slice per server (entry point ``vgpu-slurm``)."""
+class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
+    """batchspawner's SlurmSpawner with a vGPU slice per server (entry point ``vgpu-slurm``),
+    sized by the user's quota and the chosen profile (:mod:`hub_spawner.profiles`)."""
 
     vgpu_kind = "slurm"
+    vgpu_profile_settings = slurm_profiles.SLICE_SETTINGS
+    vgpu_mode_setting = "vgpu_gres"
 
     vgpu_gres = Enum(
         ["shard", "gpu"],
@@ -85,38 +83,17 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         slice's budget and guarantee, if the quota allows it.""",
     ).tag(config=True)
 
-    vgpu_memory_limit = ByteSpecification(
-        None, allow_none=True, help="The slice's budget, bytes or a size like '8G'; None: the user's quota."
-    ).tag(config=True)
-
-    vgpu_memory_request = ByteSpecification(
-        None,
-        allow_none=True,
-        help="The slice's guaranteed memory, bytes or a size; None: the user's quota (capped at the budget).",
-    ).tag(config=True)
-
-    vgpu_compute_share = Integer(
-        None, allow_none=True, help="Compute share, percent 1-100; None: the user's quota."
-    ).tag(config=True)
-
-    vgpu_priority = Integer(
-        None, allow_none=True, help=f"Priority {MIN_PRIORITY}-{MAX_PRIORITY}; None: the user's quota."
-    ).tag(config=True)
-
-    vgpu_gpu_memory = ByteSpecification(
-        None,
-        allow_none=True,
-        help="""Memory of each GPU of a node whose node arbiter has not reported yet, bytes
+    vgpu_gpu_memory = gpu_memory_setting(
+        """Memory of each GPU of a node whose node arbiter has not reported yet, bytes
         or a size like '80G'; None: such a node takes no slice until its arbiter reports
-        the real cards (NVML).""",
-    ).tag(config=True)
+        the real cards (NVML)."""
+    )
 
-    vgpu_arbiter_socket = Unicode(
-        "/run/jupyter-vgpu/arbiter.sock",
-        help="""The node arbiter's socket on every Slurm node (its systemd unit's), named to
+    vgpu_arbiter_socket = arbiter_socket_setting(
+        """The node arbiter's socket on every Slurm node (its systemd unit's), named to
         servers and kernels in JUPYTER_VGPU_ARBITER; '{node}' in it is replaced by the
-        node's name (test clusters whose nodes share one filesystem). '' names none.""",
-    ).tag(config=True)
+        node's name (test clusters whose nodes share one filesystem). '' names none."""
+    )
 
     vgpu_pending_timeout = Float(
         120.0,
@@ -142,18 +119,6 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         spawner's settings for that spawn; sizes it leaves unset come from the user's quota,
         and sizes above the quota are refused. Empty: no form, the quota's slice.""",
     ).tag(config=True)
-
-    @validate("vgpu_compute_share")
-    def _check_share(self, proposal):
-        if proposal.value is not None and not 1 <= proposal.value <= 100:
-            raise TraitError(f"vgpu_compute_share must be 1-100, not {proposal.value}")
-        return proposal.value
-
-    @validate("vgpu_priority")
-    def _check_priority(self, proposal):
-        if proposal.value is not None and not MIN_PRIORITY <= proposal.value <= MAX_PRIORITY:
-            raise TraitError(f"vgpu_priority must be {MIN_PRIORITY}-{MAX_PRIORITY}, not {proposal.value}")
-        return proposal.value
 
     #: Where the job runs: ``{"node", "job_id", "gres", "shards", "shards_per_gpu"}``, and
     #: once it runs the ``account`` (and ``uid``) Slurm runs it as.
@@ -187,17 +152,8 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         """One radio button per profile, each saying the slice it gives (or why it is
         above the user's quota)."""
         effective = self.vgpu_resolve()
-        lines = {}
-        for p in slurm_profiles.normalized(self.profile_list):
-            try:
-                ask = self.vgpu_ask(p.get("spawner_override", {}))
-                sized = kube_profiles.size(ask, effective, what="It")
-                lines[p["slug"]] = kube_profiles.describe(self._describe_ask(ask), sized, "time-slicing")
-            except kube_profiles.QuotaExceeded as e:
-                lines[p["slug"]] = f"Above your vGPU quota: {e}"
-            except (ValueError, TraitError) as e:
-                self.log.error("vGPU: profile %r is misconfigured: %s", p["slug"], e)
-                lines[p["slug"]] = f"Misconfigured, ask an admin: {e}"
+        slugs = [p["slug"] for p in slurm_profiles.normalized(self.profile_list)]
+        lines = {slug: self.vgpu_choice_line(slug, effective) for slug in slugs}
         return slurm_profiles.render(self.profile_list, lines, self._profile({})["slug"])
 
     def options_from_form(self, formdata):
@@ -208,18 +164,21 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         self.vgpu_check_choice(options)
         return options
 
-    def vgpu_check_choice(self, user_options) -> kube_profiles.Size:
-        """The sizes a spawn's ``user_options`` would get.
+    def vgpu_overrides(self, user_options) -> dict[str, Any]:
+        """The chosen profile's ``spawner_override``.
 
         Raises:
-            hub_spawner.kube_profiles.QuotaExceeded: more than the quota.
-            ValueError: no such profile.
+            ValueError: no profile of that slug.
+        """
+        return (self._profile(user_options) or {}).get("spawner_override") or {}
+
+    def vgpu_what(self, user_options) -> str:
+        """The chosen profile, by its slug (the default one where ``user_options`` name none).
+
+        Raises:
+            ValueError: no profile of that slug.
         """
         profile = self._profile(user_options)
-        ask = self.vgpu_ask((profile or {}).get("spawner_override", {}))
-        return kube_profiles.size(ask, self.vgpu_resolve(), what=self._vgpu_what(profile))
-
-    def _vgpu_what(self, profile) -> str:
         return f"The profile {profile['slug']!r}" if profile else "Your server's profile"
 
     def _vgpu_apply_profile(self) -> dict | None:
@@ -242,7 +201,7 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         try:
             profile = self._profile(self.user_options)
         except ValueError as e:
-            raise kube_profiles.QuotaExceeded(str(e)) from None
+            raise QuotaExceeded(str(e)) from None
         for name, value in ((profile or {}).get("spawner_override") or {}).items():
             if not self.has_trait(name):
                 raise SlurmRefused(f"The profile {profile['slug']!r} sets {name!r}, which is no setting here")
@@ -252,23 +211,9 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
 
     # -- sizing and placing the slice -------------------------------------------------
 
-    def vgpu_ask(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        """What the settings ask (``overrides`` in place of the settings they name):
-        ``mode`` (the GRES kind), sizes in bytes or None."""
-        values = {name: getattr(self, name) for name in SLICE_SETTINGS}
-        for name, value in (overrides or {}).items():
-            if name in SLICE_SETTINGS:
-                values[name] = self.traits()[name]._validate(self, value)
-        ask = {name[len("vgpu_") :]: value for name, value in values.items()}
-        ask["mode"] = ask.pop("gres")
-        for name in ("memory_limit", "memory_request"):
-            if ask[name] is not None:
-                ask[name] = int(ask[name])
-        return ask
-
-    @staticmethod
-    def _describe_ask(ask: dict[str, Any]) -> dict[str, Any]:
-        return {**ask, "mode": "whole" if ask["mode"] == "gpu" else ask["mode"]}
+    def vgpu_describe_choice(self, ask, sized: Size) -> str:
+        """The spawn form's line for a choice (mode ``gpu``: on a whole GPU)."""
+        return describe(sized, self.vgpu_isolation(ask), whole=ask["mode"] == "gpu")
 
     async def vgpu_refresh_nodes(self) -> None:
         """Read the cluster's nodes (``vgpu_nodes_cmd``) and give the allocator their GPUs.
@@ -326,19 +271,19 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
         quota) and place it on a GPU of the cluster.
 
         Raises:
-            hub_spawner.kube_profiles.QuotaExceeded: more than the quota.
+            hub_spawner.profiles.QuotaExceeded: more than the quota.
             hub_spawner.placement.PlacementError: no GPU has room.
         """
         hub = self.vgpu_hub
         allocator = hub.allocator
         ask = self.vgpu_ask()
         effective = self.vgpu_resolve()
-        sized = kube_profiles.size(ask, effective, what=self._vgpu_what(self._profile(self.user_options)))
+        sized = self.vgpu_size(ask, effective, self.vgpu_what(self.user_options))
         limit, request = sized.memory_limit, sized.memory_request
         if ask["mode"] == "gpu":
             card = max((g.memory for g in allocator.shared if self._in_partition(g)), default=0)
             if card > effective.memory_limit:
-                raise kube_profiles.QuotaExceeded(
+                raise QuotaExceeded(
                     f"A whole GPU ({card / 2**30:.2f} GiB) is more than your vGPU quota of "
                     f"{effective.memory_limit / 2**30:.2f} GiB; choose a smaller profile or ask an admin."
                 )
@@ -368,22 +313,8 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
             "shards": shards,
             "shards_per_gpu": per_gpu,
         }
-        self.vgpu_slice = Slice(
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
-            gpu_name=gpu.name,
-            gpu_memory=gpu.memory,
-            memory_limit=limit,
-            memory_request=request,
-            compute_share=sized.compute_share,
-            priority=sized.priority,
-            isolation="time-slicing",
-            placement=hub.placement,
-            overcommit_ratio=hub.overcommit_ratio,
-            simulated=gpu.simulated,
-            idle_seconds=hub.idle_seconds,
-            high_watermark=hub.high_watermark,
-        )
+        held = Size(limit, request, sized.compute_share, sized.priority)
+        self.vgpu_slice = self.vgpu_new_slice(gpu, held, self.vgpu_isolation(ask))
         self.log.info("vGPU slice for %s: %s; asks Slurm for %s", self._log_name, self.vgpu_describe(), gres)
         return self.vgpu_slice
 
@@ -585,15 +516,10 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
             await asyncio.sleep(0.25)
 
     def get_env(self) -> dict[str, str]:
-        env = super().get_env()
         # Slurm shows the job the GPU its GRES are on (CUDA_VISIBLE_DEVICES); the Hub's
         # host's arbiter socket and MPS pipes mean nothing on a node.
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
-        env.pop(SOCKET_ENV, None)
-        if self.vgpu_slice is not None and self.vgpu_arbiter_socket:
-            env[SOCKET_ENV] = self.vgpu_arbiter_socket.replace("{node}", self.vgpu_where.get("node", ""))
-        return env
+        socket = self.vgpu_arbiter_socket.replace("{node}", self.vgpu_where.get("node", ""))
+        return self.vgpu_node_env(super().get_env(), socket)
 
     def vgpu_listing(self) -> dict[str, Any]:
         """Where the slice runs, for ``GET /hub/api/vgpu/slices``: ``node``, ``job_id``
@@ -665,39 +591,16 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, SlurmSpawner):
 
     # -- the Hub's books --------------------------------------------------------------
 
-    def vgpu_release(self) -> None:
-        super().vgpu_release()
-        self.vgpu_where = {}
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.vgpu_slice is not None and self.vgpu_where:
-            state[WHERE_KEY] = dict(self.vgpu_where)
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        # batchspawner's job id; the slice's device joins the allocator until the next
-        # look at Slurm lists the nodes again
-        if self.vgpu_foreign(state):
-            return
-        SlurmSpawner.load_state(self, state)
-        data = state.get(STATE_KEY)
-        if not data:
-            return
-        try:
-            s = Slice.from_dict(data)
-        except (SliceError, KeyError) as e:
-            self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
-            return
-        self.vgpu_slice = s
-        self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+    def vgpu_restore(self, state: dict[str, Any]) -> None:
+        """The slice's device joins the allocator (until the next look at Slurm lists the
+        nodes again) and its placement is restored there."""
+        s = self.vgpu_slice
         allocator = self.vgpu_hub.allocator
         if s.gpu_uuid not in {g.uuid for g in allocator.gpus}:
             node = self.vgpu_where.get("node")
             device = GPU(s.gpu_index, s.gpu_uuid, s.gpu_name, s.gpu_memory, s.simulated, node=node)
             allocator.gpus.append(device)
-        placement = Placement(self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request)
-        allocator.restore(placement)
+        super().vgpu_restore(state)
 
 
 def _slurm_words(error: Exception) -> str:

@@ -9,8 +9,8 @@ KubeSpawner's write the same dicts (``display_name``, ``slug``, ``description``,
         {"display_name": "Whole GPU", "spawner_override": {"vgpu_gres": "gpu", "req_runtime": "8:00:00"}},
     ]
 
-Sizes are settled and described by :mod:`hub_spawner.kube_profiles` (the quota caps
-every field), so the two spawners' forms say the same things.
+Sizes are settled and described by :mod:`hub_spawner.profiles` (the quota caps every
+field), as on Kubernetes, so the two spawners' forms say the same things.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from html import escape
+
+from .profiles import SIZE_SETTINGS
+
+#: The settings a profile may override to size a slice (``vgpu_gres`` is the ask's
+#: ``mode``, the others ``vgpu_`` + field); other overrides (batchspawner's ``req_*``)
+#: are not the slice's.
+SLICE_SETTINGS = ("vgpu_gres", *SIZE_SETTINGS)
 
 
 def slug(text: str) -> str:

@@ -25,12 +25,15 @@ from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
 from . import adoption, options, ports
 from .config import VGPUHub
+from .inventory import GPU
 from .placement import Placement, PlacementError
+from .profiles import Size
 from .quotas import QuotaStore
 from .server_cgroup import ServerCgroupMixin
 from .sizes import format_size
 
-STATE_KEY = "vgpu_slice"
+#: The spawner state's keys: the running server's slice, and where it runs (a platform's).
+STATE_KEY, WHERE_KEY = "vgpu_slice", "vgpu_where"
 
 
 class VGPUSpawnerMixin(HasTraits):
@@ -38,6 +41,9 @@ class VGPUSpawnerMixin(HasTraits):
 
     #: The running server's slice, or None while it is stopped.
     vgpu_slice: Slice | None = None
+    #: Where the running server is, as its platform knows it (a pod, a Slurm job), saved
+    #: with the slice; ``{}`` on one host and while it is stopped.
+    vgpu_where: dict[str, Any] = {}
     #: Whether servers of different users run as one Unix account (the Hub page warns).
     vgpu_shared_account = False
     #: The kind of spawner, written into the state of every running server: a Hub whose
@@ -102,44 +108,50 @@ class VGPUSpawnerMixin(HasTraits):
             raise PlacementError(str(e)) from None
         if profile is not None or (allocator.gpus and not allocator.shared):
             gpu = allocator.place_instance(self.vgpu_key, profile, quota.memory_limit)
-            self.vgpu_slice = Slice(
-                gpu_uuid=gpu.uuid,
-                gpu_index=gpu.index,
-                gpu_name=gpu.name,
-                gpu_memory=gpu.memory,
-                memory_limit=gpu.memory,
-                memory_request=gpu.memory,
-                compute_share=gpu.compute_percent or 100,
-                priority=quota.priority,
-                isolation="mig",
-                placement=hub.placement,
-                overcommit_ratio=1.0,
-                simulated=gpu.simulated,
-                idle_seconds=hub.idle_seconds,
-                high_watermark=hub.high_watermark,
-            )
+            whole = Size(gpu.memory, gpu.memory, gpu.compute_percent or 100, quota.priority)
+            self.vgpu_slice = self.vgpu_new_slice(gpu, whole, "mig")
         else:
             gpu = allocator.place(
                 self.vgpu_key, quota.memory_limit, quota.compute_share, hub.placement, quota.memory_request
             )
-            self.vgpu_slice = Slice(
-                gpu_uuid=gpu.uuid,
-                gpu_index=gpu.index,
-                gpu_name=gpu.name,
-                gpu_memory=gpu.memory,
-                memory_limit=quota.memory_limit,
-                memory_request=quota.memory_request,
-                compute_share=quota.compute_share,
-                priority=quota.priority,
-                isolation=gpu.isolation,
-                placement=hub.placement,
-                overcommit_ratio=hub.overcommit_ratio,
-                simulated=gpu.simulated,
-                idle_seconds=hub.idle_seconds,
-                high_watermark=hub.high_watermark,
-            )
+            self.vgpu_slice = self.vgpu_new_slice(gpu, quota, gpu.isolation)
         self.log.info("vGPU slice for %s: %s", self._log_name, self.vgpu_describe())
         return self.vgpu_slice
+
+    def vgpu_new_slice(self, device: GPU, sizes, isolation: str) -> Slice:
+        """A slice of ``device`` with ``sizes``, and the Hub's settings every slice carries
+        (placement policy, overcommit ratio, idle seconds, high watermark). The one place
+        a spawner makes a slice.
+
+        Args:
+            device: the GPU or MIG instance (:class:`hub_spawner.inventory.GPU`): its
+                UUID, index, name, memory in bytes and whether it is simulated.
+            sizes: ``memory_limit`` and ``memory_request`` in bytes, ``compute_share`` in
+                percent, ``priority`` (a :class:`hub_spawner.profiles.Size`, or the
+                user's :class:`hub_spawner.quotas.Effective` quota).
+            isolation: the slice's isolation backend; a ``mig`` slice is never
+                overcommitted (ratio 1.0).
+
+        Raises:
+            jupyter_vgpu.slice.SliceError: a field is out of range.
+        """
+        hub = self.vgpu_hub
+        return Slice(
+            gpu_uuid=device.uuid,
+            gpu_index=device.index,
+            gpu_name=device.name,
+            gpu_memory=device.memory,
+            memory_limit=sizes.memory_limit,
+            memory_request=sizes.memory_request,
+            compute_share=sizes.compute_share,
+            priority=sizes.priority,
+            isolation=isolation,
+            placement=hub.placement,
+            overcommit_ratio=1.0 if isolation == "mig" else hub.overcommit_ratio,
+            simulated=device.simulated,
+            idle_seconds=hub.idle_seconds,
+            high_watermark=hub.high_watermark,
+        )
 
     def vgpu_describe(self) -> str:
         """The running slice in one sentence, as the spawn page shows it."""
@@ -162,10 +174,12 @@ class VGPUSpawnerMixin(HasTraits):
         )
 
     def vgpu_release(self) -> None:
-        """Give the slice's room back and forget the server's last usage report."""
+        """Give the slice's room back and forget the server's last usage report and
+        where it ran."""
         self.vgpu_hub.allocator.release(self.vgpu_key)
         self.vgpu_hub.usage.forget(self.vgpu_key)
         self.vgpu_slice = None
+        self.vgpu_where = {}
 
     def vgpu_check_update(self, effective) -> None:
         """Check that the running slice may take ``effective``'s sizes on its device.
@@ -252,6 +266,8 @@ class VGPUSpawnerMixin(HasTraits):
         if self.vgpu_slice is not None:  # while the server runs
             state[STATE_KEY] = self.vgpu_slice.to_dict()
             state[adoption.KIND_KEY] = self.vgpu_kind
+            if self.vgpu_where:
+                state[WHERE_KEY] = dict(self.vgpu_where)
         return state
 
     def vgpu_foreign(self, state: dict[str, Any]) -> bool:
@@ -281,6 +297,11 @@ class VGPUSpawnerMixin(HasTraits):
         return await super().poll()
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """The base spawner's state, and the running server's slice, where it ran
+        (:attr:`vgpu_where`) and its place in the Hub's books (:meth:`vgpu_restore`); a
+        running server of another kind of spawner is kept to be ended instead
+        (:meth:`vgpu_foreign`), nothing of it loaded. An unusable saved slice is logged
+        and dropped."""
         if self.vgpu_foreign(state):
             return
         super().load_state(state)
@@ -289,18 +310,23 @@ class VGPUSpawnerMixin(HasTraits):
             return
         try:
             self.vgpu_slice = Slice.from_dict(data)
-            self.vgpu_hub.allocator.restore(
-                Placement(
-                    self.vgpu_key,
-                    self.vgpu_slice.gpu_uuid,
-                    self.vgpu_slice.memory_limit,
-                    self.vgpu_slice.compute_share,
-                    self.vgpu_slice.memory_request,
-                )
-            )
+            self.vgpu_where = dict(state.get(WHERE_KEY) or {})
+            self.vgpu_restore(state)
         except (SliceError, KeyError) as e:
             self.log.error("Dropping unusable saved vGPU slice of %s: %s", self._log_name, e)
             self.vgpu_slice = None
+
+    def vgpu_restore(self, state: dict[str, Any]) -> None:
+        """Put the slice just loaded from ``state`` back in the Hub's books: here its
+        placement on its device, unchecked (it runs there whether it fits or not).
+
+        Raises:
+            KeyError: its device is not in the inventory (the slice is then dropped).
+        """
+        s = self.vgpu_slice
+        self.vgpu_hub.allocator.restore(
+            Placement(self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request)
+        )
 
     def clear_state(self) -> None:
         super().clear_state()

@@ -20,8 +20,8 @@ from traitlets.config import Config
 
 from hub_spawner.config import VGPUHub
 from hub_spawner.kube import PENDING, VGPUKubeSpawner
-from hub_spawner.kube_profiles import QuotaExceeded
 from hub_spawner.nodes import NodeBoard, parse_report
+from hub_spawner.profiles import QuotaExceeded
 from hub_spawner.quotas import Quota, QuotaStore
 from jupyter_vgpu.slice import Slice
 from tests.kube import new_hub_db, round_trip_async, spawner_of, use_kubeconfig
