@@ -391,7 +391,7 @@ def helper_fault(work, tmp: Path) -> dict:
     k = gpu_kernel(tmp, None, "ada", 8 * GiB, env=env)
 
     def helpers():
-        return [c for c in psutil.Process(k.pid).children() if "jupyter_vgpu.node.checkpoint" in c.cmdline()]
+        return [c for c in psutil.Process(k.pid).children() if "jupyter_vgpu.host.checkpoint" in c.cmdline()]
 
     try:
         from jupyter_vgpu.testing.fault_kernels import fill

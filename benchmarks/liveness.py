@@ -33,7 +33,7 @@ from pathlib import Path
 import gpu_common  # noqa: F401 - puts this checkout first on the path
 import provenance
 
-from jupyter_vgpu.node import checkpoint
+from jupyter_vgpu.host import checkpoint
 from jupyter_vgpu.node.checkpoint_pool import CheckpointPool, CheckpointTimeout
 from jupyter_vgpu.testing import liveness
 from jupyter_vgpu.testing.kernel_runner import Kernel

@@ -121,7 +121,7 @@ def measure(torch, gib: float) -> dict:
     paused = nvml_bytes()
     mark("pause")
     helper = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", str(os.getpid())],
+        [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "hold", str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

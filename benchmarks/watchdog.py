@@ -40,10 +40,10 @@ from gpu_common import require_gpu
 
 from hub_spawner import server_cgroup
 from jupyter_vgpu import nvml
-from jupyter_vgpu.node import peers
+from jupyter_vgpu.host import peers
+from jupyter_vgpu.host.cgroups import Cgroup
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
-from jupyter_vgpu.node.cgroups import Cgroup
 from jupyter_vgpu.node.watchdog import Watchdog, owners
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.percentiles import percentile

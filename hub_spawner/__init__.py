@@ -101,7 +101,7 @@ def _run_arbiter(c, socket: str | None, token: str | None = None) -> None:
     with ``token``, an external service of that token instead (its own systemd unit)."""
     import sys
 
-    from jupyter_vgpu.node.socket_path import default_socket
+    from jupyter_vgpu.host.socket_path import default_socket
 
     if not socket:
         socket = c.VGPUHub.arbiter_socket if "arbiter_socket" in c.VGPUHub else ""

@@ -65,7 +65,7 @@ def _is_server_of(pid: int, user: str) -> bool:
 
 
 def _end_local(state: dict[str, Any], user: str) -> str:
-    from jupyter_vgpu.node import cgroups
+    from jupyter_vgpu.host import cgroups
 
     from .server_cgroup import kill_all
 

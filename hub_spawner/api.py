@@ -176,7 +176,7 @@ def tell_arbiter(socket: str, log) -> None:
         return
 
     def send() -> None:
-        from jupyter_vgpu.node.control import Control
+        from jupyter_vgpu.host.arbiter_control import Control
 
         try:
             with Control(socket, timeout=5) as control:

@@ -96,7 +96,7 @@ async def arbiter_books(socket: str, timeout: float = 2.0) -> tuple[dict | None,
     arbiter it runs as a managed service runs as that user."""
     if not socket:
         return None, "No node arbiter runs with this Hub (hub_spawner.setup(c, arbiter=False))."
-    from jupyter_vgpu.node.control import Control
+    from jupyter_vgpu.host.arbiter_control import Control
 
     def read() -> dict:
         with Control(socket, timeout=timeout) as control:

@@ -23,7 +23,7 @@ from typing import Any
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bunch, HasTraits, Integer, TraitError, Unicode, ValidateHandler, validate
 
-from jupyter_vgpu.node.socket_path import SOCKET_ENV
+from jupyter_vgpu.host.socket_path import SOCKET_ENV
 from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, compute_share_text
 
 from .sizes import format_size

@@ -1,7 +1,7 @@
 """Each local server in a cgroup of its own, which its user cannot leave.
 
 The node arbiter knows a GPU process's server by the cgroup it is in
-(:mod:`jupyter_vgpu.node.cgroups`): a process can leave its process tree (a double
+(:mod:`jupyter_vgpu.host.cgroups`): a process can leave its process tree (a double
 fork, ``setsid``, ``nohup … & disown``, a daemonizing tool), not its cgroup, when the
 cgroup's directories belong to root. :class:`ServerCgroupMixin` gives the local
 spawners (``VGPUSpawner``, ``VGPUSimpleSpawner``, the demo's) one cgroup per server:
@@ -50,8 +50,8 @@ from typing import Any
 
 from traitlets import Enum, HasTraits, Unicode
 
-from jupyter_vgpu.node import cgroups, procs
-from jupyter_vgpu.node.cgroups import V2, Cgroup
+from jupyter_vgpu.host import cgroups, procs
+from jupyter_vgpu.host.cgroups import V2, Cgroup
 
 #: Where the server's cgroup is remembered in the spawner's state (survives Hub restarts).
 STATE_KEY = "vgpu_cgroup"
@@ -70,7 +70,7 @@ class Host:
 
     Attributes:
         mode: ``cgroupfs`` or ``systemd`` (``off``/None ``where`` when there are none).
-        hierarchy: the hierarchy used (:data:`~jupyter_vgpu.node.cgroups.V2` or a v1 name).
+        hierarchy: the hierarchy used (:data:`~jupyter_vgpu.host.cgroups.V2` or a v1 name).
         parent: the cgroup path servers' cgroups go under (cgroupfs), or the slice's
             cgroup (systemd).
         mount: where that hierarchy is mounted here.

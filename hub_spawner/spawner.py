@@ -20,7 +20,7 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import HasTraits, Integer, TraitError, Tuple, default, validate
 
-from jupyter_vgpu.node.socket_path import SOCKET_ENV, mps_pipe_directory
+from jupyter_vgpu.host.socket_path import SOCKET_ENV, mps_pipe_directory
 from jupyter_vgpu.slice import Slice, SliceError, mig_profile
 
 from . import adoption, options, ports

@@ -14,7 +14,7 @@
 
 Steps are named ``<process>.<step>``: ``kernel.*`` in kernels, ``arbiter.*`` in the node
 arbiter, ``checkpoint.*`` in the checkpoint helper (``python -m
-jupyter_vgpu.node.checkpoint``). :data:`STEPS` lists them all; a name not there is
+jupyter_vgpu.host.checkpoint``). :data:`STEPS` lists them all; a name not there is
 refused when the variable is read, so a misspelt step fails a test instead of passing it.
 
 Why this cannot be abused: an action only ever signals the process that reached the

@@ -136,7 +136,7 @@ def stop_cluster(state: Path) -> list[str]:
 def _cgroup_dirs(parent: str) -> list[Path]:
     """The demo's cgroup parent in every hierarchy where it exists; never a hierarchy's
     root (a ``demo.json`` naming ``/`` or nothing names no cgroup of the demo's)."""
-    from jupyter_vgpu.node import cgroups
+    from jupyter_vgpu.host import cgroups
 
     if not parent.strip("/"):
         return []
@@ -173,7 +173,7 @@ def _jupyter(pid: int) -> bool:
 
 def leftovers(state: Path, meta: dict) -> list[int]:
     """PIDs of the processes the demo in ``state`` started that still run."""
-    from jupyter_vgpu.node import cgroups
+    from jupyter_vgpu.host import cgroups
 
     mine = _ancestors()
     found: set[int] = set()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_vgpu import channel
-from jupyter_vgpu.node.socket_path import SOCKET_ENV
+from jupyter_vgpu.host.socket_path import SOCKET_ENV
 from jupyter_vgpu.slice import Slice, SliceError
 
 from . import dispatch

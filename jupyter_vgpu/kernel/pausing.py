@@ -54,8 +54,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from jupyter_vgpu.node import checkpoint
-from jupyter_vgpu.node.tiers import meminfo
+from jupyter_vgpu.host import checkpoint
+from jupyter_vgpu.host.meminfo import meminfo
 from jupyter_vgpu.units import format_bytes
 
 from . import gate as g
@@ -574,7 +574,7 @@ class PauseControl:
         children = sorted(self.gpu_children())
         self.suspend_need = checkpoint.footprint([*children, os.getpid()])
         pids = [*map(str, children), str(os.getpid())]
-        cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", *pids]
+        cmd = [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "hold", *pids]
         # its own session: an interrupt of the kernel (SIGINT to the kernel's process
         # group) is not meant for it, and ending it would leave the kernel suspended
         helper = subprocess.Popen(
@@ -769,7 +769,7 @@ class PauseControl:
             return  # the arbiter restored it before it granted the room
         pids = [*map(str, self.suspended_with), str(os.getpid())]  # as they were suspended
         need = [a for uuid, n in self.suspend_need.items() for a in ("--need", f"{uuid}={n}")]
-        cmd = [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "restore", *need, *pids]
+        cmd = [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "restore", *need, *pids]
         while True:
             progress.update("restoring this kernel from the driver's checkpoint (its holder has ended)")
             done = progress.run(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=600))
@@ -990,7 +990,7 @@ class PauseControl:
             return why
         if self.stand_in or not self._on_gpu():
             return None  # nothing on a GPU: a suspend is a stand-in
-        from jupyter_vgpu.node import checkpoint
+        from jupyter_vgpu.host import checkpoint
 
         return checkpoint.unavailable()
 

@@ -14,7 +14,7 @@ allowed for its executable (``ArbiterApp.allowed_executables``) only when:
   makes the process a user's, whatever its name.
 
 A process in one of ``ArbiterApp.allowed_cgroups`` is allowed whatever it runs: users
-cannot move processes into a cgroup of root's (:mod:`.cgroups`), so where a monitoring
+cannot move processes into a cgroup of root's (:mod:`jupyter_vgpu.host.cgroups`), so where a monitoring
 agent has a cgroup of its own (a systemd service), naming the cgroup is the firmer choice.
 
 What ``/proc`` cannot tell about (a process gone, or unreadable) is allowed: unknown,
@@ -27,7 +27,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from . import cgroups
+from jupyter_vgpu.host import cgroups
 
 #: Executable mappings the Linux kernel makes itself, in every process.
 KERNEL_MAPPINGS = frozenset({"[vdso]", "[vsyscall]", "[uprobes]"})

@@ -31,6 +31,7 @@ import signal
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Application
 
+from jupyter_vgpu.host.socket_path import default_socket
 from jupyter_vgpu.slice import Slice, SliceError
 from jupyter_vgpu.units import ByteSize
 
@@ -38,7 +39,6 @@ from . import disk
 from .arbiter import Arbiter
 from .checkpoint_pool import CheckpointPool
 from .limits import RateLimit, raise_descriptor_limit
-from .socket_path import default_socket
 
 #: Environment variable naming the Kubernetes node (the DaemonSet sets it from spec.nodeName).
 NODE_ENV = "JUPYTER_VGPU_NODE"
@@ -377,8 +377,7 @@ class ArbiterApp(Application):
         from pathlib import Path
 
         import jupyter_vgpu
-
-        from . import checkpoint
+        from jupyter_vgpu.host import checkpoint
 
         # which code runs (an upgrade restarts the arbiter on the new one: docs/admin.md)
         logging.getLogger("jupyter_vgpu.node").info(

@@ -1,8 +1,8 @@
 """The node arbiter: owns the host's cards and makes room for whoever runs a cell.
 
 Kernels connect to its Unix socket (:mod:`.protocol`); the arbiter knows each by its
-peer credentials and the registered server whose cgroup it is in (:mod:`.cgroups`; a
-pod's on Kubernetes), or else whose process tree it descends from (:mod:`.peers`),
+peer credentials and the registered server whose cgroup it is in (:mod:`jupyter_vgpu.host.cgroups`; a
+pod's on Kubernetes), or else whose process tree it descends from (:mod:`jupyter_vgpu.host.peers`),
 never by what it says. Before a kernel runs code it asks for room; the arbiter pauses
 or suspends idle kernels on that card (:func:`.books.victims`), waiting for each one's
 acknowledgement and for the memory to show up free, and grants the request, or queues
@@ -46,7 +46,9 @@ import os
 import time
 from pathlib import Path
 
-from . import books, cards, cgroups, handoff, mps, namespaces, protocol, safe_dirs, slurm
+from jupyter_vgpu.host import cgroups
+
+from . import books, cards, handoff, mps, namespaces, protocol, safe_dirs, slurm
 from .books import PAUSED, Kernel, Reason
 from .cards import Reading
 from .decisions import DecisionLog
@@ -74,7 +76,7 @@ class Arbiter(Registry):
         config: the :class:`~.app.ArbiterApp` (its settings: ``suspend_after``,
             ``watermark``, ``queue_timeout``, ``poll_seconds``, ``pause_timeout``).
         checkpoint: the module suspending and restoring processes
-            (:mod:`.checkpoint`), or None where the driver lacks it.
+            (:mod:`jupyter_vgpu.host.checkpoint`), or None where the driver lacks it.
         pod_of: maps a PID to the uid of its Kubernetes pod, or None
             (:func:`.namespaces.pod_uid`, which reads its cgroup).
         job_of: maps a PID to the id of its Slurm job, or None (:func:`.slurm.job_id`,

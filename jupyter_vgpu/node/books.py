@@ -53,7 +53,7 @@ class Server:
             to it (:mod:`.slurm`); None elsewhere.
         cgroup: on one host, the path of the server's own cgroup (from the root of
             ``cgroup_hierarchy``): every process in it or below it belongs to it
-            (:mod:`.cgroups`); None where the server has none (its process tree, then).
+            (:mod:`jupyter_vgpu.host.cgroups`); None where the server has none (its process tree, then).
         cgroup_hierarchy: the hierarchy of ``cgroup`` (:data:`.cgroups.V2`, or a v1
             hierarchy's name).
         start: the start time of the process ``pid`` (clock ticks after boot), as the

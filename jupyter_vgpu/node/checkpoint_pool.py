@@ -4,7 +4,7 @@
 ``…Unlock`` do not, and a call that never returns would hold whatever waits on it: a
 thread of the arbiter, and, were the calls made in the arbiter's own process, perhaps
 the driver's locks every other call of that process needs. So each call runs in a worker
-process of the arbiter's (``python -m jupyter_vgpu.node.checkpoint serve``: one request
+process of the arbiter's (``python -m jupyter_vgpu.host.checkpoint serve``: one request
 and one answer at a time, a JSON object a line), taken from a small pool, with a
 deadline: the lock's own timeout plus a margin, or, for moving memory, a base plus a
 time per GiB. A call past its deadline ends its worker (SIGKILL) and raises
@@ -13,7 +13,7 @@ time per GiB. A call past its deadline ends its worker (SIGKILL) and raises
 in other workers meanwhile, so one kernel's stuck restore slows no other kernel's pause,
 suspend or restore.
 
-:class:`CheckpointPool` has :mod:`.checkpoint`'s interface (``state``, ``suspend``,
+:class:`CheckpointPool` has :mod:`jupyter_vgpu.host.checkpoint`'s interface (``state``, ``suspend``,
 ``restore``, ``NoRoom``, ``CheckpointError``), blocking and thread-safe: the arbiter calls
 it from its executor's threads.
 """
@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from .checkpoint import CheckpointError, NoRoom
+from jupyter_vgpu.host.checkpoint import CheckpointError, NoRoom
 
 __all__ = ["CheckpointError", "CheckpointPool", "CheckpointTimeout", "NoRoom"]
 
@@ -45,7 +45,7 @@ class CheckpointTimeout(CheckpointError):
 class _Worker:
     def __init__(self, env: dict[str, str]):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "serve"],
+            [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -29,8 +29,9 @@ import logging
 import os
 from pathlib import Path
 
+from jupyter_vgpu.host.procs import start_time
+
 from . import safe_dirs
-from .procs import start_time
 
 log = logging.getLogger("jupyter_vgpu.node")
 

@@ -25,9 +25,10 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from jupyter_vgpu.host import peers, procs
 from jupyter_vgpu.units import format_bytes
 
-from . import allowlist, peers, procs
+from . import allowlist
 from .books import IDLE, Kernel, Reason
 from .watchdog import Watchdog, owners
 

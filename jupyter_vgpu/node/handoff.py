@@ -25,7 +25,7 @@ import signal
 import stat
 import time
 
-from . import procs
+from jupyter_vgpu.host import procs
 
 log = logging.getLogger("jupyter_vgpu.node")
 

@@ -18,9 +18,8 @@ import logging
 import os
 from pathlib import Path
 
+from jupyter_vgpu.host.procs import start_time
 from jupyter_vgpu.slice import Slice, SliceError
-
-from .procs import start_time
 
 log = logging.getLogger("jupyter_vgpu.node")
 

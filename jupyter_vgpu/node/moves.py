@@ -22,8 +22,9 @@ import time
 from typing import TYPE_CHECKING
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.host import peers, procs
 
-from . import peers, procs, tiers
+from . import tiers
 from .books import PAUSED, SUSPENDED, Kernel, Reason
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ class Moves:
         """Bring ``kernel`` (and its group) back from the driver's checkpoint, if the driver
         holds it; ``(True, "")`` once it runs (restored now, or it was not checkpointed),
         ``(None, why)`` when NVML shows too little free memory to try (a restore the card
-        has no room for leaves the process unrestorable: :mod:`.checkpoint`), ``(False,
+        has no room for leaves the process unrestorable: :mod:`jupyter_vgpu.host.checkpoint`), ``(False,
         why)`` when the driver refused."""
         a = self.arbiter
         if not kernel.group and not kernel.checkpoint_bytes:

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .socket_path import mps_pipe_directory
+from jupyter_vgpu.host.socket_path import mps_pipe_directory
 
 log = logging.getLogger("jupyter_vgpu.node")
 

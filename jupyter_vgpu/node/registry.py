@@ -2,7 +2,7 @@
 
 A server is registered by the Hub (or, standalone, a trusted client over the socket) with
 its slice and how its processes are known: its cgroup, its Kubernetes pod, its Slurm
-job, or the process tree rooted at its process as the Hub started it (:mod:`.procs`: a
+job, or the process tree rooted at its process as the Hub started it (:mod:`jupyter_vgpu.host.procs`: a
 PID that changed hands names an impostor, whose tree gets no slice). The arbiter asks
 this for every kernel that connects and for every process the watchdog sees on a card;
 never what a process says about itself.
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 
+from jupyter_vgpu.host import cgroups, peers, procs
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.units import format_bytes
 
-from . import cgroups, peers, procs
 from .books import Server
 
 log = logging.getLogger("jupyter_vgpu.node")

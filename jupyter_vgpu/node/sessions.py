@@ -23,9 +23,10 @@ import time
 from typing import TYPE_CHECKING
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.slice import Slice
 
-from . import cgroups, procs, protocol
+from . import protocol
 from .books import ACTIVE, SUSPENDED, Kernel, Server
 
 if TYPE_CHECKING:

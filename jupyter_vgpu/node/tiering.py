@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.host.meminfo import meminfo
 from jupyter_vgpu.units import format_bytes
 
 from . import books, disk, safe_dirs, tiers
@@ -90,7 +91,7 @@ class Tiering:
     def host_budget(self) -> tiers.HostBudget:
         """The node's host budget for paused kernels, from the settings and ``/proc/meminfo``."""
         config = self.arbiter.config
-        total = tiers.meminfo().get("MemTotal", 0)
+        total = meminfo().get("MemTotal", 0)
         limit = getattr(config, "host_memory_limit", None)
         if limit is None:
             limit = int(total * getattr(config, "host_memory_fraction", 0.5))
@@ -109,7 +110,7 @@ class Tiering:
         return {
             "host_used": tiers.host_used(kernels),
             "host_limit": self.host_budget().limit,
-            "host_available": tiers.meminfo().get("MemAvailable", 0),
+            "host_available": meminfo().get("MemAvailable", 0),
             "disk_used": tiers.disk_used(kernels),
             "disk_free": self.disk.free_bytes() if self.disk is not None else None,
             "disk_dir": self.disk_root or None,
@@ -272,7 +273,7 @@ class Tiering:
             now = time.monotonic()
             counted = books.cooperative(self.arbiter.kernels, but=victim)
             budget = self.host_budget()
-            available = tiers.meminfo().get("MemAvailable", 0)
+            available = meminfo().get("MemAvailable", 0)
             over_budget, over_reserve = tiers.host_room(counted, budget, need, available)
             if not over_budget and not over_reserve:
                 return None
@@ -317,7 +318,7 @@ class Tiering:
         memory is their own, :func:`.books.cooperative`)."""
         now = time.monotonic()
         counted = books.cooperative(self.arbiter.kernels)
-        for kernel in tiers.to_trim(counted, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), now):
+        for kernel in tiers.to_trim(counted, self.host_budget(), meminfo().get("MemAvailable", 0), now):
             if not kernel.declined("trim", now, REFUSAL_SECONDS):
                 await self.trim(kernel)
         tried: list[Kernel] = []
@@ -326,9 +327,7 @@ class Tiering:
             counted = books.cooperative(self.arbiter.kernels)
             todo = [
                 k
-                for k in tiers.to_spill(
-                    counted, self.host_budget(), tiers.meminfo().get("MemAvailable", 0), now
-                )
+                for k in tiers.to_spill(counted, self.host_budget(), meminfo().get("MemAvailable", 0), now)
                 if k not in tried and not k.declined("spill", now, REFUSAL_SECONDS)
             ]
             if not todo or self.disk_usable(todo[0].host_bytes) is not None:

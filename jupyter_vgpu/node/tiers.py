@@ -1,6 +1,7 @@
 """Host memory and disk as tiers of the node: what paused kernels hold, and whom to spill.
 
-Bookkeeping, like :mod:`.books`; the one reading is :func:`meminfo`. Paused kernels keep their memory in host
+Bookkeeping, like :mod:`.books` (the host's own figures are read by
+:func:`jupyter_vgpu.host.meminfo.meminfo`). Paused kernels keep their memory in host
 memory (pinned slabs of the GPU codec path, the zstandard path's store); nothing else on
 the node adds those up, and a host whose paused sessions grow past its RAM meets the
 kernel's OOM killer, which takes whole kernels and their only copy of the data with
@@ -20,22 +21,6 @@ from __future__ import annotations
 import dataclasses
 
 from .books import ACTIVE, IDLE, PAUSED, Kernel
-
-
-def meminfo() -> dict[str, int]:
-    """``/proc/meminfo`` in bytes (``MemTotal``, ``MemAvailable``, ...); empty where it is
-    missing."""
-    out = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[name] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
 
 
 @dataclasses.dataclass(frozen=True)

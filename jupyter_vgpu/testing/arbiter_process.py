@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jupyter_vgpu.node.control import Control
+from jupyter_vgpu.host.arbiter_control import Control
 
 from .waiting import wait_for
 

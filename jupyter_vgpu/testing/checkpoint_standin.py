@@ -1,7 +1,7 @@
 """A stand-in for the driver's process checkpoint that records what it is asked, for
 testing the arbiter's suspend and restore decisions on a machine without a GPU.
 
-It has :mod:`jupyter_vgpu.node.checkpoint`'s interface (``state``, ``suspend``,
+It has :mod:`jupyter_vgpu.host.checkpoint`'s interface (``state``, ``suspend``,
 ``restore``, ``NoRoom``, ``CheckpointError``) and moves nothing: it notes which
 processes were suspended and says so when asked. The arbiter's checkpoint workers
 (:mod:`jupyter_vgpu.node.checkpoint_pool`) use it instead of the driver. Every call is appended to the file
@@ -20,8 +20,8 @@ import json
 import threading
 from collections.abc import Iterable
 
-from jupyter_vgpu.node.checkpoint import CheckpointError, NoRoom
-from jupyter_vgpu.node.procs import start_time, uid_of
+from jupyter_vgpu.host.checkpoint import CheckpointError, NoRoom
+from jupyter_vgpu.host.procs import start_time, uid_of
 
 #: Environment variable naming the log; set in the arbiter's environment to use this module.
 ENV = "JUPYTER_VGPU_CHECKPOINT_STANDIN"

@@ -19,7 +19,7 @@ import secrets
 from pathlib import Path
 
 from hub_spawner import server_cgroup as spawner_cgroup
-from jupyter_vgpu.node import cgroups
+from jupyter_vgpu.host import cgroups
 
 GiB = 1 << 30
 HOLD = 4 * GiB

@@ -148,7 +148,7 @@ class HubProcess:
     def remove_cgroups(self) -> None:
         """End whatever is left in this Hub's servers' cgroups and remove them."""
         from hub_spawner.server_cgroup import kill_all
-        from jupyter_vgpu.node import cgroups
+        from jupyter_vgpu.host import cgroups
 
         parent = self.cgroup_parent
         assert parent.strip("/"), f"no cgroup parent to clean: {parent!r}"

@@ -26,7 +26,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from jupyter_vgpu.node.control import Control
+from jupyter_vgpu.host.arbiter_control import Control
 from jupyter_vgpu.slice import Slice
 
 from . import checkpoint_standin, protocol_peer

@@ -166,7 +166,7 @@ def test_a_kernel_whose_checkpoint_helper_dies_restores_itself(tmp_path):
 
     def helpers():
         return [
-            c for c in psutil.Process(kernel.pid).children() if "jupyter_vgpu.node.checkpoint" in c.cmdline()
+            c for c in psutil.Process(kernel.pid).children() if "jupyter_vgpu.host.checkpoint" in c.cmdline()
         ]
 
     try:
@@ -223,7 +223,7 @@ def test_paused_working_sets_past_the_host_budget_go_to_disk_and_come_back(tmp_p
     that memory counts too. The host's available memory never drops below the reserve,
     the kernels never hold more host memory than the budget, and every byte comes back.
     (The ballast keeps the bytes moved, hashed and spilled to a few tens of GiB.)"""
-    from jupyter_vgpu.node import tiers
+    from jupyter_vgpu.host.meminfo import meminfo
     from jupyter_vgpu.testing import card_holder
     from jupyter_vgpu.testing.fault_kernels import card_free
 
@@ -237,13 +237,13 @@ def test_paused_working_sets_past_the_host_budget_go_to_disk_and_come_back(tmp_p
         f"--ArbiterApp.host_memory_limit={limit}",
         f"--ArbiterApp.host_reserve={reserve}",
     ).start()
-    lowest = [tiers.meminfo()["MemAvailable"]]
+    lowest = [meminfo()["MemAvailable"]]
     held = [0]
     stop = threading.Event()
 
     def watch():
         while not stop.is_set():
-            lowest[0] = min(lowest[0], tiers.meminfo()["MemAvailable"])
+            lowest[0] = min(lowest[0], meminfo()["MemAvailable"])
             try:
                 held[0] = max(held[0], arbiter.books()["node"]["host_used"])
             except OSError:

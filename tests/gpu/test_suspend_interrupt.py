@@ -35,7 +35,7 @@ def test_an_interrupt_while_suspended_changes_nothing_and_prints_no_traceback(tm
         helpers = [
             p
             for p in psutil.Process(kernel.pid).children()
-            if "jupyter_vgpu.node.checkpoint" in " ".join(p.cmdline())
+            if "jupyter_vgpu.host.checkpoint" in " ".join(p.cmdline())
         ]
         assert len(helpers) == 1, "no checkpoint helper holds the kernel"
         assert os.getpgid(helpers[0].pid) != os.getpgid(kernel.pid)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from jupyter_vgpu.node import cgroups
+from jupyter_vgpu.host import cgroups
 from jupyter_vgpu.testing.hub_process import CONFIG, HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for

@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 
-from jupyter_vgpu.node.control import Control
+from jupyter_vgpu.host.arbiter_control import Control
 from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for

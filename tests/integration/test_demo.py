@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from hub_spawner.demo import settings, system_user
-from jupyter_vgpu.node import cgroups
+from jupyter_vgpu.host import cgroups
 from jupyter_vgpu.testing.hub_process import ARTIFACTS, ROOT, HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from jupyter_vgpu.node.socket_path import mps_pipe_directory
+from jupyter_vgpu.host.socket_path import mps_pipe_directory
 from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for

@@ -16,10 +16,10 @@ import subprocess
 
 import pytest
 
-from jupyter_vgpu.node import cgroups, peers
+from jupyter_vgpu.host import cgroups, peers
+from jupyter_vgpu.host.arbiter_control import Control
 from jupyter_vgpu.node.app import ArbiterApp, HubLink
 from jupyter_vgpu.node.arbiter import Arbiter
-from jupyter_vgpu.node.control import Control
 from jupyter_vgpu.node.watchdog import Watchdog, owners
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for

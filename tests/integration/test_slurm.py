@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from hub_spawner.demo import system_user
-from jupyter_vgpu.node.control import Control
+from jupyter_vgpu.host.arbiter_control import Control
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
 from jupyter_vgpu.testing.waiting import wait_for

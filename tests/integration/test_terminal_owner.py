@@ -4,7 +4,7 @@ the server's slice, so its GPU memory counts against that budget like a kernel's
 
 import re
 
-from jupyter_vgpu.node import peers
+from jupyter_vgpu.host import peers
 from jupyter_vgpu.node.books import Server
 from jupyter_vgpu.node.watchdog import Owner, owners
 from jupyter_vgpu.slice import Slice

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from jupyter_vgpu import channel
-from jupyter_vgpu.node.control import ControlError
+from jupyter_vgpu.host.arbiter_control import ControlError
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel

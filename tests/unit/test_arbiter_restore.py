@@ -13,10 +13,11 @@ import sys
 
 import pytest
 
-from jupyter_vgpu.node import books, procs
+from jupyter_vgpu.host import procs
+from jupyter_vgpu.host.checkpoint import CheckpointError, NoRoom
+from jupyter_vgpu.node import books
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
-from jupyter_vgpu.node.checkpoint import CheckpointError, NoRoom
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.waiting import wait_for
 
@@ -25,7 +26,7 @@ SLICE = Slice("GPU-real-0", 0, "a card", 80 * GiB, 40 * GiB, 100)
 
 
 class Driver:
-    """What the arbiter asks of :mod:`jupyter_vgpu.node.checkpoint`, recorded."""
+    """What the arbiter asks of :mod:`jupyter_vgpu.host.checkpoint`, recorded."""
 
     NoRoom = NoRoom
 

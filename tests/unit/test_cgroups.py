@@ -16,10 +16,10 @@ import pytest
 
 from hub_spawner import server_cgroup
 from hub_spawner.demo import system_user
-from jupyter_vgpu.node import cgroups, peers
+from jupyter_vgpu.host import cgroups, peers
+from jupyter_vgpu.host.cgroups import V2, Cgroup
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
-from jupyter_vgpu.node.cgroups import V2, Cgroup
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.waiting import wait_for
 
@@ -329,7 +329,7 @@ def test_unowned_policy_follows_over_budget_unless_set():
 
 
 def test_a_trusted_client_registers_a_server_by_its_cgroup(tmp_path):
-    from jupyter_vgpu.node.control import ControlError
+    from jupyter_vgpu.host.arbiter_control import ControlError
     from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 
     arbiter = ArbiterProcess(tmp_path).start()

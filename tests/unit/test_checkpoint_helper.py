@@ -1,4 +1,4 @@
-"""The suspend helper (``python -m jupyter_vgpu.node.checkpoint hold PID``) and the
+"""The suspend helper (``python -m jupyter_vgpu.host.checkpoint hold PID``) and the
 kernel's interrupts: a SIGINT that reaches it (Jupyter interrupts a kernel by signalling
 its process group) changes nothing, and prints no traceback.
 
@@ -36,7 +36,7 @@ def test_an_interrupt_of_its_process_group_does_not_end_the_helper_or_print_a_tr
     stderr = tmp_path / "helper.err"
     with open(stderr, "wb") as err:
         helper = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", "hold", str(target.pid)],
+            [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "hold", str(target.pid)],
             stdin=subprocess.PIPE,
             stdout=write_end,
             stderr=err,
@@ -66,3 +66,15 @@ def test_an_interrupt_of_its_process_group_does_not_end_the_helper_or_print_a_tr
         target.wait()
     assert answer[filled:].startswith(b"failed "), answer[filled:]
     assert stderr.read_text() == ""
+
+
+def test_a_kernel_from_before_the_move_still_finds_its_helper():
+    """Kernels started before an upgrade run the helper by its old name
+    (``jupyter_vgpu.node.checkpoint``): it is the same helper."""
+    old, new = (
+        subprocess.run([sys.executable, "-m", name], capture_output=True, text=True)
+        for name in ("jupyter_vgpu.node.checkpoint", "jupyter_vgpu.host.checkpoint")
+    )
+    assert old.returncode == new.returncode == 1
+    assert old.stderr == new.stderr
+    assert "usage: python -m jupyter_vgpu.host.checkpoint hold PID" in old.stderr

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from jupyter_vgpu.node import checkpoint
+from jupyter_vgpu.host import checkpoint
 from jupyter_vgpu.node.checkpoint_pool import CheckpointPool, CheckpointTimeout
 from jupyter_vgpu.testing import checkpoint_standin
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_vgpu.host.socket_path import mps_pipe_directory
 from jupyter_vgpu.node import mps
-from jupyter_vgpu.node.socket_path import mps_pipe_directory
 
 
 @pytest.fixture

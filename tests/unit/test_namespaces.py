@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
+from jupyter_vgpu.host.peers import peer_credentials
 from jupyter_vgpu.node import namespaces
-from jupyter_vgpu.node.peers import peer_credentials
 from jupyter_vgpu.testing.waiting import wait_for
 
 UID = "0b7e5c1e-1f4c-4c55-9d2e-2f6f3a0f1a11"

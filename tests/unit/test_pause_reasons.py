@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from jupyter_vgpu.node import books, procs
+from jupyter_vgpu.host import procs
+from jupyter_vgpu.node import books
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.books import Reason

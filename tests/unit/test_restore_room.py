@@ -1,13 +1,13 @@
 """A restore is never tried without room: the driver leaves a process whose restore
 failed for want of memory unrestorable (measured on the H100, see
-``jupyter_vgpu.node.checkpoint``), so the room is read from NVML first."""
+``jupyter_vgpu.host.checkpoint``), so the room is read from NVML first."""
 
 import subprocess
 import sys
 
 import pytest
 
-from jupyter_vgpu.node import checkpoint
+from jupyter_vgpu.host import checkpoint
 
 GiB, MiB = 2**30, 2**20
 
@@ -40,7 +40,7 @@ def test_no_room_is_a_checkpoint_error_so_every_caller_keeps_the_process_suspend
 )
 def test_the_helper_refuses_a_command_line_it_cannot_read(args):
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter_vgpu.node.checkpoint", *args],
+        [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", *args],
         capture_output=True,
         text=True,
         timeout=60,

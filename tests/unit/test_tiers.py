@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.host import procs
 from jupyter_vgpu.kernel.progress import Progress
-from jupyter_vgpu.node import disk, handoff, procs, safe_dirs, tiers
+from jupyter_vgpu.node import disk, handoff, safe_dirs, tiers
 from jupyter_vgpu.node.books import ACTIVE, IDLE, PAUSED, SUSPENDED, Kernel, Server
 from jupyter_vgpu.node.journal import Journal
 from jupyter_vgpu.node.protocol import ProtocolError, decode
