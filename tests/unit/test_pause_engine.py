@@ -13,8 +13,9 @@ pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its C
 import torch
 
 from jupyter_vgpu.kernel.pause import vmm
-from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError, WorkArea
+from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError
 from jupyter_vgpu.kernel.pause.ranges import live_ranges, spans
+from jupyter_vgpu.kernel.pause.workarea import WorkArea
 
 MiB = 1 << 20
 rng = np.random.default_rng(11)
