@@ -61,6 +61,7 @@ from jupyter_vgpu.units import format_bytes
 from . import gate as g
 from .arbiter_client import ArbiterUnavailable
 from .idle_code import idle_code
+from .pause.states import PauseState
 from .progress import Progress
 
 log = logging.getLogger("jupyter_vgpu")
@@ -131,11 +132,11 @@ class PauseControl:
     # -- state ---------------------------------------------------------------------------
 
     @property
-    def state(self) -> str:
+    def state(self) -> PauseState:
         """``active`` (running a message), ``idle``, ``paused``, ``suspended``, or a
         transition (``pausing``, ``suspending``, ``resuming``)."""
         s = self.gate.state
-        return "active" if s == g.BUSY else s
+        return PauseState.ACTIVE if s == g.BUSY else PauseState(s)
 
     def _changed(self, state: str) -> None:
         if state != g.IDLE:
@@ -568,7 +569,7 @@ class PauseControl:
         if not reasons:
             with self._plain():
                 engine = self._engine()
-                if engine is not None and engine.state == "active":
+                if engine is not None and engine.state == PauseState.ACTIVE:
                     engine.pause()
         self._set_gate(vmm.SUSPENDED)
         children = sorted(self.gpu_children())
@@ -635,7 +636,7 @@ class PauseControl:
                 self._restore(progress, deadline, alone)
                 self._set_gate(vmm.PAUSED)  # the process runs again: only the paused memory waits
             engine = self.engine
-            if engine is not None and engine.state == "paused":
+            if engine is not None and engine.state == PauseState.PAUSED:
                 with self._plain():
                     self._resume_engine(engine, progress, deadline, wait=not prefetch)
         except BaseException as e:
@@ -697,7 +698,7 @@ class PauseControl:
         """``(bytes the kernel needs on the card to come back, bytes free there or None
         when unknown)``, as the kernel sees it without the arbiter (NVML)."""
         engine = self.engine
-        if engine is None or engine.state != "paused" or engine.device is None:
+        if engine is None or engine.state != PauseState.PAUSED or engine.device is None:
             return 0, None
         need = engine.room_needed()
         try:
@@ -831,7 +832,7 @@ class PauseControl:
         if self.gate.state in (g.SUSPENDING, g.SUSPENDED):  # its CUDA calls wait for a restore
             raise RuntimeError("the kernel is suspended: its memory stays where the checkpoint left it")
         engine = self.engine
-        if engine is None or engine.state != "paused":
+        if engine is None or engine.state != PauseState.PAUSED:
             return
         with self._plain():
             engine.spill(directory)
@@ -959,7 +960,7 @@ class PauseControl:
                 if not reasons:  # else the checkpoint takes all of the memory, context included
                     with self._plain():
                         engine = self._engine()
-                        if engine is not None and engine.state == "active":
+                        if engine is not None and engine.state == PauseState.ACTIVE:
                             engine.pause()
                 if not self.stand_in:
                     self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
@@ -1070,7 +1071,7 @@ class PauseControl:
             out["state"] = self.state
         # asked afresh only while the kernel is on the GPU: every driver call of a
         # suspended process (NVML's too) waits for its restore
-        fresh = self.state in ("active", "idle")
+        fresh = self.state in (PauseState.ACTIVE, PauseState.IDLE)
         reasons = self.blockers(max_age=5.0) if fresh else (self._blockers or (0, None))[1]
         pausable = None if reasons is None else not reasons
         not_pausable = f"{'; '.join(reasons)}; {self.consequence(reasons)}" if reasons else None

@@ -15,6 +15,7 @@ import torch
 from jupyter_vgpu.kernel.pause import vmm
 from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError
 from jupyter_vgpu.kernel.pause.ranges import live_ranges, spans
+from jupyter_vgpu.kernel.pause.states import PauseState
 from jupyter_vgpu.kernel.pause.workarea import WorkArea
 
 MiB = 1 << 20
@@ -79,14 +80,14 @@ def engine(allocator):
 def test_pause_releases_the_memory_and_resume_brings_every_byte_back(engine, allocator, segments):
     assert all(resident(ptr, data.size) >= data.size for ptr, data in segments)
     out = engine.pause()
-    assert engine.state == "paused"
+    assert engine.state is PauseState.PAUSED
     assert allocator.mapped_bytes == 0
     assert out.segment_bytes == out.live_bytes == 18 * MiB
     assert out.host_bytes < 0.75 * out.live_bytes  # weights compress, zeros cost nothing
     assert all(resident(ptr, data.size) == 0 for ptr, data in segments)  # back to the system
     assert engine.stats()["state"] == "paused"
     back = engine.resume()
-    assert engine.state == "active"
+    assert engine.state is PauseState.ACTIVE
     assert back.live_bytes == out.live_bytes
     for ptr, data in segments:
         assert np.array_equal(array(ptr, data.size), data)
@@ -295,11 +296,11 @@ def test_a_pause_whose_undo_fails_says_it_stays_paused_and_a_resume_brings_every
         with pytest.raises(PauseError, match="so did undoing it") as failed:
             e.pause()
         assert failed.value.still_paused
-        assert e.state == "paused"
+        assert e.state is PauseState.PAUSED
         assert e.paused_bytes == UNIT, "the unit it released before the refusal"
         refusing.refused = None
         e.resume()
-        assert e.state == "active"
+        assert e.state is PauseState.ACTIVE
         assert all(s.mapped for s in allocator.segments() if s.ptr in units)
         assert np.array_equal(array(units[0], 3 * UNIT), data)
         assert e.store.stats()["host_bytes"] == 0

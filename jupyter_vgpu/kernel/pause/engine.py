@@ -47,6 +47,7 @@ from ..codec.host import HostPath
 from ..codec.zstd import Codec, CodecError
 from . import devmem, spill, vmm
 from .ranges import live_ranges, spans
+from .states import PauseState
 from .store import HostStore
 from .workarea import WorkArea
 
@@ -193,7 +194,7 @@ class PauseEngine:
                 self.device_codec = self._make_device_codec()
             except Exception as e:  # not installed, or an nvCOMP that refuses our settings
                 self.nvcomp_reason = str(e)
-        self.state = "active"
+        self.state = PauseState.ACTIVE
         self.last_pause: Outcome | None = None
         self.last_resume: Outcome | None = None
         self._paused: list[_Paused] = []
@@ -275,7 +276,7 @@ class PauseEngine:
             PauseError: the pause failed and was undone (the kernel runs on as before).
         """
         with self._lock, self._plain_torch(), self.vmm.machinery():
-            if self.state != "active":
+            if self.state != PauseState.ACTIVE:
                 raise PauseError(f"the kernel is {self.state}, not active")
             failpoints.hit("kernel.pause.start")
             t0 = time.perf_counter()
@@ -304,7 +305,7 @@ class PauseEngine:
             except BaseException as e:
                 self._give_back(scratch)
                 self._paused = paused
-                self.state = "paused"
+                self.state = PauseState.PAUSED
                 try:
                     self._resume()
                 except Exception as again:
@@ -315,7 +316,7 @@ class PauseEngine:
                 raise PauseError(f"pausing failed and was undone: {e}") from e
             self._give_back(scratch)
             self._paused = paused
-            self.state = "paused"
+            self.state = PauseState.PAUSED
             self.last_pause = Outcome(
                 time.perf_counter() - t0,
                 self.paused_bytes,
@@ -450,7 +451,7 @@ class PauseEngine:
             return self._resume()
 
     def _resume(self) -> Outcome:
-        if self.state != "paused":
+        if self.state != PauseState.PAUSED:
             return Outcome(0.0, 0, 0, 0, ())
         t0 = time.perf_counter()
         self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
@@ -513,7 +514,7 @@ class PauseEngine:
             time.perf_counter() - t0, self.paused_bytes, live_bytes, host, tuple(sorted(used))
         )
         self._paused = []
-        self.state = "active"
+        self.state = PauseState.ACTIVE
         return self.last_resume
 
     def _pinned(self, nbytes: int):
@@ -535,7 +536,7 @@ class PauseEngine:
                 on disk, the others in memory; none is lost.
         """
         with self._lock, self.vmm.machinery():
-            if self.state != "paused":
+            if self.state != PauseState.PAUSED:
                 raise PauseError(f"the kernel is {self.state}, not paused: nothing to move to disk")
             t0 = time.perf_counter()
             moved = 0
@@ -574,7 +575,7 @@ class PauseEngine:
         cached free bytes (``memory_reserved - memory_allocated``), which a pause releases
         unstored. 0 on the host stand-in and on the zstandard path, which store into
         memory of their own."""
-        if self.device is None or self.device_codec is None or self.state != "active":
+        if self.device is None or self.device_codec is None or self.state != PauseState.ACTIVE:
             return 0
         figures = self.vmm.figures()
         mapped = figures.own + figures.others
