@@ -35,6 +35,7 @@ from pathlib import Path
 from jupyter_vgpu import failpoints
 
 from ..codec.zstd import CodecError, Packed
+from .spill import drop_cache
 
 _TRAILER = b"VGPH"
 
@@ -64,20 +65,6 @@ class _Entry:
     path: Path | None = None  # the spill file, while spilled
     sizes: tuple[int, ...] = ()  # each chunk's payload size in the spill file, bytes
     crcs: tuple[int, ...] = ()  # each chunk's payload CRC-32
-
-
-def _drop_cache(path: Path) -> None:
-    """Drop a flushed file's pages from the page cache: spilling must free host memory."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except (OSError, AttributeError):
-        pass
-    finally:
-        os.close(fd)
 
 
 class HostStore:
@@ -158,7 +145,7 @@ class HostStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _drop_cache(path)
+        drop_cache(path)  # spilling must free host memory
         chunks = tuple(dataclasses.replace(c, payload=None) for c in packed.chunks)
         return _Entry(dataclasses.replace(packed, chunks=chunks), path, sizes, crcs)
 
