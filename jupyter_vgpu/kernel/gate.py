@@ -24,10 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 
-IDLE, BUSY = "idle", "busy"
-PAUSING, PAUSED = "pausing", "paused"
-SUSPENDING, SUSPENDED = "suspending", "suspended"
-RESUMING = "resuming"
+from .pause.states import PauseState
+
+#: The gate's states: the kernel's (:class:`~.pause.states.PauseState`), but ``busy``
+#: where the kernel reports itself ``active`` (handlers run).
+IDLE, BUSY = PauseState.IDLE, "busy"
+PAUSING, PAUSED = PauseState.PAUSING, PauseState.PAUSED
+SUSPENDING, SUSPENDED = PauseState.SUSPENDING, PauseState.SUSPENDED
+RESUMING = PauseState.RESUMING
 AWAY = (PAUSED, SUSPENDED)
 
 

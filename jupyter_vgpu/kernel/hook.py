@@ -25,6 +25,8 @@ from . import dispatch
 from .arbiter_client import ArbiterClient
 from .budget import TorchBudget, TorchImportHook
 from .config import VGPUKernel
+from .gate import AWAY
+from .pause.states import PauseState
 from .pausing import PauseControl
 from .usage import tensor_bytes
 
@@ -33,18 +35,20 @@ PREFETCH_FRESH = 10.0
 
 log = logging.getLogger("jupyter_vgpu")
 
-#: The gate's states, transitions folded into where the memory is.
-KERNEL_STATES = {"pausing": "idle", "suspending": "paused", "resuming": "active"}
-KERNEL_STATES.update({s: s for s in ("active", "idle", "paused", "suspended")})
+#: The kernel's states, transitions folded into where the memory is (the arbiter
+#: protocol's four: :attr:`.pause.states.PauseState.kernel_state`).
+KERNEL_STATES = {s: s.kernel_state for s in PauseState}
+#: The states in which the kernel's memory is off the card, or on its way off.
+OFF_THE_CARD = (PauseState.PAUSED, PauseState.SUSPENDED, PauseState.PAUSING, PauseState.SUSPENDING)
 
 
 def tier_of(pause: dict) -> str:
     """Where the kernel's memory is, from its pause figures: ``gpu``, ``host`` (paused,
     in host memory), ``disk`` (paused, in the node's disk tier) or ``suspended``."""
-    state = KERNEL_STATES.get(pause["state"], "idle")
-    if state == "suspended":
+    state = KERNEL_STATES.get(pause["state"], PauseState.IDLE)
+    if state == PauseState.SUSPENDED:
         return "suspended"
-    if state == "paused":
+    if state == PauseState.PAUSED:
         return "disk" if pause.get("disk_bytes") else "host"
     return "gpu"
 
@@ -193,7 +197,7 @@ class KernelHook:
         pinned slabs and the store's entries), ``disk_bytes``, ``budget``,
         ``idle_seconds`` and ``resume_seconds`` (the last resume's, once)."""
         st = self.pausing.stats()
-        away = st["state"] in ("paused", "suspended", "pausing", "suspending")
+        away = st["state"] in OFF_THE_CARD
         engine = self.pausing.engine
         host = engine.host_held() if engine is not None else st["host_bytes"]
         disk = st.get("disk_bytes") or 0
@@ -204,7 +208,7 @@ class KernelHook:
             paused = (self.simulated_used if away else 0) + (st["paused_bytes"] if engine is not None else 0)
         else:
             resident, paused = self.torch_memory()[1], st["paused_bytes"]
-            if st["state"] == "suspended" and self.pausing.suspend_need:
+            if st["state"] == PauseState.SUSPENDED and self.pausing.suspend_need:
                 # what the driver took off the card (NVML's figure before the checkpoint):
                 # what its restore needs back, for an arbiter that meets it suspended
                 resident = sum(self.pausing.suspend_need.values())
@@ -212,7 +216,7 @@ class KernelHook:
         fresh = seconds if seconds is not None and seconds != self._resume_sent else None
         self._resume_sent = seconds
         return {
-            "state": KERNEL_STATES.get(st["state"], "idle"),
+            "state": KERNEL_STATES.get(st["state"], PauseState.IDLE),
             "resident": resident,
             "paused_bytes": paused,
             "host_bytes": host,
@@ -273,7 +277,7 @@ class KernelHook:
         if isinstance(at, bool) or not isinstance(at, (int, float)) or at <= self._prefetch_seen:
             return
         self._prefetch_seen = at
-        if time.time() - at > PREFETCH_FRESH or self.pausing.state not in ("paused", "suspended"):
+        if time.time() - at > PREFETCH_FRESH or self.pausing.state not in AWAY:
             return
         threading.Thread(target=self.pausing.prefetch, name="jupyter-vgpu-prefetch", daemon=True).start()
 
@@ -326,7 +330,7 @@ class KernelHook:
         torch = self.torch
         if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return 0, 0
-        if self.pausing.state not in ("suspended", "suspending"):
+        if self.pausing.state not in (PauseState.SUSPENDED, PauseState.SUSPENDING):
             self._torch_memory = (int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved()))
         return self._torch_memory
 
@@ -376,8 +380,8 @@ class KernelHook:
             "budget_status": self.budget.status,
             "simulated": self.simulated,
             "simulated_used": self.simulated_used,
-            "busy": pause["state"] == "active",
-            "state": KERNEL_STATES.get(pause["state"], "idle"),
+            "busy": pause["state"] == PauseState.ACTIVE,
+            "state": KERNEL_STATES.get(pause["state"], PauseState.IDLE),
             "pause": pause,
             "tier": tier_of(pause),
             "node": self.arbiter.node if self.arbiter is not None else None,

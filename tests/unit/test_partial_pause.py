@@ -19,8 +19,8 @@ import threading
 
 import pytest
 
+from jupyter_vgpu.kernel import blockers
 from jupyter_vgpu.kernel import gate as g
-from jupyter_vgpu.kernel import pausing
 from jupyter_vgpu.kernel.config import VGPUKernel
 from jupyter_vgpu.kernel.pause.vmm import Figures
 from jupyter_vgpu.kernel.pausing import PauseControl
@@ -35,8 +35,8 @@ def own_threads_only(monkeypatch):
     """The look for code that may run while idle reads every thread of this process: only
     the ones these tests start count (earlier tests leave threads of their own, such as
     jupyter_client's channel shutdown loop)."""
-    look = pausing.idle_code
-    monkeypatch.setattr(pausing, "idle_code", lambda *a: [r for r in look(*a) if USER_THREAD in r])
+    look = blockers.idle_code
+    monkeypatch.setattr(blockers, "idle_code", lambda *a: [r for r in look(*a) if USER_THREAD in r])
 
 
 class Allocator:

@@ -13,8 +13,10 @@ pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its C
 import torch
 
 from jupyter_vgpu.kernel.pause import vmm
-from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError, WorkArea
+from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError
 from jupyter_vgpu.kernel.pause.ranges import live_ranges, spans
+from jupyter_vgpu.kernel.pause.states import PauseState
+from jupyter_vgpu.kernel.pause.workarea import WorkArea
 
 MiB = 1 << 20
 rng = np.random.default_rng(11)
@@ -78,14 +80,14 @@ def engine(allocator):
 def test_pause_releases_the_memory_and_resume_brings_every_byte_back(engine, allocator, segments):
     assert all(resident(ptr, data.size) >= data.size for ptr, data in segments)
     out = engine.pause()
-    assert engine.state == "paused"
+    assert engine.state is PauseState.PAUSED
     assert allocator.mapped_bytes == 0
     assert out.segment_bytes == out.live_bytes == 18 * MiB
     assert out.host_bytes < 0.75 * out.live_bytes  # weights compress, zeros cost nothing
     assert all(resident(ptr, data.size) == 0 for ptr, data in segments)  # back to the system
     assert engine.stats()["state"] == "paused"
     back = engine.resume()
-    assert engine.state == "active"
+    assert engine.state is PauseState.ACTIVE
     assert back.live_bytes == out.live_bytes
     for ptr, data in segments:
         assert np.array_equal(array(ptr, data.size), data)
@@ -105,9 +107,11 @@ def test_a_damaged_chunk_keeps_the_kernel_paused_with_its_host_copy(engine, segm
     bad[len(bad) // 2] ^= 0xFF
     chunks = tuple(dataclasses.replace(c, payload=bytes(bad)) if c is chunk else c for c in packed.chunks)
     store._entries[key].packed = dataclasses.replace(packed, chunks=chunks)
-    with pytest.raises(ResumeError, match="still paused"):
+    with pytest.raises(ResumeError, match="still paused") as e:
         engine.resume()
     assert engine.state == "paused"
+    assert e.value.paused_bytes == 18 * MiB, "the device memory a resume still needs"
+    assert e.value.host_bytes == engine.last_pause.host_bytes, "every stored byte is kept"
     store._entries[key].packed = packed  # the intact copy
     engine.resume()
     for ptr, data in segments:
@@ -117,8 +121,9 @@ def test_a_damaged_chunk_keeps_the_kernel_paused_with_its_host_copy(engine, segm
 def test_a_refused_pause_is_undone(allocator, segments):
     small = PauseEngine(torch, allocator, None, host_cap_bytes=MiB, threads=2)
     try:
-        with pytest.raises(PauseError, match="undone"):
+        with pytest.raises(PauseError, match="undone") as e:
             small.pause()
+        assert not e.value.still_paused
         assert small.state == "active"
         assert allocator.mapped_bytes >= 18 * MiB
         for ptr, data in segments:
@@ -266,6 +271,39 @@ def test_a_pause_undone_halfway_through_a_span_writes_back_every_unit_it_release
         assert all(s.mapped for s in allocator.segments() if s.ptr in units)
         assert np.array_equal(array(units[0], 3 * UNIT), data)
         assert e.store.stats()["host_bytes"] == 0, "nothing kept on the host for a pause undone"
+    finally:
+        e.close()
+        for ptr in units:
+            allocator.free(ptr)
+
+
+class RefusingBoth(Refusing):
+    """Refuses to release one unit, and, while it does, room to map any unit again."""
+
+    def map_many(self, ptrs) -> None:
+        if self.refused is not None:
+            raise vmm.DeviceFull(2, "no room, for the test")
+        self._allocator.map_many(ptrs)
+
+
+def test_a_pause_whose_undo_fails_says_it_stays_paused_and_a_resume_brings_every_byte_back(allocator):
+    units = adjacent_units(allocator, 3)
+    data = rng.integers(0, 256, 3 * UNIT, dtype=np.uint8)
+    array(units[0], 3 * UNIT)[:] = data
+    refusing = RefusingBoth(allocator, units[1])
+    e = PauseEngine(torch, refusing, None, threads=2)
+    try:
+        with pytest.raises(PauseError, match="so did undoing it") as failed:
+            e.pause()
+        assert failed.value.still_paused
+        assert e.state is PauseState.PAUSED
+        assert e.paused_bytes == UNIT, "the unit it released before the refusal"
+        refusing.refused = None
+        e.resume()
+        assert e.state is PauseState.ACTIVE
+        assert all(s.mapped for s in allocator.segments() if s.ptr in units)
+        assert np.array_equal(array(units[0], 3 * UNIT), data)
+        assert e.store.stats()["host_bytes"] == 0
     finally:
         e.close()
         for ptr in units:

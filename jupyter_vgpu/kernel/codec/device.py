@@ -471,6 +471,8 @@ class DeviceCodec:
         ranges: Sequence[tuple[object, int]],
         arena: PinnedArena,
         on_range: Callable[[int, list[Piece]], None] | None = None,
+        *,
+        out: list[list[Piece]] | None = None,
     ) -> list[list[Piece]]:
         """Store every range; returns one list of :class:`Piece` per range.
 
@@ -482,17 +484,12 @@ class DeviceCodec:
             arena: where the stored chunks go.
             on_range: called with ``(range index, pieces)`` once a range is wholly and
                 durably on the host, so the caller may release its device memory.
-
-        Raises:
-            Whatever is raised (a CUDA error, an interrupt) carries ``partial``: the
-            pieces stored so far, one list per range (they live in ``arena``).
+            out: one empty list per range, filled with the pieces as they are stored and
+                returned: when this raises (a CUDA error, an interrupt), it holds what
+                was stored so far, in ``arena`` (default: new lists).
         """
-        out: list[list[Piece]] = [[] for _ in ranges]
-        try:
-            return self._pack(ranges, arena, on_range, out)
-        except BaseException as e:
-            e.partial = out
-            raise
+        out = [[] for _ in ranges] if out is None else out
+        return self._pack(ranges, arena, on_range, out)
 
     def _enqueue_code(self, slot: _Slot, n: int, length: int, planes: int, src: int) -> None:
         """A piece's coding on the compute stream: upload the metadata, split (or copy,

@@ -117,6 +117,8 @@ class HostPath:
         ranges: Sequence[tuple[object, int]],
         store,
         on_range: Callable[[int, list[HostPiece]], None] | None = None,
+        *,
+        out: list[list[HostPiece]] | None = None,
     ) -> list[list[HostPiece]]:
         """Encode every range into ``store``; one list of :class:`HostPiece` per range.
 
@@ -124,19 +126,16 @@ class HostPath:
             ranges: ``(uint8 tensor viewing the range, its length)`` pairs.
             store: a :class:`~jupyter_vgpu.kernel.pause.store.HostStore`.
             on_range: called with ``(range index, pieces)`` once a range is encoded.
+            out: one empty list per range, filled with the pieces as they are stored and
+                returned: when this raises, it holds what was stored so far, for the
+                caller to drop (default: new lists).
 
         Raises:
             HostMemoryFull: the store refused (over its cap, no spill directory).
             OSError: spilling to disk failed.
-            Whatever is raised carries ``partial``: the pieces stored so far, one list
-            per range, for the caller to drop.
         """
-        out: list[list[HostPiece]] = [[] for _ in ranges]
-        try:
-            return self._pack(ranges, store, on_range, out)
-        except BaseException as e:
-            e.partial = out
-            raise
+        out = [[] for _ in ranges] if out is None else out
+        return self._pack(ranges, store, on_range, out)
 
     def _pack(self, ranges, store, on_range, out) -> list[list[HostPiece]]:
         todo = [(r, off, n) for r, (_, length) in enumerate(ranges) for off, n in self._pieces(length)]

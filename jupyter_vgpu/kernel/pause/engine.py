@@ -47,7 +47,9 @@ from ..codec.host import HostPath
 from ..codec.zstd import Codec, CodecError
 from . import devmem, spill, vmm
 from .ranges import live_ranges, spans
+from .states import PauseState
 from .store import HostStore
+from .workarea import WorkArea
 
 log = logging.getLogger("jupyter_vgpu")
 MiB = 1 << 20
@@ -76,19 +78,42 @@ def plain_torch(torch):
 
 
 class PauseError(RuntimeError):
-    """A pause failed; the kernel was resumed and runs on as before."""
+    """A pause was refused or failed (or a move to the disk tier was refused); the
+    message says why.
+
+    Attributes:
+        still_paused: False (the rule): nothing was paused, or what a failed pause had
+            paused was resumed, and the kernel runs on as before. True when undoing a
+            failed pause failed too: the engine stays ``paused``, every byte it had
+            released kept on the host (:attr:`PauseEngine.paused_bytes` of device memory),
+            and a :meth:`PauseEngine.resume` brings them back.
+    """
+
+    def __init__(self, message: str, *, still_paused: bool = False):
+        super().__init__(message)
+        self.still_paused = still_paused
 
 
 class ResumeError(RuntimeError):
     """A resume failed on damaged or unreadable host data; the kernel stays paused and
-    its host copy is untouched (the message names the damaged chunk)."""
+    its host copy is untouched (the message names the damaged chunk).
+
+    Attributes:
+        paused_bytes: device memory still paused, which a resume needs back, bytes.
+        host_bytes: stored bytes kept for it, in host memory or the disk tier.
+    """
+
+    def __init__(self, message: str, *, paused_bytes: int, host_bytes: int):
+        super().__init__(message)
+        self.paused_bytes = paused_bytes
+        self.host_bytes = host_bytes
 
 
 @dataclasses.dataclass
 class _Range:
     address: int  # where its bytes live on the device; it may run past its unit's end
     length: int
-    path: str  # "device" or "host"
+    path: str  # "device" or "host": which codec path stored it
     pieces: list
 
 
@@ -120,54 +145,6 @@ class Outcome:
     def ratio(self) -> float | None:
         """Live bytes over host bytes (None when nothing was stored)."""
         return self.live_bytes / self.host_bytes if self.host_bytes else None
-
-
-class WorkArea:
-    """Device memory the engine holds only while it pauses or resumes (the GPU path's
-    scratch, the host path's staging), at the same addresses every time.
-
-    The first :meth:`take` allocates a segment of the pausable allocator; :meth:`give_back`
-    releases its physical memory and keeps its addresses reserved, and the next
-    :meth:`take` maps new memory behind them. The codec's CUDA graphs are captured on
-    those addresses (``codec.device``), so they stay valid from one pause or resume to
-    the next instead of being captured again each time (about 0.4 ms per graph on the
-    H100 box). Between uses the segment is a paused one: a pause lists mapped segments
-    only, so it never stores it.
-
-    Args:
-        allocator: the process's :class:`~.vmm.VMM`.
-        device: CUDA ordinal.
-        nbytes: its size, bytes.
-    """
-
-    def __init__(self, allocator: vmm.VMM, device: int, nbytes: int):
-        self.allocator, self.device, self.nbytes = allocator, device, nbytes
-        self.ptr: int | None = None
-        self.held = False
-
-    def take(self) -> int | None:
-        """Map the area; its address, or None when the device has no room for it."""
-        try:
-            if self.ptr is None:
-                self.ptr = self.allocator.malloc(self.nbytes, self.device)
-            else:
-                self.allocator.map(self.ptr)
-        except vmm.DeviceFull:
-            return None
-        self.held = True
-        return self.ptr
-
-    def give_back(self) -> None:
-        """Release its physical memory (the caller has synchronized the device)."""
-        if self.held:
-            self.allocator.unmap(self.ptr)
-            self.held = False
-
-    def free(self) -> None:
-        """Release its addresses too."""
-        if self.ptr is not None:
-            self.allocator.free(self.ptr, self.device)
-            self.ptr, self.held = None, False
 
 
 class PauseEngine:
@@ -217,7 +194,7 @@ class PauseEngine:
                 self.device_codec = self._make_device_codec()
             except Exception as e:  # not installed, or an nvCOMP that refuses our settings
                 self.nvcomp_reason = str(e)
-        self.state = "active"
+        self.state = PauseState.ACTIVE
         self.last_pause: Outcome | None = None
         self.last_resume: Outcome | None = None
         self._paused: list[_Paused] = []
@@ -299,7 +276,7 @@ class PauseEngine:
             PauseError: the pause failed and was undone (the kernel runs on as before).
         """
         with self._lock, self._plain_torch(), self.vmm.machinery():
-            if self.state != "active":
+            if self.state != PauseState.ACTIVE:
                 raise PauseError(f"the kernel is {self.state}, not active")
             failpoints.hit("kernel.pause.start")
             t0 = time.perf_counter()
@@ -313,7 +290,7 @@ class PauseEngine:
             segments = sorted((s for s in units if s.pausable), key=lambda s: s.size)
             snapshot = self._snapshot()
             live = live_ranges(snapshot, ((s.ptr, s.size) for s in segments))
-            paused: list[_Paused] = []
+            paused: list[_Paused] = []  # released units, whatever happens below
             used: set[str] = set()
             scratch = self._scratch()
             try:
@@ -324,27 +301,27 @@ class PauseEngine:
                     # one unit at a time only while the GPU path waits for room for its scratch
                     batch = todo if scratch is not None or self.device_codec is None else todo[:1]
                     todo = todo[len(batch) :]
-                    paused += self._pause_batch(batch, live, scratch is not None, used)
+                    self._pause_batch(batch, live, scratch is not None, used, paused)
             except BaseException as e:
                 self._give_back(scratch)
-                self._paused = paused + getattr(e, "done", [])
-                self.state = "paused"
+                self._paused = paused
+                self.state = PauseState.PAUSED
                 try:
                     self._resume()
                 except Exception as again:
                     log.error("jupyter-vgpu: undoing a failed pause failed too (%s); still paused", again)
-                    raise PauseError(f"pausing failed ({e}) and so did undoing it ({again})") from e
+                    raise PauseError(
+                        f"pausing failed ({e}) and so did undoing it ({again})", still_paused=True
+                    ) from e
                 raise PauseError(f"pausing failed and was undone: {e}") from e
             self._give_back(scratch)
             self._paused = paused
-            self.state = "paused"
-            live_bytes = sum(r.length for p in paused for r in p.ranges)
-            host = sum(piece.stored_bytes for p in paused for r in p.ranges for piece in r.pieces)
+            self.state = PauseState.PAUSED
             self.last_pause = Outcome(
                 time.perf_counter() - t0,
-                sum(p.segment.size for p in paused),
-                live_bytes,
-                host,
+                self.paused_bytes,
+                self._live_bytes(),
+                self._stored_bytes(),
                 tuple(sorted(used)),
             )
             return self.last_pause
@@ -380,11 +357,14 @@ class PauseEngine:
                 "so this kernel cannot be paused"
             )
 
-    def _pause_batch(self, batch, live, on_device: bool, used: set[str]) -> list[_Paused]:
+    def _pause_batch(self, batch, live, on_device: bool, used: set[str], paused: list[_Paused]) -> None:
         """Store the live bytes of ``batch`` and release each unit once every span that
-        covers it is stored. A span runs across units that lie side by side
-        (:func:`.ranges.spans`); it is kept with the first of its units released, so that
-        a pause undone halfway writes back every unit it released."""
+        covers it is stored; each unit released goes to ``paused``, with the spans it
+        keeps, whether or not this returns (what raises: the codec's, the allocator's
+        errors, an interrupt), so that the caller can undo exactly what was done. A span
+        runs across units that lie side by side (:func:`.ranges.spans`); it is kept with
+        the first of its units released, so that a pause undone halfway writes back every
+        unit it released."""
         joined = spans(((seg.ptr, seg.size, seg.device) for seg in batch), live)
         ranges = [(self._view(ptr + off, length), length) for ptr, off, length, _ in joined]
         by_ptr = {seg.ptr: seg for seg in batch}
@@ -401,12 +381,12 @@ class PauseEngine:
             self.vmm.unmap(seg.ptr)
             done[seg.ptr] = _Paused(seg, [])
 
-        def keep() -> list[_Paused]:
+        def keep() -> None:
             for i, r in stored.items():
                 holder = next((done[ptr] for ptr in joined[i][3] if ptr in done), None)
                 if holder is not None:
                     holder.ranges.append(r)
-            return list(done.values())
+            paused.extend(done.values())
 
         def on_range(i: int, pieces: list) -> None:
             ptr, off, length, covered = joined[i]
@@ -417,25 +397,26 @@ class PauseEngine:
                 if pending[unit] == 0:
                     release(by_ptr[unit])
 
+        packed: list[list] = [[] for _ in ranges]  # the pieces stored so far, per span
         try:
             for seg in batch:  # nothing live in it: nothing to save (an undo maps it back)
                 if not pending[seg.ptr]:
                     release(seg)
             if ranges and on_device:
                 used.add(self.device_codec.name)
-                self.device_codec.pack(ranges, self.arena, on_range)
+                self.device_codec.pack(ranges, self.arena, on_range, out=packed)
             elif ranges:
                 used.add(self.host_path.name)
-                self.host_path.pack(ranges, self.store, on_range)
-        except BaseException as e:
+                self.host_path.pack(ranges, self.store, on_range, out=packed)
+        except BaseException:
             if path == "host":  # pieces of spans no released unit needs: their bytes stayed
-                for i, pieces in enumerate(getattr(e, "partial", ())):
+                for i, pieces in enumerate(packed):
                     if not any(ptr in done for ptr in joined[i][3]):
                         for piece in pieces:
                             self.store.drop(piece.key)
-            e.done = keep()
             raise
-        return keep()
+        finally:
+            keep()
 
     # -- resume ------------------------------------------------------------------------
 
@@ -443,6 +424,14 @@ class PauseEngine:
     def paused_bytes(self) -> int:
         """Device memory a resume needs (the paused segments), bytes."""
         return sum(p.segment.size for p in self._paused)
+
+    def _live_bytes(self) -> int:
+        """Bytes of the paused segments that hold data (stored), wherever they are now."""
+        return sum(r.length for p in self._paused for r in p.ranges)
+
+    def _stored_bytes(self) -> int:
+        """Bytes stored for the paused segments (compressed), wherever they are now."""
+        return sum(piece.stored_bytes for p in self._paused for r in p.ranges for piece in r.pieces)
 
     def room_needed(self) -> int:
         """Free device memory a resume needs: the segments plus the GPU path's scratch, bytes."""
@@ -462,7 +451,7 @@ class PauseEngine:
             return self._resume()
 
     def _resume(self) -> Outcome:
-        if self.state != "paused":
+        if self.state != PauseState.PAUSED:
             return Outcome(0.0, 0, 0, 0, ())
         t0 = time.perf_counter()
         self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
@@ -505,18 +494,18 @@ class PauseEngine:
             self._give_back(staging)
             self._unmap(mapped)
             if isinstance(e, (DeviceCodecError, CodecError, OSError)):
-                raise ResumeError(f"resuming failed; still paused, the host copy is kept: {e}") from e
+                raise ResumeError(
+                    f"resuming failed; still paused, the host copy is kept: {e}",
+                    paused_bytes=self.paused_bytes,
+                    host_bytes=self._stored_bytes(),
+                ) from e
             raise
         self._give_back(scratch)
         self._give_back(staging)
-        live_bytes = sum(r.length for p in self._paused for r in p.ranges)
-        host = 0
-        for p in self._paused:
-            for r in p.ranges:
-                for piece in r.pieces:
-                    host += piece.stored_bytes
-                    if r.path == "host":
-                        self.store.drop(piece.key)
+        live_bytes, host = self._live_bytes(), self._stored_bytes()
+        for r in (r for p in self._paused for r in p.ranges if r.path == "host"):
+            for piece in r.pieces:
+                self.store.drop(piece.key)
         self.arena.clear()
         if self._spill is not None:
             self._spill.remove()
@@ -525,7 +514,7 @@ class PauseEngine:
             time.perf_counter() - t0, self.paused_bytes, live_bytes, host, tuple(sorted(used))
         )
         self._paused = []
-        self.state = "active"
+        self.state = PauseState.ACTIVE
         return self.last_resume
 
     def _pinned(self, nbytes: int):
@@ -547,7 +536,7 @@ class PauseEngine:
                 on disk, the others in memory; none is lost.
         """
         with self._lock, self.vmm.machinery():
-            if self.state != "paused":
+            if self.state != PauseState.PAUSED:
                 raise PauseError(f"the kernel is {self.state}, not paused: nothing to move to disk")
             t0 = time.perf_counter()
             moved = 0
@@ -586,7 +575,7 @@ class PauseEngine:
         cached free bytes (``memory_reserved - memory_allocated``), which a pause releases
         unstored. 0 on the host stand-in and on the zstandard path, which store into
         memory of their own."""
-        if self.device is None or self.device_codec is None or self.state != "active":
+        if self.device is None or self.device_codec is None or self.state != PauseState.ACTIVE:
             return 0
         figures = self.vmm.figures()
         mapped = figures.own + figures.others
@@ -644,9 +633,8 @@ class PauseEngine:
         ``codec``, the last pause's and resume's ``seconds`` (None before the first), and
         ``pinned_bytes`` (pinned host memory held, slabs kept warm for the next pause
         included)."""
-        live = sum(r.length for p in self._paused for r in p.ranges)
+        live, stored = self._live_bytes(), self._stored_bytes()
         pieces = [piece for p in self._paused for r in p.ranges for piece in r.pieces]
-        stored = sum(piece.stored_bytes for piece in pieces)
         on_disk = sum(piece.stored_bytes for piece in pieces if getattr(piece, "slab", None) == spill.DISK)
         host = max(0, stored - on_disk - self.store.stats()["disk_bytes"])
         figures = self.vmm.figures()

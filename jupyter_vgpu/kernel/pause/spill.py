@@ -131,7 +131,7 @@ class SpillFile:
             tmp.unlink(missing_ok=True)
             reason = e.strerror or str(e)
             raise SpillError(e.errno, f"writing the disk tier's file {path} failed: {reason}") from e
-        _drop_cache(path)
+        drop_cache(path)
         return cls(path, pos, offsets), offsets
 
     def read(self, offset: int, out: np.ndarray) -> None:
@@ -167,8 +167,9 @@ def _write_all(fd: int, data) -> None:
         view = view[n:]
 
 
-def _drop_cache(path: Path) -> None:
-    """Drop the file's pages from the page cache (they were flushed by ``fsync``)."""
+def drop_cache(path: Path) -> None:
+    """Drop a file's pages from the page cache (the caller flushed them: ``fsync``), so
+    that the host memory they held is free; nothing where that cannot be done."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

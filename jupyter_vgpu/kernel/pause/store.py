@@ -33,8 +33,10 @@ import zlib
 from pathlib import Path
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.host.meminfo import meminfo
 
 from ..codec.zstd import CodecError, Packed
+from .spill import drop_cache
 
 _TRAILER = b"VGPH"
 
@@ -48,13 +50,9 @@ class HostMemoryFull(RuntimeError):
 def available_host_memory() -> int:
     """Bytes of host memory available for new allocations (Linux ``MemAvailable`` from
     ``/proc/meminfo``; elsewhere the free physical pages from ``os.sysconf``)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    available = meminfo().get("MemAvailable")
+    if available is not None:
+        return available
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -64,20 +62,6 @@ class _Entry:
     path: Path | None = None  # the spill file, while spilled
     sizes: tuple[int, ...] = ()  # each chunk's payload size in the spill file, bytes
     crcs: tuple[int, ...] = ()  # each chunk's payload CRC-32
-
-
-def _drop_cache(path: Path) -> None:
-    """Drop a flushed file's pages from the page cache: spilling must free host memory."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except (OSError, AttributeError):
-        pass
-    finally:
-        os.close(fd)
 
 
 class HostStore:
@@ -158,7 +142,7 @@ class HostStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _drop_cache(path)
+        drop_cache(path)  # spilling must free host memory
         chunks = tuple(dataclasses.replace(c, payload=None) for c in packed.chunks)
         return _Entry(dataclasses.replace(packed, chunks=chunks), path, sizes, crcs)
 

@@ -1,0 +1,139 @@
+"""The host memory of this kernel's pauses: pinned ahead while it is idle, let go or
+moved to the node's disk tier when the node arbiter asks.
+
+:class:`HostMemory` is a part of :class:`~.pausing.PauseControl` (its state:
+``_preparing``, the thread pinning ahead; ``_left_idle``, set whenever the kernel leaves
+``idle``; ``_trimmed``, the arbiter took the warm slabs back). A kernel's first pause
+pins the pinned slabs it stores into on the way (slow); once it has been idle a while
+after a cell, a thread pins them ahead (:meth:`HostMemory.prepare_ahead`) within the
+node's host budget. The arbiter asks for them back (:meth:`HostMemory.trim`) when the
+host needs memory, and moves a paused kernel's data to disk (:meth:`HostMemory.spill`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from jupyter_vgpu.host.meminfo import meminfo
+from jupyter_vgpu.units import format_bytes
+
+from . import gate as g
+from .held_calls import run_in_thread
+from .pause.states import PauseState
+
+log = logging.getLogger("jupyter_vgpu")
+
+
+class HostMemory:
+    """The pause's host memory of a :class:`~.pausing.PauseControl`: pinned ahead, trimmed, spilled."""
+
+    def spill(self, directory: str) -> None:
+        """For the arbiter: move this paused kernel's host memory to the disk tier, in
+        ``directory`` (its own directory there); nothing to do for a kernel that holds
+        nothing in host memory.
+
+        Raises:
+            RuntimeError: no directory was named.
+            OSError: the disk refused (full, failing); the data stays in host memory.
+        """
+        if not directory:
+            raise RuntimeError("no directory of the disk tier was named")
+        if self.gate.state in (g.SUSPENDING, g.SUSPENDED):  # its CUDA calls wait for a restore
+            raise RuntimeError("the kernel is suspended: its memory stays where the checkpoint left it")
+        engine = self.engine
+        if engine is None or engine.state != PauseState.PAUSED:
+            return
+        with self._plain():
+            engine.spill(directory)
+
+    def trim(self) -> int:
+        """For the arbiter, when the host needs memory: let go of the pinned host memory
+        kept warm for this kernel's next pause (that pause will pin again); returns the
+        bytes given back.
+
+        Raises:
+            RuntimeError: the kernel is suspended (every CUDA call of it, freeing pinned
+                memory included, waits for its restore).
+        """
+        if self.gate.state in (g.SUSPENDING, g.SUSPENDED):
+            raise RuntimeError("the kernel is suspended: its pinned memory stays until its restore")
+        self._trimmed = True  # until its next pause: the host needs the memory
+        engine = self.engine
+        if engine is None:
+            return 0
+        with self._plain():
+            return engine.trim()
+
+    def prepare_ahead(self) -> threading.Thread | None:
+        """After a cell, while the kernel stays idle: once it has been idle
+        ``prepare_after`` seconds, make the engine (nvCOMP, the codec's kernels) and pin
+        the host memory its next pause stores into (:meth:`.pause.engine.PauseEngine.prepare`),
+        in a thread of its own, so that a first pause costs what later ones cost. The
+        thread stops before its next slab when the kernel leaves ``idle`` (a cell, a
+        pause), when the arbiter asks for the memory back (:meth:`trim`; nothing is pinned
+        ahead again until the kernel's next pause) or when the host's available memory
+        would fall under a quarter of its total, or the host memory of the node's kernels
+        pass half of the node arbiter's host budget (it trims from 80%: what a pause
+        needs comes first). Only a kernel with an arbiter pins ahead: without one,
+        nothing would count the memory or ask for it back, and only its user pauses it.
+        The arbiter hears of each GiB pinned (a state message), so that its books count
+        it. Returns the thread, or None when nothing is to be done (turned off, a
+        simulated or unused GPU, already running)."""
+        cfg = self.config
+        if not (cfg.pause and cfg.prepare_pinned) or self._trimmed or self.gate.state != g.IDLE:
+            return None
+        if self._preparing is not None and self._preparing.is_alive():
+            return None
+        if self.stand_in or not self._cuda_seen():
+            return None
+        self._left_idle.clear()
+        if self.gate.state != g.IDLE:  # left between the look and the clear
+            return None
+        self._preparing = run_in_thread(self._prepare, "prepare")
+        return self._preparing
+
+    def _prepare(self) -> None:
+        left = self._left_idle
+        if left.wait(self.config.prepare_after) or not self.node_figures():
+            return  # a cell or a pause began; or no arbiter: nobody would count the memory
+        allocator = self._allocator()
+        if allocator is None or not any(u.mapped for u in allocator.segments()):
+            return
+        if self.blockers(max_age=5.0):  # suspended instead of paused: nothing to pin for
+            return
+
+        try:
+            with self._plain():
+                engine = self._engine()
+                if engine is None or left.is_set():
+                    return
+                arena, t0 = engine.arena, time.perf_counter()
+                start = arena.held_bytes
+                made = engine.prepare(lambda: self._keep_pinning(arena, start))
+            if made:
+                self.gate.tell()  # the arbiter's books and the report count it now
+                log.info(
+                    "jupyter-vgpu: pinned %s ahead of the next pause in %.1f s",
+                    format_bytes(made),
+                    time.perf_counter() - t0,
+                )
+        except Exception as e:  # the next pause pins what it needs, as without this
+            log.info("jupyter-vgpu: nothing pinned ahead: %s", e)
+
+    def _keep_pinning(self, arena, start: int) -> bool:
+        """Whether :meth:`_prepare` may pin another slab into ``arena``, which held
+        ``start`` bytes when it began (the rules: :meth:`prepare_ahead`); tells the
+        arbiter of each GiB pinned so far."""
+        if self._left_idle.is_set() or self._trimmed:
+            return False
+        made = arena.held_bytes - start
+        if made and made % (1 << 30) < arena.slab_bytes:  # another GiB: the arbiter counts it
+            self.gate.tell()
+        info = meminfo()
+        total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
+        if available - arena.slab_bytes < total // 4:
+            return False
+        node = self.node_figures()  # None without an arbiter: nobody would count it
+        return bool(node) and node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2

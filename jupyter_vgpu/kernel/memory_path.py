@@ -1,0 +1,160 @@
+"""The way to this kernel's GPU memory: the pausable allocator, the pause engine, and
+whether the kernel is on a GPU at all.
+
+:class:`MemoryPath` is a part of :class:`~.pausing.PauseControl` (its state: ``engine``,
+made under ``_engine_lock``; ``_allocator_found``; ``unavailable``, why no memory can be
+paused here). It owns:
+
+- the pausable allocator (``native/``), looked up once: there only where the process was
+  started with it (LD_PRELOAD);
+- the :class:`~.pause.engine.PauseEngine`, made on first use once the kernel holds GPU
+  memory (over the allocator's host backend where code made segments without a GPU);
+- whether the kernel has a CUDA context (PyTorch's word, the allocator's, NVML's), and
+  whether its pauses are stand-ins (a simulated GPU, PyTorch without CUDA), which move
+  no memory;
+- :meth:`MemoryPath._plain`: PyTorch calls of this package unseen by a user's modes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+
+class MemoryPath:
+    """The pausable allocator and the engine of a :class:`~.pausing.PauseControl`."""
+
+    def _allocator(self):
+        """The pausable allocator, when this process was started with it (LD_PRELOAD), else
+        None (never built or loaded otherwise). Looked up once."""
+        if self._allocator_found is None:
+            self._allocator_found = (self._find_allocator(),)
+        return self._allocator_found[0]
+
+    @staticmethod
+    def _find_allocator():
+        preload = os.environ.get("LD_PRELOAD", "")
+        if not any(Path(p).name.startswith(("libjupyter_vgpu_vmm", "vmm-")) for p in preload.split(":") if p):
+            return None
+        from .pause import vmm
+
+        try:
+            allocator = vmm.load()
+        except vmm.VMMUnavailable:
+            return None
+        return allocator if allocator.preloaded else None
+
+    def _on_gpu(self) -> bool:
+        """True once the kernel has a CUDA context: PyTorch initialized CUDA, or any library
+        (CuPy, JAX) made the allocator's driver calls, or NVML lists the process."""
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return True
+        allocator = self._allocator()
+        if allocator is not None and allocator.backend == 1:  # vmm.CUDA: a driver call was made
+            return True
+        try:
+            return os.getpid() in self._gpu_processes()
+        except Exception:
+            return False
+
+    def _cuda_seen(self) -> bool:
+        """True once the kernel has a CUDA context, known without asking the driver (safe
+        while suspended): PyTorch initialized CUDA, or a library made the allocator's
+        driver calls."""
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return True
+        allocator = self._allocator()
+        return allocator is not None and allocator.backend == 1  # vmm.CUDA
+
+    def _engine(self):
+        """The engine, made on first use; None while the GPU holds nothing of this kernel.
+
+        The engine moves bytes with PyTorch's copy kernels and streams: a kernel whose
+        memory another library made (CuPy, JAX) and that never imported PyTorch gets it
+        imported here, at its first pause, on the same CUDA context (the device's primary
+        context, which all of them use)."""
+        if self.engine is not None:
+            return self.engine
+        with self._engine_lock:  # a pause and the thread pinning ahead may both ask
+            if self.engine is None:
+                self._make_engine()
+            return self.engine
+
+    def _make_engine(self) -> None:
+        if self.stand_in or not self._on_gpu():
+            self._host_engine()  # no CUDA context, no memory: nothing on a GPU to pause
+            return
+        from .pause import vmm
+        from .pause.engine import PauseEngine
+
+        try:
+            allocator = vmm.load()
+        except vmm.VMMUnavailable as e:
+            self.unavailable = str(e)
+            return
+        if not allocator.preloaded:
+            self.unavailable = (
+                "this kernel was not started with the pausable allocator "
+                "(start it from a jupyter-vgpu server, which sets LD_PRELOAD)"
+            )
+            return
+        torch = self._torch()
+        if torch is None:
+            import torch  # only for a kernel holding GPU memory without it
+        if not torch.cuda.is_initialized():
+            torch.cuda.init()
+        units = [s for s in allocator.segments() if s.mapped]
+        device = units[0].device if units else torch.cuda.current_device()
+        cfg = self.config
+        self.engine = PauseEngine(
+            torch,
+            allocator,
+            device,
+            use_nvcomp=cfg.use_nvcomp,
+            scratch_bytes=cfg.scratch_bytes,
+            host_cap_bytes=cfg.host_cap_bytes,
+            spill_dir=cfg.spill_dir or None,
+        )
+
+    def _host_engine(self):
+        """Without CUDA: an engine over the pausable allocator's host backend, when the
+        kernel's code made segments through it (the tests: real bytes paused on a
+        machine without a GPU); None otherwise (the stand-in moves nothing)."""
+        vmm = sys.modules.get("jupyter_vgpu.kernel.pause.vmm")
+        allocator = getattr(vmm, "_instance", None)
+        if allocator is None or allocator.backend != vmm.HOST or not allocator.segments():
+            return None
+        from .pause.engine import PauseEngine
+
+        cfg = self.config
+        self.engine = PauseEngine(
+            self._torch() or _torch_module(), allocator, None,
+            host_cap_bytes=cfg.host_cap_bytes, spill_dir=cfg.spill_dir or None,
+        )  # fmt: skip
+        return self.engine
+
+    def _plain(self):
+        """No user TorchFunctionMode or dispatch mode sees what pausing does."""
+        torch = self._torch()
+        if torch is None:
+            return contextlib.nullcontext()
+        from .pause.engine import plain_torch
+
+        return plain_torch(torch)
+
+    @property
+    def stand_in(self) -> bool:
+        """True on a simulated GPU, or with a PyTorch built without CUDA: pauses move no
+        memory."""
+        torch = self._torch()
+        return bool(self._simulated() or (torch is not None and not torch.cuda.is_available()))
+
+
+def _torch_module():
+    import torch
+
+    return torch
