@@ -255,6 +255,24 @@ def _calibration() -> dict:
     }
 
 
+def _liveness() -> dict:
+    doc = load("liveness-h100.json")
+    answers = {m: [r["message_seconds"] for r in doc["rows"] if r["mode"] == m] for m in ("pause", "suspend")}
+    alone, beside = doc["neighbour"]["alone"], doc["neighbour"]["beside_a_stuck_restore"]
+    return {
+        "p_lo": fig(min(answers["pause"])),
+        "p_hi": fig(max(answers["pause"])),
+        "s_lo": fig(min(answers["suspend"])),
+        "s_hi": fig(max(answers["suspend"])),
+        "restart": fig(doc["lifecycle"]["restart_seconds"]),
+        "shutdown": fig(doc["lifecycle"]["shutdown_seconds"]),
+        "beside_s": fig(beside["suspend_seconds"]),
+        "beside_r": fig(beside["restore_seconds"]),
+        "alone_s": fig(alone["suspend_seconds"]),
+        "alone_r": fig(alone["restore_seconds"]),
+    }
+
+
 def _codec() -> dict:
     doc = load("codec-h100.json")
     now = {(w["name"], w["path"]): w for w in doc["workloads"]}
@@ -548,6 +566,20 @@ def _host_budget() -> dict:
 
 
 CLAIMS = [
+    Claim(
+        "liveness: answers",
+        "liveness-h100.json",
+        "answered in {p_lo}–{p_hi} s paused and {s_lo}–{s_hi} s suspended, a restart of a suspended "
+        "kernel took {restart} s and a shutdown {shutdown} s",
+        _liveness,
+    ),
+    Claim(
+        "liveness: a neighbour",
+        "liveness-h100.json",
+        "suspended in {beside_s} s and restored in {beside_r} s beside a restore that never returned, "
+        "{alone_s} s and {alone_r} s alone",
+        _liveness,
+    ),
     Claim("codec: host bytes", "codec-h100.json", "host bytes {host}× the raw bytes", _codec),
     Claim("codec: pause", "codec-h100.json", "Pause {pause_lo}× and {pause_hi}× the raw copy", _codec),
     Claim(

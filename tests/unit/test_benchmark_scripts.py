@@ -61,6 +61,16 @@ def test_a_copy_without_git_takes_the_commit_from_the_environment(monkeypatch):
     assert provenance.commit() == (None, None)
 
 
+def test_the_commit_given_in_the_environment_wins_over_a_git_directory(monkeypatch):
+    # a GPU machine's copy of the tree held a stale git directory: its HEAD was not the tree's
+    provenance = load("provenance")
+    monkeypatch.setattr(provenance, "_git", lambda *args: "stale\n" if args[0] == "rev-parse" else "")
+    monkeypatch.setenv("JUPYTER_VGPU_COMMIT", "abc123")
+    assert provenance.commit() == ("abc123", None)
+    monkeypatch.delenv("JUPYTER_VGPU_COMMIT")
+    assert provenance.commit() == ("stale", False)
+
+
 def test_an_earlier_record_moves_into_the_history_once():
     provenance = load("provenance")
     earlier = {
