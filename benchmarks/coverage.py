@@ -41,18 +41,11 @@ from pause import step_times
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.channel import kernel_path, read_json
+from jupyter_vgpu.testing.digest_code import DIGEST
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
 
-DIGEST = (
-    "import hashlib, numpy as np\n"
-    "def digest(arrays):\n"
-    "    h = hashlib.sha256()\n"
-    "    for a in arrays:\n"
-    "        h.update(np.ascontiguousarray(a).tobytes())\n"
-    "    return h.hexdigest()\n"
-)
 # The same 4 GiB for the three PyTorch allocators: bf16 weights N(0, 0.02)
 TORCH = (
     "import torch\ng = torch.Generator(device='cuda').manual_seed(0)\n"

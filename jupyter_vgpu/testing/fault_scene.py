@@ -27,6 +27,7 @@ from pathlib import Path
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.output_text import output_text
 from jupyter_vgpu.testing.waiting import wait_for
 
 MiB, GiB = 2**20, 2**30
@@ -137,17 +138,11 @@ def run(kernel: Kernel, code: str, timeout: float = 120, out: Timed | None = Non
     parts: list[str] = []
 
     def hook(msg):
-        kind = msg["header"]["msg_type"]
-        c = msg["content"]
-        if kind == "stream":
-            parts.append(c["text"])
-        elif kind in ("execute_result", "display_data"):
-            parts.append(c["data"].get("text/plain", ""))
-        elif kind == "error":
-            parts.append(f"{c['ename']}: {c['evalue']}\n")
-        else:
+        text = output_text(msg["header"]["msg_type"], msg["content"])
+        if text is None:
             return
-        out.texts.append(parts[-1])
+        parts.append(text)
+        out.texts.append(text)
         out.times.append(time.monotonic())
 
     out.sent = time.monotonic()
@@ -200,6 +195,21 @@ def stopped_at_failpoint(pid: int, what: str, timeout: float = 60) -> None:
     wait_for(
         lambda: process_state(pid) == "t" or process_state(pid) == "T", timeout, f"{what} to stop at its step"
     )
+
+
+def stopped_below(pid: int, what: str, timeout: float = 120) -> int:
+    """Wait until a descendant of ``pid`` is stopped at its failpoint (the arbiter's
+    checkpoint workers reach the ``checkpoint.*`` steps); its PID."""
+    import psutil
+
+    def stopped() -> int | None:
+        try:
+            below = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return None
+        return next((c.pid for c in below if process_state(c.pid) in ("t", "T")), None)
+
+    return wait_for(stopped, timeout, f"{what} to stop at its step")
 
 
 def kill(pid: int, how: str) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from jupyter_client import KernelManager
 
+from .output_text import output_text
+
 
 class Kernel:
     """A real ipykernel in its own process; ``run`` executes code and returns its text."""
@@ -54,14 +56,9 @@ class Kernel:
         parts: list[str] = []
 
         def hook(msg):
-            c = msg["content"]
-            kind = msg["header"]["msg_type"]
-            if kind == "stream":
-                parts.append(c["text"])
-            elif kind in ("execute_result", "display_data"):
-                parts.append(c["data"].get("text/plain", ""))
-            elif kind == "error":
-                parts.append(f"{c['ename']}: {c['evalue']}\n" + "\n".join(c["traceback"]))
+            text = output_text(msg["header"]["msg_type"], msg["content"], traceback=True)
+            if text is not None:
+                parts.append(text)
 
         self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
         return "".join(parts)

@@ -11,6 +11,8 @@ import nbformat
 import requests
 import websocket
 
+from .output_text import output_text
+
 
 class LabClient:
     """A user's server at ``server_url`` (``{hub}/user/{name}/``).
@@ -81,12 +83,9 @@ class LabClient:
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
                 kind, content = msg["msg_type"], msg["content"]
-                if kind == "stream":
-                    parts.append(content["text"])
-                elif kind in ("execute_result", "display_data"):
-                    parts.append(content["data"].get("text/plain", ""))
-                elif kind == "error":
-                    parts.append(f"{content['ename']}: {content['evalue']}")
+                text = output_text(kind, content)
+                if text is not None:
+                    parts.append(text)
                 elif kind == "status" and content["execution_state"] == "idle":
                     return "".join(parts)
         except websocket.WebSocketTimeoutException:
