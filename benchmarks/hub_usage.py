@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 import types
@@ -88,12 +86,8 @@ def main():
         "ms_p95": percentile(times, 95) * 1e3,
         "ms_max": times[-1] * 1e3,
         "goal_ms": 50,
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    provenance.write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,9 @@ Usage (GPU machine): ``python benchmarks/mps.py --out benchmarks/results/mps-h10
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,45 +34,12 @@ from gpu_common import require_gpu  # noqa: E402
 from jupyter_vgpu import nvml  # noqa: E402
 from jupyter_vgpu.node.mps import MPSDaemons  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
-from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
+from jupyter_vgpu.testing.mps_client import client_environment  # noqa: E402
+from jupyter_vgpu.testing.mps_client import run as client  # noqa: E402
 
 GiB = 1 << 30
 #: The issue's bound: a 25% client at least this many times slower than a 100% one.
 SLOWER_GOAL = 2.0
-
-CLIENT = """
-import json, time, torch
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-for _ in range(3):
-    a @ a
-torch.cuda.synchronize()
-start = time.perf_counter()
-for _ in range(100):
-    a @ a
-torch.cuda.synchronize()
-result = {"sms": sms, "matmul_s": time.perf_counter() - start}
-for gib in (1, 3):
-    try:
-        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
-        x.fill_(1)
-        torch.cuda.synchronize()
-        result[f"{gib}_gib"] = "allocated"
-        del x
-    except torch.OutOfMemoryError as e:
-        result[f"{gib}_gib"] = "refused: " + str(e).splitlines()[0][:120]
-    torch.cuda.empty_cache()
-print(json.dumps(result))
-"""
-
-
-def client(env: dict[str, str]) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", CLIENT], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"an MPS client failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -95,8 +60,7 @@ def main() -> None:
         quarter = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 25, isolation="mps")
 
         def env(slice_: Slice, preload: bool) -> dict[str, str]:
-            base = environment() if preload else {**os.environ}
-            return {**base, **slice_.environment(), "CUDA_MPS_PIPE_DIRECTORY": pipe}
+            return client_environment(slice_, pipe, preload)
 
         clients = {
             "100% share, no pinned limit": client(env(full, False)),
@@ -125,9 +89,7 @@ def main() -> None:
             ),
         },
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    Path(args.out).write_text(text + "\n")
+    provenance.write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,6 @@ within 5% of solo, with 2 s of typing.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -114,7 +111,6 @@ def main() -> None:
     result = {
         **record,
         "device": "cpu",
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "bytes": nbytes,
         "think_s": args.think,
         "cell_work_s": args.cell_seconds,
@@ -131,9 +127,7 @@ def main() -> None:
     result["hidden"] = round(1 - left / extra, 3) if extra > 0 else None
     result["goal"] = {"prefetched_within_5_percent_of_solo": result["prefetched_cell_s"]["p50"]
                       <= 1.05 * result["solo_cell_s"]["p50"]}  # fmt: skip
-    text = json.dumps(result, indent=2)
-    print(text)
-    args.out.write_text(text + "\n")
+    provenance.write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 :func:`record` gives the keys every benchmark writes at the top of its JSON:
 
-- ``commit``: the checkout's ``git rev-parse HEAD``; where the benchmark runs on a copy
-  without the git directory (a GPU machine given the work tree), the environment's
-  ``JUPYTER_VGPU_COMMIT`` (``JUPYTER_VGPU_COMMIT=$(git rev-parse HEAD)`` where the copy
-  is made), else None;
+- ``commit``: the environment's ``JUPYTER_VGPU_COMMIT`` where it is set (a GPU machine
+  given a copy of the work tree: ``JUPYTER_VGPU_COMMIT=$(git rev-parse HEAD)`` where the
+  copy is made; such a copy may hold a stale git directory), else the checkout's
+  ``git rev-parse HEAD``, else None;
 - ``dirty``: whether tracked files differed from that commit (None where unknown);
 - ``date``: when the run began, ISO 8601 in UTC;
 - ``command``: the command line it was started with (``sys.argv``);
@@ -23,6 +23,7 @@ Usage: ``doc = {**provenance.record(), **figures}``, taken once when the run beg
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -47,9 +48,12 @@ def _git(*args: str) -> str | None:
 
 def commit() -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the checkout this file is in (see the module's doc)."""
+    given = os.environ.get("JUPYTER_VGPU_COMMIT")
+    if given:  # said where the copy was made: a copy may hold a stale git directory
+        return given, None
     head = _git("rev-parse", "HEAD")
     if head is None:
-        return os.environ.get("JUPYTER_VGPU_COMMIT") or None, None
+        return None, None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return head.strip(), None if status is None else bool(status.strip())
 
@@ -135,3 +139,14 @@ def stamped(figures: dict, provenance: dict) -> dict:
         history.append(carried(earlier, "the figures of this file that the run above did not measure again"))
         out["history"] = history
     return {**provenance, **out}
+
+
+def write(doc: dict, out: str | os.PathLike | None) -> None:
+    """Print ``doc`` as indented JSON and write it to ``out`` (its folder made if need be;
+    nothing written where ``out`` is None)."""
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if out is not None:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")

@@ -160,11 +160,7 @@ def main() -> None:
         ),
         "unit": "percent of one CPU core",
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    provenance.write(result, args.out)
 
 
 if __name__ == "__main__":

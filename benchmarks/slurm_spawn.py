@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -111,12 +109,8 @@ def main() -> None:
         "slices_per_node": dict(sorted(per_node.items())),
         "slices_per_gpu": dict(sorted(per_gpu.items())),
         "cluster": "2 slurmd nodes (network namespaces), 2 simulated 16 GiB GPUs x 16 shards each, spread",
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    provenance.write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from gpu_common import require_gpu
 
 from hub_spawner import server_cgroup
 from jupyter_vgpu import nvml
-from jupyter_vgpu.host import peers
+from jupyter_vgpu.host import cgroups, peers
 from jupyter_vgpu.host.cgroups import Cgroup
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
@@ -192,13 +192,9 @@ def main() -> None:
 
 def _rmdir(directory: Path) -> None:
     for _ in range(200):
-        try:
-            os.rmdir(directory)
+        if cgroups.try_remove(directory):
             return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
+        time.sleep(0.01)
 
 
 def _all_pids() -> list[int]:

@@ -25,8 +25,9 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
+
+from jupyter_vgpu.host import procs
 
 #: The spawner state's key naming the kind of spawner that started the server.
 KIND_KEY = "vgpu_spawner"
@@ -49,19 +50,10 @@ def kind_of(state: dict[str, Any]) -> str | None:
     return None
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
-
-
 def _is_server_of(pid: int, user: str) -> bool:
     """Whether ``pid`` still runs a Jupyter server of ``user`` (its environment says so:
     a PID handed out again to another process does not)."""
-    return _environ(pid).get("JUPYTERHUB_USER") == user
+    return procs.environ(pid).get("JUPYTERHUB_USER") == user
 
 
 def _end_local(state: dict[str, Any], user: str) -> str:

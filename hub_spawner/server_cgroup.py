@@ -515,13 +515,9 @@ async def _remove_later(directory: Path, log, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         kill_all(directory, rounds=1)
-        try:
-            os.rmdir(directory)
+        if cgroups.try_remove(directory):
             return
-        except FileNotFoundError:
-            return
-        except OSError:
-            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)
     log.warning("jupyter-vgpu: could not remove the cgroup %s: processes are still in it", directory)
 
 

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from jupyter_vgpu.host import procs
+
 from . import settings, system_user
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -48,31 +50,8 @@ def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie has ended already
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] != "Z"
-    except (OSError, ValueError):
-        return False
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
 def _describe(pid: int) -> str:
-    return f"{pid} ({' '.join(_cmdline(pid))[:120] or '?'})"
+    return f"{pid} ({' '.join(procs.cmdline(pid))[:120] or '?'})"
 
 
 def _pid_file(path: Path) -> int | None:
@@ -80,15 +59,15 @@ def _pid_file(path: Path) -> int | None:
         pid = int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return pid if pid > 0 and _alive(pid) else None
+    return pid if pid > 0 and procs.running(pid) else None
 
 
 def _wait_gone(pids: list[int], seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if procs.running(p)]
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [p for p in left if _alive(p)]
+        left = [p for p in left if procs.running(p)]
     return left
 
 
@@ -108,7 +87,7 @@ def _ancestors() -> set[int]:
 def stop_hub(state: Path) -> None:
     """SIGTERM to the demo's Hub, and wait for it to stop its servers and exit."""
     pid = _pid_file(state / settings.HUB_PID)
-    if pid is None or not any("jupyterhub" in a for a in _cmdline(pid)):
+    if pid is None or not any("jupyterhub" in a for a in procs.cmdline(pid)):
         return
     say(f"stopping the Hub (pid {pid}) and, through it, every user's server and kernel")
     os.kill(pid, signal.SIGTERM)
@@ -148,15 +127,6 @@ def _cgroup_dirs(parent: str) -> list[Path]:
     return found
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
-
-
 def _cwd(pid: int) -> str:
     try:
         return os.readlink(f"/proc/{pid}/cwd")
@@ -167,7 +137,7 @@ def _cwd(pid: int) -> str:
 def _jupyter(pid: int) -> bool:
     """Whether ``pid`` runs a program of the demo's (JupyterHub, its proxy, a server, a
     kernel, an arbiter), not a shell or a tool that happens to share its environment."""
-    line = " ".join(_cmdline(pid))
+    line = " ".join(procs.cmdline(pid))
     return any(w in line for w in ("jupyter", "configurable-http-proxy", "ipykernel", "batchspawner"))
 
 
@@ -190,18 +160,18 @@ def leftovers(state: Path, meta: dict) -> list[int]:
         pid = int(entry.name)
         if pid in mine or pid in found:
             continue
-        if "hub_spawner.demo.control" in _cmdline(pid):
+        if "hub_spawner.demo.control" in procs.cmdline(pid):
             continue  # another `scripts/demo stop` (Ctrl-C's, beside one typed elsewhere)
-        if any(root + "/" in arg or arg.endswith(root) for arg in _cmdline(pid)):
+        if any(root + "/" in arg or arg.endswith(root) for arg in procs.cmdline(pid)):
             found.add(pid)
             continue
-        env = _environ(pid)
+        env = procs.environ(pid)
         demo = env.get("JUPYTER_VGPU_DEMO_DIR")
         if demo and Path(demo).resolve() == state and _jupyter(pid):
             found.add(pid)  # the Hub, its proxy (a shell that exported the variable is not)
         elif _cwd(pid).startswith(homes) and env.get("JUPYTERHUB_USER"):
             found.add(pid)  # a user's server or kernel (a user's shell has no JUPYTERHUB_USER)
-    return sorted(p for p in found if p not in mine and _alive(p))
+    return sorted(p for p in found if p not in mine and procs.running(p))
 
 
 def end_leftovers(state: Path, meta: dict) -> list[str]:

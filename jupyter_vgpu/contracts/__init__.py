@@ -193,13 +193,16 @@ def _problem(keyword: str, expected: Any, got: Any, allowed: Any = ()) -> str | 
     if v == "additionalProperties":
         extra = sorted(k for k in got if k not in allowed) if isinstance(got, dict) else []
         return f"unknown field(s): {', '.join(_short(k) for k in extra)}"
-    if v == "maxLength":
-        return f"must be at most {expected} characters long"
-    if v == "minLength":
-        return f"must be at least {expected} character(s) long"
-    if v == "maxItems":
-        return f"must have at most {expected} items"
-    return None
+    template = _SIZE_WORDS.get(v)
+    return None if template is None else template.format(expected)
+
+
+#: How :func:`_problem` says a size keyword's bound.
+_SIZE_WORDS = {
+    "maxLength": "must be at most {} characters long",
+    "minLength": "must be at least {} character(s) long",
+    "maxItems": "must have at most {} items",
+}
 
 
 @functools.cache

@@ -192,3 +192,16 @@ def procs(directory: str | os.PathLike) -> list[int]:
             return [int(line) for line in f if line.strip()]
     except OSError:
         return []
+
+
+def try_remove(directory: str | os.PathLike) -> bool:
+    """Remove a cgroup's directory: True once it is gone (removed now or before), False
+    while processes are still in it (the kernel refuses with ``EBUSY``) or it cannot be
+    removed now; callers retry, ending what is left between tries."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True

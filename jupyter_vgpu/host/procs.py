@@ -72,6 +72,34 @@ def start_time(pid: int) -> int | None:
     return None if st is None or st.state in ("Z", "X") else st.start
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
+    st = stat(pid)
+    return st is not None and st.state not in ("Z", "X")
+
+
+def cmdline(pid: int) -> list[str]:
+    """The arguments ``pid`` was started with (``/proc/<pid>/cmdline``); [] when gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with (``/proc/<pid>/environ``: readable by its
+    owner and root); {} when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
 def uid_of(pid: int) -> int | None:
     """The effective uid of process ``pid`` (``/proc/<pid>/status``, the ``Uid:`` line's
     second field), or None when it cannot be read."""

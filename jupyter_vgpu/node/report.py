@@ -23,6 +23,10 @@ from . import namespaces
 log = logging.getLogger("jupyter_vgpu.node")
 
 
+#: The fields of a device row of :func:`read_devices`, NVML's but ``used``.
+_ROW = ("uuid", "index", "name", "memory", "mig_profile", "compute_percent")
+
+
 def read_devices() -> tuple[list[dict], dict[str, dict[int, int]], list[str]]:
     """This node's devices from NVML: ``(devices, processes, problems)``.
 
@@ -46,30 +50,15 @@ def read_devices() -> tuple[list[dict], dict[str, dict[int, int]], list[str]]:
         if g.mig_enabled:
             try:
                 rows = [
-                    {
-                        "uuid": m.uuid,
-                        "index": m.parent_index,
-                        "name": m.name,
-                        "memory": m.memory_total,
-                        "mig_profile": m.profile,
-                        "compute_percent": m.compute_percent,
-                    }
+                    (m.uuid, m.parent_index, m.name, m.memory_total, m.profile, m.compute_percent)
                     for m in nvml.mig_devices(g.index)
                 ]
             except nvml.NVMLUnavailable as e:
                 problems.append(f"GPU {g.index}: cannot list its MIG instances: {e}")
         else:
-            rows = [
-                {
-                    "uuid": g.uuid,
-                    "index": g.index,
-                    "name": g.name,
-                    "memory": g.memory_total,
-                    "mig_profile": None,
-                    "compute_percent": None,
-                }
-            ]
-        for row in rows:
+            rows = [(g.uuid, g.index, g.name, g.memory_total, None, None)]
+        for values in rows:
+            row = dict(zip(_ROW, values, strict=True))
             try:
                 row["used"] = nvml.device_usage(row["uuid"])[0]
                 processes[row["uuid"]] = nvml.process_memory(row["uuid"])

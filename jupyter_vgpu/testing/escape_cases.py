@@ -13,7 +13,6 @@ own as the local spawner does, where this machine lets root make one.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 from pathlib import Path
@@ -115,10 +114,6 @@ def remove_cgroup(cgroup: cgroups.Cgroup | None) -> None:
     directory = cgroups.find_mount(cgroup.hierarchy).directory(cgroup.path)
     spawner_cgroup.kill_all(directory)
     for _ in range(100):
-        try:
-            os.rmdir(directory)
+        if cgroups.try_remove(directory):
             return
-        except FileNotFoundError:
-            return
-        except OSError:
-            spawner_cgroup.kill_all(directory, rounds=1)
+        spawner_cgroup.kill_all(directory, rounds=1)

@@ -244,6 +244,18 @@ class HubProcess:
         wait_for(ready, timeout, f"{username}'s server to be ready (log: {self.log_path})", interval=0.5)
         return f"{self.url}/user/{username}/"
 
+    def progress(self, username: str) -> list[dict]:
+        """The progress events of ``username``'s spawn in progress, as the spawn page follows
+        them (server-sent events), until one says ready or failed."""
+        events = []
+        with self.api("GET", f"/users/{username}/server/progress", stream=True) as stream:
+            for line in stream.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    events.append(json.loads(line[len("data:") :]))
+                    if events[-1].get("ready") or events[-1].get("failed"):
+                        break
+        return events
+
     def spawn_events(self, username: str, options: dict | None = None, timeout: float = 90) -> list[dict]:
         """Start ``username``'s default server and follow its progress as the spawn page
         does (``/hub/api/users/{name}/server/progress``, server-sent events) until it is
@@ -254,13 +266,7 @@ class HubProcess:
         """
         r = self.api("POST", f"/users/{username}/server", json=options or {})
         assert r.status_code in (201, 202, 400), f"spawn {username}: {r.status_code} {r.text}"
-        events = []
-        with self.api("GET", f"/users/{username}/server/progress", stream=True) as stream:
-            for line in stream.iter_lines(decode_unicode=True):
-                if line.startswith("data:"):
-                    events.append(json.loads(line[len("data:") :]))
-                    if events[-1].get("ready") or events[-1].get("failed"):
-                        break
+        events = self.progress(username)
         if events and events[-1].get("ready"):
             self.spawn(username, timeout)  # and ready to use through the proxy
         return events

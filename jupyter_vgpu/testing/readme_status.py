@@ -15,28 +15,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jupyter_vgpu.slice import Slice
-
 from .arbiter_process import ArbiterProcess
 from .kernel_runner import Kernel
+from .simulated_slice import simulated_slice
 from .waiting import wait_for
 
 GiB = 2**30
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: The demo's default slice on its first simulated GPU (hub_spawner.demo.settings, GPUInventory).
-SLICE = Slice(
+SLICE = simulated_slice(
     gpu_uuid="GPU-sim-00000000-0000-4000-8000-000000000000",
-    gpu_index=0,
-    gpu_name="NVIDIA H100 80GB HBM3 (simulated)",
-    gpu_memory=80 * GiB,
-    memory_limit=8 * GiB,
     memory_request=8 * GiB,
-    compute_share=50,
     priority=50,
     isolation="time-slicing",
     placement="binpack",
     overcommit_ratio=1.5,
-    simulated=True,
 )
 #: The cell of the sample (the README shows its last line).
 CELL = "import torch\nx = torch.zeros(1024, 1024)  # 4 MiB of tensors\n%vgpu status"

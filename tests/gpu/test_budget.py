@@ -31,9 +31,17 @@ def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, 
     env = {"JUPYTER_VGPU_CHANNEL": str(ch), "CUDA_VISIBLE_DEVICES": gpu_slice.gpu_uuid}
     k = Kernel(tmp_path, env, load_extension=True)
 
-    def showing(text: str) -> str | None:
-        status = k.run("%vgpu status")
-        return status if text in status else None
+    def set_budget(limit: int, text: str, what: str) -> str:
+        """A live change of the slice's budget, through the server's channel; the status
+        once it shows ``text``."""
+        changed = gpu_slice.replace(memory_limit=limit)
+        channel.write_json(channel.server_path(ch), {"slice": changed.to_dict(), "pressure": False})
+
+        def showing() -> str | None:
+            status = k.run("%vgpu status")
+            return status if text in status else None
+
+        return wait_for(showing, 30, what)
 
     try:
         out = k.run("import torch\nx = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda')")
@@ -45,26 +53,12 @@ def test_budget_oom_names_the_slice_and_a_live_change_moves_the_limit(tmp_path, 
         print(status)
         assert "budget 2.00 GiB applied to PyTorch" in status
 
-        channel.write_json(
-            channel.server_path(ch),
-            {"slice": gpu_slice.replace(memory_limit=4 * GiB).to_dict(), "pressure": False},
-        )
-        status = wait_for(
-            lambda: showing("4.00 GiB applied"), 30, "the raised budget applied in %vgpu status"
-        )
-        assert "4.00 GiB applied" in status
+        set_budget(4 * GiB, "4.00 GiB applied", "the raised budget applied in %vgpu status")
         out = k.run("x = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); print(x.numel())")
         assert out.strip() == str(3 * 2**30), out
 
         # lowering below what the kernel holds is allowed and reported, not a crash
-        channel.write_json(
-            channel.server_path(ch),
-            {"slice": gpu_slice.replace(memory_limit=1 * GiB).to_dict(), "pressure": False},
-        )
-        status = wait_for(
-            lambda: showing("over the new budget"), 30, "the lowered budget reported in %vgpu status"
-        )
-        assert "over the new budget" in status
+        set_budget(1 * GiB, "over the new budget", "the lowered budget reported in %vgpu status")
         assert k.run("print(x.numel())").strip() == str(3 * 2**30)  # alive, tensor still there
     finally:
         k.shutdown()

@@ -11,7 +11,8 @@ pytestmark = pytest.mark.gpu
 SETUP = """
 import json, zlib, torch
 import numpy as np
-from jupyter_vgpu.kernel.codec.device import ANS, FILL, RAW, DeviceCodec, DeviceCodecError, PinnedArena
+from jupyter_vgpu.kernel.codec.device import ANS, FILL, RAW, DeviceCodec, DeviceCodecError
+from jupyter_vgpu.kernel.codec.pinned_arena import PinnedArena
 dev = torch.device("cuda")
 torch.manual_seed(0)
 MiB = 1 << 20

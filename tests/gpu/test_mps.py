@@ -13,8 +13,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -22,44 +20,11 @@ import pytest
 from jupyter_vgpu import nvml
 from jupyter_vgpu.node.mps import MPSDaemons
 from jupyter_vgpu.slice import Slice
-from jupyter_vgpu.testing.preloaded import environment
+from jupyter_vgpu.testing.mps_client import client_environment
+from jupyter_vgpu.testing.mps_client import run as client
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30
-
-CLIENT = """
-import json, time, torch
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-for _ in range(3):
-    a @ a
-torch.cuda.synchronize()
-start = time.perf_counter()
-for _ in range(100):
-    a @ a
-torch.cuda.synchronize()
-result = {"sms": sms, "matmul_s": time.perf_counter() - start,
-          "uuid": "GPU-" + str(torch.cuda.get_device_properties(0).uuid)}
-for gib in (1, 3):
-    try:
-        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
-        x.fill_(1)
-        torch.cuda.synchronize()
-        result[f"{gib}_gib"] = "allocated"
-        del x
-    except torch.OutOfMemoryError as e:
-        result[f"{gib}_gib"] = "refused: " + str(e).splitlines()[0][:120]
-    torch.cuda.empty_cache()
-print(json.dumps(result))
-"""
-
-
-def client(env: dict[str, str]) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", CLIENT], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -81,8 +46,7 @@ def test_a_25_percent_2_gib_slice_gets_a_quarter_of_the_sms_and_no_more_than_its
     quarter = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 25, isolation="mps")
 
     def env(slice_: Slice, preload: bool) -> dict[str, str]:
-        base = environment() if preload else {**os.environ}
-        return {**base, **slice_.environment(), "CUDA_MPS_PIPE_DIRECTORY": pipe}
+        return client_environment(slice_, pipe, preload)
 
     whole = client(env(full, False))
     plain = client(env(quarter, False))

@@ -32,10 +32,9 @@ from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.hub_process import CONFIG, HubProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.mps_client import run as client
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
-
-from .test_mps import client
 
 GiB = 2**30
 CARDS = [g for g in nvml.list_gpus() if not g.mig_enabled] if nvml.available() else []

@@ -22,23 +22,14 @@ import pytest
 from hub_spawner.demo import settings, system_user
 from jupyter_vgpu.host import cgroups
 from jupyter_vgpu.testing.hub_process import ARTIFACTS, ROOT, HubProcess
+from jupyter_vgpu.testing.kernel_escapes import FROM_A_KERNEL
 from jupyter_vgpu.testing.lab_client import LabClient
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the demo's cgroups and accounts need root")
 
 DEMO = ROOT / "scripts" / "demo"
 #: A process the kernel daemonizes out of its process tree (a double fork and setsid).
-DAEMON = """
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        print(f"PID={os.getpid()}", flush=True)
-        time.sleep(600)
-    os._exit(0)
-os.wait()
-time.sleep(0.3)
-"""
+DAEMON = FROM_A_KERNEL["double fork"]
 
 
 def fresh_user() -> str:

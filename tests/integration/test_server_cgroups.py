@@ -21,71 +21,11 @@ from jupyter_vgpu.host.arbiter_control import Control
 from jupyter_vgpu.node.app import ArbiterApp, HubLink
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.watchdog import Watchdog, owners
+from jupyter_vgpu.testing.kernel_escapes import FROM_A_KERNEL
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
-# Kernel code: each leaves a process that prints "PID=<pid>" and sleeps, outside the tree
-FROM_A_KERNEL = {
-    "double fork": """
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        print(f"PID={os.getpid()}", flush=True)
-        time.sleep(600)
-    os._exit(0)
-os.wait()
-time.sleep(0.3)
-""",
-    "setsid -f": """
-import os, subprocess, time
-subprocess.run(["setsid", "-f", "sh", "-c", "echo $$ > ~/setsid.pid; exec sleep 600"],
-               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-for _ in range(100):
-    try:
-        print(f"PID={int(open(os.path.expanduser('~/setsid.pid')).read())}")
-        break
-    except (FileNotFoundError, ValueError):
-        time.sleep(0.05)
-""",
-    "nohup and disown": """
-import os, subprocess, time
-subprocess.run(["bash", "-c", "nohup sh -c 'echo $$ > ~/nohup.pid; exec sleep 600' >/dev/null 2>&1 & disown"],
-               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-for _ in range(100):
-    try:
-        print(f"PID={int(open(os.path.expanduser('~/nohup.pid')).read())}")
-        break
-    except (FileNotFoundError, ValueError):
-        time.sleep(0.05)
-""",
-    "a daemonizing tool (start-stop-daemon)": """
-import os, subprocess, time
-pidfile = os.path.expanduser("~/ssd.pid")
-subprocess.run(["start-stop-daemon", "--start", "--background", "--make-pidfile", "--pidfile", pidfile,
-                "--exec", "/bin/sleep", "--", "600"])
-for _ in range(100):
-    try:
-        print(f"PID={int(open(pidfile).read())}")
-        break
-    except (FileNotFoundError, ValueError):
-        time.sleep(0.05)
-""",
-    "re-parented to init through a subreaper that exits": """
-import ctypes, os, time
-if os.fork() == 0:
-    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    if os.fork() == 0:
-        if os.fork() == 0:
-            print(f"PID={os.getpid()}", flush=True)
-            time.sleep(600)
-        os._exit(0)
-    time.sleep(0.5)
-    os._exit(0)
-os.wait()
-""",
-}
 # Typed into a terminal (spelt apart so that the echoed command does not match)
 FROM_A_TERMINAL = {
     "setsid -f in a terminal": 'setsid -f sh -c \'echo PI""D=$$ E""ND; exec sleep 600\'',

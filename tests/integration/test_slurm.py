@@ -70,18 +70,6 @@ def hub(cluster):
         process.shutdown()
 
 
-def progress(hub, user: str) -> list[dict]:
-    """The spawn's progress events as the spawn page follows them, until ready or failed."""
-    events = []
-    with hub.api("GET", f"/users/{user}/server/progress", stream=True) as stream:
-        for line in stream.iter_lines(decode_unicode=True):
-            if line.startswith("data:"):
-                events.append(json.loads(line[len("data:") :]))
-                if events[-1].get("ready") or events[-1].get("failed"):
-                    break
-    return events
-
-
 def mine(hub, user: str) -> dict:
     return next(s for s in hub.api("GET", "/vgpu/slices").json() if s["user"] == user)
 
@@ -104,7 +92,7 @@ def ada(hub, cluster):
     assert "more than your quota&#39;s 6.00 GiB" in refused.text
     chosen = session.post(f"{hub.url}/hub/spawn", data={"profile": "small", "_xsrf": xsrf}, timeout=30)
     assert chosen.status_code == 200, chosen.text[:500]
-    events = progress(hub, "ada")
+    events = hub.progress("ada")
     assert events[-1].get("ready"), events
     hub.spawn("ada")  # ready through the proxy too
     lab = LabClient(f"{hub.url}/user/ada/", session=session)

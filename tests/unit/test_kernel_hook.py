@@ -6,20 +6,12 @@ import re
 import pytest
 
 from jupyter_vgpu import channel
-from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.simulated_slice import simulated_slice
 from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
-SLICE = Slice(
-    gpu_uuid="GPU-sim-0",
-    gpu_index=1,
-    gpu_name="NVIDIA H100 80GB HBM3 (simulated)",
-    gpu_memory=80 * GiB,
-    memory_limit=8 * GiB,
-    compute_share=40,
-    simulated=True,
-)
+SLICE = simulated_slice(gpu_index=1, compute_share=40)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its C
 
 import torch
 
-from jupyter_vgpu.kernel.codec.device import PinnedArena
+from jupyter_vgpu.kernel.codec.pinned_arena import PinnedArena
 
 MiB = 2**20
 

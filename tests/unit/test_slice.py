@@ -12,22 +12,12 @@ from jupyter_vgpu.slice import (
     compute_share_text,
     mig_profile,
 )
+from jupyter_vgpu.testing.simulated_slice import simulated_slice
 
 GiB = 2**30
 
 
-def make(**changes):
-    fields = dict(
-        gpu_uuid="GPU-sim-0",
-        gpu_index=0,
-        gpu_name="NVIDIA H100 80GB HBM3 (simulated)",
-        gpu_memory=80 * GiB,
-        memory_limit=8 * GiB,
-        compute_share=50,
-        simulated=True,
-    )
-    fields.update(changes)
-    return Slice(**fields)
+make = simulated_slice
 
 
 def test_round_trip_through_json_and_env():

@@ -60,13 +60,13 @@ almost no free memory and must never be handed a block of memory it is releasing
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import kernels, nvcomp
 from .cuda_driver import Driver
+from .pinned_arena import PinnedArena, round_up
 
 MiB = 1 << 20
 #: Chunk kinds (:attr:`Piece.kinds`).
@@ -78,10 +78,6 @@ SLACK = 64
 _ALIGN = nvcomp.ALIGNMENT
 #: Bit set in a chunk's uniform flag (:func:`.kernels.Kernels.uniform_async`).
 _UNIFORM = 0x100
-
-
-def _round(n: int, to: int = _ALIGN) -> int:
-    return -(-n // to) * to
 
 
 class DeviceCodecError(RuntimeError):
@@ -125,112 +121,6 @@ class Piece:
     span: int
     stored_bytes: int
     whole: bool
-
-
-class PinnedArena:
-    """Pinned host memory for stored pieces: slabs handed out front to back.
-
-    Pinning is slow (1 GiB took 0.40 s on the H100 box, so a kernel's first pause of
-    32 GiB spent much of its 16 s pinning); handing out a slab already pinned costs
-    microseconds. So :meth:`clear` keeps the slabs as **warm** ones, which the next pause
-    takes again, and they stay counted in :attr:`held_bytes`: the node arbiter counts
-    them against its host budget and asks a kernel to :meth:`trim` them when the host
-    needs the memory. (Handing them back to PyTorch's pinned-memory cache instead, as
-    this class once did, kept them pinned where no figure of ours saw them.)
-
-    A kernel that was never paused has no slabs, and its first pause would pin them all
-    on the way; :meth:`prepare` pins them ahead instead, while the kernel is idle (a
-    thread of the kernel's does it, :meth:`.pausing.PauseControl.prepare_ahead`). The
-    slabs it makes are warm ones like any other: counted, and let go by :meth:`trim`.
-
-    Args:
-        torch: the torch module.
-        slab_bytes: bytes per slab (a piece never spans two slabs).
-        pin: makes a pinned uint8 tensor of the bytes it is given (default:
-            ``torch.empty(n, dtype=torch.uint8, pin_memory=True)``).
-
-    Every method may be called from any thread: a lock guards the slab lists (pinning
-    itself runs outside it, so a pause never waits on :meth:`prepare`'s pinning).
-    """
-
-    def __init__(self, torch, slab_bytes: int = 256 * MiB, pin: Callable[[int], object] | None = None):
-        self.torch = torch
-        self.slab_bytes = slab_bytes
-        self._pin = pin or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
-        self._lock = threading.Lock()
-        self.slabs: list = []
-        self.held_bytes = 0  # pinned bytes of every slab, in use or warm (an int: no torch call)
-        self._used = 0  # bytes handed out of the last slab
-        self._last_size = 0  # bytes of the last slab
-        self._bases: list[int] = []  # each slab's address
-        self._warm: list = []  # slabs kept for the next pause, largest first
-
-    @property
-    def warm_bytes(self) -> int:
-        """Pinned bytes kept for the next pause and holding nothing now."""
-        with self._lock:
-            return sum(slab.numel() for slab in self._warm)
-
-    def reserve(self, nbytes: int) -> tuple[int, int]:
-        """``(slab index, offset)`` of ``nbytes`` fresh bytes, 16-byte aligned."""
-        if not self.slabs or self._used + nbytes > self._last_size:
-            size = max(self.slab_bytes, _round(nbytes))
-            with self._lock:
-                slab = next((w for w in self._warm if w.numel() >= size), None)
-                if slab is not None:
-                    self._warm.remove(slab)
-            if slab is None:
-                slab = self._pin(size)
-                with self._lock:
-                    self.held_bytes += size
-            self.slabs.append(slab)
-            self._bases.append(slab.data_ptr())
-            self._last_size = slab.numel()
-            self._used = 0
-        start = self._used
-        self._used = _round(start + nbytes)
-        return len(self.slabs) - 1, start
-
-    def prepare(self, nbytes: int, keep_going: Callable[[], bool] = lambda: True) -> int:
-        """Pin warm slabs of ``slab_bytes`` until ``nbytes`` are warm, asking
-        ``keep_going()`` before each slab (it stops early when that says False: the
-        kernel ran a cell, was paused, or was asked to let its slabs go). Returns the
-        bytes pinned by this call.
-
-        Raises:
-            whatever pinning raises (out of host memory, no CUDA); the slabs pinned
-            before stay, warm and counted.
-        """
-        made = 0
-        while self.warm_bytes < nbytes and keep_going():
-            slab = self._pin(self.slab_bytes)
-            with self._lock:
-                self._warm.append(slab)
-                self.held_bytes += slab.numel()
-            made += slab.numel()
-        return made
-
-    def address(self, slab: int, start: int) -> int:
-        """The address of byte ``start`` of slab ``slab``."""
-        return self._bases[slab] + start
-
-    def clear(self) -> None:
-        """Forget every piece; the slabs stay pinned, warm, for the next pause."""
-        with self._lock:
-            self._warm = sorted(self._warm + self.slabs, key=lambda slab: -slab.numel())
-        self.slabs.clear()
-        self._bases.clear()
-        self._last_size = self._used = 0
-
-    def trim(self) -> int:
-        """Let go of the warm slabs (in-use ones stay); returns the bytes let go. They go
-        back to PyTorch's pinned-memory cache: the caller empties it
-        (``torch.accelerator.empty_host_cache``) for the memory to reach the system."""
-        with self._lock:
-            freed = sum(slab.numel() for slab in self._warm)
-            self._warm.clear()
-            self.held_bytes -= freed
-        return freed
 
 
 # Rows of a slot's meta area: ``ROWS`` rows of ``max_chunks`` 8-byte words, on the device
@@ -316,7 +206,7 @@ class DeviceCodec:
         self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
         self.max_chunks = piece_bytes // chunk_bytes
         #: the most a piece stores: each chunk at most 1/SLACK larger, rounded up to 16
-        self.max_span = self.max_chunks * _round(chunk_bytes + chunk_bytes // SLACK)
+        self.max_span = self.max_chunks * round_up(chunk_bytes + chunk_bytes // SLACK)
         self.ans = nvcomp.ANS(chunk_bytes, self.max_chunks)
         self.crc = nvcomp.CRC32(self.max_chunks, max(chunk_bytes, self.ans.max_compressed_bytes))
         # a chunk stored raw is copied over its output slot; on resume a stored piece
@@ -341,9 +231,9 @@ class DeviceCodec:
     def _parts(self) -> tuple[int, int, int]:
         n = self.max_chunks
         return (
-            _round(self.max_span, 256),  # the planes, and then what the piece stores, gathered
-            _round(n * self.ans.max_compressed_bytes, 256),
-            _round(ROWS * 8 * n, 256),
+            round_up(self.max_span, 256),  # the planes, and then what the piece stores, gathered
+            round_up(n * self.ans.max_compressed_bytes, 256),
+            round_up(ROWS * 8 * n, 256),
         )
 
     def scratch_bytes(self) -> int:
@@ -397,7 +287,7 @@ class DeviceCodec:
             host = slot.host
             host[CRC_PTRS] = self._planar + np.arange(n, dtype=np.int64) * self.chunk_bytes
             # searched on chunks the size compressed ones mostly are (bf16 weights: 1/1.47)
-            host[CRC_SIZES] = _round(self.chunk_bytes * 2 // 3)
+            host[CRC_SIZES] = round_up(self.chunk_bytes * 2 // 3)
             stream = self._cu_streams[0]
             self.cu.copy(slot.meta, slot.host_ptr, ROWS * 8 * n, stream)
             self.crc.tune(

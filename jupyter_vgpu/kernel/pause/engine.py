@@ -42,8 +42,9 @@ import time
 
 from jupyter_vgpu import failpoints
 
-from ..codec.device import DeviceCodec, DeviceCodecError, PinnedArena
+from ..codec.device import DeviceCodec, DeviceCodecError
 from ..codec.host import HostPath
+from ..codec.pinned_arena import PinnedArena
 from ..codec.zstd import Codec, CodecError
 from . import devmem, spill, vmm
 from .ranges import live_ranges, spans

@@ -1,7 +1,7 @@
 """The disk tier of the GPU codec path: stored pieces moved from pinned slabs to a file.
 
 A paused kernel's GPU-path pieces (:class:`~..codec.device.Piece`) live in pinned host
-slabs (:class:`~..codec.device.PinnedArena`). When the node arbiter asks (its host
+slabs (:class:`~..codec.pinned_arena.PinnedArena`). When the node arbiter asks (its host
 budget is near), :meth:`SpillFile.write` puts every piece's stored bytes into one file
 of the kernel's disk tier directory, then the slabs go back. The file holds one record
 per piece, back to back::
