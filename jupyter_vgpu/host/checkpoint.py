@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -268,13 +269,39 @@ def _restore(pids: list[int], need: dict[str, int] | None = None) -> int:
 HANG_ENV = "JUPYTER_VGPU_CHECKPOINT_HANG"
 
 
+def _end_with_parent() -> None:
+    """End this process (``os._exit``) as soon as the process that started it has ended,
+    whatever this process's main thread is doing: a driver call of a worker whose arbiter
+    died must not return later and act on processes that the next arbiter answers for. A
+    thread waits on a pidfd of the parent (Linux 5.3+; elsewhere it watches ``getppid``)."""
+    parent = os.getppid()
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (OSError, AttributeError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the parent has ended
+        else:
+            while os.getppid() == parent:
+                time.sleep(0.1)
+        os._exit(1)
+
+    if parent == 1:  # the parent ended before this process looked
+        os._exit(1)
+    threading.Thread(target=watch, name="end-with-the-arbiter", daemon=True).start()
+
+
 def _serve() -> int:
     """A worker of the arbiter's :class:`.checkpoint_pool.CheckpointPool`: one request a
     line on stdin (``{"call": "state"|"suspend"|"restore", "pids": [...], "need": {...}
     | null, "lock_timeout": seconds}``), one answer a line on stdout (``{"ok": true,
     "result": ...}``, or ``{"ok": false, "kind": "NoRoom"|..., "error": str}``), until
-    stdin closes. With ``JUPYTER_VGPU_CHECKPOINT_STANDIN`` in its environment (the
-    arbiter's, set by a test), the recording stand-in answers instead of the driver."""
+    stdin closes. It ends at once when the arbiter does (:func:`_end_with_parent`). With
+    ``JUPYTER_VGPU_CHECKPOINT_STANDIN`` in its environment (the arbiter's, set by a
+    test), the recording stand-in answers instead of the driver."""
+    _end_with_parent()
     impl = sys.modules[__name__]
     if os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN"):
         from jupyter_vgpu.testing import checkpoint_standin as impl

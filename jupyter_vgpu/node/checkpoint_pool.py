@@ -11,7 +11,9 @@ time per GiB. A call past its deadline ends its worker (SIGKILL) and raises
 :class:`CheckpointTimeout`; the process it was about is left as the driver has it
 (locked, or checkpointed), and the arbiter's books and the kernel say so. Other calls run
 in other workers meanwhile, so one kernel's stuck restore slows no other kernel's pause,
-suspend or restore.
+suspend or restore. A worker ends as soon as the arbiter does, even inside a call (it waits
+on a pidfd of its parent): a call must not return after its arbiter died and act on
+processes that the next arbiter answers for.
 
 :class:`CheckpointPool` has :mod:`jupyter_vgpu.host.checkpoint`'s interface (``state``, ``suspend``,
 ``restore``, ``NoRoom``, ``CheckpointError``), blocking and thread-safe: the arbiter calls

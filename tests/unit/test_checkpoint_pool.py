@@ -4,13 +4,17 @@ never returns is given up at its deadline (its worker ended) with a message nami
 and a call about another kernel made meanwhile is answered at once by another worker."""
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
 
-from jupyter_vgpu.host import checkpoint
+from jupyter_vgpu.host import checkpoint, procs
 from jupyter_vgpu.node.checkpoint_pool import CheckpointPool, CheckpointTimeout
 from jupyter_vgpu.testing import checkpoint_standin
+from jupyter_vgpu.testing.waiting import wait_for
 
 
 @pytest.fixture
@@ -59,3 +63,35 @@ def test_a_restore_that_never_returns_is_given_up_and_holds_no_one_else(standin,
         assert pool.state(1) == "running"  # the pool goes on after a worker was ended
     finally:
         pool.close()
+
+
+#: Stands for the arbiter: starts a checkpoint worker as the pool does, sends it a call that
+#: never returns, prints the worker's PID and waits (the test then kills it).
+OWNER = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "serve"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+worker.stdin.write(b'{"call": "restore", "pids": [4242]}\\n')
+worker.stdin.flush()
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_worker_ends_when_its_arbiter_does_even_inside_a_call(standin):
+    """A driver call of a worker whose arbiter died must not return later and act on
+    processes the next arbiter answers for: the worker ends with its parent, even while
+    its call has not returned."""
+    env = {**os.environ, checkpoint.HANG_ENV: "restore:4242"}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], env=env, stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(owner.stdout.readline())
+        assert procs.running(worker)
+        os.kill(owner.pid, signal.SIGKILL)  # the arbiter dies while its worker is inside the call
+        owner.wait(10)
+        wait_for(lambda: not procs.running(worker), 10, "the worker to end with its arbiter")
+    finally:
+        owner.kill()
+        if worker is not None and procs.running(worker):
+            os.kill(worker, signal.SIGKILL)
