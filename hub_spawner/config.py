@@ -9,6 +9,7 @@ classes and those behind its spawner, authenticator and proxy entry points.
 from __future__ import annotations
 
 import sys
+import time
 
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Dict, Enum, Float, Instance, Integer, Unicode, default, validate
@@ -21,6 +22,9 @@ from .nodes import NodeBoard
 from .placement import Allocator
 from .quotas import Quota
 from .usage import UsageBoard, gpu_rows, slice_rows
+
+#: Seconds between two looks at whether each card still answers NVML (:meth:`VGPUHub.check_devices`).
+CHECK_EVERY = 2.0
 
 
 class VGPUHub(SingletonConfigurable):
@@ -198,9 +202,35 @@ class VGPUHub(SingletonConfigurable):
 
     @property
     def problems(self) -> list[str]:
-        """Why some GPU (or every GPU) takes no slice: NVML failures, MIG settings."""
-        self.allocator  # noqa: B018 - building it fills the problems
-        return list(self._problems or [])
+        """Why some GPU (or every GPU) takes no slice: NVML failures (at start, and of a
+        card that stopped answering since: :meth:`check_devices`), MIG settings."""
+        allocator = self.allocator
+        down = self.check_devices()
+        now = [
+            f"{g.label} ({g.name}) takes no new slice: {down[g.uuid]}; the slices on it stay as they are"
+            for g in allocator.gpus
+            if g.uuid in down
+        ]
+        return list(self._problems or []) + now
+
+    _checked_at: float | None = None
+
+    def check_devices(self) -> dict[str, str]:
+        """The devices of this host that take no new slice now, ``{uuid: why}``: those whose
+        card no longer answers NVML (:meth:`GPUInventory.down`), looked at again when
+        the last look is over :data:`CHECK_EVERY` seconds old, and handed to the allocator,
+        which places around them. A card that answers again takes slices again."""
+        allocator = self.allocator
+        now = time.monotonic()
+        if self._checked_at is None or now - self._checked_at >= CHECK_EVERY:
+            self._checked_at = now
+            down = self.inventory.down(allocator.gpus)
+            for uuid in down.keys() - allocator.down.keys():
+                self.log.error("vGPU: %s takes no new slice: %s", uuid, down[uuid])
+            for uuid in allocator.down.keys() - down.keys():
+                self.log.info("vGPU: %s answers NVML again and takes slices again", uuid)
+            allocator.down = down
+        return allocator.down
 
     @property
     def allocator(self) -> Allocator:

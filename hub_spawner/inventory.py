@@ -133,6 +133,7 @@ class GPUInventory(LoggingConfigurable):
 
     _cards: list[Card] | None = None
     _error: str | None = None
+    _failing: dict[int, str] = {}  # cards NVML listed but could not query at discovery, by index
 
     @property
     def cards(self) -> list[Card]:
@@ -162,6 +163,7 @@ class GPUInventory(LoggingConfigurable):
         per_gpu = per_gpu or {}
         devices: list[GPU] = []
         problems: list[str] = [self.error] if self.error else []
+        problems += self._failing.values()
         for card in self.cards:
             g = card.gpu
             wanted = per_gpu.get(g.uuid, per_gpu.get(str(g.index), isolation))
@@ -186,6 +188,30 @@ class GPUInventory(LoggingConfigurable):
                 devices.append(dataclasses.replace(g, isolation=wanted))
         return devices, problems
 
+    def down(self, devices: list[GPU]) -> dict[str, str]:
+        """Which of ``devices`` cannot take a slice now, and why: ``{uuid: why}`` for each
+        whose card no longer answers NVML (fell off the bus, or :data:`nvml.FAIL_ENV` names
+        it; a simulated card only then). One NVML query per card, made now (milliseconds
+        on a working card); a MIG instance is down with its card.
+        """
+        out: dict[str, str] = {}
+        asked: dict[int, str | None] = {}
+        for d in devices:
+            if d.node is not None:
+                continue  # a Kubernetes node's device: its arbiter reports on it
+            if d.index not in asked:
+                if d.simulated:
+                    asked[d.index] = nvml.injected_failure(d.uuid, d.index)
+                else:
+                    try:
+                        nvml.device_usage(d.index)
+                        asked[d.index] = None
+                    except nvml.NVMLUnavailable as e:
+                        asked[d.index] = str(e)
+            if asked[d.index] is not None:
+                out[d.uuid] = asked[d.index]
+        return out
+
     def _discover(self) -> list[Card]:
         if self.source == "nodes":
             self.log.info("vGPU inventory: from the node arbiters' reports (GPUInventory.source = 'nodes')")
@@ -199,7 +225,11 @@ class GPUInventory(LoggingConfigurable):
             )
             return cards
         try:
-            found = nvml.list_gpus()
+            found, failing = nvml.survey()
+            self._failing = {
+                i: f"GPU {i} takes no slice: {why} (restart the Hub once it answers)"
+                for i, why in failing.items()
+            }
             cards = []
             for g in found:
                 gpu = GPU(g.index, g.uuid, g.name, g.memory_total, simulated=False)

@@ -84,6 +84,10 @@ class Allocator:
         self.overcommit_ratio = float(overcommit_ratio)
         self.unavailable = unavailable or "no GPU was found"
         self.placements: dict[str, Placement] = {}
+        #: Devices that take no new slice now, and why (``{uuid: why}``: a card that no
+        #: longer answers NVML); set by the Hub before each placement
+        #: (:meth:`hub_spawner.config.VGPUHub.check_devices`). Slices already on them stay.
+        self.down: dict[str, str] = {}
 
     @property
     def shared(self) -> list[GPU]:
@@ -186,6 +190,7 @@ class Allocator:
             if self.free(g, excluding=key) >= memory_limit
             and self.free_request(g, excluding=key) >= request
             and (only is None or only(g))
+            and g.uuid not in self.down
         ]
         if not fits:
             raise PlacementError(self._refusal(key, memory_limit, request, only))
@@ -250,11 +255,14 @@ class Allocator:
                 f"quota of {format_size(max_memory)}; choose a smaller profile or ask an admin."
             )
         taken = {p.gpu_uuid for p in self.placements.values() if p.key != key}
-        free = [g for g in candidates if g.memory <= max_memory and g.uuid not in taken]
+        free = [g for g in candidates if g.memory <= max_memory and g.uuid not in taken | self.down.keys()]
         if not free:
             what = f"of profile {profile}" if profile else f"within your quota of {format_size(max_memory)}"
+            down = sorted({self.down[g.uuid] for g in candidates if g.uuid in self.down})
+            state = "taken or on a card that takes no slice now" if down else "taken"
+            why = f": {'; '.join(down)}" if down else ""
             raise PlacementError(
-                f"Every MIG instance {what} is taken ({len(candidates)} on this hub). "
+                f"Every MIG instance {what} is {state} ({len(candidates)} on this hub{why}). "
                 "Try again when others stop their servers, or choose another profile."
             )
         chosen = min(free, key=lambda g: (-g.memory if profile is None else 0, g.index, g.uuid))
@@ -324,6 +332,9 @@ class Allocator:
         lines = [f"No GPU has room for a {format_size(memory_limit)} vGPU slice{guaranteed}:"]
         for g in self.shared:
             if only is not None and not only(g):
+                continue
+            if g.uuid in self.down:
+                lines.append(f"{g.label} ({g.name}) takes no slice now: {self.down[g.uuid]}.")
                 continue
             lines.append(
                 f"{g.label} ({g.name}) has {format_size(max(self.free(g, excluding=key), 0))} left of "

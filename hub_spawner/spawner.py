@@ -101,6 +101,7 @@ class VGPUSpawnerMixin(HasTraits):
         """
         hub = self.vgpu_hub
         allocator = hub.allocator
+        hub.check_devices()  # a card that stopped answering NVML takes no new slice
         quota = self.vgpu_resolve()
         try:
             profile = options.requested_profile(self.user_options)

@@ -14,6 +14,7 @@ executor while the Hub lists GPUs.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 _lock = threading.Lock()
@@ -136,31 +137,68 @@ def driver_version() -> str:
         raise NVMLUnavailable(f"NVML query failed: {e}") from None
 
 
-def list_gpus() -> list[GPUInfo]:
-    """Every GPU on this host, in NVML index order.
+#: Environment variable naming cards whose NVML queries fail as a card's do when it has
+#: fallen off the bus: NVML indexes or UUIDs, comma-separated. For testing what one failing
+#: card does to the others on a real host; read by the process that queries (the Hub's
+#: inventory, the node arbiter), whose environment only its admin sets.
+FAIL_ENV = "JUPYTER_VGPU_NVML_FAIL"
+
+
+def injected_failure(uuid: str, index: int | None = None) -> str | None:
+    """Why card ``uuid`` (NVML ``index``) is to fail its NVML queries (:data:`FAIL_ENV`
+    names it), or None. Also asked for simulated cards, which have no NVML behind them."""
+    named = {n.strip() for n in os.environ.get(FAIL_ENV, "").split(",") if n.strip()}
+    if uuid in named or (index is not None and str(index) in named):
+        return f"the card does not answer NVML ({FAIL_ENV} names it)"
+    return None
+
+
+def survey() -> tuple[list[GPUInfo], dict[int, str]]:
+    """``(gpus, failing)``: every GPU on this host that answers NVML, in index order, and
+    why each one that does not fails, by NVML index (a card that fell off the bus, or
+    one :data:`FAIL_ENV` names). One failing card leaves the others listed.
 
     Raises:
-        NVMLUnavailable: no NVIDIA driver.
+        NVMLUnavailable: no NVIDIA driver, or NVML cannot count the GPUs.
     """
     nv = _nvml()
-    gpus = []
     try:
-        for index in range(nv.nvmlDeviceGetCount()):
+        count = nv.nvmlDeviceGetCount()
+    except nv.NVMLError as e:
+        raise NVMLUnavailable(f"NVML query failed: {e}") from None
+    gpus, failing = [], {}
+    for index in range(count):
+        try:
             handle = nv.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            why = injected_failure(uuid, index)
+            if why is not None:
+                failing[index] = why
+                continue
             memory = nv.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(
                 GPUInfo(
                     index=index,
-                    uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+                    uuid=uuid,
                     name=_text(nv.nvmlDeviceGetName(handle)),
                     memory_total=int(memory.total),
                     memory_used=int(memory.used),
                     mig_enabled=_mig_enabled(nv, handle),
                 )
             )
-    except nv.NVMLError as e:
-        raise NVMLUnavailable(f"NVML query failed: {e}") from None
-    return gpus
+        except nv.NVMLError as e:
+            failing[index] = f"NVML query failed: {e}"
+    return gpus, failing
+
+
+def list_gpus() -> list[GPUInfo]:
+    """Every GPU on this host that answers NVML, in index order (:func:`survey` says why
+    any other fails).
+
+    Raises:
+        NVMLUnavailable: no NVIDIA driver.
+    """
+    return survey()[0]
 
 
 def _mig_enabled(nv, handle) -> bool:
@@ -231,10 +269,27 @@ def _full_gpu_sms(nv, handle) -> int | None:
 def _handle(nv, gpu: str | int):
     try:
         if isinstance(gpu, int):
-            return nv.nvmlDeviceGetHandleByIndex(gpu)
-        return nv.nvmlDeviceGetHandleByUUID(gpu)
+            handle = nv.nvmlDeviceGetHandleByIndex(gpu)
+        else:
+            handle = nv.nvmlDeviceGetHandleByUUID(gpu)
+        if os.environ.get(FAIL_ENV):
+            why = injected_failure(_text(nv.nvmlDeviceGetUUID(handle)), _index(nv, handle))
+            if why is not None:
+                raise NVMLUnavailable(f"GPU {gpu!r}: {why}")
+        return handle
     except nv.NVMLError as e:
         raise NVMLUnavailable(f"no GPU {gpu!r}: {e}") from None
+
+
+def _index(nv, handle) -> int | None:
+    """The NVML index of a GPU's handle; a MIG instance's is its parent's."""
+    try:
+        return int(nv.nvmlDeviceGetIndex(handle))
+    except nv.NVMLError:
+        try:
+            return int(nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)))
+        except nv.NVMLError:
+            return None
 
 
 def process_memory(gpu: str | int) -> dict[int, int]:

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from jupyter_vgpu.host import cgroups
+from jupyter_vgpu.nvml import NVMLUnavailable
 
 from . import books, cards, handoff, mps, namespaces, protocol, safe_dirs, slurm
 from .books import PAUSED, Kernel, Reason
@@ -92,6 +93,8 @@ class Arbiter(Registry):
         self.metrics = Metrics()
         self.decisions = DecisionLog()
         self.decide = self.decisions.add
+        #: Cards that did not answer at the last look, and why (:meth:`card_down`).
+        self.cards_down: dict[str, str] = {}
         self.locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)  # by card
         self._changed: asyncio.Condition | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -130,15 +133,39 @@ class Arbiter(Registry):
         return None
 
     async def read(self, uuid: str) -> Reading:
-        """The card now; on a real card every kernel's ``resident`` is updated from NVML."""
+        """The card now; on a real card every kernel's ``resident`` is updated from NVML.
+        Whether the card answered is noted (:meth:`card_down`).
+
+        Raises:
+            jupyter_vgpu.nvml.NVMLUnavailable: the card does not answer (:func:`.cards.read`).
+        """
         kernels = self.on_card(uuid)
         reported = {k.pid: k.resident for k in kernels}
         total = self.simulated_total(uuid)
-        reading = await asyncio.get_running_loop().run_in_executor(None, cards.read, uuid, total, reported)
+        index = next((k.slice.gpu_index for k in kernels), None)
+        loop = asyncio.get_running_loop()
+        try:
+            reading = await loop.run_in_executor(None, cards.read, uuid, total, reported, index)
+        except NVMLUnavailable as e:
+            self.card_down(uuid, str(e))
+            raise
+        self.card_down(uuid, None)
         if total is None:
             for k in kernels:
                 k.resident = reading.processes.get(k.pid, 0)
         return reading
+
+    def card_down(self, uuid: str, why: str | None) -> None:
+        """Note whether card ``uuid`` answers (``why``: None) or not (why not); a change
+        is a decision (``card unreadable``, ``card back``) and a log line, once."""
+        if why == self.cards_down.get(uuid):
+            return
+        if why is None:
+            del self.cards_down[uuid]
+            self.decide("card back", gpu=uuid, message="the card answers NVML again")
+        else:
+            self.cards_down[uuid] = why
+            self.decide("card unreadable", gpu=uuid, message=why)
 
     def node_figures(self) -> dict:
         """The node's tiers now (:meth:`.tiering.Tiering.node_figures`)."""
@@ -359,7 +386,10 @@ class Arbiter(Registry):
                 kernels = self.on_card(uuid)
                 if not books.quiet(kernels):
                     continue  # a cell runs on this card: background work waits (books.quiet)
-                reading = await self.read(uuid)
+                try:
+                    reading = await self.read(uuid)
+                except NVMLUnavailable:
+                    continue  # the other cards' work goes on (read noted why)
                 todo = books.ahead_of_time(kernels, reading.used, reading.total, self.config.watermark, now)
                 if self.checkpoint is not None and self.config.suspend_after > 0:
                     todo += [

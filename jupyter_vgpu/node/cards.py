@@ -30,7 +30,9 @@ class Reading:
         return max(0, self.total - self.used)
 
 
-def read(uuid: str, simulated_total: int | None, reported: dict[int, int]) -> Reading:
+def read(
+    uuid: str, simulated_total: int | None, reported: dict[int, int], index: int | None = None
+) -> Reading:
     """The card ``uuid`` now.
 
     Args:
@@ -38,13 +40,19 @@ def read(uuid: str, simulated_total: int | None, reported: dict[int, int]) -> Re
         simulated_total: its memory when it is simulated (None: ask NVML).
         reported: bytes per PID as the kernels report them; the whole truth on a
             simulated card, ignored on a real one.
+        index: its NVML index (a simulated card's, from its slices).
 
     Raises:
-        jupyter_vgpu.nvml.NVMLUnavailable: the driver does not answer.
+        jupyter_vgpu.nvml.NVMLUnavailable: the driver does not answer for the card (a
+            simulated card: when ``JUPYTER_VGPU_NVML_FAIL`` names it).
     """
-    if simulated_total is not None:
-        return Reading(simulated_total, sum(reported.values()), dict(reported))
     from jupyter_vgpu import nvml
+
+    if simulated_total is not None:
+        why = nvml.injected_failure(uuid, index)  # a simulated card fails only when named
+        if why is not None:
+            raise nvml.NVMLUnavailable(f"GPU {uuid!r}: {why}")
+        return Reading(simulated_total, sum(reported.values()), dict(reported))
 
     used, total, _ = nvml.device_usage(uuid)
     return Reading(total, used, nvml.process_memory(uuid))

@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING
 
 from jupyter_vgpu.host import peers, procs
+from jupyter_vgpu.nvml import NVMLUnavailable
 from jupyter_vgpu.units import format_bytes
 
 from . import allowlist
@@ -174,6 +175,8 @@ class Enforcement:
         for uuid in sorted(await self.managed_cards()):
             try:
                 reading = await a.read(uuid)
+            except NVMLUnavailable:  # a.read noted it: a decision and a log line once, not every look
+                continue
             except Exception as e:
                 log.warning("cannot read GPU %s: %s", uuid, e)
                 continue

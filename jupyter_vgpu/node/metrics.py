@@ -42,7 +42,7 @@ class Metrics:
         self.prefetches = Counter(
             "jupyter_vgpu_prefetches",
             "Kernels brought back ahead of a cell the user was about to run, by outcome "
-            "(granted, no room, too soon, not away).",
+            "(granted, no room, too soon, not away, card unreadable).",
             ["gpu", "outcome"],
             registry=r,
         )

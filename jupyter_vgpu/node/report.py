@@ -42,9 +42,10 @@ def read_devices() -> tuple[list[dict], dict[str, dict[int, int]], list[str]]:
     processes: dict[str, dict[int, int]] = {}
     problems: list[str] = []
     try:
-        gpus = nvml.list_gpus()
+        gpus, failing = nvml.survey()
     except nvml.NVMLUnavailable as e:
         return [], {}, [f"NVML failed on this node: {e}"]
+    problems += [f"GPU {index} takes no slice: {why}" for index, why in failing.items()]
     for g in gpus:
         rows = []
         if g.mig_enabled:

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.nvml import NVMLUnavailable
 from jupyter_vgpu.units import format_bytes
 
 from . import books
@@ -117,7 +118,11 @@ class Rooms:
             if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
                 await deny("not away", "nothing to bring back: the kernel is on the GPU")
                 return
-            reading = await a.read(uuid)
+            try:
+                reading = await a.read(uuid)
+            except NVMLUnavailable as e:
+                await deny("card unreadable", f"GPU {kernel.slice.gpu_index} does not answer: {e}")
+                return
             others = [k for k in a.on_card(uuid) if k is not kernel]
             short = books.prefetch_short(kernel, reading.free, reading.total, others, a.config.watermark)
             if short > 0:
@@ -158,18 +163,28 @@ class Rooms:
             if a.conns.get(conn.pid) is not conn:
                 return  # the kernel left: nobody to make room for
             notes: list[str] = []  # why victims stayed where they are
-            async with a.locks[uuid]:
-                short, reading = await self.make_room(kernel, uuid, tell, notes)
-                # the kernel's word (``restore``) or the books: whichever says the driver holds
-                # it, the driver is asked (a kernel reports itself active as soon as its cell
-                # starts, before its room)
-                held = purpose == "restore" or kernel.state == SUSPENDED
-                restoring = short <= 0 and held and a.checkpoint is not None
-                if short <= 0:  # its room is its own from here: a kernel running, as the books see it
-                    was = kernel.state
-                    others = [k for k in a.on_card(uuid) if k is not kernel]
-                    kernel.granted = books.growth(kernel, reading.free, others)
-                    kernel.state, kernel.since = ACTIVE, time.monotonic()
+            try:
+                async with a.locks[uuid]:
+                    short, reading = await self.make_room(kernel, uuid, tell, notes)
+                    # the kernel's word (``restore``) or the books: whichever says the driver holds
+                    # it, the driver is asked (a kernel reports itself active as soon as its cell
+                    # starts, before its room)
+                    held = purpose == "restore" or kernel.state == SUSPENDED
+                    restoring = short <= 0 and held and a.checkpoint is not None
+                    if short <= 0:  # its room is its own from here: a kernel running, as the books see it
+                        was = kernel.state
+                        others = [k for k in a.on_card(uuid) if k is not kernel]
+                        kernel.granted = books.growth(kernel, reading.free, others)
+                        kernel.state, kernel.since = ACTIVE, time.monotonic()
+            except NVMLUnavailable as e:  # the card stopped answering: the kernel waits, told why
+                message = f"GPU {kernel.slice.gpu_index} does not answer: {e}; waiting for it"
+                if time.monotonic() >= deadline:
+                    a.decide("denied", server=kernel.server.key, gpu=uuid, message=message)
+                    await a.sessions.send(conn, {"type": "deny", "id": rid, "message": message})
+                    return
+                await tell(message)
+                await a.wait_for_change(1.0)
+                continue
             if restoring:
                 # outside the card's lock: a restore that hangs holds up no other kernel. A word
                 # each second while the driver restores (tens of seconds for tens of GiB): the

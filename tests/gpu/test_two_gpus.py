@@ -253,3 +253,34 @@ def test_a_process_that_takes_the_other_card_is_caught_and_ended(tmp_path):
     finally:
         kernel.shutdown()
         arbiter.stop()
+
+
+def test_a_card_that_stops_answering_nvml_leaves_the_other_cards_kernels_running(tmp_path):
+    """The second card's NVML queries fail (``JUPYTER_VGPU_NVML_FAIL`` in the arbiter's
+    environment, as they fail for a card that fell off the bus): a kernel on the first
+    card runs and is checked by the watchdog as before; one on the second waits saying
+    why and fails readably after the queue timeout; the decision log says which card."""
+    first, second = CARDS[:2]
+    arbiter = ArbiterProcess(tmp_path, "--queue-timeout=5", env={nvml.FAIL_ENV: second.uuid}).start()
+    kernels = []
+    try:
+        for card in (first, second):
+            slice_ = Slice(card.uuid, card.index, card.name, card.memory_total, 8 * GiB, 100)
+            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket), **slice_.environment())
+            kernel = Kernel(tmp_path, env, load_extension=True)
+            with arbiter.control() as c:
+                c.register(kernel.pid, f"user{card.index}", "", slice_)
+            kernels.append(kernel)
+        out = kernels[0].run(WHERE, timeout=300)
+        assert json.loads(out.strip().splitlines()[-1])["uuid"] == first.uuid, out
+        wait_for(lambda: (arbiter.kernel(kernels[0].pid) or {}).get("resident", 0) >= GiB, 30,
+                 "the watchdog to read the first card's kernel")  # fmt: skip
+        out = kernels[1].run(WHERE, timeout=300)
+        assert f"GPU {second.index} does not answer" in out, out[-2000:]
+        assert "MemoryError" in out, out[-2000:]
+        decisions = arbiter.books()["decisions"]
+        assert [d["gpu"] for d in decisions if d["what"] == "card unreadable"] == [second.uuid], decisions
+    finally:
+        for kernel in kernels:
+            kernel.shutdown()
+        arbiter.stop()

@@ -85,3 +85,27 @@ def test_isolation_per_hub_and_per_gpu():
 def test_bad_simulated_profiles_are_refused(bad):
     with pytest.raises(TraitError):
         inventory(simulate=True, simulated_mig_profiles=bad)
+
+
+def test_a_card_that_stops_answering_nvml_takes_no_new_slice_until_it_answers_again(monkeypatch):
+    """A card whose NVML queries fail (as one that fell off the bus: here named in
+    JUPYTER_VGPU_NVML_FAIL, which simulated cards honour too) takes no new slice; the
+    Hub says so and places on the others; once it answers, it takes slices again."""
+    from jupyter_vgpu.testing.waiting import wait_for
+
+    config = Config({"GPUInventory": {"simulate": True, "simulated_mig_profiles": {"2": ["1g.10gb"]}}})
+    config.GPUInventory.simulated_count = 3
+    hub = VGPUHub(config=config)
+    hub.inventory = GPUInventory(config=config)
+    monkeypatch.setenv(nvml.FAIL_ENV, "1,2")
+    down = hub.check_devices()
+    assert sorted(down) == sorted(g.uuid for g in hub.allocator.gpus if g.index in (1, 2))  # MIG too
+    assert any(p.startswith("GPU 1 (") and "takes no new slice: the card does not answer NVML" in p
+               for p in hub.problems)  # fmt: skip
+    assert [hub.allocator.place(f"u{i}/", 8 * GiB, 10, "spread").index for i in range(3)] == [0, 0, 0]
+    with pytest.raises(PlacementError, match="takes no slice now"):
+        hub.allocator.place_instance("m/", "1g.10gb", 80 * GiB)
+    monkeypatch.delenv(nvml.FAIL_ENV)
+    wait_for(lambda: not hub.check_devices(), 10, "the cards to take slices again")
+    assert hub.allocator.place("v/", 8 * GiB, 10, "spread").index == 1
+    assert not [p for p in hub.problems if "takes no new slice" in p]

@@ -79,3 +79,51 @@ def test_mig_instances_are_listed_only_in_mig_mode():
             assert 0 < m.memory_total < g.memory_total
             assert m.profile[0].isdigit()
             assert m.compute_percent is None or 1 <= m.compute_percent <= 100
+
+
+class _TwoCards:
+    """Stands in for pynvml's module on a host of two cards whose second fell off the
+    bus (its queries fail with NVML's error, as the driver's do then): what the survey
+    does with a failing card, on a machine without cards. On a real host,
+    tests/gpu/test_two_gpus.py fails a card through JUPYTER_VGPU_NVML_FAIL instead."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    class _Memory:
+        total, used = 80 * 2**30, 2**30
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}"
+
+    def nvmlDeviceGetName(self, handle):
+        return "H100"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        if handle == 1:
+            raise self.NVMLError("GPU is lost")
+        return self._Memory()
+
+    def nvmlDeviceGetMigMode(self, handle):
+        raise self.NVMLError("Not Supported")
+
+
+def test_one_failing_card_leaves_the_others_listed_and_says_why(monkeypatch):
+    monkeypatch.setitem(nvml._state, "pynvml", _TwoCards())
+    gpus, failing = nvml.survey()
+    assert [g.uuid for g in gpus] == ["GPU-0"]
+    assert failing == {1: "NVML query failed: GPU is lost"}
+    assert [g.uuid for g in nvml.list_gpus()] == ["GPU-0"]
+    monkeypatch.setenv(nvml.FAIL_ENV, "GPU-0")  # and one named as failing
+    gpus, failing = nvml.survey()
+    assert gpus == []
+    assert set(failing) == {0, 1}
+    assert "JUPYTER_VGPU_NVML_FAIL" in failing[0]

@@ -179,3 +179,28 @@ def test_a_quota_change_never_resizes_a_mig_instance():
     a.place_instance("a/", "1g.10gb", max_memory=10 * GiB)
     a.check_resize("a/", 50 * GiB)
     assert a.resize("a/", 50 * GiB, 100).memory_limit == 10 * GiB
+
+
+def test_a_card_out_of_service_takes_no_slice_and_the_refusal_says_why():
+    a = Allocator(gpus(2))
+    a.down = {"GPU-1": "the card does not answer NVML"}
+    chosen = [
+        a.place(f"u{i}/", 10 * GiB, 10, policy).index for i, policy in enumerate(["spread", "binpack"] * 2)
+    ]
+    assert chosen == [0, 0, 0, 0]  # spread too: GPU 1 is empty but takes nothing
+    with pytest.raises(PlacementError) as refused:
+        a.place("big/", 60 * GiB, 100)  # GPU 0 has 40 GiB left, GPU 1 would have room
+    assert "GPU 1 (H100) takes no slice now: the card does not answer NVML" in str(refused.value)
+    assert "big/" not in a.placements  # nothing stored
+    a.down = {}  # the card answers again
+    assert a.place("big/", 60 * GiB, 100).index == 1
+
+
+def test_mig_instances_of_a_card_out_of_service_are_not_given():
+    a = Allocator(instances("1g.10gb", "1g.10gb"))
+    a.down = {"MIG-0": "the card does not answer NVML"}
+    assert a.place_instance("a/", "1g.10gb", 80 * GiB).uuid == "MIG-1"
+    with pytest.raises(
+        PlacementError, match=r"taken or on a card that takes no slice now \(2 on this hub: the card does not"
+    ):
+        a.place_instance("b/", "1g.10gb", 80 * GiB)
