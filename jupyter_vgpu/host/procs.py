@@ -72,6 +72,17 @@ def start_time(pid: int) -> int | None:
     return None if st is None or st.state in ("Z", "X") else st.start
 
 
+def resident_bytes(pid: int) -> int | None:
+    """Host memory process ``pid`` has resident (its RSS: ``/proc/<pid>/statm``'s second
+    field, pages, times the page size), bytes; None when it cannot be read (gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
     st = stat(pid)

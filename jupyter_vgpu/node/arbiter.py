@@ -46,7 +46,7 @@ import os
 import time
 from pathlib import Path
 
-from jupyter_vgpu.host import cgroups
+from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.nvml import NVMLUnavailable
 
 from . import books, cards, handoff, mps, namespaces, protocol, safe_dirs, slurm
@@ -213,6 +213,7 @@ class Arbiter(Registry):
                     "paused_bytes": k.paused_bytes,
                     "host_bytes": k.host_bytes,
                     "disk_bytes": k.disk_bytes,
+                    "process_bytes": procs.resident_bytes(k.pid),
                     "tier": k.tier,
                     "budget": k.budget,
                     "gpu_uuid": k.slice.gpu_uuid,

@@ -84,6 +84,11 @@ class Metrics:
         self.host_bytes = Gauge(
             "jupyter_vgpu_host_bytes", "Host memory paused and suspended kernels hold, bytes.", registry=r
         )
+        self.process_bytes = Gauge(
+            "jupyter_vgpu_kernel_process_bytes",
+            "Host memory the kernel processes have resident (their RSS, summed), bytes.",
+            registry=r,
+        )
         self.host_limit = Gauge(
             "jupyter_vgpu_host_limit_bytes", "The node's host memory budget for paused kernels.", registry=r
         )

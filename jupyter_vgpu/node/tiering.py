@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from jupyter_vgpu import failpoints
+from jupyter_vgpu.host import procs
 from jupyter_vgpu.host.meminfo import meminfo
 from jupyter_vgpu.units import format_bytes
 
@@ -345,6 +346,7 @@ class Tiering:
         figures = self.node_figures()
         m = a.metrics
         m.host_bytes.set(figures["host_used"])
+        m.process_bytes.set(sum(procs.resident_bytes(k.pid) or 0 for k in a.kernels))
         m.host_limit.set(figures["host_limit"])
         m.disk_bytes.set(figures["disk_used"])
         for tier, n in figures["tiers"].items():

@@ -192,3 +192,16 @@ def test_bad_messages_get_a_clear_answer_and_change_nothing(arbiter, two):
     assert arbiter.kernel(ada.pid)["budget"] == 600 * MiB
     with arbiter.control() as c, pytest.raises(ControlError, match="slice"):
         c._ask({"type": "register", "pid": 1, "user": "x", "server": "", "slice": {"gpu_uuid": 3}})
+
+
+def test_the_books_show_each_kernel_processs_own_host_memory(arbiter, two):
+    """A kernel's process holds host memory of its own (its libraries, its objects, its
+    paused data): the books show its RSS, measured by the arbiter, not said by the kernel."""
+    ada, _ = two
+    ada.run("import numpy as np\nheld = np.ones(256 * 2**20, dtype=np.uint8)")
+    entry = wait_for(
+        lambda: (e := arbiter.kernel(ada.pid)) and (e.get("process_bytes") or 0) >= 256 * MiB and e,
+        30,
+        "ada's 256 MiB array in her process's memory in the books",
+    )
+    assert entry["process_bytes"] < 4 * GiB, entry
