@@ -24,6 +24,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from jupyter_vgpu.host import procs
+
 #: Accounts' names start with this, so that no demo user gets an existing account.
 PREFIX = "vgpu-"
 #: The longest account name ``useradd`` takes.
@@ -123,6 +125,19 @@ def processes_of(uid: int) -> list[int]:
     return found
 
 
+def _still_running(uid: int, reaped_within: float = 10.0) -> list[int]:
+    """The processes running as ``uid``, once those that have ended are reaped: a process
+    just ended (the demo's stop, a cgroup emptied) stays a zombie until its parent, or
+    init, reaps it, and ``userdel`` refuses an account any process still names. Waits up
+    to ``reaped_within`` seconds while every one left is such a zombie."""
+    deadline = time.monotonic() + reaped_within
+    busy = processes_of(uid)
+    while busy and time.monotonic() < deadline and all(procs.running(p) is False for p in busy):
+        time.sleep(0.1)
+        busy = processes_of(uid)
+    return busy
+
+
 def remove(names: list[str]) -> tuple[list[str], list[str]]:
     """Remove the system accounts ``names`` (``userdel``: the account and its group), each
     where it exists and no process runs as it. Give it only accounts the demo recorded
@@ -137,7 +152,7 @@ def remove(names: list[str]) -> tuple[list[str], list[str]]:
             account = pwd.getpwnam(name)
         except KeyError:
             continue  # gone already
-        busy = processes_of(account.pw_uid)
+        busy = _still_running(account.pw_uid)
         if busy:
             kept.append(f"{name}: processes {', '.join(map(str, busy[:5]))} still run as it")
             continue
