@@ -60,14 +60,9 @@ def commit() -> tuple[str | None, bool | None]:
 
 def host_memory_bytes() -> int | None:
     """``MemTotal`` of /proc/meminfo, bytes (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    from jupyter_vgpu.host.meminfo import meminfo
+
+    return meminfo().get("MemTotal")
 
 
 def gpus() -> dict:

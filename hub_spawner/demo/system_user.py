@@ -132,7 +132,7 @@ def _still_running(uid: int, reaped_within: float = 10.0) -> list[int]:
     to ``reaped_within`` seconds while every one left is such a zombie."""
     deadline = time.monotonic() + reaped_within
     busy = processes_of(uid)
-    while busy and time.monotonic() < deadline and all(procs.running(p) is False for p in busy):
+    while busy and time.monotonic() < deadline and not any(procs.running(p) for p in busy):
         time.sleep(0.1)
         busy = processes_of(uid)
     return busy

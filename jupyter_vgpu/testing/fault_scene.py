@@ -223,10 +223,16 @@ def kill(pid: int, how: str) -> None:
 
 
 def start_kernel(
-    tmp_path: Path, arbiter: ArbiterProcess, user: str, env: dict | None = None, args: tuple[str, ...] = ()
+    tmp_path: Path,
+    arbiter: ArbiterProcess,
+    user: str,
+    env: dict | None = None,
+    args: tuple[str, ...] = (),
+    slice_: Slice = SLICE,
 ) -> Kernel:
     """A kernel of ``user`` under ``arbiter`` (registered over the socket, as a standalone
-    arbiter's harness does), its slice :data:`SLICE`; ``args``: the kernel's settings."""
+    arbiter's harness does), its slice ``slice_`` (:data:`SLICE`); ``args``: the kernel's
+    settings."""
     chan = tmp_path / f"channel-{user}-{time.monotonic_ns()}"
     chan.mkdir()
     kernel = Kernel(
@@ -243,7 +249,7 @@ def start_kernel(
     kernel.channel = chan
     kernel.user = user
     with arbiter.control() as c:
-        c.register(kernel.pid, user, "", SLICE)
+        c.register(kernel.pid, user, "", slice_)
     wait_for(lambda: arbiter.kernel(kernel.pid), 30, f"{user}'s kernel to join the arbiter")
     return kernel
 

@@ -6,8 +6,8 @@ and the decision log says once which card stopped answering."""
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing import fault_scene as scene
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
-from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.waiting import wait_for
 
 MiB, GiB = 2**20, 2**30
@@ -15,27 +15,12 @@ UP = Slice("GPU-sim-up", 0, "Simulated card", GiB, 600 * MiB, 50, simulated=True
 DOWN = UP.replace(gpu_uuid="GPU-sim-down", gpu_index=1)
 
 
-def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice) -> Kernel:
-    chan = tmp_path / f"channel-{user}"
-    chan.mkdir()
-    env = {
-        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
-        "JUPYTER_VGPU_CHANNEL": str(chan),
-        "JUPYTER_VGPU_SLICE": "",
-    }
-    kernel = Kernel(tmp_path, env)
-    with arbiter.control() as c:
-        c.register(kernel.pid, user, "", slice_)
-    wait_for(lambda: arbiter.kernel(kernel.pid), 30, f"{user}'s kernel to join the arbiter")
-    return kernel
-
-
 def test_a_card_that_stops_answering_leaves_the_other_cards_kernels_running(tmp_path):
     arbiter = ArbiterProcess(
         tmp_path, "--queue-timeout=3", "--ArbiterApp.poll_seconds=0.2", env={nvml.FAIL_ENV: "GPU-sim-down"}
     ).start()
-    ada = start_kernel(tmp_path, arbiter, "ada", UP)
-    bob = start_kernel(tmp_path, arbiter, "bob", DOWN)
+    ada = scene.start_kernel(tmp_path, arbiter, "ada", slice_=UP)
+    bob = scene.start_kernel(tmp_path, arbiter, "bob", slice_=DOWN)
     try:
         assert ada.run("print(1 + 1)").strip() == "2"
         out = bob.run("print('must not run')")

@@ -88,6 +88,8 @@ def test_a_worker_ends_when_its_arbiter_does_even_inside_a_call(standin):
     try:
         worker = int(owner.stdout.readline())
         assert procs.running(worker)
+        # its second thread, the watch on its parent, is up: past its start, into its calls
+        wait_for(lambda: len(os.listdir(f"/proc/{worker}/task")) >= 2, 30, "the worker to start")
         os.kill(owner.pid, signal.SIGKILL)  # the arbiter dies while its worker is inside the call
         owner.wait(10)
         wait_for(lambda: not procs.running(worker), 10, "the worker to end with its arbiter")
