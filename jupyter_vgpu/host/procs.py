@@ -83,6 +83,21 @@ def resident_bytes(pid: int) -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def private_bytes(pid: int | str) -> int | None:
+    """Host memory process ``pid`` alone holds: its resident anonymous memory (``RssAnon``
+    of ``/proc/<pid>/status``: heap, stacks, private mappings; not the pages of its
+    libraries, which every process that maps them shares), bytes; None when it cannot be
+    read (gone, a kernel without the field). ``pid`` may be ``"self"``."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
     st = stat(pid)

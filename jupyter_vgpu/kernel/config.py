@@ -69,6 +69,15 @@ class VGPUKernel(Configurable):
         its memory available.""",
     ).tag(config=True)
 
+    trim_when_paused = Bool(
+        True,
+        help="""Once paused, give the host back what the kernel's process holds and needs for
+        nothing until its next cell: pinned slabs kept warm past those holding its paused
+        data, PyTorch's cache of pinned memory, and the free pages inside the C heap
+        (glibc's ``malloc_trim``). Its next pause may pin again (or pins ahead once it is
+        idle after a cell: ``prepare_pinned``).""",
+    ).tag(config=True)
+
     prepare_after = Float(
         2.0, help="Seconds of idleness after a cell before the kernel pins ahead (prepare_pinned)."
     ).tag(config=True)

@@ -8,14 +8,18 @@ pins the pinned slabs it stores into on the way (slow); once it has been idle a 
 after a cell, a thread pins them ahead (:meth:`HostMemory.prepare_ahead`) within the
 node's host budget. The arbiter asks for them back (:meth:`HostMemory.trim`) when the
 host needs memory, and moves a paused kernel's data to disk (:meth:`HostMemory.spill`).
+Once paused, the kernel gives back on its own what its process holds and needs for
+nothing until its next cell (:meth:`HostMemory.trim_while_paused`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
 
+from jupyter_vgpu.host import procs
 from jupyter_vgpu.host.meminfo import meminfo
 from jupyter_vgpu.units import format_bytes
 
@@ -65,6 +69,50 @@ class HostMemory:
             return 0
         with self._plain():
             return engine.trim()
+
+    def trim_while_paused(self) -> threading.Thread | None:
+        """Once the kernel is paused: give the host back what its process holds and needs
+        for nothing until its next cell, in a thread of its own (the pause's answer does
+        not wait for it): the pinned slabs kept warm past those that hold its paused data
+        (:meth:`.pause.engine.PauseEngine.trim`: its next pause pins them again, or pins
+        ahead once the kernel is idle after a cell, :meth:`prepare_ahead`), PyTorch's
+        cache of pinned memory with them, and the free pages inside the C heap (glibc's
+        ``malloc_trim(0)``: freed memory below the heap's top, which ``free`` keeps,
+        as after a cell that built and dropped many small objects). Its figures are
+        :attr:`last_trim`: ``private_before`` and ``private_after`` (the process's own
+        resident memory, :func:`jupyter_vgpu.host.procs.private_bytes`, bytes),
+        ``slabs`` (pinned bytes let go) and ``seconds``. Returns the thread, or None when
+        turned off (``VGPUKernel.trim_when_paused``) or not paused."""
+        if not self.config.trim_when_paused or self.gate.state != g.PAUSED:
+            return None
+        return run_in_thread(self._trim_paused, "trim")
+
+    def _trim_paused(self) -> None:
+        t0 = time.perf_counter()
+        before = procs.private_bytes("self")
+        slabs = 0
+        try:
+            engine = self.engine
+            if engine is not None and self.gate.state == g.PAUSED:  # not while coming back
+                with self._plain():
+                    slabs = engine.trim()
+        except Exception as e:  # the slabs stay warm; the heap is trimmed all the same
+            log.info("jupyter-vgpu: the paused kernel's pinned slabs stay: %s", e)
+        _malloc_trim()
+        after = procs.private_bytes("self")
+        self.last_trim = {
+            "private_before": before,
+            "private_after": after,
+            "slabs": slabs,
+            "seconds": time.perf_counter() - t0,
+        }
+        if before is not None and after is not None:
+            log.info(
+                "jupyter-vgpu: paused; the process gave back %s of its own memory (%s left) in %.2f s",
+                format_bytes(max(before - after, 0)),
+                format_bytes(after),
+                self.last_trim["seconds"],
+            )
 
     def prepare_ahead(self) -> threading.Thread | None:
         """After a cell, while the kernel stays idle: once it has been idle
@@ -137,3 +185,15 @@ class HostMemory:
             return False
         node = self.node_figures()  # None without an arbiter: nobody would count it
         return bool(node) and node["host_used"] + made + arena.slab_bytes <= node["host_limit"] // 2
+
+
+def _malloc_trim() -> None:
+    """Give the C heap's free pages back to the system: glibc's ``malloc_trim(0)``
+    (``man 3 malloc_trim``: since glibc 2.8 it releases free pages anywhere in the heap,
+    not only at its top); nothing where the C library has no such call (musl)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)

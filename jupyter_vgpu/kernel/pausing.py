@@ -58,6 +58,8 @@ import subprocess
 import threading
 from collections.abc import Callable
 
+from jupyter_vgpu.host import procs
+
 from . import gate as g
 from .blockers import Blockers
 from .coming_back import ComingBack
@@ -137,6 +139,8 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         self._left_idle = threading.Event()  # set whenever the kernel leaves ``idle``
         self._preparing: threading.Thread | None = None
         self._trimmed = False  # the arbiter took the warm slabs back: pin nothing ahead
+        #: what the last trim after a pause gave back (:meth:`trim_while_paused`), or None
+        self.last_trim: dict | None = None
 
     # -- state -----------------------------------------------------------------------------
 
@@ -203,6 +207,7 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         self.gate.away(work, to=g.PAUSED)
         self.last_refusal = None
         self._trimmed = False  # the slabs this pause pinned are kept warm again
+        self.trim_while_paused()
         return outcome
 
     def take_off(self) -> dict:
@@ -267,7 +272,8 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         False, or None where nothing is known: a simulated GPU, no CUDA yet),
         ``not_pausable`` (why not and what happens instead, or None), ``between_cells``
         (code of the user's that may run between cells, in words, or None),
-        ``unavailable``, ``refused``."""
+        ``unavailable``, ``refused``, ``private_bytes`` (the process's own resident
+        memory now, bytes) and ``last_trim`` (what it gave back once last paused)."""
         out = {
             "state": self.state,
             "paused_bytes": 0,
@@ -303,5 +309,7 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
             error=self.last_error,
             last_suspend_seconds=self.last_suspend_seconds,
             last_restore_seconds=self.last_restore_seconds,
+            private_bytes=procs.private_bytes("self"),
+            last_trim=self.last_trim,
         )
         return out

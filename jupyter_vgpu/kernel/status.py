@@ -144,6 +144,15 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
     if st.get("last_suspend_seconds") is not None:
         restore = _seconds(st.get("last_restore_seconds"))
         rows.append(("last suspend", f"{_seconds(st.get('last_suspend_seconds'))}, restore {restore}"))
+    if st.get("private_bytes") is not None:
+        text = f"{format_bytes(st['private_bytes'])} of host memory this process alone holds"
+        trim = st.get("last_trim") or {}
+        if trim.get("private_before") is not None and trim.get("private_after") is not None:
+            given = max(trim["private_before"] - trim["private_after"], 0)
+            text += f"; {format_bytes(given)} given back when last paused"
+            if trim.get("slabs"):
+                text += f", and {format_bytes(trim['slabs'])} of pinned memory"
+        rows.append(("own memory", text))
     return rows
 
 

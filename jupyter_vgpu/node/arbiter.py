@@ -214,6 +214,7 @@ class Arbiter(Registry):
                     "host_bytes": k.host_bytes,
                     "disk_bytes": k.disk_bytes,
                     "process_bytes": procs.resident_bytes(k.pid),
+                    "process_private_bytes": procs.private_bytes(k.pid),
                     "tier": k.tier,
                     "budget": k.budget,
                     "gpu_uuid": k.slice.gpu_uuid,

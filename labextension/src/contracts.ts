@@ -58,6 +58,16 @@ export interface IPauseStats {
    * back. Null when there is none.
    */
   between_cells?: string | null;
+  /**
+   * host memory the kernel process alone holds now (RssAnon of /proc/self/status), bytes; null
+   * where it cannot be read
+   */
+  private_bytes?: number | null;
+  /**
+   * what the kernel gave back once last paused (VGPUKernel.trim_when_paused); null before its
+   * first trim
+   */
+  last_trim?: { private_before: number | null; private_after: number | null; slabs: number; seconds: number; } | null;
 }
 
 /**

@@ -1,7 +1,7 @@
 """A kernel under a node arbiter that stays idle after a cell pins ahead the host memory
 its next pause stores into (``VGPUKernel.prepare_pinned``): its first pause then takes
-those slabs instead of pinning on the way, its data comes back bit-exact, and the
-arbiter's books count the slabs."""
+those slabs instead of pinning on the way (and lets go of those it did not fill), its
+data comes back bit-exact, and the arbiter's books count the slabs."""
 
 import json
 
@@ -54,7 +54,9 @@ def test_an_idle_kernel_pins_ahead_and_its_first_pause_pins_nothing_more(tmp_pat
             lambda: pause_figures(report).get("state") == "paused", what="the kernel paused by %vgpu pause"
         )
         figures = pause_figures(report)
-        assert figures["pinned_bytes"] == held, "the first pause pinned more on the way"
+        # no more on the way (once paused, the slabs its data does not fill are let go:
+        # VGPUKernel.trim_when_paused)
+        assert figures["pinned_bytes"] <= held, "the first pause pinned more on the way"
         assert figures["live_bytes"] >= GiB
         assert kernel.run("print(torch.equal(before, x.view(torch.int16).cpu()))").strip() == "True"
         held_by_books = arbiter.kernel(kernel.pid)["host_bytes"]

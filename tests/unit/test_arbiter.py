@@ -196,7 +196,8 @@ def test_bad_messages_get_a_clear_answer_and_change_nothing(arbiter, two):
 
 def test_the_books_show_each_kernel_processs_own_host_memory(arbiter, two):
     """A kernel's process holds host memory of its own (its libraries, its objects, its
-    paused data): the books show its RSS, measured by the arbiter, not said by the kernel."""
+    paused data): the books show its RSS, and the anonymous part of it that process alone
+    holds, measured by the arbiter, not said by the kernel."""
     ada, _ = two
     ada.run("import numpy as np\nheld = np.ones(256 * 2**20, dtype=np.uint8)")
     entry = wait_for(
@@ -205,3 +206,4 @@ def test_the_books_show_each_kernel_processs_own_host_memory(arbiter, two):
         "ada's 256 MiB array in her process's memory in the books",
     )
     assert entry["process_bytes"] < 4 * GiB, entry
+    assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry

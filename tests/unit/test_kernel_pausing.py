@@ -1,16 +1,20 @@
 """Pausing in real kernels, on a simulated GPU (the stand-in: states, gate and reports
 run for real, no memory moves): the kernel comes back before any of its code runs,
 messages that run no code leave it paused, and code of the user's that may run while
-the kernel is idle is named, not a reason to keep it on the card."""
+the kernel is idle is named, not a reason to keep it on the card; and a paused kernel
+gives the host back what its own process holds and needs for nothing until its next cell
+(``VGPUKernel.trim_when_paused``), measured from outside in the process's resident
+anonymous memory (``RssAnon``)."""
 
 import pytest
 
 from jupyter_vgpu import channel
+from jupyter_vgpu.host import procs
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.waiting import wait_for
 
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
 SLICE = Slice("GPU-sim-0", 0, "NVIDIA H100 80GB HBM3 (simulated)", 80 * GiB, 8 * GiB, 50, simulated=True)
 
 
@@ -22,8 +26,9 @@ def channel_dir(tmp_path):
     return d
 
 
-def start(tmp_path, channel_dir, **env) -> Kernel:
-    return Kernel(tmp_path, {"JUPYTER_VGPU_CHANNEL": str(channel_dir), "JUPYTER_VGPU_SLICE": "", **env})
+def start(tmp_path, channel_dir, args: tuple[str, ...] = (), **env) -> Kernel:
+    env = {"JUPYTER_VGPU_CHANNEL": str(channel_dir), "JUPYTER_VGPU_SLICE": "", **env}
+    return Kernel(tmp_path, env, args=args)
 
 
 def state(kernel: Kernel, channel_dir) -> str | None:
@@ -90,5 +95,50 @@ def test_a_user_thread_does_not_keep_the_kernel_from_a_pause_and_is_named(tmp_pa
         pausable = next(x for x in out.splitlines() if x.strip().startswith("pausable"))
         assert "yes" in pausable
         assert float(k.run("stop.set(); t.join(); print(acc.item())").strip()) > 0
+    finally:
+        k.shutdown()
+
+
+# -- the paused kernel's own memory: the cell builds about 400 MB of 4 kB buffers in the C
+# heap and drops 63 of every 64; the freed pages sit between live ones, where ``free``
+# keeps them, until ``malloc_trim``
+FRAGMENT = "blocks = [bytearray(4000) for _ in range(100_000)]\nkept = blocks[::64]\ndel blocks"
+
+
+def _fragmented(k) -> int:
+    base = procs.private_bytes(k.pid)
+    k.run(FRAGMENT)
+    held = procs.private_bytes(k.pid)
+    assert held - base >= 300 * MiB, (base, held)  # the freed buffers are still resident
+    return held
+
+
+def test_a_paused_kernel_gives_back_the_free_pages_of_its_heap(tmp_path, channel_dir):
+    k = start(tmp_path, channel_dir)
+    try:
+        held = _fragmented(k)
+        k.run("%vgpu pause")
+        wait_for(lambda: state(k, channel_dir) == "paused", what="the kernel paused after %vgpu pause")
+        wait_for(
+            lambda: procs.private_bytes(k.pid) < held - 250 * MiB,
+            30,
+            "the paused kernel's process to give back the free pages of its heap",
+        )
+        row = next(x for x in k.run("%vgpu status").splitlines() if x.strip().startswith("own memory"))
+        assert "given back when last paused" in row, row
+        assert k.run("print(len(kept), bytes(kept[-1][:3]))").strip() == "1563 b'\\x00\\x00\\x00'"  # intact
+    finally:
+        k.shutdown()
+
+
+def test_with_trim_when_paused_off_the_heap_keeps_its_free_pages(tmp_path, channel_dir):
+    k = start(tmp_path, channel_dir, args=("--VGPUKernel.trim_when_paused=False",))
+    try:
+        held = _fragmented(k)
+        k.run("%vgpu pause")
+        wait_for(lambda: state(k, channel_dir) == "paused", what="the kernel paused after %vgpu pause")
+        assert procs.private_bytes(k.pid) >= held - 100 * MiB  # nothing trims it: the pages stay
+        row = next(x for x in k.run("%vgpu status").splitlines() if x.strip().startswith("own memory"))
+        assert "given back" not in row, row
     finally:
         k.shutdown()
