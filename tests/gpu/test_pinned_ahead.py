@@ -57,6 +57,12 @@ def test_an_idle_kernel_pins_ahead_and_its_first_pause_pins_nothing_more(tmp_pat
         # no more on the way (once paused, the slabs its data does not fill are let go:
         # VGPUKernel.trim_when_paused)
         assert figures["pinned_bytes"] <= held, "the first pause pinned more on the way"
+        trim = wait_for(
+            lambda: pause_figures(report).get("last_trim"), what="the paused kernel's trim in its report"
+        )
+        print("trim once paused:", json.dumps(trim), "private now:", pause_figures(report)["private_bytes"])
+        assert trim["private_after"] is not None
+        assert trim["private_after"] <= trim["private_before"] + GiB // 8
         assert figures["live_bytes"] >= GiB
         assert kernel.run("print(torch.equal(before, x.view(torch.int16).cpu()))").strip() == "True"
         held_by_books = arbiter.kernel(kernel.pid)["host_bytes"]
