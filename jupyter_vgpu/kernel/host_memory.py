@@ -85,7 +85,16 @@ class HostMemory:
         turned off (``VGPUKernel.trim_when_paused``) or not paused."""
         if not self.config.trim_when_paused or self.gate.state != g.PAUSED:
             return None
-        return run_in_thread(self._trim_paused, "trim")
+        self._trimming = run_in_thread(self._trim_paused, "trim")
+        return self._trimming
+
+    def trimmed(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the trim after a pause to end: before the
+        driver's checkpoint locks the process, no thread of the package's own may be in a
+        driver call it started (freeing pinned memory), holding the engine's lock."""
+        trimming = self._trimming
+        if trimming is not None and trimming is not threading.current_thread():
+            trimming.join(timeout)
 
     def _trim_paused(self) -> None:
         t0 = time.perf_counter()
@@ -98,6 +107,8 @@ class HostMemory:
                     slabs = engine.trim()
         except Exception as e:  # the slabs stay warm; the heap is trimmed all the same
             log.info("jupyter-vgpu: the paused kernel's pinned slabs stay: %s", e)
+        if slabs:
+            self.gate.tell()  # the arbiter's books and the report count what is left
         _malloc_trim()
         after = procs.private_bytes("self")
         self.last_trim = {

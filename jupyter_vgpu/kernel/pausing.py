@@ -141,6 +141,7 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         self._trimmed = False  # the arbiter took the warm slabs back: pin nothing ahead
         #: what the last trim after a pause gave back (:meth:`trim_while_paused`), or None
         self.last_trim: dict | None = None
+        self._trimming: threading.Thread | None = None
 
     # -- state -----------------------------------------------------------------------------
 

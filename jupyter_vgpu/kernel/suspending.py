@@ -78,6 +78,7 @@ class Suspending:
                 engine = self._engine()
                 if engine is not None and engine.state == PauseState.ACTIVE:
                     engine.pause()
+        self.trimmed(self.config.gate_timeout)
         self._set_gate(vmm.SUSPENDED)
         children = sorted(self.gpu_children())
         self.suspend_need = checkpoint.footprint([*children, os.getpid()])
@@ -103,12 +104,11 @@ class Suspending:
         restores it when a message comes.
 
         Raises:
-            gate.Refused: the kernel is busy, pausing is turned off
-                (``VGPUKernel.pause``), or the kernel cannot be suspended (managed memory,
-                CUDA IPC: the message says why).
+            gate.Refused: the kernel is busy, or cannot be suspended (managed memory,
+                CUDA IPC: the message says why). A kernel with pausing turned off
+                (``VGPUKernel.pause``, a setting its user may write) is suspended whole:
+                nothing the user writes keeps a kernel on the card.
         """
-        if not self.config.pause:
-            raise g.Refused("pausing is turned off (VGPUKernel.pause)")
         reasons = self.blockers() if self.gate.state == g.IDLE else self._held_back()
         why = unsuspendable(reasons)
         if why:
@@ -131,6 +131,7 @@ class Suspending:
                         engine = self._engine()
                         if engine is not None and engine.state == PauseState.ACTIVE:
                             engine.pause()
+                self.trimmed(self.config.gate_timeout)
                 if not self.stand_in:
                     self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
             except BaseException:
