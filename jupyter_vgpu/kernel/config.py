@@ -34,9 +34,13 @@ class VGPUKernel(Configurable):
         value = os.environ.get(CHAOS_ENV, "").strip().lower()
         return {"1": "pause", "pause": "pause", "suspend": "suspend"}.get(value, "")
 
-    pause = Bool(True, help="Let the kernel be paused (its GPU memory moved to host memory) while idle.").tag(
-        config=True
-    )
+    pause = Bool(
+        True,
+        help="""Let the kernel be paused (its GPU memory moved to host memory by the kernel
+        itself) while idle. Turned off, the node arbiter suspends it whole instead when it
+        needs the room (the driver's checkpoint, from outside): the setting is the user's
+        to write, so it never keeps a kernel on the card.""",
+    ).tag(config=True)
 
     use_nvcomp = Bool(
         True, help="Compress on the GPU with nvCOMP when it is installed (jupyter-vgpu[gpu])."
