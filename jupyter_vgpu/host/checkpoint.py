@@ -269,16 +269,23 @@ def _restore(pids: list[int], need: dict[str, int] | None = None) -> int:
 HANG_ENV = "JUPYTER_VGPU_CHECKPOINT_HANG"
 
 
-def _end_with_parent() -> None:
-    """End this process (``os._exit``) as soon as the process that started it has ended,
-    whatever this process's main thread is doing: a driver call of a worker whose arbiter
-    died must not return later and act on processes that the next arbiter answers for. A
-    thread waits on a pidfd of the parent (Linux 5.3+; elsewhere it watches ``getppid``)."""
-    parent = os.getppid()
+def _end_with_parent(parent: int | None = None) -> None:
+    """End this process (``os._exit``) as soon as its parent has ended, whatever this
+    process's main thread is doing: a driver call of a worker whose arbiter died must not
+    return later and act on processes that the next arbiter answers for. A thread waits
+    on a pidfd of the parent (Linux 5.3+; elsewhere it watches ``getppid``).
+
+    ``parent`` is the PID of the process that started this one, as it said (the arbiter
+    passes its own): when that process ended before this one looked, this process was
+    handed to a subreaper, which ``getppid`` would name instead. The pidfd is taken
+    first and the parent checked after, so a PID reused meanwhile is never watched."""
+    parent = os.getppid() if parent is None else parent
     try:
         pidfd = os.pidfd_open(parent)
     except (OSError, AttributeError):
         pidfd = None
+    if parent == 1 or os.getppid() != parent:  # the parent ended before this process looked
+        os._exit(1)
 
     def watch() -> None:
         if pidfd is not None:
@@ -288,12 +295,10 @@ def _end_with_parent() -> None:
                 time.sleep(0.1)
         os._exit(1)
 
-    if parent == 1:  # the parent ended before this process looked
-        os._exit(1)
     threading.Thread(target=watch, name="end-with-the-arbiter", daemon=True).start()
 
 
-def _serve() -> int:
+def _serve(parent: int | None = None) -> int:
     """A worker of the arbiter's :class:`.checkpoint_pool.CheckpointPool`: one request a
     line on stdin (``{"call": "state"|"suspend"|"restore", "pids": [...], "need": {...}
     | null, "lock_timeout": seconds}``), one answer a line on stdout (``{"ok": true,
@@ -301,7 +306,7 @@ def _serve() -> int:
     stdin closes. It ends at once when the arbiter does (:func:`_end_with_parent`). With
     ``JUPYTER_VGPU_CHECKPOINT_STANDIN`` in its environment (the arbiter's, set by a
     test), the recording stand-in answers instead of the driver."""
-    _end_with_parent()
+    _end_with_parent(parent)
     impl = sys.modules[__name__]
     if os.environ.get("JUPYTER_VGPU_CHECKPOINT_STANDIN"):
         from jupyter_vgpu.testing import checkpoint_standin as impl
@@ -342,10 +347,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     usage = (
         "usage: python -m jupyter_vgpu.host.checkpoint hold PID [PID ...] | "
-        "restore [--need UUID=BYTES ...] PID [PID ...] | serve"
+        "restore [--need UUID=BYTES ...] PID [PID ...] | serve [--parent PID]"
     )
     if argv == ["serve"]:
         return _serve()
+    if len(argv) == 3 and argv[:2] == ["serve", "--parent"] and argv[2].isdigit():
+        return _serve(int(argv[2]))
     if not argv or argv[0] not in ("hold", "restore"):
         sys.exit(usage)
     need: dict[str, int] = {}

@@ -47,7 +47,9 @@ class CheckpointTimeout(CheckpointError):
 class _Worker:
     def __init__(self, env: dict[str, str]):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "serve"],
+            # its parent named: one that ends before the worker looks is not mistaken
+            # for the subreaper the worker is handed to
+            [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "serve", "--parent", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

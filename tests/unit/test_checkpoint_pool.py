@@ -97,3 +97,24 @@ def test_a_worker_ends_when_its_arbiter_does_even_inside_a_call(standin):
         owner.kill()
         if worker is not None and procs.running(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_worker_whose_arbiter_ended_before_it_looked_ends_too():
+    """The arbiter names itself to its workers: a worker that starts after its arbiter
+    has ended (handed meanwhile to a subreaper, which it would take for its parent) ends
+    at once instead of serving, and says nothing (its arguments were understood)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "serve", "--parent", str(gone.pid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = worker.communicate(timeout=60)  # a worker that served would end with its input, 0
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        raise
+    assert worker.returncode == 1, (worker.returncode, err)
+    assert (out, err) == (b"", b"")
