@@ -381,6 +381,7 @@ class Arbiter(Registry):
         await self.enforcement.step(now)
         await self._watch_mps(now)
         await self.tiering.step(now)
+        host_first: list[tuple[Kernel, int]] = []  # pauses that wait for host memory, made below
         for uuid in {k.slice.gpu_uuid for k in self.kernels}:
             if self.locks[uuid].locked():
                 continue  # a room request is deciding on this card
@@ -402,4 +403,6 @@ class Arbiter(Registry):
                 for kernel, action in todo:
                     if not books.quiet(self.on_card(uuid)):
                         break  # a cell started meanwhile: the rest waits for the next quiet look
-                    await self.moves.take_off(kernel, action, Reason.IDLE)
+                    await self.moves.take_off(kernel, action, Reason.IDLE, host_first=host_first)
+        for kernel, need in host_first:  # outside the cards' locks: no room request waits for it
+            await self.tiering.host_room(kernel, need)

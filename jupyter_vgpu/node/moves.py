@@ -72,11 +72,22 @@ class Moves:
         self.arbiter = arbiter
 
     async def take_off(
-        self, kernel: Kernel, action: str, reason: Reason, for_whom: str = "", tell=None, notes=None
+        self,
+        kernel: Kernel,
+        action: str,
+        reason: Reason,
+        for_whom: str = "",
+        tell=None,
+        notes=None,
+        host_first: list[tuple[Kernel, int]] | None = None,
     ) -> bool:
         """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
         Host memory for it is made first (:meth:`.tiering.Tiering.host_room`); where none
-        can be, it stays. ``reason`` labels the pauses metric and the decision.
+        can be, it stays. ``reason`` labels the pauses metric and the decision. With
+        ``host_first`` (a caller holding its card's lock), host memory that needs a trim
+        or a spill first is not made here: ``(kernel, bytes)`` is added to it, the kernel
+        stays for now, and the caller makes that room once it has let go of the lock (a
+        spill of gigabytes must hold up no other kernel's room on the card).
 
         A kernel that cannot be paused safely (it says why: a thread that may use the GPU
         while idle, child processes on the GPU...) is suspended instead, where the
@@ -90,6 +101,13 @@ class Moves:
         if conn is None:
             return False
         need = tiers.host_need(kernel)
+        if host_first is not None:
+            step, _, short = a.tiering.host_step(kernel, need)
+            if step in ("trim", "spill"):  # the caller makes that host room, outside its card's lock
+                host_first.append((kernel, need))
+                if notes is not None:
+                    notes.append(f"{kernel.server.key} waits for host memory: {short}")
+                return False
         why = await a.tiering.host_room(kernel, need, tell)
         if why is not None:
             a.decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)

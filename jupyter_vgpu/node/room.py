@@ -163,9 +163,10 @@ class Rooms:
             if a.conns.get(conn.pid) is not conn:
                 return  # the kernel left: nobody to make room for
             notes: list[str] = []  # why victims stayed where they are
+            host_first: list[tuple[Kernel, int]] = []  # victims whose pause waits for host memory
             try:
                 async with a.locks[uuid]:
-                    short, reading = await self.make_room(kernel, uuid, tell, notes)
+                    short, reading = await self.make_room(kernel, uuid, tell, notes, host_first)
                     # the kernel's word (``restore``) or the books: whichever says the driver holds
                     # it, the driver is asked (a kernel reports itself active as soon as its cell
                     # starts, before its room)
@@ -201,6 +202,12 @@ class Rooms:
                 elif not ok:
                     await a.sessions.send(conn, {"type": "deny", "id": rid, "message": why})
                     return
+            if short > 0 and host_first and time.monotonic() < deadline:
+                # outside the card's lock: trims and spills (seconds for gigabytes) hold up
+                # no other kernel's room on this card; then the card is looked at again
+                made = [await a.tiering.host_room(victim, need, tell) is None for victim, need in host_first]
+                if any(made):
+                    continue  # else it waits as any request does, saying why (notes)
             if short <= 0:
                 if kernel.tier in ("host", "disk"):
                     where = "disk" if kernel.tier == "disk" else "host memory"
@@ -235,10 +242,13 @@ class Rooms:
             await tell(message)
             await a.wait_for_change(1.0)
 
-    async def make_room(self, kernel: Kernel, uuid: str, tell=None, notes=None) -> tuple[int, Reading]:
+    async def make_room(
+        self, kernel: Kernel, uuid: str, tell=None, notes=None, host_first=None
+    ) -> tuple[int, Reading]:
         """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short
         (bytes) and the card's last reading. ``await tell(message)`` hears what is being
-        done and why, as it starts; ``notes`` gets why victims stayed."""
+        done and why, as it starts; ``notes`` gets why victims stayed; ``host_first`` the
+        victims whose pause waits for host memory to be made (:meth:`.moves.Moves.take_off`)."""
         a = self.arbiter
         reading = await a.read(uuid)
         others = [k for k in a.on_card(uuid) if k is not kernel]
@@ -253,8 +263,9 @@ class Rooms:
                     notes.append(f"{victim.server.key} stays: it declined to {action} a moment ago")
                 continue
             taking = a.moves.take_off(
-                victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes
-            )
+                victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes,
+                host_first=host_first,
+            )  # fmt: skip
             if tell is None:
                 ok = await taking
             else:  # a word each second: a suspend of tens of GiB takes tens of seconds

@@ -256,13 +256,59 @@ class Tiering:
         )  # fmt: skip
         return released
 
+    def host_step(
+        self, victim: Kernel, need: int, asked: list[Kernel] = (), tried: list[Kernel] = ()
+    ) -> tuple[str, Kernel | None, str | None]:
+        """What :meth:`host_room` does next for ``need`` bytes of ``victim``'s pause, decided
+        from the books and ``MemAvailable`` now and changing nothing: ``("fits", None,
+        None)``; ``("trim", kernel, why)`` or ``("spill", kernel, why)`` (the host is short,
+        ``why``, and that kernel's warm slabs or paused data go first; those in ``asked`` and
+        ``tried`` were already); ``("past budget", None, note)`` (nothing else to move: the
+        pause may pass the budget, the victim going to disk next); ``("refuse", None,
+        why)``."""
+        now = time.monotonic()
+        counted = books.cooperative(self.arbiter.kernels, but=victim)
+        budget = self.host_budget()
+        available = meminfo().get("MemAvailable", 0)
+        over_budget, over_reserve = tiers.host_room(counted, budget, need, available)
+        if not over_budget and not over_reserve:
+            return "fits", None, None
+        held = format_bytes(tiers.host_used(counted))
+        why = (
+            f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
+            f"{format_bytes(available)} available)"
+        )
+        warm = [
+            k
+            for k in tiers.trimmable(counted, now, exclude=(victim, *asked))
+            if not k.declined("trim", now, REFUSAL_SECONDS)
+        ]
+        if warm:
+            return "trim", warm[0], why  # losing no data comes before moving any to disk
+        candidates = [
+            k
+            for k in tiers.spillable(counted, now, exclude=(victim, *tried))
+            if not k.declined("spill", now, REFUSAL_SECONDS)
+        ]
+        if not candidates:
+            disk_why = self.disk_usable(need)
+            if not over_reserve and disk_why is None:
+                return "past budget", None, f"{why}: nothing else to move to disk; it goes there next"
+            disk_why = disk_why or "no other paused kernel holds host memory to move there"
+            return "refuse", None, f"{why}, and the disk tier takes nothing now: {disk_why}"
+        disk_why = self.disk_usable(candidates[0].host_bytes)
+        if disk_why is not None:
+            return "refuse", None, f"{why}, and the disk tier takes nothing now: {disk_why}"
+        return "spill", candidates[0], why
+
     async def host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
         """Trim idle kernels' warm slabs (each asked once), then spill colder paused kernels,
         until ``need`` bytes of ``victim`` fit in host memory; None when they fit, else why
         not. A pause that would eat into the host's reserve
         is never made (the OOM killer would take whole kernels); one that would pass the
         node's budget only when nothing colder is left to spill and the disk tier can take
-        the victim next (a kernel larger than the budget on its own).
+        the victim next (a kernel larger than the budget on its own). Each step is
+        :meth:`host_step`'s.
 
         What a kernel that declined to spill holds is its own (:func:`.books.cooperative`):
         it counts against no one else's pause, and it is not asked again before
@@ -271,47 +317,22 @@ class Tiering:
         asked: list[Kernel] = []  # to trim: one that gave nothing back is not asked again
         tried: list[Kernel] = []  # to spill: each at most once here
         while True:
-            now = time.monotonic()
-            counted = books.cooperative(self.arbiter.kernels, but=victim)
-            budget = self.host_budget()
-            available = meminfo().get("MemAvailable", 0)
-            over_budget, over_reserve = tiers.host_room(counted, budget, need, available)
-            if not over_budget and not over_reserve:
+            step, kernel, why = self.host_step(victim, need, asked, tried)
+            if step == "fits":
                 return None
-            held = format_bytes(tiers.host_used(counted))
-            why = (
-                f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
-                f"{format_bytes(available)} available)"
-            )
-            warm = [
-                k
-                for k in tiers.trimmable(counted, now, exclude=(victim, *asked))
-                if not k.declined("trim", now, REFUSAL_SECONDS)
-            ]
-            if warm:
-                asked.append(warm[0])
-                if await self.trim(warm[0]):
-                    continue  # losing no data comes before moving any to disk
-            candidates = [
-                k
-                for k in tiers.spillable(counted, now, exclude=(victim, *tried))
-                if not k.declined("spill", now, REFUSAL_SECONDS)
-            ]
-            if not candidates:
-                disk_why = self.disk_usable(need)
-                if not over_reserve and disk_why is None:
-                    note = f"{why}: nothing else to move to disk; it goes there next"
-                    self.arbiter.decide(
-                        "past the host budget", server=victim.server.key, pid=victim.pid, message=note
-                    )
-                    return None
-                disk_why = disk_why or "no other paused kernel holds host memory to move there"
-                return f"{why}, and the disk tier takes nothing now: {disk_why}"
-            disk_why = self.disk_usable(candidates[0].host_bytes)
-            if disk_why is not None:
-                return f"{why}, and the disk tier takes nothing now: {disk_why}"
-            tried.append(candidates[0])
-            await self.spill(candidates[0], tell)  # whatever came of it, the next look says
+            if step == "past budget":
+                self.arbiter.decide(
+                    "past the host budget", server=victim.server.key, pid=victim.pid, message=why
+                )
+                return None
+            if step == "refuse":
+                return why
+            if step == "trim":
+                asked.append(kernel)
+                await self.trim(kernel)
+                continue
+            tried.append(kernel)
+            await self.spill(kernel, tell)  # whatever came of it, the next look says
 
     async def _spill_coldest(self) -> None:
         """Trim idle kernels' warm slabs, then spill the coldest paused kernels, while the

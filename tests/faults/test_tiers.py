@@ -2,9 +2,10 @@
 kernels past the node's host budget move to disk (the coldest first) and come back
 bit-exact; a full disk gives a clear error and the data stays in host memory; a pause
 that would pass the budget with no disk to spill to is not made; pinned slabs kept warm
-by idle kernels go before any paused data moves; ``%vgpu status`` and Prometheus say
-where everything is."""
+by idle kernels go before any paused data moves; a spill made for one kernel's room holds
+up no other kernel's; ``%vgpu status`` and Prometheus say where everything is."""
 
+import dataclasses
 import os
 import select
 import subprocess
@@ -222,4 +223,58 @@ def test_idle_kernels_let_warm_pinned_memory_go_before_paused_data_moves_to_disk
             warm.kill()  # whether or not it was asked to trim
             warm.wait(10)
         ada.shutdown()
+        arbiter.stop()
+
+
+def test_a_spill_made_for_one_kernels_room_holds_up_no_other_kernels(tmp_path):
+    """ann needs vic off the simulated card; vic's pause needs host memory that only a spill
+    of sam (paused first, the coldest) makes, and sam's spill stops at its write and never
+    ends. Meanwhile bob, paused in host memory with a small budget the card has room for,
+    runs a cell: it comes back (the spill runs outside the card's lock), and the arbiter
+    still waits for sam (``pause_timeout`` 600 s). Once sam is killed, ann gets her room,
+    and every kernel's bytes are intact."""
+    arbiter = ArbiterProcess(
+        tmp_path,
+        "--queue-timeout=300",
+        "--ArbiterApp.pause_timeout=600",  # sam's spill is waited for, all the while
+        f"--ArbiterApp.disk_dir={tmp_path / 'disk'}",
+        "--ArbiterApp.disk_reserve=1M",
+        "--ArbiterApp.host_memory_limit=720M",  # sam and bob (27 MiB) and vic (700 MiB or more) do not fit
+    ).start()
+    small = dataclasses.replace(scene.SLICE, memory_limit=64 * MiB, memory_request=64 * MiB)
+    stop_at_spill = {"JUPYTER_VGPU_FAILPOINTS": "kernel.spill.write=stop"}
+    sam = scene.start_kernel(tmp_path, arbiter, "sam", stop_at_spill)
+    bob = scene.start_kernel(tmp_path, arbiter, "bob", slice_=small)
+    vic = scene.start_kernel(tmp_path, arbiter, "vic")
+    ann = scene.start_kernel(tmp_path, arbiter, "ann")
+    kernels = (sam, bob, vic, ann)
+    try:
+        for k, seed in ((sam, 21), (bob, 22)):
+            assert scene.run(k, scene.hold_code(seed, 16 * MiB)).error is None
+            pause(k)
+            wait_for(lambda k=k: arbiter.kernel(k.pid)["tier"] == "host", 10, f"{k.user} in host memory")
+        assert scene.run(vic, scene.hold_code(23, 16 * MiB, simulated_mib=700)).error is None
+        wait_for(lambda: arbiter.kernel(vic.pid)["resident"] >= 700 * MiB, 30, "vic's memory in the books")
+        waiting = scene.Background(ann, "print('ann ran')", timeout=300)
+        scene.stopped_at_failpoint(sam.pid, "sam's spill, made for vic's pause, at its write")
+        out = scene.run(bob, scene.DIGEST, timeout=120)  # far less than sam's 600 s
+        assert out.error is None, (out.error, out.text)
+        assert out.text.strip().splitlines()[-1] == scene.digest(22, 16 * MiB), out.text
+        # the arbiter gave bob his room: he did not give up on it (its silence past the
+        # kernel's patience) and come back on his own
+        assert "has not answered" not in out.text, out.text
+        assert "on its own" not in out.text, out.text
+        assert scene.process_state(sam.pid) == "T", "sam's spill ended before bob's cell: nothing was shown"
+        assert arbiter.kernel(vic.pid)["tier"] == "gpu", "vic was paused without the host room"
+        scene.kill(sam.pid, "kill")
+        out = waiting.join(300)
+        assert out.error is None, out.error
+        assert out.text.rstrip().endswith("ann ran"), out.text
+        assert out.longest_silence <= scene.SILENCE, (out.longest_silence, out.text)
+        out = scene.run(vic, scene.DIGEST)
+        assert out.text.strip().splitlines()[-1] == scene.digest(23, 16 * MiB), out.text
+    finally:
+        scene.reap(sam)
+        for k in kernels[1:]:
+            k.shutdown()
         arbiter.stop()
