@@ -79,7 +79,8 @@ class VGPUKernel(Configurable):
         nothing until its next cell: pinned slabs kept warm past those holding its paused
         data, PyTorch's cache of pinned memory, and the free pages inside the C heap
         (glibc's ``malloc_trim``). Its next pause may pin again (or pins ahead once it is
-        idle after a cell: ``prepare_pinned``).""",
+        idle after a cell: ``prepare_pinned``). A kernel about to be suspended gives back
+        the free pages of its heap the same way.""",
     ).tag(config=True)
 
     prepare_after = Float(

@@ -96,13 +96,21 @@ class HostMemory:
         if trimming is not None and trimming is not threading.current_thread():
             trimming.join(timeout)
 
-    def _trim_paused(self) -> None:
+    def trim_heap(self) -> None:
+        """Before a suspend: give back the free pages of the C heap (``malloc_trim(0)``,
+        no driver call: the driver's checkpoint takes the device memory, and the process's
+        own memory stays while it is suspended); its figures in :attr:`last_trim`, as
+        :meth:`trim_while_paused`'s. Nothing when ``VGPUKernel.trim_when_paused`` is off."""
+        if self.config.trim_when_paused:
+            self._trim_paused(slabs_too=False)
+
+    def _trim_paused(self, slabs_too: bool = True) -> None:
         t0 = time.perf_counter()
         before = procs.private_bytes("self")
         slabs = 0
         try:
             engine = self.engine
-            if engine is not None and self.gate.state == g.PAUSED:  # not while coming back
+            if slabs_too and engine is not None and self.gate.state == g.PAUSED:  # not while coming back
                 with self._plain():
                     slabs = engine.trim()
         except Exception as e:  # the slabs stay warm; the heap is trimmed all the same
@@ -119,7 +127,7 @@ class HostMemory:
         }
         if before is not None and after is not None:
             log.info(
-                "jupyter-vgpu: paused; the process gave back %s of its own memory (%s left) in %.2f s",
+                "jupyter-vgpu: away; the process gave back %s of its own memory (%s left) in %.2f s",
                 format_bytes(max(before - after, 0)),
                 format_bytes(after),
                 self.last_trim["seconds"],

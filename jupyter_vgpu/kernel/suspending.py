@@ -55,6 +55,7 @@ class Suspending:
         from .pause import vmm
 
         def work():
+            self.trim_heap()
             if self.stand_in or not self._on_gpu():
                 return  # no CUDA context: nothing to move
             self._close_gate(vmm.PAUSED)
@@ -132,6 +133,7 @@ class Suspending:
                         if engine is not None and engine.state == PauseState.ACTIVE:
                             engine.pause()
                 self.trimmed(self.config.gate_timeout)
+                self.trim_heap()
                 if not self.stand_in:
                     self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
             except BaseException:

@@ -142,3 +142,21 @@ def test_with_trim_when_paused_off_the_heap_keeps_its_free_pages(tmp_path, chann
         assert "given back" not in row, row
     finally:
         k.shutdown()
+
+
+def test_a_kernel_about_to_be_suspended_gives_back_the_free_pages_of_its_heap(tmp_path, channel_dir):
+    """Chaos mode ``suspend``: after each cell the kernel is suspended (a stand-in on a
+    simulated GPU: no device memory moves, the process's own memory is real)."""
+    k = start(tmp_path, channel_dir, JUPYTER_VGPU_CHAOS="suspend")
+    try:
+        rss_anon = "print(next(l for l in open('/proc/self/status') if l.startswith('RssAnon')).split()[1])"
+        held = int(k.run(FRAGMENT + "\n" + rss_anon).strip().splitlines()[-1]) * 1024  # as the cell ended
+        wait_for(lambda: state(k, channel_dir) == "suspended", what="the kernel suspended after its cell")
+        wait_for(
+            lambda: procs.private_bytes(k.pid) < held - 250 * MiB,
+            30,
+            "the suspended kernel's process to give back the free pages of its heap",
+        )
+        assert k.run("print(len(kept))").strip() == "1563"
+    finally:
+        k.shutdown()
