@@ -190,10 +190,11 @@ def tell_arbiter(socket: str, log) -> None:
 class QuotasHandler(VGPUAPIHandler):
     """``GET /hub/api/vgpu/quotas``: the default and every group and user quota (admins)."""
 
-    def get(self):
+    async def get(self):
         self.require("read:users")
         hub = self.vgpu_hub
         allocator = hub.allocator
+        await hub.devices_checked()
         default = hub.default_quota
         self.write_json(
             {
@@ -316,10 +317,11 @@ class UsageHandler(VGPUAPIHandler):
     """``GET /hub/api/vgpu/usage``: every running slice with its latest usage, and every
     GPU (admins); a user gets their own slices only."""
 
-    def get(self):
+    async def get(self):
         if self.current_user is None:
             raise web.HTTPError(403, "Missing or invalid credentials.")
         if self.parsed_scopes.get("read:users") == Scope.ALL:
+            await self.vgpu_hub.devices_checked()
             rows, gpus = self.vgpu_hub.snapshot(self.users)
             self.write_json({"slices": rows, "gpus": gpus, "problems": self.vgpu_hub.problems})
             return

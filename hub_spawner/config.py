@@ -8,6 +8,7 @@ classes and those behind its spawner, authenticator and proxy entry points.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 
@@ -203,9 +204,10 @@ class VGPUHub(SingletonConfigurable):
     @property
     def problems(self) -> list[str]:
         """Why some GPU (or every GPU) takes no slice: NVML failures (at start, and of a
-        card that stopped answering since: :meth:`check_devices`), MIG settings."""
+        card that stopped answering since, as last looked: :meth:`devices_checked`), MIG
+        settings. Makes no NVML call."""
         allocator = self.allocator
-        down = self.check_devices()
+        down = allocator.down
         now = [
             f"{g.label} ({g.name}) takes no new slice: {down[g.uuid]}; the slices on it stay as they are"
             for g in allocator.gpus
@@ -214,6 +216,20 @@ class VGPUHub(SingletonConfigurable):
         return list(self._problems or []) + now
 
     _checked_at: float | None = None
+    _checking: asyncio.Future | None = None
+
+    async def devices_checked(self) -> dict[str, str]:
+        """:meth:`check_devices`, off the Hub's event loop (in its default executor): an
+        NVML query of a card that fell off the bus may take seconds, and every request of
+        every user would wait meanwhile. Callers at the same time share one look; within
+        :data:`CHECK_EVERY` seconds of the last one, none is made. Returns
+        ``{uuid: why}`` as :meth:`check_devices` does."""
+        allocator = self.allocator  # made here, on the loop, before any thread looks
+        if self._checking is None or self._checking.done():
+            if self._checked_at is not None and time.monotonic() - self._checked_at < CHECK_EVERY:
+                return allocator.down
+            self._checking = asyncio.get_running_loop().run_in_executor(None, self.check_devices)
+        return await asyncio.shield(self._checking)
 
     def check_devices(self) -> dict[str, str]:
         """The devices of this host that take no new slice now, ``{uuid: why}``: those whose

@@ -48,6 +48,7 @@ class VGPUPageHandler(BaseHandler):
         node_gpus = {
             name: node_cards(name, node, hub.allocator.gpus, simulate) for name, node in nodes.items()
         }
+        await hub.devices_checked()
         html = await self.render_template(
             "vgpu.html",
             gpus=gpus,

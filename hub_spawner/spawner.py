@@ -101,7 +101,8 @@ class VGPUSpawnerMixin(HasTraits):
         """
         hub = self.vgpu_hub
         allocator = hub.allocator
-        hub.check_devices()  # a card that stopped answering NVML takes no new slice
+        # a card that stopped answering NVML takes no new slice (allocator.down, as the Hub
+        # last looked: VGPUHub.devices_checked, which the spawner's start awaits first)
         quota = self.vgpu_resolve()
         try:
             profile = options.requested_profile(self.user_options)
@@ -231,6 +232,7 @@ class VGPUSpawnerMixin(HasTraits):
 
     async def start(self):
         self._vgpu_foreign = None  # a new server: what the database said before is gone
+        await self.vgpu_hub.devices_checked()
         self.vgpu_place()
         try:
             return await super().start()

@@ -109,3 +109,44 @@ def test_a_card_that_stops_answering_nvml_takes_no_new_slice_until_it_answers_ag
     wait_for(lambda: not hub.check_devices(), 10, "the cards to take slices again")
     assert hub.allocator.place("v/", 8 * GiB, 10, "spread").index == 1
     assert not [p for p in hub.problems if "takes no new slice" in p]
+
+
+def test_the_hubs_look_at_the_cards_runs_off_its_event_loop_and_is_shared(monkeypatch):
+    """NVML's look at a card that fell off the bus may take seconds: the Hub makes it in
+    a thread, its event loop runs on meanwhile, and requests at the same time share one
+    look. (The slow card is a stand-in wrapped around the real look: NVML cannot be made
+    slow here.)"""
+    import asyncio
+    import threading
+
+    config = Config({"GPUInventory": {"simulate": True}})
+    hub = VGPUHub(config=config)
+    hub.inventory = GPUInventory(config=config)
+    answered, looks = threading.Event(), []
+    real = hub.inventory.down
+
+    def slow(devices):
+        looks.append(threading.get_ident())
+        answered.wait(30)
+        return real(devices)
+
+    monkeypatch.setattr(hub.inventory, "down", slow)
+    monkeypatch.setenv(nvml.FAIL_ENV, "1")
+
+    async def requests() -> tuple[int, dict, dict]:
+        first = asyncio.ensure_future(hub.devices_checked())
+        second = asyncio.ensure_future(hub.devices_checked())
+        for _ in range(500):  # the loop goes on while the look waits for the card
+            await asyncio.sleep(0.01)
+            if looks:
+                break
+        assert looks, "no look at the cards began"
+        assert not first.done()
+        assert not second.done()
+        answered.set()
+        return threading.get_ident(), await first, await second
+
+    loop_thread, first, second = asyncio.run(requests())
+    assert len(looks) == 1, "two requests at the same time made two looks"
+    assert looks[0] != loop_thread, "the look ran on the event loop's thread"
+    assert first == second == {hub.allocator.gpus[1].uuid: first[hub.allocator.gpus[1].uuid]}
