@@ -14,7 +14,9 @@ per piece, back to back::
 
 so the file keeps every chunk's CRC-32 beside its bytes. Resume (:func:`unpack`) streams
 the file back to the GPU: a reader thread reads the next window of records into one of
-two pinned buffers while the codec writes the window before it back to the device; each
+two pinned buffers (with ``O_DIRECT`` where the file system takes it: from the disk
+straight into the pinned buffer, no copy through the page cache, :meth:`SpillFile.read_window`)
+while the codec writes the window before it back to the device; each
 record's header is checked against the piece the kernel holds in memory (number, sizes,
 CRC-32s), and the GPU checks every chunk's CRC-32 again after the copy, as it does for
 pieces in host memory. A damaged or short file fails the resume with
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import errno
 import os
 import struct
 import threading
@@ -52,6 +55,15 @@ MAGIC = b"VGPR"
 _HEADER = struct.Struct("<4sHHIIQII")
 #: Bytes read into each of the two pinned buffers of a resume from disk.
 WINDOW = 64 << 20
+#: Alignment of a read that bypasses the page cache (``O_DIRECT``): of the file offset,
+#: the length and the buffer's address; 4096 bytes serves disks of 512- and 4096-byte
+#: logical blocks alike.
+DIRECT_ALIGN = 4096
+
+
+def window_bytes(first: int, end: int) -> int:
+    """Bytes of a buffer that :meth:`SpillFile.read_window` fills for ``[first, end)``."""
+    return -(-end // DIRECT_ALIGN) * DIRECT_ALIGN - (first - first % DIRECT_ALIGN)
 
 
 class SpillError(OSError):
@@ -86,11 +98,14 @@ class SpillFile:
         path: the file.
         nbytes: its size, bytes.
         records: record number by payload offset (the ``start`` of a piece on disk).
+        direct: whether the last :meth:`read_window` bypassed the page cache.
     """
 
     def __init__(self, path: Path, nbytes: int, offsets: Sequence[int] = ()):
         self.path, self.nbytes = path, nbytes
         self.records = {offset: i for i, offset in enumerate(offsets)}
+        #: whether the last :meth:`read_window` bypassed the page cache (None before one)
+        self.direct: bool | None = None
 
     @classmethod
     def write(
@@ -134,27 +149,61 @@ class SpillFile:
         drop_cache(path)
         return cls(path, pos, offsets), offsets
 
-    def read(self, offset: int, out: np.ndarray) -> None:
-        """Fill ``out`` (a uint8 array) with the file's bytes from ``offset``.
+    def read_window(self, first: int, end: int, buffer: np.ndarray) -> int:
+        """Read the file's bytes ``[first, end)`` into ``buffer`` (uint8, at least
+        :func:`window_bytes` long), with the bytes around them that make the read aligned
+        to :data:`DIRECT_ALIGN`; returns where byte ``first`` landed: the bytes are
+        ``buffer[pad : pad + end - first]``.
+
+        Read with ``O_DIRECT`` where the file system and ``buffer``'s address allow it:
+        the bytes go from the disk to ``buffer`` once, with no copy through the page
+        cache and nothing left in it (a resume never reads them again; ``open(2)``,
+        O_DIRECT). Elsewhere (tmpfs, an unaligned buffer) through the page cache, to the
+        same place. :attr:`direct` says which the last read took.
 
         Raises:
-            CodecError: the file ends early.
+            CodecError: the file ends before ``end``.
             OSError: it cannot be read.
         """
-        fd = os.open(self.path, os.O_RDONLY)
+        lo = first - first % DIRECT_ALIGN
+        hi = -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
+        view = memoryview(buffer).cast("B")
+        if len(view) < hi - lo:
+            raise ValueError(f"a buffer of {len(view)} bytes holds no window of {hi - lo}")
+        view = view[: hi - lo]
+        direct = hasattr(os, "O_DIRECT") and buffer.ctypes.data % DIRECT_ALIGN == 0
+        self.direct = direct and self._read_at(view, lo, end - lo, direct=True)
+        if not self.direct:
+            self._read_at(view, lo, end - lo, direct=False)
+        return first - lo
+
+    def _read_at(self, view: memoryview, offset: int, need: int, direct: bool) -> bool:
+        """Fill ``view`` from file byte ``offset`` with at least ``need`` bytes; False
+        when the file system refuses ``O_DIRECT`` (nothing read)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        except OSError as e:
+            if direct and e.errno == errno.EINVAL:
+                return False
+            raise
         try:
             got = 0
-            view = memoryview(out).cast("B")
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n == 0:
+            while got < need:
+                try:  # direct reads ask for whole blocks: the view's end is aligned
+                    n = os.preadv(fd, [view[got:] if direct else view[got:need]], offset + got)
+                except OSError as e:
+                    if direct and e.errno == errno.EINVAL and got == 0:
+                        return False
+                    raise
+                got += n
+                if n == 0 or (direct and n % DIRECT_ALIGN and got < need):  # the end of the file
                     raise CodecError(
                         f"the disk tier's file {self.path} ends at byte {offset + got}; "
-                        f"{offset + len(view)} were written"
+                        f"{offset + need} were written"
                     )
-                got += n
         finally:
             os.close(fd)
+        return True
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -250,21 +299,21 @@ def unpack(
         try:
             disk = [p for _, p in batches[k] if p.slab == DISK]
             if not disk:
-                results[k] = (None, 0)
+                results[k] = (None, 0, 0)
                 return
             first = disk[0].start - header_bytes(len(disk[0].crcs))
             end = disk[-1].start + disk[-1].span
             b = k % 2
-            if buffers[b] is None or buffers[b].numel() < end - first:
-                buffers[b] = pinned(max(window, end - first))
-            data = buffers[b].numpy()[: end - first]
-            spill.read(first, data)
+            if buffers[b] is None or buffers[b].numel() < window_bytes(first, end):
+                buffers[b] = pinned(max(window + 2 * DIRECT_ALIGN, window_bytes(first, end)))
+            pad = spill.read_window(first, end, buffers[b].numpy())
+            data = buffers[b].numpy()[pad : pad + end - first]
             for p in disk:
                 if p.start not in spill.records:
                     raise CodecError(f"the disk tier's file {spill.path} has no record at byte {p.start}")
                 at = p.start - header_bytes(len(p.crcs)) - first
                 check(data, at, spill.records[p.start], p, spill.path)
-            results[k] = (buffers[b], first)
+            results[k] = (buffers[b], first, pad)
         except BaseException as e:
             results[k] = e
         finally:
@@ -287,13 +336,13 @@ def unpack(
                 raise got
             if k + 1 < len(batches):
                 reader = start(k + 1)  # into the other buffer, while this one goes to the GPU
-            buffer, first = got
+            buffer, first, pad = got
             grouped: dict[int, list] = {}
             for r, p in batch:
                 if p.slab == DISK:
                     p = _at(p, p.start - first)
                 grouped.setdefault(r, []).append(p)
-            arena = _Window(buffer.data_ptr() if buffer is not None else 0)
+            arena = _Window(buffer.data_ptr() + pad if buffer is not None else 0)
             codec.unpack([(items[r][0], pieces) for r, pieces in grouped.items()], arena)
             failpoints.hit("kernel.resume.copy")
     finally:
