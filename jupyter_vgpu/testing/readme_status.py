@@ -69,6 +69,17 @@ def sample() -> str:
         return CELL.splitlines()[-1] + "\n" + render(Path(directory))
 
 
+#: The figure of the sample that depends on the machine that printed it: the kernel
+#: process's own memory (its libraries' heaps, the interpreter's). :func:`steady` masks it.
+_MACHINE_FIGURE = re.compile(r"^(  own memory +)[\d.]+ [KMGT]?i?B", re.M)
+
+
+def steady(sample_text: str) -> str:
+    """``sample_text`` with its machine-dependent figure masked, for comparing two samples
+    printed on different machines (the README's, and the one a test prints now)."""
+    return _MACHINE_FIGURE.sub(r"\1…", sample_text)
+
+
 def _block(text: str) -> re.Match:
     found = re.search(re.escape(MARK) + r"\n```\n(?P<body>.*?)\n```", text, re.S)
     if found is None:
