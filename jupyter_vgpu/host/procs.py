@@ -83,19 +83,31 @@ def resident_bytes(pid: int) -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def status_field(pid: int | str, name: str) -> list[str] | None:
+    """The words after ``name:`` on its line of ``/proc/<pid>/status`` (``"Uid"``,
+    ``"RssAnon"``...), or None when the file cannot be read or has no such line (gone, a
+    kernel without the field). ``pid`` may be ``"self"``."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key == name:
+                    return rest.split()
+    except OSError:
+        return None
+    return None
+
+
 def private_bytes(pid: int | str) -> int | None:
     """Host memory process ``pid`` alone holds: its resident anonymous memory (``RssAnon``
     of ``/proc/<pid>/status``: heap, stacks, private mappings; not the pages of its
     libraries, which every process that maps them shares), bytes; None when it cannot be
     read (gone, a kernel without the field). ``pid`` may be ``"self"``."""
+    words = status_field(pid, "RssAnon")
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
+        return int(words[0]) * 1024  # kB
+    except (TypeError, ValueError, IndexError):
         return None
-    return None
 
 
 def running(pid: int) -> bool:
@@ -129,14 +141,11 @@ def environ(pid: int) -> dict[str, str]:
 def uid_of(pid: int) -> int | None:
     """The effective uid of process ``pid`` (``/proc/<pid>/status``, the ``Uid:`` line's
     second field), or None when it cannot be read."""
+    words = status_field(pid, "Uid")
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[2])
-    except (OSError, ValueError, IndexError):
+        return int(words[1])
+    except (TypeError, ValueError, IndexError):
         return None
-    return None
 
 
 def _pidfd_open(pid: int) -> int | None:

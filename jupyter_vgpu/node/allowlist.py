@@ -27,7 +27,7 @@ import os
 import stat
 from collections.abc import Iterable
 
-from jupyter_vgpu.host import cgroups
+from jupyter_vgpu.host import cgroups, procs
 
 #: Executable mappings the Linux kernel makes itself, in every process.
 KERNEL_MAPPINGS = frozenset({"[vdso]", "[vsyscall]", "[uprobes]"})
@@ -47,14 +47,11 @@ def root_only(path: str) -> bool:
 
 
 def _traced(pid: int) -> bool | None:
+    words = procs.status_field(pid, "TracerPid")
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("TracerPid:"):
-                    return int(line.split()[1]) != 0
-    except (OSError, ValueError, IndexError):
+        return int(words[0]) != 0
+    except (TypeError, ValueError, IndexError):
         return None
-    return None
 
 
 def foreign_code(pid: int) -> str | None:
