@@ -61,9 +61,15 @@ WINDOW = 64 << 20
 DIRECT_ALIGN = 4096
 
 
+def _aligned(first: int, end: int) -> tuple[int, int]:
+    """``[first, end)`` widened to :data:`DIRECT_ALIGN` boundaries."""
+    return first - first % DIRECT_ALIGN, -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
+
+
 def window_bytes(first: int, end: int) -> int:
     """Bytes of a buffer that :meth:`SpillFile.read_window` fills for ``[first, end)``."""
-    return -(-end // DIRECT_ALIGN) * DIRECT_ALIGN - (first - first % DIRECT_ALIGN)
+    lo, hi = _aligned(first, end)
+    return hi - lo
 
 
 class SpillError(OSError):
@@ -165,8 +171,7 @@ class SpillFile:
             CodecError: the file ends before ``end``.
             OSError: it cannot be read.
         """
-        lo = first - first % DIRECT_ALIGN
-        hi = -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
+        lo, hi = _aligned(first, end)
         view = memoryview(buffer).cast("B")
         if len(view) < hi - lo:
             raise ValueError(f"a buffer of {len(view)} bytes holds no window of {hi - lo}")
