@@ -218,6 +218,11 @@ class VGPUHub(SingletonConfigurable):
     _checked_at: float | None = None
     _checking: asyncio.Future | None = None
 
+    def _look_due(self) -> bool:
+        """Whether the last look at the cards is over :data:`CHECK_EVERY` seconds old (or
+        none was made)."""
+        return self._checked_at is None or time.monotonic() - self._checked_at >= CHECK_EVERY
+
     async def devices_checked(self) -> dict[str, str]:
         """:meth:`check_devices`, off the Hub's event loop (in its default executor): an
         NVML query of a card that fell off the bus may take seconds, and every request of
@@ -226,7 +231,7 @@ class VGPUHub(SingletonConfigurable):
         ``{uuid: why}`` as :meth:`check_devices` does."""
         allocator = self.allocator  # made here, on the loop, before any thread looks
         if self._checking is None or self._checking.done():
-            if self._checked_at is not None and time.monotonic() - self._checked_at < CHECK_EVERY:
+            if not self._look_due():
                 return allocator.down
             self._checking = asyncio.get_running_loop().run_in_executor(None, self.check_devices)
         return await asyncio.shield(self._checking)
@@ -237,9 +242,8 @@ class VGPUHub(SingletonConfigurable):
         the last look is over :data:`CHECK_EVERY` seconds old, and handed to the allocator,
         which places around them. A card that answers again takes slices again."""
         allocator = self.allocator
-        now = time.monotonic()
-        if self._checked_at is None or now - self._checked_at >= CHECK_EVERY:
-            self._checked_at = now
+        if self._look_due():
+            self._checked_at = time.monotonic()
             down = self.inventory.down(allocator.gpus)
             for uuid in down.keys() - allocator.down.keys():
                 self.log.error("vGPU: %s takes no new slice: %s", uuid, down[uuid])
