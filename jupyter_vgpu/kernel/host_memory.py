@@ -96,11 +96,14 @@ class HostMemory:
         if trimming is not None and trimming is not threading.current_thread():
             trimming.join(timeout)
 
-    def trim_heap(self) -> None:
-        """Before a suspend: give back the free pages of the C heap (``malloc_trim(0)``,
-        no driver call: the driver's checkpoint takes the device memory, and the process's
-        own memory stays while it is suspended); its figures in :attr:`last_trim`, as
-        :meth:`trim_while_paused`'s. Nothing when ``VGPUKernel.trim_when_paused`` is off."""
+    def before_suspend(self) -> None:
+        """Before the driver's checkpoint locks the process: wait for the trim after a
+        pause (:meth:`trimmed`, up to ``gate_timeout``), then give back the free pages of
+        the C heap (``malloc_trim(0)``, no driver call: the checkpoint takes the device
+        memory, and the process's own memory stays while it is suspended); its figures in
+        :attr:`last_trim`, as :meth:`trim_while_paused`'s. The heap is left as it is when
+        ``VGPUKernel.trim_when_paused`` is off."""
+        self.trimmed(self.config.gate_timeout)
         if self.config.trim_when_paused:
             self._trim_paused(slabs_too=False)
 

@@ -55,7 +55,7 @@ class Suspending:
         from .pause import vmm
 
         def work():
-            self.trim_heap()
+            self.before_suspend()
             if self.stand_in or not self._on_gpu():
                 return  # no CUDA context: nothing to move
             self._close_gate(vmm.PAUSED)
@@ -79,7 +79,6 @@ class Suspending:
                 engine = self._engine()
                 if engine is not None and engine.state == PauseState.ACTIVE:
                     engine.pause()
-        self.trimmed(self.config.gate_timeout)
         self._set_gate(vmm.SUSPENDED)
         children = sorted(self.gpu_children())
         self.suspend_need = checkpoint.footprint([*children, os.getpid()])
@@ -132,8 +131,7 @@ class Suspending:
                         engine = self._engine()
                         if engine is not None and engine.state == PauseState.ACTIVE:
                             engine.pause()
-                self.trimmed(self.config.gate_timeout)
-                self.trim_heap()
+                self.before_suspend()
                 if not self.stand_in:
                     self.suspend_need = checkpoint.footprint([*self.suspended_with, os.getpid()])
             except BaseException:
