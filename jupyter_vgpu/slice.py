@@ -10,8 +10,10 @@ short of memory. The Hub creates it at spawn time, serialises it once with
 :meth:`Slice.from_json` and nothing else: nothing downstream re-derives a slice.
 
 The serialised form is the contract ``slice`` (``jupyter_vgpu/contracts/slice.schema.json``,
-version 2). Version-1 documents (no request, priority or isolation) are still read:
-their request is their limit, their priority :data:`DEFAULT_PRIORITY`, their isolation
+version 3). A slice may span several cards of one host (``more_gpus``): the budget,
+request and compute share then hold on each card. Version-2 documents (one card) are
+still read, and version-1 documents (no request, priority or isolation) too: their
+request is their limit, their priority :data:`DEFAULT_PRIORITY`, their isolation
 ``"time-slicing"``. Kernels parse slices without jsonschema (importing it costs about a
 second), so :meth:`Slice.__post_init__` checks every field the way the schema does;
 ``tests/unit/test_contracts.py`` proves that the two agree.
@@ -41,7 +43,10 @@ ISOLATIONS = ("time-slicing", "mps", "mig")
 MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 100, 50
 
 #: Version of the serialised form; bumped when a field changes meaning.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+#: Most cards one slice may span (its first card and up to this many minus one more).
+MAX_GPUS = 16
 
 #: Largest byte count any contract carries (a signed 64-bit integer).
 MAX_BYTES = 2**63 - 1
@@ -85,8 +90,50 @@ def compute_share_text(isolation: str, compute_share: int, mig_profile: str | No
 
 
 @dataclasses.dataclass(frozen=True)
+class Card:
+    """One more card of a slice that spans several (:attr:`Slice.more_gpus`).
+
+    Attributes:
+        uuid: NVML UUID of the GPU (``GPU-…``; ``GPU-sim-…`` when simulated).
+        index: NVML index of the GPU on the host (0-based).
+        memory: Total memory of the GPU, bytes.
+
+    Raises:
+        SliceError: a field is out of range (on construction).
+    """
+
+    uuid: str
+    index: int
+    memory: int
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.uuid, str) and 0 < len(self.uuid) <= 128,
+            "more_gpus: uuid must be a non-empty string of at most 128 characters",
+        )
+        _check(_is_int(self.index) and 0 <= self.index <= 4096, "more_gpus: index must be an integer 0-4096")
+        _check(
+            _is_int(self.memory) and 0 < self.memory <= MAX_BYTES,
+            "more_gpus: memory must be a positive number of bytes",
+        )
+
+    @classmethod
+    def from_dict(cls, data: object) -> Card:
+        """Parse ``{"uuid": str, "index": int, "memory": int}``.
+
+        Raises:
+            SliceError: not an object, a field missing or unknown, or out of range.
+        """
+        if not isinstance(data, Mapping):
+            raise SliceError(f"more_gpus: each card must be a JSON object, not {type(data).__name__}")
+        if set(data) != {"uuid", "index", "memory"}:
+            raise SliceError("more_gpus: each card has exactly the fields uuid, index and memory")
+        return cls(data["uuid"], data["index"], data["memory"])
+
+
+@dataclasses.dataclass(frozen=True)
 class Slice:
-    """A user's share of one GPU.
+    """A user's share of one GPU, or of several GPUs of one host.
 
     Attributes:
         gpu_uuid: NVML UUID of the GPU (``GPU-…``) or MIG instance (``MIG-…``);
@@ -118,6 +165,11 @@ class Slice:
             :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY` (default
             :data:`DEFAULT_PRIORITY`).
         isolation: How the GPU is shared, one of :data:`ISOLATIONS`.
+        more_gpus: The slice's other cards, in the order the kernel sees them after
+            the first (``CUDA_VISIBLE_DEVICES`` lists every card's UUID, so frameworks
+            see them as devices 1, 2, ...); empty for a one-card slice. The budget,
+            request and compute share hold on each card. Never under ``mig``; at most
+            :data:`MAX_GPUS` cards in all, each UUID once.
 
     Raises:
         SliceError: a field is out of range (on construction).
@@ -137,10 +189,15 @@ class Slice:
     memory_request: int | None = None
     priority: int = DEFAULT_PRIORITY
     isolation: str = "time-slicing"
+    more_gpus: tuple[Card, ...] = ()
 
     def __post_init__(self) -> None:
         if self.memory_request is None and _is_int(self.memory_limit):
             object.__setattr__(self, "memory_request", self.memory_limit)
+        _check(isinstance(self.more_gpus, (tuple, list)), "more_gpus must be a list of cards")
+        object.__setattr__(
+            self, "more_gpus", tuple(c if isinstance(c, Card) else Card.from_dict(c) for c in self.more_gpus)
+        )
         _check(
             isinstance(self.gpu_uuid, str) and 0 < len(self.gpu_uuid) <= 128,
             "gpu_uuid must be a non-empty string of at most 128 characters",
@@ -185,11 +242,56 @@ class Slice:
             _is_number(self.high_watermark) and 0 < self.high_watermark <= 1,
             "high_watermark must be in (0, 1]",
         )
+        _check(len(self.more_gpus) < MAX_GPUS, f"a slice spans at most {MAX_GPUS} cards")
+        _check(
+            len(set(self.gpu_uuids)) == len(self.gpu_uuids)
+            and len(set(self.gpu_indices)) == len(self.gpu_indices),
+            "more_gpus must name each card once, and not the slice's first card",
+        )
+        _check(
+            not self.more_gpus or self.isolation != "mig",
+            "more_gpus must be empty for a MIG instance (one instance per slice)",
+        )
+        _check(
+            not self.more_gpus or self.memory_request <= min(c.memory for c in self.more_gpus),
+            "memory_request must fit on each card of the slice",
+        )
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        """Every card's UUID, the first card first (the order ``CUDA_VISIBLE_DEVICES``
+        gives them)."""
+        return (self.gpu_uuid, *(c.uuid for c in self.more_gpus))
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        """Every card's NVML index, in the order of :attr:`gpu_uuids`."""
+        return (self.gpu_index, *(c.index for c in self.more_gpus))
+
+    def card_memory(self, uuid: str) -> int:
+        """Total memory of the slice's card ``uuid``, bytes.
+
+        Raises:
+            KeyError: ``uuid`` is not a card of this slice.
+        """
+        if uuid == self.gpu_uuid:
+            return self.gpu_memory
+        for c in self.more_gpus:
+            if c.uuid == uuid:
+                return c.memory
+        raise KeyError(uuid)
+
+    def memory_fractions(self) -> tuple[float, ...]:
+        """The budget as a fraction of each card, in (0, 1], in the order of
+        :attr:`gpu_uuids` (device 0, 1, ... inside the server): what
+        ``torch.cuda.set_per_process_memory_fraction(fraction, device)`` takes."""
+        return tuple(min(1.0, self.memory_limit / self.card_memory(u)) for u in self.gpu_uuids)
 
     @property
     def memory_fraction(self) -> float:
-        """The budget as a fraction of the card, in (0, 1], for
-        ``torch.cuda.set_per_process_memory_fraction``."""
+        """The budget as a fraction of the first card, in (0, 1], for
+        ``torch.cuda.set_per_process_memory_fraction`` (each card's:
+        :meth:`memory_fractions`)."""
         return min(1.0, self.memory_limit / self.gpu_memory)
 
     @property
@@ -217,6 +319,7 @@ class Slice:
     def to_dict(self) -> dict[str, Any]:
         """The serialised form as a JSON-ready dict (includes ``version``)."""
         data = dataclasses.asdict(self)
+        data["more_gpus"] = [dataclasses.asdict(c) for c in self.more_gpus]
         data["version"] = SCHEMA_VERSION
         return data
 
@@ -226,12 +329,13 @@ class Slice:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Slice:
-        """Parse the dict form written by :meth:`to_dict` (version 2), or a version-1 one.
+        """Parse the dict form written by :meth:`to_dict` (version 3), or an older one.
 
         Every field of the version is required and unknown fields are refused, so that
-        a typo never silently drops a limit. A version-1 document may leave out the
-        fields that had defaults then; it is read with ``memory_request`` equal to
-        ``memory_limit``, :data:`DEFAULT_PRIORITY` and ``"time-slicing"``.
+        a typo never silently drops a limit. A version-2 document has no ``more_gpus``
+        (one card). A version-1 document may leave out the fields that had defaults then;
+        it is read with ``memory_request`` equal to ``memory_limit``,
+        :data:`DEFAULT_PRIORITY` and ``"time-slicing"``.
 
         Raises:
             SliceError: not a mapping, no or an unknown version, a field missing,
@@ -243,17 +347,19 @@ class Slice:
         version = data.pop("version", None)
         if _is_int(version) and version == 1:
             names, required = _V1_FIELDS, _V1_FIELDS[:6]
-        elif _is_int(version) and version == SCHEMA_VERSION:
-            names = required = tuple(f.name for f in dataclasses.fields(cls))
+        elif _is_int(version) and version in (2, SCHEMA_VERSION):
+            names = required = tuple(
+                f.name for f in dataclasses.fields(cls) if version == 3 or f.name != "more_gpus"
+            )
         else:
-            raise SliceError(f"slice version {version!r} is not supported (expected 1 or {SCHEMA_VERSION})")
+            raise SliceError(f"slice version {version!r} is not supported (expected 1 to {SCHEMA_VERSION})")
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise SliceError(f"unknown slice field(s) for version {version}: {', '.join(unknown)}")
         missing = [n for n in required if n not in data]
         if missing:
             raise SliceError(f"missing slice field(s): {', '.join(missing)}")
-        if version == SCHEMA_VERSION and data["memory_request"] is None:
+        if version != 1 and data["memory_request"] is None:
             raise SliceError("memory_request must be a positive number of bytes")
         return cls(**data)
 
@@ -286,27 +392,33 @@ class Slice:
     def environment(self) -> dict[str, str]:
         """Environment variables that carry this slice into the user's server.
 
-        ``JUPYTER_VGPU_SLICE`` (this slice), ``CUDA_VISIBLE_DEVICES`` (the GPU's or MIG
-        instance's UUID, real devices only), and the limits other frameworks read at
-        start-up: JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (fraction of the card, two
-        decimals, rounded down) and CuPy's ``CUPY_GPU_MEMORY_LIMIT`` (bytes). Under the
-        ``mps`` backend also MPS's client limits: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
-        (the compute share) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``, the
-        budget rounded down to MiB, for the one visible device); they take effect only
-        for clients of an MPS control daemon, which the node arbiter runs. Sources:
-        JAX "GPU memory allocation", CuPy "Environment variables", NVIDIA MPS
-        documentation.
+        ``JUPYTER_VGPU_SLICE`` (this slice), ``CUDA_VISIBLE_DEVICES`` (the UUID of the
+        GPU or MIG instance, or of every card of the slice, comma-separated, first card
+        first; real devices only), and the limits other frameworks read at start-up:
+        JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (fraction of the smallest card, two
+        decimals, rounded down; JAX applies it to each device) and CuPy's
+        ``CUPY_GPU_MEMORY_LIMIT`` (bytes, per device). Under the ``mps`` backend also
+        MPS's client limits: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the compute share)
+        and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M,1=<MiB>M,...``, the budget
+        rounded down to MiB, for each visible device); they take effect only for
+        clients of an MPS control daemon, which the node arbiter runs. Sources: JAX
+        "GPU memory allocation", CuPy "Environment variables", NVIDIA MPS documentation
+        (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` takes a list of ``device=limit``).
         """
+        fraction = min(self.memory_fractions())
         env = {
             SLICE_ENV: self.to_json(),
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{math.floor(self.memory_fraction * 100) / 100:.2f}",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{math.floor(fraction * 100) / 100:.2f}",
             "CUPY_GPU_MEMORY_LIMIT": str(self.memory_limit),
         }
         if not self.simulated:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpu_uuid
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_uuids)
         if self.isolation == "mps":
+            mib = max(1, self.memory_limit // 2**20)
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(self.compute_share)
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, self.memory_limit // 2**20)}M"
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                f"{i}={mib}M" for i in range(len(self.gpu_uuids))
+            )
         return env
 
 

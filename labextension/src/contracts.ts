@@ -178,13 +178,23 @@ export interface INodeReport {
  */
 export type Isolation = 'time-slicing' | 'mps' | 'mig';
 
+export interface ICard {
+  /** NVML UUID of the GPU (GPU-sim-... when simulated). */
+  uuid: string;
+  /** NVML index of the GPU on its host. */
+  index: number;
+  /** Total memory of the GPU, bytes. */
+  memory: number;
+}
+
 /**
- * A user's share of one GPU: the serialised form of jupyter_vgpu.slice.Slice, written by the Hub's
- * spawner and read by the user's server and its kernels. Sizes in bytes.
+ * A user's share of one GPU, or of several GPUs of one host: the serialised form of
+ * jupyter_vgpu.slice.Slice, written by the Hub's spawner and read by the user's server and its
+ * kernels. Sizes in bytes. Version 2 (one card, no more_gpus) is still read.
  */
 export interface ISlice {
-  /** Version of this document's layout. */
-  version: 2;
+  /** Version of this document's layout (2: one card, no more_gpus). */
+  version: 2 | 3;
   /**
    * NVML UUID of the GPU (GPU-...) or of its MIG instance (MIG-...); simulated devices use
    * GPU-sim-... and MIG-sim-....
@@ -215,6 +225,13 @@ export interface ISlice {
   idle_seconds: number;
   /** Fraction of the budget above which idle tensors leave the GPU. */
   high_watermark: number;
+  /**
+   * The slice's other cards, in the order the kernel sees them after the first
+   * (CUDA_VISIBLE_DEVICES lists every card's UUID); empty for one card. The budget, request and
+   * compute share hold on each card. Each card once, never the first card again, empty under mig,
+   * and memory_request fits on each: checked by Slice, which JSON Schema cannot say.
+   */
+  more_gpus?: ICard[];
 }
 
 /** The GPU the slice is on; memory_used and sm_percent are null when simulated. */
@@ -323,7 +340,7 @@ export interface IUsageReport {
 export const CONTRACT_VERSIONS = {
   'kernel-report': 2,
   'node-report': 1,
-  'slice': 2,
+  'slice': 3,
   'usage': 1,
   'usage-report': 1
 } as const;

@@ -116,13 +116,26 @@ CANDIDATES = {
     "simulated": [True, False, 0, "true"],
     "idle_seconds": [1e-9, 300, 31536000, 0, 31536001, math.nan, -1],
     "high_watermark": [1e-9, 0.5, 1, 0, 1.01, math.nan],
+    "version": [2, 3, 4],
+    "more_gpus": [
+        None,  # absent
+        [],
+        [{"uuid": "GPU-2", "index": 2, "memory": 80 * GiB}],
+        [{"uuid": "GPU-1", "index": 2, "memory": 80 * GiB}],  # the first card's UUID again
+        [{"uuid": "GPU-2", "index": 2, "memory": 1}],  # too small for the request
+        [{"uuid": "GPU-2", "index": 2}],
+        [{"uuid": "GPU-2", "index": 2, "memory": 80 * GiB, "x": 1}],
+        [{"uuid": "GPU-2", "index": -1, "memory": 80 * GiB}],
+        [{"uuid": f"GPU-{i}", "index": i, "memory": 80 * GiB} for i in range(2, 18)],
+        {"uuid": "GPU-2", "index": 2, "memory": 80 * GiB},
+    ],
 }
 
 
 @settings(max_examples=600, deadline=None)
 @given(st.fixed_dictionaries({k: st.sampled_from(v) for k, v in CANDIDATES.items()}))
 def test_the_kernels_slice_checks_agree_with_the_schema(fields):
-    document = {"version": 2, **fields}
+    document = {k: v for k, v in fields.items() if not (k == "more_gpus" and v is None)}
     try:
         contracts.validate("slice", document)
         schema_ok = True
@@ -136,10 +149,16 @@ def test_the_kernels_slice_checks_agree_with_the_schema(fields):
     if python_ok:
         assert schema_ok, document
     elif schema_ok:
-        # The two rules across fields that JSON Schema does not express.
+        # The rules across fields that JSON Schema does not express.
         over_request = document["memory_request"] > document["memory_limit"]
         mig_overcommit = document["isolation"] == "mig" and document["overcommit_ratio"] != 1
-        assert over_request or mig_overcommit, document
+        cards = document.get("more_gpus") or []
+        uuids = [document["gpu_uuid"], *(c["uuid"] for c in cards)]
+        indices = [document["gpu_index"], *(c["index"] for c in cards)]
+        twice = len(set(uuids)) < len(uuids) or len(set(indices)) < len(indices)
+        mig_cards = bool(cards) and document["isolation"] == "mig"
+        small_card = any(c["memory"] < document["memory_request"] for c in cards)
+        assert over_request or mig_overcommit or twice or mig_cards or small_card, document
 
 
 def test_a_valid_slice_passes_both_and_round_trips():

@@ -6,7 +6,9 @@ import pytest
 
 from jupyter_vgpu.slice import (
     DEFAULT_PRIORITY,
+    MAX_GPUS,
     SLICE_ENV,
+    Card,
     Slice,
     SliceError,
     compute_share_text,
@@ -32,7 +34,7 @@ def test_round_trip_through_json_and_env():
     )
     assert Slice.from_json(s.to_json()) == s
     assert Slice.from_env(s.environment()) == s
-    assert json.loads(s.to_json())["version"] == 2
+    assert json.loads(s.to_json())["version"] == 3
 
 
 def test_request_defaults_to_the_limit_and_follows_it_when_it_was_the_whole_limit():
@@ -77,6 +79,68 @@ def test_version_2_documents_name_every_field():
             Slice.from_dict(partial)
     with pytest.raises(SliceError, match="memory_request"):
         Slice.from_dict({**data, "memory_request": None})
+
+
+def test_version_2_documents_are_one_card_slices():
+    data = {k: v for k, v in make().to_dict().items() if k != "more_gpus"}
+    s = Slice.from_dict({**data, "version": 2})
+    assert s.more_gpus == ()
+    assert s.gpu_uuids == (s.gpu_uuid,)
+    with pytest.raises(SliceError, match=r"unknown slice field.*more_gpus"):
+        Slice.from_dict({**data, "version": 2, "more_gpus": []})
+    with pytest.raises(SliceError, match=r"missing slice field.*more_gpus"):
+        Slice.from_dict({**data, "version": 3})
+
+
+def two_cards(**changes) -> Slice:
+    fields = dict(
+        gpu_uuid="GPU-a",
+        gpu_index=0,
+        memory_limit=40 * GiB,
+        simulated=False,
+        more_gpus=(Card("GPU-b", 1, 80 * GiB),),
+    )
+    return make(**{**fields, **changes})
+
+
+def test_a_slice_of_two_cards_carries_both_into_the_server():
+    s = two_cards(memory_request=30 * GiB)
+    assert s.gpu_uuids == ("GPU-a", "GPU-b")
+    assert s.gpu_indices == (0, 1)
+    assert Slice.from_json(s.to_json()) == s
+    assert json.loads(s.to_json())["more_gpus"] == [{"uuid": "GPU-b", "index": 1, "memory": 80 * GiB}]
+    env = s.environment()
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert Slice.from_env(env) == s
+    assert s.memory_fractions() == (0.5, 0.5)
+    mps = s.replace(isolation="mps").environment()
+    assert mps["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M,1=40960M"
+    # cards of different sizes: each has its own fraction; JAX takes the smallest
+    small = two_cards(more_gpus=(Card("GPU-b", 1, 160 * GiB),))
+    assert small.memory_fractions() == (0.5, 0.25)
+    assert small.environment()["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"more_gpus": (Card("GPU-a", 1, 80 * GiB),)}, "each card once"),
+        ({"more_gpus": (Card("GPU-b", 0, 80 * GiB),)}, "each card once"),
+        ({"more_gpus": (Card("GPU-b", 1, 80 * GiB), Card("GPU-b", 2, 80 * GiB))}, "each card once"),
+        ({"more_gpus": tuple(Card(f"GPU-{i}", i, 80 * GiB) for i in range(1, MAX_GPUS + 1))}, "at most 16"),
+        ({"more_gpus": (Card("GPU-b", 1, 8 * GiB),), "memory_request": 10 * GiB}, "fit on each card"),
+        ({"isolation": "mig", "overcommit_ratio": 1.0}, "MIG instance"),
+        ({"more_gpus": ({"uuid": "GPU-b", "index": 1},)}, "exactly the fields"),
+        ({"more_gpus": ({"uuid": "", "index": 1, "memory": 1},)}, "uuid must be"),
+        ({"more_gpus": ({"uuid": "GPU-b", "index": -1, "memory": 1},)}, "index must be"),
+        ({"more_gpus": ({"uuid": "GPU-b", "index": 1, "memory": 0},)}, "memory must be"),
+        ({"more_gpus": ("GPU-b",)}, "must be a JSON object"),
+        ({"more_gpus": "GPU-b"}, "must be a list"),
+    ],
+)
+def test_bad_cards_are_refused(changes, message):
+    with pytest.raises(SliceError, match=message):
+        two_cards(**changes)
 
 
 def test_from_env_absent_is_none():
@@ -158,7 +222,7 @@ def test_out_of_range_fields_are_refused(changes, message):
         ("[1, 2]", "JSON object"),
         ('{"gpu_uuid": "x"}', "version None is not supported"),
         ('{"version": 2, "gpu_uuid": "x"}', "missing"),
-        ('{"version": 3}', "version 3 is not supported"),
+        ('{"version": 4}', "version 4 is not supported"),
         ('{"version": true}', "version True is not supported"),
     ],
 )
