@@ -130,6 +130,7 @@ class VGPUAPIHandler(APIHandler):
                 body,
                 max_memory=allocator.largest_budget(),
                 max_request=allocator.largest_request(),
+                max_gpus=allocator.most_cards(),
                 min_memory=int(self.vgpu_hub.min_memory_limit),
                 base=base,
             )
@@ -206,6 +207,7 @@ class QuotasHandler(VGPUAPIHandler):
                 "min_memory_limit": int(hub.min_memory_limit),
                 "max_memory_limit": allocator.largest_budget(),
                 "max_memory_request": allocator.largest_request(),
+                "max_gpu_count": max(1, allocator.most_cards()),
                 "mig_profiles": allocator.profiles(allocator.largest_budget()),
                 "problems": hub.problems,
                 "groups": {n: q.to_dict() for n, q in self.store.all("group").items()},

@@ -13,10 +13,10 @@ import sys
 import time
 
 from jupyterhub.traitlets import ByteSpecification
-from traitlets import Dict, Enum, Float, Instance, Integer, Unicode, default, validate
+from traitlets import Dict, Enum, Float, Instance, Integer, TraitError, Unicode, default, validate
 from traitlets.config import SingletonConfigurable
 
-from jupyter_vgpu.slice import DEFAULT_PRIORITY, ISOLATIONS, MAX_PRIORITY, MIN_PRIORITY, PLACEMENTS
+from jupyter_vgpu.slice import DEFAULT_PRIORITY, ISOLATIONS, MAX_GPUS, MAX_PRIORITY, MIN_PRIORITY, PLACEMENTS
 
 from .inventory import GPUInventory
 from .nodes import NodeBoard
@@ -95,6 +95,14 @@ class VGPUHub(SingletonConfigurable):
         higher wins when a card is short of memory.""",
     ).tag(config=True)
 
+    default_gpu_count = Integer(
+        1,
+        help="""Cards per slice of a user with no user or group quota (from 1). A slice of
+        several cards has the budget and request on each, all on one host; it is placed by
+        VGPUSpawner (profile-sized spawners take their size from the profile, one card).
+        Not offered where the GPUs are shared through MPS.""",
+    ).tag(config=True)
+
     idle_seconds = Float(
         300.0,
         help="""A kernel that ran no code for this many seconds is idle: the node arbiter
@@ -139,6 +147,12 @@ class VGPUHub(SingletonConfigurable):
             raise ValueError(
                 f"VGPUHub.default_priority must be {MIN_PRIORITY}-{MAX_PRIORITY}, not {proposal.value}"
             )
+        return proposal.value
+
+    @validate("default_gpu_count")
+    def _check_gpu_count(self, proposal):
+        if not 1 <= proposal.value <= MAX_GPUS:
+            raise TraitError(f"VGPUHub.default_gpu_count must be 1-{MAX_GPUS}, not {proposal.value}")
         return proposal.value
 
     @validate("high_watermark")
@@ -271,6 +285,7 @@ class VGPUHub(SingletonConfigurable):
             compute_share=self.default_compute_share,
             memory_request=None if self.default_memory_request is None else int(self.default_memory_request),
             priority=self.default_priority,
+            gpu_count=self.default_gpu_count,
         )
 
 

@@ -14,8 +14,10 @@ Policies for shared GPUs:
 - ``spread``: the emptiest GPU, so users contend less.
 
 "Fullest" compares the guarantees left first, then the budget left. Ties go to the
-lower index. The allocator is used from the Hub's single event-loop thread only; it is
-not thread-safe.
+lower index. A slice of k cards takes its k cards in one decision, on one host: the k
+fullest (binpack) or emptiest (spread) of the cards the budget and request fit on, each
+holding the whole budget and request, or none at all. The allocator is used from the
+Hub's single event-loop thread only; it is not thread-safe.
 """
 
 from __future__ import annotations
@@ -42,14 +44,16 @@ class PlacementError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """One running slice on one device.
+    """One running slice on one device, or on several cards of one host.
 
     Attributes:
         key: who holds it, ``"user/server name"`` (``"ada/"`` for a default server).
-        gpu_uuid: the device (GPU or MIG instance).
-        memory_limit: the slice's budget, bytes.
+        gpu_uuid: the device (GPU or MIG instance); a slice of several cards, its first.
+        memory_limit: the slice's budget on each card, bytes.
         compute_share: the slice's compute share, percent.
-        memory_request: the slice's guaranteed bytes; None means the whole limit.
+        memory_request: the slice's guaranteed bytes on each card; None means the whole
+            limit.
+        more_gpus: the UUIDs of its other cards (empty for one card).
     """
 
     key: str
@@ -57,10 +61,17 @@ class Placement:
     memory_limit: int
     compute_share: int
     memory_request: int | None = None
+    more_gpus: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.memory_request is None:
             object.__setattr__(self, "memory_request", self.memory_limit)
+        object.__setattr__(self, "more_gpus", tuple(self.more_gpus))
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        """Every card of the slice, the first first."""
+        return (self.gpu_uuid, *self.more_gpus)
 
 
 class Allocator:
@@ -115,7 +126,7 @@ class Allocator:
         return gpu.memory if gpu.exclusive else int(gpu.memory * self.overcommit_ratio)
 
     def _on(self, gpu: GPU, excluding: str | None) -> list[Placement]:
-        return [p for p in self.placements.values() if p.gpu_uuid == gpu.uuid and p.key != excluding]
+        return [p for p in self.placements.values() if gpu.uuid in p.gpu_uuids and p.key != excluding]
 
     def committed(self, gpu: GPU, *, excluding: str | None = None) -> int:
         """Sum of the limits placed on ``gpu``, bytes (leaving out slice ``excluding``)."""
@@ -143,6 +154,16 @@ class Allocator:
         """The largest request any single slice may ever have, bytes (the biggest device)."""
         return max((g.memory for g in self.gpus), default=0)
 
+    def most_cards(self) -> int:
+        """The most cards a slice may ever span: the shared GPUs of the host that has
+        the most, leaving out those shared through MPS (a process reaches one card's MPS
+        daemon); 0 without such a GPU."""
+        hosts: dict[str | None, int] = {}
+        for g in self.shared:
+            if g.isolation != "mps":
+                hosts[g.node] = hosts.get(g.node, 0) + 1
+        return max(hosts.values(), default=0)
+
     def place(
         self,
         key: str,
@@ -152,29 +173,51 @@ class Allocator:
         memory_request: int | None = None,
         only=None,
     ) -> GPU:
-        """Place a new slice on a shared GPU (replacing any earlier placement of ``key``).
-
-        Args:
-            key: ``"user/server name"``.
-            memory_limit: budget, bytes (> 0).
-            compute_share: percent, 1-100.
-            policy: ``"binpack"`` or ``"spread"``.
-            memory_request: guaranteed bytes (default: the whole limit).
-            only: ``GPU -> bool``, the GPUs it may go on (default: every shared GPU; on
-                Slurm, those of the job's partition).
+        """Place a new one-card slice on a shared GPU (see :meth:`place_cards`).
 
         Returns:
             The GPU chosen.
+        """
+        return self.place_cards(key, memory_limit, compute_share, policy, memory_request, only)[0]
+
+    def place_cards(
+        self,
+        key: str,
+        memory_limit: int,
+        compute_share: int,
+        policy: str = "binpack",
+        memory_request: int | None = None,
+        only=None,
+        count: int = 1,
+    ) -> tuple[GPU, ...]:
+        """Place a new slice on ``count`` shared GPUs of one host (replacing any earlier
+        placement of ``key``), each holding the whole budget and request.
+
+        Args:
+            key: ``"user/server name"``.
+            memory_limit: budget on each card, bytes (> 0).
+            compute_share: percent, 1-100.
+            policy: ``"binpack"`` or ``"spread"``.
+            memory_request: guaranteed bytes on each card (default: the whole limit).
+            only: ``GPU -> bool``, the GPUs it may go on (default: every shared GPU; on
+                Slurm, those of the job's partition).
+            count: cards, from 1.
+
+        Returns:
+            The GPUs chosen, lowest index first (the first is the slice's first card).
 
         Raises:
-            ValueError: unknown policy, or a request above the limit.
-            PlacementError: no shared GPU has the limit and the request free.
+            ValueError: unknown policy, a request above the limit, or a count below 1.
+            PlacementError: fewer than ``count`` shared GPUs of one host have the limit
+                and the request free; nothing is placed.
         """
         if policy not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, not {policy!r}")
         request = memory_limit if memory_request is None else memory_request
         if request > memory_limit:
             raise ValueError(f"memory_request {request} is more than memory_limit {memory_limit}")
+        if count < 1:
+            raise ValueError(f"count must be at least 1, not {count}")
         if not self.gpus:
             raise PlacementError(
                 f"This hub cannot place vGPU slices: {self.unavailable}. "
@@ -192,19 +235,24 @@ class Allocator:
             and (only is None or only(g))
             and g.uuid not in self.down
         ]
-        if not fits:
-            raise PlacementError(self._refusal(key, memory_limit, request, only))
         sign = 1 if policy == "binpack" else -1
-        chosen = min(
-            fits,
-            key=lambda g: (
-                sign * self.free_request(g, excluding=key),
-                sign * self.free(g, excluding=key),
-                g.index,
-            ),
+
+        def order(g: GPU):
+            return (sign * self.free_request(g, excluding=key), sign * self.free(g, excluding=key), g.index)
+
+        hosts: dict[str | None, list[GPU]] = {}
+        for g in sorted(fits, key=order):
+            hosts.setdefault(g.node, []).append(g)
+        # per host, its `count` best cards; of the hosts that have enough, the best set
+        sets = [cards[:count] for cards in hosts.values() if len(cards) >= count]
+        if not sets:
+            raise PlacementError(self._refusal(key, memory_limit, request, only, count))
+        chosen = min(sets, key=lambda cards: [order(g) for g in cards])
+        chosen = sorted(chosen, key=lambda g: g.index)
+        self.placements[key] = Placement(
+            key, chosen[0].uuid, memory_limit, compute_share, request, tuple(g.uuid for g in chosen[1:])
         )
-        self.placements[key] = Placement(key, chosen.uuid, memory_limit, compute_share, request)
-        return chosen
+        return tuple(chosen)
 
     def profiles(self, max_memory: int, *, excluding: str | None = None) -> list[dict]:
         """The MIG profiles of this hub: ``{"profile", "memory", "compute_percent",
@@ -271,12 +319,13 @@ class Allocator:
 
     def restore(self, placement: Placement) -> None:
         """Record a slice that is already running (after a Hub restart), unchecked:
-        it is on the device whether it fits or not.
+        it is on its devices whether it fits or not.
 
         Raises:
-            KeyError: the device is not in this inventory.
+            KeyError: one of its devices is not in this inventory.
         """
-        self.gpu(placement.gpu_uuid)
+        for uuid in placement.gpu_uuids:
+            self.gpu(uuid)
         self.placements[placement.key] = placement
 
     def check_resize(self, key: str, memory_limit: int, memory_request: int | None = None) -> None:
@@ -289,22 +338,22 @@ class Allocator:
             PlacementError: the new limit or request does not fit next to the others.
         """
         current = self.placements[key]
-        gpu = self.gpu(current.gpu_uuid)
-        if gpu.exclusive:
-            return
         request = memory_limit if memory_request is None else memory_request
-        if memory_limit > current.memory_limit and self.free(gpu, excluding=key) < memory_limit:
-            raise PlacementError(
-                f"GPU {gpu.index} ({gpu.name}) cannot grow {key}'s slice to {format_size(memory_limit)}: "
-                f"{format_size(max(self.free(gpu, excluding=key), 0))} is left of "
-                f"{format_size(gpu.memory)} × overcommit {self.overcommit_ratio:g}"
-            )
-        if request > current.memory_request and self.free_request(gpu, excluding=key) < request:
-            raise PlacementError(
-                f"GPU {gpu.index} ({gpu.name}) cannot guarantee {key}'s slice {format_size(request)}: "
-                f"{format_size(max(self.free_request(gpu, excluding=key), 0))} of its "
-                f"{format_size(gpu.memory)} is not yet guaranteed to others"
-            )
+        for gpu in map(self.gpu, current.gpu_uuids):
+            if gpu.exclusive:
+                return
+            if memory_limit > current.memory_limit and self.free(gpu, excluding=key) < memory_limit:
+                raise PlacementError(
+                    f"GPU {gpu.index} ({gpu.name}) cannot grow {key}'s slice to {format_size(memory_limit)}: "
+                    f"{format_size(max(self.free(gpu, excluding=key), 0))} is left of "
+                    f"{format_size(gpu.memory)} × overcommit {self.overcommit_ratio:g}"
+                )
+            if request > current.memory_request and self.free_request(gpu, excluding=key) < request:
+                raise PlacementError(
+                    f"GPU {gpu.index} ({gpu.name}) cannot guarantee {key}'s slice {format_size(request)}: "
+                    f"{format_size(max(self.free_request(gpu, excluding=key), 0))} of its "
+                    f"{format_size(gpu.memory)} is not yet guaranteed to others"
+                )
 
     def resize(
         self, key: str, memory_limit: int, compute_share: int, memory_request: int | None = None
@@ -319,7 +368,9 @@ class Allocator:
         current = self.placements[key]
         if self.gpu(current.gpu_uuid).exclusive:
             return current
-        placement = Placement(key, current.gpu_uuid, memory_limit, compute_share, memory_request)
+        placement = Placement(
+            key, current.gpu_uuid, memory_limit, compute_share, memory_request, current.more_gpus
+        )
         self.placements[key] = placement
         return placement
 
@@ -327,9 +378,15 @@ class Allocator:
         """Forget slice ``key`` (no error when absent)."""
         self.placements.pop(key, None)
 
-    def _refusal(self, key: str, memory_limit: int, request: int, only=None) -> str:
+    def _refusal(self, key: str, memory_limit: int, request: int, only=None, count: int = 1) -> str:
         guaranteed = f" ({format_size(request)} guaranteed)" if request != memory_limit else ""
-        lines = [f"No GPU has room for a {format_size(memory_limit)} vGPU slice{guaranteed}:"]
+        if count == 1:
+            lines = [f"No GPU has room for a {format_size(memory_limit)} vGPU slice{guaranteed}:"]
+        else:
+            lines = [
+                f"No host has {count} GPUs with room for a vGPU slice of {format_size(memory_limit)} "
+                f"on each{guaranteed}:"
+            ]
         for g in self.shared:
             if only is not None and not only(g):
                 continue

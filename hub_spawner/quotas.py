@@ -1,7 +1,8 @@
 """Quotas: stored in the Hub's own database, resolved per user at spawn time.
 
-A quota names a memory limit and a memory request (bytes), a compute share (percent)
-and a priority for one user or one group; a field left unset (None) is inherited.
+A quota names a memory limit and a memory request (bytes, on each card), a compute
+share (percent), a priority and a card count for one user or one group; a field left
+unset (None) is inherited.
 Resolution, field by field: the user's own quota, else the largest value among the
 user's groups' quotas, else the hub-wide default. The request then defaults to the
 limit and never exceeds it.
@@ -12,7 +13,9 @@ database, its backups and its transactions) with our own metadata, leaving
 JupyterHub's schema and migrations untouched. Each row points at the Hub's own
 ``users.id`` / ``groups.id`` with ``ON DELETE CASCADE``: deleting a user or group
 through any path of the Hub deletes its quota in the same transaction, renaming keeps
-it (the id does not change), and a new user of an old name starts with none.
+it (the id does not change), and a new user of an old name starts with none. A column
+added by a later release (``gpu_count``) is added to tables made before it, empty
+(inherit).
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ from sqlalchemy import BigInteger, Column, ForeignKey, Integer, MetaData, Table,
 from sqlalchemy.orm import Session
 from traitlets.log import get_logger
 
-from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY
+from jupyter_vgpu.slice import MAX_GPUS, MAX_PRIORITY, MIN_PRIORITY
 
 from .sizes import format_size, parse_size
 
 KINDS = ("user", "group")
-FIELDS = ("memory_limit", "memory_request", "compute_share", "priority")
+FIELDS = ("memory_limit", "memory_request", "compute_share", "priority", "gpu_count")
 
 metadata = MetaData()
 
@@ -43,6 +46,7 @@ def _columns() -> list[Column]:
         Column("memory_request", BigInteger, nullable=True),
         Column("compute_share", Integer, nullable=True),
         Column("priority", Integer, nullable=True),
+        Column("gpu_count", Integer, nullable=True),
     ]
 
 
@@ -74,12 +78,14 @@ class Quota:
         compute_share: percent 1-100, or None.
         memory_request: guaranteed bytes, or None (the default: the whole limit).
         priority: 0-100, higher wins, or None.
+        gpu_count: cards per slice, from 1 (the budget and request hold on each), or None.
     """
 
     memory_limit: int | None = None
     compute_share: int | None = None
     memory_request: int | None = None
     priority: int | None = None
+    gpu_count: int | None = None
 
     def to_dict(self) -> dict[str, int | None]:
         return {f: getattr(self, f) for f in FIELDS}
@@ -94,6 +100,7 @@ class Effective:
         compute_share: percent.
         memory_request: guaranteed bytes (at most ``memory_limit``).
         priority: 0-100.
+        gpu_count: cards per slice, from 1.
         source: per field, ``"user"``, ``"group:<name>"``, ``"default"``, or for the
             request ``"memory_limit"`` (none set: the whole limit) and
             ``"<source>, capped at memory_limit"``.
@@ -104,6 +111,7 @@ class Effective:
     memory_request: int
     priority: int
     source: Mapping[str, str]
+    gpu_count: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f: getattr(self, f) for f in FIELDS}, "source": dict(self.source)}
@@ -127,6 +135,7 @@ def parse_quota(
     max_memory: int,
     min_memory: int = 1,
     max_request: int | None = None,
+    max_gpus: int = 0,
     base: Quota | None = None,
 ) -> Quota:
     """Validate a REST body into a :class:`Quota`.
@@ -134,12 +143,14 @@ def parse_quota(
     Args:
         body: the decoded JSON, ``{"memory_limit": 4294967296 | "4G" | null,
             "memory_request": ... | null, "compute_share": 1-100 | null,
-            "priority": 0-100 | null}``.
+            "priority": 0-100 | null, "gpu_count": 1-max_gpus | null}``.
         max_memory: the largest limit allowed, bytes (biggest card × overcommit ratio);
             0 when the Hub has no GPU (then not checked).
         min_memory: the smallest limit or request allowed, bytes.
         max_request: the largest request allowed, bytes (the biggest card); default
             ``max_memory``.
+        max_gpus: the most cards one slice may span
+            (:meth:`hub_spawner.placement.Allocator.most_cards`); 1 is always allowed.
         base: for PATCH, the stored quota the body is merged into; None for PUT.
 
     Raises:
@@ -174,6 +185,14 @@ def parse_quota(
             values[field] = size
         elif field == "compute_share":
             values[field] = _integer(body, field, 1, 100, "an integer percentage")
+        elif field == "gpu_count":
+            count = _integer(body, field, 1, MAX_GPUS, "an integer")
+            if count > max(1, max_gpus):
+                raise ValueError(
+                    f"gpu_count {count} is more than a slice can span on this hub: at most "
+                    f"{max(1, max_gpus)}, the GPUs one host shares (leaving out those shared through MPS)"
+                )
+            values[field] = count
         else:
             values[field] = _integer(body, field, MIN_PRIORITY, MAX_PRIORITY, "an integer")
     limit, request = values["memory_limit"], values["memory_request"]
@@ -203,6 +222,7 @@ class QuotaStore:
         bind = db.get_bind()
         if bind not in self._created_on:
             metadata.create_all(bind)
+            _add_new_columns(db)
             _migrate_named_rows(db)
             self._created_on.add(bind)
 
@@ -296,8 +316,27 @@ def resolve(stored: Mapping[tuple[str, str], Quota | None], user: str, default: 
         values["memory_request"] = values["memory_limit"]
         source["memory_request"] += ", capped at memory_limit"
     return Effective(
-        values["memory_limit"], values["compute_share"], values["memory_request"], values["priority"], source
+        values["memory_limit"],
+        values["compute_share"],
+        values["memory_request"],
+        values["priority"],
+        source,
+        values["gpu_count"] or 1,
     )
+
+
+def _add_new_columns(db: Session) -> None:
+    """Add the columns a later release gave the quota tables to tables made before it
+    (``ALTER TABLE ... ADD COLUMN``, nullable: existing rows inherit the field)."""
+    bind = db.get_bind()
+    for table in TABLES.values():
+        have = {c["name"] for c in inspect(bind).get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in have:
+                kind = column.type.compile(dialect=bind.dialect)
+                db.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
+                get_logger().info("vGPU: added column %s to %s", column.name, table.name)
+    db.commit()
 
 
 def _migrate_named_rows(db: Session) -> None:

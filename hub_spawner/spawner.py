@@ -15,13 +15,14 @@ in the spawner's state, so the Hub's database keeps it across restarts and
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import HasTraits, Integer, TraitError, Tuple, default, validate
 
 from jupyter_vgpu.host.socket_path import SOCKET_ENV, mps_pipe_directory
-from jupyter_vgpu.slice import Slice, SliceError, mig_profile
+from jupyter_vgpu.slice import Card, Slice, SliceError, mig_profile
 
 from . import adoption, options, ports
 from .config import VGPUHub
@@ -113,17 +114,29 @@ class VGPUSpawnerMixin(HasTraits):
             whole = Size(gpu.memory, gpu.memory, gpu.compute_percent or 100, quota.priority)
             self.vgpu_slice = self.vgpu_new_slice(gpu, whole, "mig")
         else:
-            gpu = allocator.place(
-                self.vgpu_key, quota.memory_limit, quota.compute_share, hub.placement, quota.memory_request
+            cards = allocator.place_cards(
+                self.vgpu_key,
+                quota.memory_limit,
+                quota.compute_share,
+                hub.placement,
+                quota.memory_request,
+                count=quota.gpu_count,
             )
-            self.vgpu_slice = self.vgpu_new_slice(gpu, quota, gpu.isolation)
+            if len(cards) > 1 and any(g.isolation == "mps" for g in cards):
+                allocator.release(self.vgpu_key)
+                raise PlacementError(
+                    f"Your quota asks for {len(cards)} GPUs per slice, and this hub shares its GPUs "
+                    "through MPS, whose clients each reach one card's daemon: ask an admin for a "
+                    "gpu_count of 1."
+                )
+            self.vgpu_slice = self.vgpu_new_slice(cards[0], quota, cards[0].isolation, more=cards[1:])
         self.log.info("vGPU slice for %s: %s", self._log_name, self.vgpu_describe())
         return self.vgpu_slice
 
-    def vgpu_new_slice(self, device: GPU, sizes, isolation: str) -> Slice:
-        """A slice of ``device`` with ``sizes``, and the Hub's settings every slice carries
-        (placement policy, overcommit ratio, idle seconds, high watermark). The one place
-        a spawner makes a slice.
+    def vgpu_new_slice(self, device: GPU, sizes, isolation: str, more: Sequence[GPU] = ()) -> Slice:
+        """A slice of ``device`` (and of the cards ``more``) with ``sizes``, and the Hub's
+        settings every slice carries (placement policy, overcommit ratio, idle seconds,
+        high watermark). The one place a spawner makes a slice.
 
         Args:
             device: the GPU or MIG instance (:class:`hub_spawner.inventory.GPU`): its
@@ -133,6 +146,8 @@ class VGPUSpawnerMixin(HasTraits):
                 user's :class:`hub_spawner.quotas.Effective` quota).
             isolation: the slice's isolation backend; a ``mig`` slice is never
                 overcommitted (ratio 1.0).
+            more: the slice's other cards, for a slice of several (the budget, request
+                and compute share hold on each).
 
         Raises:
             jupyter_vgpu.slice.SliceError: a field is out of range.
@@ -153,6 +168,7 @@ class VGPUSpawnerMixin(HasTraits):
             simulated=device.simulated,
             idle_seconds=hub.idle_seconds,
             high_watermark=hub.high_watermark,
+            more_gpus=tuple(Card(g.uuid, g.index, g.memory) for g in more),
         )
 
     def vgpu_describe(self) -> str:
@@ -170,6 +186,13 @@ class VGPUSpawnerMixin(HasTraits):
             if s.memory_request == s.memory_limit
             else f"{format_size(s.memory_request)} guaranteed"
         )
+        if s.more_gpus:
+            indices = [str(i) for i in s.gpu_indices]
+            return (
+                f"{kind}GPUs {', '.join(indices[:-1])} and {indices[-1]} ({s.gpu_name}): "
+                f"{format_size(s.memory_limit)} budget on each, {guaranteed}; "
+                f"compute share {s.compute_share_text}; priority {s.priority}"
+            )
         return (
             f"{kind}GPU {s.gpu_index} ({s.gpu_name}): {format_size(s.memory_limit)} budget, {guaranteed}; "
             f"compute share {s.compute_share_text}; priority {s.priority}"
@@ -328,7 +351,9 @@ class VGPUSpawnerMixin(HasTraits):
         """
         s = self.vgpu_slice
         self.vgpu_hub.allocator.restore(
-            Placement(self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request)
+            Placement(
+                self.vgpu_key, s.gpu_uuid, s.memory_limit, s.compute_share, s.memory_request, s.gpu_uuids[1:]
+            )
         )
 
     def clear_state(self) -> None:

@@ -204,3 +204,65 @@ def test_mig_instances_of_a_card_out_of_service_are_not_given():
         PlacementError, match=r"taken or on a card that takes no slice now \(2 on this hub: the card does not"
     ):
         a.place_instance("b/", "1g.10gb", 80 * GiB)
+
+
+def test_a_slice_of_several_cards_is_placed_whole_with_its_budget_on_each():
+    a = Allocator(gpus(4), overcommit_ratio=1.0)
+    a.place("small/", 30 * GiB, 50)  # GPU 0 is the fullest
+    cards = a.place_cards("pair/", 40 * GiB, 50, count=2)
+    assert [g.index for g in cards] == [0, 1]  # binpack: the fullest card that fits, then the next
+    assert a.placements["pair/"].gpu_uuids == ("GPU-0", "GPU-1")
+    assert [a.committed(g) for g in a.gpus] == [70 * GiB, 40 * GiB, 0, 0]
+    spread = a.place_cards("wide/", 20 * GiB, 50, "spread", count=2)
+    assert [g.index for g in spread] == [2, 3]  # the two emptiest
+    a.release("pair/")
+    assert [a.committed(g) for g in a.gpus] == [30 * GiB, 0, 20 * GiB, 20 * GiB]
+
+
+def test_a_slice_of_several_cards_is_never_half_placed():
+    a = Allocator(gpus(2))
+    a.place("big/", 70 * GiB, 50)
+    with pytest.raises(PlacementError) as refused:
+        a.place_cards("pair/", 40 * GiB, 50, count=2)
+    assert "No host has 2 GPUs with room for a vGPU slice of 40.00 GiB on each" in str(refused.value)
+    assert "GPU 0 (H100) has 10.00 GiB left" in str(refused.value)
+    assert "pair/" not in a.placements
+    assert [a.committed(g) for g in a.gpus] == [70 * GiB, 0]
+    with pytest.raises(PlacementError, match="No host has 3 GPUs"):
+        a.place_cards("three/", GiB, 50, count=3)
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        a.place_cards("none/", GiB, 50, count=0)
+
+
+def test_the_cards_of_a_slice_are_on_one_host():
+    nodes = [GPU(i % 2, f"GPU-{n}{i}", "H100", 80 * GiB, True, node=n) for n in "ab" for i in range(2)]
+    a = Allocator([*nodes, GPU(2, "GPU-b2", "H100", 80 * GiB, True, node="b")])
+    a.place("x/", 60 * GiB, 50, only=lambda g: g.uuid == "GPU-a0")
+    assert a.most_cards() == 3
+    cards = a.place_cards("pair/", 40 * GiB, 50, count=2)
+    assert {g.node for g in cards} == {"b"}  # node a has one card with 40 GiB free
+    cards = a.place_cards("three/", 30 * GiB, 50, count=3)
+    assert {g.node for g in cards} == {"b"}
+
+
+def test_a_slice_of_several_cards_resizes_on_each_and_restores():
+    a = Allocator(gpus(2))
+    a.place_cards("pair/", 40 * GiB, 50, count=2)
+    a.place("other/", 30 * GiB, 50, "spread")
+    with pytest.raises(PlacementError, match="cannot grow pair/'s slice to 60.00 GiB"):
+        a.resize("pair/", 60 * GiB, 50)
+    assert a.placements["pair/"].memory_limit == 40 * GiB
+    a.resize("pair/", 50 * GiB, 50)
+    assert a.placements["pair/"].gpu_uuids == ("GPU-0", "GPU-1")
+    assert [a.committed(g) for g in a.gpus] == [80 * GiB, 50 * GiB]
+    b = Allocator(gpus(2))
+    b.restore(a.placements["pair/"])
+    assert [b.committed(g) for g in b.gpus] == [50 * GiB, 50 * GiB]
+    with pytest.raises(KeyError):
+        b.restore(Placement("lost/", "GPU-0", GiB, 50, more_gpus=("GPU-9",)))
+
+
+def test_mps_cards_do_not_count_toward_a_slice_of_several():
+    mps = [GPU(i, f"GPU-{i}", "H100", 80 * GiB, True, "mps") for i in range(2)]
+    assert Allocator(mps).most_cards() == 0
+    assert Allocator([*mps, GPU(2, "GPU-2", "H100", 80 * GiB, True)]).most_cards() == 1

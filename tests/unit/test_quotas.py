@@ -119,6 +119,7 @@ def test_resolution_user_then_largest_group_then_default(store):
         "compute_share": "group:small",
         "memory_request": "group:big",
         "priority": "group:small",
+        "gpu_count": "default",
     }
     store.put("user", "ada", Quota(None, 5))
     e = store.resolve("ada", ["small", "big"], DEFAULT)
@@ -131,6 +132,7 @@ def test_resolution_user_then_largest_group_then_default(store):
         "compute_share": "default",
         "memory_request": "memory_limit",
         "priority": "default",
+        "gpu_count": "default",
     }
 
 
@@ -140,6 +142,40 @@ def test_a_request_from_elsewhere_is_capped_at_the_limit(store):
     e = store.resolve("ada", ["big"], DEFAULT)
     assert (e.memory_limit, e.memory_request) == (4 * GiB, 4 * GiB)
     assert e.source["memory_request"] == "group:big, capped at memory_limit"
+
+
+def test_the_card_count_resolves_like_any_field_and_defaults_to_one(store):
+    assert store.resolve("ada", [], DEFAULT).gpu_count == 1
+    store.put("group", "big", Quota(gpu_count=2))
+    store.put("group", "small", Quota(gpu_count=1))
+    e = store.resolve("ada", ["small", "big"], DEFAULT)
+    assert (e.gpu_count, e.source["gpu_count"]) == (2, "group:big")
+    store.put("user", "ada", Quota(gpu_count=1))
+    e = store.resolve("ada", ["small", "big"], DEFAULT)
+    assert (e.gpu_count, e.source["gpu_count"]) == (1, "user")
+    assert e.to_dict()["gpu_count"] == 1
+    assert store.get("group", "big") == Quota(gpu_count=2)
+
+
+def test_tables_made_before_the_card_count_get_its_column(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    db = orm.new_session_factory(url)()
+    db.add(orm.User(name="ada"))
+    db.commit()
+    for kind in ("user", "group"):
+        db.execute(
+            text(
+                f"CREATE TABLE vgpu_{kind}_quotas ({kind}_id INTEGER PRIMARY KEY, memory_limit BIGINT, "
+                "memory_request BIGINT, compute_share INTEGER, priority INTEGER)"
+            )
+        )
+    ada = db.execute(text("SELECT id FROM users WHERE name = 'ada'")).scalar()
+    db.execute(text(f"INSERT INTO vgpu_user_quotas VALUES ({ada}, {4 * GiB}, NULL, 30, NULL)"))
+    db.commit()
+    store = QuotaStore(db)
+    assert store.get("user", "ada") == Quota(4 * GiB, 30)
+    store.put("user", "ada", Quota(4 * GiB, 30, gpu_count=2))
+    assert QuotaStore(orm.new_session_factory(url)()).get("user", "ada").gpu_count == 2
 
 
 def test_resolution_override_sees_a_write_before_it_is_stored(store):
@@ -161,6 +197,9 @@ def test_parse_quota_put_and_patch():
         parse_quota({"memory_limit": "1G"}, base=base, **kw)
     # without GPUs (max 0) sizes are not capped: the quota is stored, spawns are refused
     assert parse_quota({"memory_limit": "1T"}, max_memory=0) == Quota(2**40)
+    assert parse_quota({"gpu_count": 4}, max_gpus=4, **kw) == Quota(gpu_count=4)
+    assert parse_quota({"gpu_count": 1}, **kw) == Quota(gpu_count=1)  # always, even with no GPU
+    assert parse_quota({"gpu_count": None}, base=Quota(gpu_count=2), **kw) == Quota()
 
 
 @pytest.mark.parametrize(
@@ -191,8 +230,17 @@ def test_parse_quota_put_and_patch():
         ({"priority": -1}, "priority must be an integer from 0 to 100"),
         ({"priority": 101}, "priority must be an integer from 0 to 100"),
         ({"priority": 1e3}, "priority must be an integer from 0 to 100"),
+        ({"gpu_count": 0}, "gpu_count must be an integer from 1 to 16"),
+        ({"gpu_count": 17}, "gpu_count must be an integer from 1 to 16"),
+        ({"gpu_count": 2.0}, "gpu_count must be an integer from 1 to 16"),
+        ({"gpu_count": "2"}, "gpu_count must be an integer from 1 to 16"),
+        ({"gpu_count": True}, "gpu_count must be an integer from 1 to 16"),
+        (
+            {"gpu_count": 3},
+            "gpu_count 3 is more than a slice can span on this hub: at most 2, the GPUs one host",
+        ),
     ],
 )
 def test_parse_quota_refuses(body, message):
     with pytest.raises(ValueError, match=message):
-        parse_quota(body, max_memory=80 * GiB, min_memory=256 * MiB)
+        parse_quota(body, max_memory=80 * GiB, min_memory=256 * MiB, max_gpus=2)
