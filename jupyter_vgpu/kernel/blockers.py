@@ -6,7 +6,8 @@ the last reasons and when they were found, ``_staying``, those of them naming me
 that may stay on the card). It names, in a notebook user's words, memory the pausable
 allocator knows and cannot pause (CUDA IPC, managed memory, memory the driver allocated
 itself), PyTorch memory the allocator does not know, child processes holding GPU memory,
-and code of the user's that runs between cells; and decides from them whether the
+a slice of several cards (the pause engine moves one card's memory), and code of the
+user's that runs between cells; and decides from them whether the
 kernel is paused whole, paused in part (what is shared or managed stays), suspended, or
 stays on the card (:meth:`Blockers.consequence`).
 """
@@ -82,10 +83,16 @@ class Blockers:
         if self.stand_in or not self._on_gpu():
             return []
         allocator = self._allocator()
-        if allocator is None:
-            return ["this kernel was not started with the pausable allocator (LD_PRELOAD)"]
-        f = allocator.figures()
         out, staying = [], []
+        cards = self.cards()
+        if cards > 1:  # the engine pauses the memory of one device: never a half pause
+            out.append(
+                f"this kernel's slice spans {cards} GPUs and a pause moves one card's memory, "
+                "so the driver's checkpoint takes it off every card at once"
+            )
+        if allocator is None:
+            return [*out, "this kernel was not started with the pausable allocator (LD_PRELOAD)"]
+        f = allocator.figures()
         if f.imported:
             mapped = format_bytes(f.imported)
             staying.append(f"{mapped} of another process's GPU memory is mapped in it ({CUDA_IPC})")

@@ -1,8 +1,9 @@
 """The slice's memory budget, applied to PyTorch the moment torch is imported.
 
-PyTorch's caching allocator enforces ``torch.cuda.set_per_process_memory_fraction``:
-past it, an allocation raises ``torch.OutOfMemoryError`` and the kernel lives on
-(measured on the H100, see the design map). We never import torch ourselves: an import
+PyTorch's caching allocator enforces ``torch.cuda.set_per_process_memory_fraction``
+per device: past it, an allocation raises ``torch.OutOfMemoryError`` and the kernel
+lives on (measured on the H100, see the design map). The budget holds on every device
+the kernel sees (a slice of several cards has it on each). We never import torch ourselves: an import
 hook waits for the user's ``import torch``, then queues the fraction with
 ``torch.cuda._lazy_call`` so that it is set when CUDA initialises (before the first
 allocation) without creating a CUDA context in kernels that never use the GPU.
@@ -63,8 +64,9 @@ class TorchBudget:
 
     Attributes:
         status: one human line: what was applied, or why nothing was.
-        fraction: the fraction of the device given to the allocator (0-1], or None.
-        device_total: total memory of the device, bytes, or None without CUDA.
+        fraction: the fraction of the first device given to the allocator (0-1], or None.
+        device_total: total memory of the first device, bytes, or None without CUDA.
+        fractions: the fraction given on each device the kernel sees, device 0 first.
     """
 
     def __init__(self):
@@ -73,6 +75,7 @@ class TorchBudget:
         self.torch = None
         self.fraction: float | None = None
         self.device_total: int | None = None
+        self.fractions: tuple[float, ...] = ()
         self.status = "torch not imported yet: the budget applies when it is"
 
     def set_slice(self, slice_: Slice | None) -> None:
@@ -95,24 +98,32 @@ class TorchBudget:
             torch.cuda._lazy_call(self.apply)
 
     def apply(self) -> None:
-        """Set the allocator's fraction from the slice (no-op without torch, CUDA or slice)."""
+        """Set the allocator's fraction on every visible device from the slice (no-op
+        without torch, CUDA or slice)."""
         torch = self.torch
         with self._lock:
             s = self.slice
             if torch is None or s is None or not torch.cuda.is_available():
                 return
-            device = torch.cuda.current_device()
-            total = torch.cuda.get_device_properties(device).total_memory
-            fraction = min(1.0, s.memory_limit / total)
-            torch.cuda.set_per_process_memory_fraction(fraction, device)
-            self.fraction, self.device_total = fraction, total
-            held = torch.cuda.memory_reserved(device)
-            self.status = (
-                f"budget {format_bytes(s.memory_limit)} applied to PyTorch (fraction {fraction:.4f})"
-            )
-            if held > s.memory_limit:
+            fractions, over = [], []
+            for device in range(torch.cuda.device_count()):
+                total = torch.cuda.get_device_properties(device).total_memory
+                fraction = min(1.0, s.memory_limit / total)
+                torch.cuda.set_per_process_memory_fraction(fraction, device)
+                fractions.append(fraction)
+                held = torch.cuda.memory_reserved(device)
+                if held > s.memory_limit:
+                    over.append(f"{format_bytes(held)} on device {device}")
+                if device == 0:
+                    self.device_total = total
+            self.fractions = tuple(fractions)
+            self.fraction = fractions[0] if fractions else None
+            each = f" on each of {len(fractions)} devices" if len(fractions) > 1 else ""
+            shown = ", ".join(f"{f:.4f}" for f in fractions)
+            self.status = f"budget {format_bytes(s.memory_limit)} applied to PyTorch{each} (fraction {shown})"
+            if over:
                 self.status += (
-                    f"; this kernel already holds {format_bytes(held)}, over the new budget: "
+                    f"; this kernel already holds {', '.join(over)}, over the new budget: "
                     "new allocations fail until tensors are freed"
                 )
 
@@ -121,8 +132,11 @@ class TorchBudget:
         s = self.slice
         if s is None:
             return "jupyter-vgpu: this kernel has no vGPU slice."
+        where = (
+            f"GPU {s.gpu_index}" if not s.more_gpus else f"each of GPUs {', '.join(map(str, s.gpu_indices))}"
+        )
         return (
-            f"vGPU slice budget: {format_bytes(s.memory_limit)} of {s.gpu_name} (GPU {s.gpu_index}). "
+            f"vGPU slice budget: {format_bytes(s.memory_limit)} of {s.gpu_name} ({where}). "
             "Free tensors (del, torch.cuda.empty_cache()) "
             "or ask your hub admin for a larger quota."
         )

@@ -98,6 +98,7 @@ class KernelHook:
             say=self._say,
             card_free=self.card_free,
             gpu_processes=self.gpu_processes,
+            cards=lambda: len(self.slice.gpu_uuids) if self.slice is not None else 1,
         )
         self.pausing.listeners.append(lambda state: self.write_report())
         self.arbiter = None  # the ArbiterClient, under a node arbiter
@@ -345,7 +346,7 @@ class KernelHook:
             return {}
         from jupyter_vgpu import nvml
 
-        uuids = [self.slice.gpu_uuid] if self.slice is not None else [g.uuid for g in nvml.list_gpus()]
+        uuids = self.slice.gpu_uuids if self.slice is not None else [g.uuid for g in nvml.list_gpus()]
         out: dict[int, int] = {}
         for uuid in uuids:
             for pid, nbytes in nvml.process_memory(uuid).items():
@@ -353,15 +354,17 @@ class KernelHook:
         return out
 
     def nvml_memory(self) -> int | None:
-        """This process's memory on the slice's GPU per NVML, bytes, or None when unknown."""
+        """This process's memory on the slice's GPUs per NVML (summed over the cards of
+        a slice of several), bytes, or None when unknown."""
         if self.slice is None or self.slice.simulated:
             return None
         try:
             from jupyter_vgpu import nvml
 
-            return nvml.process_memory(self.slice.gpu_uuid).get(os.getpid())
+            held = [nvml.process_memory(uuid).get(os.getpid()) for uuid in self.slice.gpu_uuids]
         except Exception:
             return None
+        return None if all(h is None for h in held) else sum(h or 0 for h in held)
 
     def report(self) -> dict[str, Any]:
         """The document this kernel writes to ``kernel-<id>.json`` (see jupyter_vgpu.channel)."""

@@ -83,6 +83,9 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         say: shows text in the running cell's output: ``say(text, end="\n")``.
         card_free: returns the free bytes of the slice's card now (NVML), or None where
             that is unknown (a simulated card).
+        gpu_processes: returns the processes holding memory on the slice's cards,
+            ``{pid: bytes}`` (NVML).
+        cards: returns how many cards the slice spans (1 without a slice).
     """
 
     def __init__(
@@ -94,8 +97,10 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         say: Callable[..., None] = lambda text, end="\n": None,
         card_free: Callable[[], int | None] = lambda: None,
         gpu_processes: Callable[[], dict[int, int]] = dict,
+        cards: Callable[[], int] = lambda: 1,
     ):
         self.config = config
+        self.cards = cards
         self._torch = torch_module
         self._simulated = simulated
         self._gpu_processes = gpu_processes

@@ -17,13 +17,26 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
             rows.append(("error", hook.slice_error))
     else:
         kind = "simulated (no NVIDIA GPU behind it)" if s.simulated else "real"
+        if not s.more_gpus:
+            of = f"{s.memory_fraction:.1%} of {format_bytes(s.gpu_memory)}"
+            rows += [
+                ("GPU", f"{s.gpu_name}, index {s.gpu_index} ({kind})"),
+                ("GPU UUID", s.gpu_uuid),
+                ("budget", f"{format_bytes(s.memory_limit)} ({of})"),
+            ]
+        else:  # a slice of several cards: a row per card, as the kernel numbers them
+            rows.append(("GPUs", f"{len(s.gpu_uuids)} cards of {s.gpu_name} ({kind}), the budget on each"))
+            for device, (uuid, index, fraction) in enumerate(
+                zip(s.gpu_uuids, s.gpu_indices, s.memory_fractions(), strict=True)
+            ):
+                rows.append(
+                    (
+                        f"cuda:{device}",
+                        f"index {index}, {uuid}: budget {format_bytes(s.memory_limit)} "
+                        f"({fraction:.1%} of {format_bytes(s.card_memory(uuid))})",
+                    )
+                )
         rows += [
-            ("GPU", f"{s.gpu_name}, index {s.gpu_index} ({kind})"),
-            ("GPU UUID", s.gpu_uuid),
-            (
-                "budget",
-                f"{format_bytes(s.memory_limit)} ({s.memory_fraction:.1%} of {format_bytes(s.gpu_memory)})",
-            ),
             ("budget request", f"{format_bytes(s.memory_request)} guaranteed, priority {s.priority}"),
             ("compute share", _share(s)),
             ("isolation", s.isolation),
