@@ -122,14 +122,14 @@ class Arbiter(Registry):
         return [c.kernel for c in self.conns.values() if c.kernel is not None]
 
     def on_card(self, uuid: str) -> list[Kernel]:
-        """The kernels whose slice is on card ``uuid``."""
-        return [k for k in self.kernels if k.slice.gpu_uuid == uuid]
+        """The kernels whose slice is on card ``uuid`` (a slice of several cards is on each)."""
+        return [k for k in self.kernels if uuid in k.slice.gpu_uuids]
 
     def simulated_total(self, uuid: str) -> int | None:
         """The bytes of card ``uuid`` when it is simulated (no NVML behind it), else None."""
         for server in self.servers.values():
-            if server.slice.gpu_uuid == uuid:
-                return server.slice.gpu_memory if server.slice.simulated else None
+            if uuid in server.slice.gpu_uuids:
+                return server.slice.card_memory(uuid) if server.slice.simulated else None
         return None
 
     async def read(self, uuid: str) -> Reading:
@@ -382,7 +382,7 @@ class Arbiter(Registry):
         await self._watch_mps(now)
         await self.tiering.step(now)
         host_first: list[tuple[Kernel, int]] = []  # pauses that wait for host memory, made below
-        for uuid in {k.slice.gpu_uuid for k in self.kernels}:
+        for uuid in {u for k in self.kernels for u in k.slice.gpu_uuids}:
             if self.locks[uuid].locked():
                 continue  # a room request is deciding on this card
             async with self.locks[uuid]:

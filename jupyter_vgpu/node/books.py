@@ -106,6 +106,9 @@ class Kernel:
         disk_bytes: bytes of its paused memory in the disk tier.
         checkpoint_bytes: bytes the driver's checkpoint took off the card when it was
             suspended (its resident bytes then; held in host memory while suspended).
+        checkpoint_need: those bytes per card (NVML UUID), for a restore to check each
+            card of a slice of several; empty when unknown (the first card then needs
+            ``checkpoint_bytes``).
         granted: bytes it was promised it may grow to for the cell it runs (its budget, or
             less when the card could never give that much: :func:`growth`).
         group: the processes suspended together, the kernel last (its child processes
@@ -137,6 +140,7 @@ class Kernel:
     host_bytes: int = 0
     disk_bytes: int = 0
     checkpoint_bytes: int = 0
+    checkpoint_need: dict[str, int] = dataclasses.field(default_factory=dict)
     granted: int = 0
     group: list[int] = dataclasses.field(default_factory=list)
     uid: int = -1

@@ -126,7 +126,9 @@ class Enforcement:
         """The real cards whose processes the watchdog looks at: those of the registered
         slices, and ``ArbiterApp.managed_gpus`` (by default every GPU, or MIG instance,
         NVML lists on this host; read once)."""
-        cards_now = {s.slice.gpu_uuid for s in self.arbiter.servers.values() if not s.slice.simulated}
+        cards_now = {
+            u for s in self.arbiter.servers.values() if not s.slice.simulated for u in s.slice.gpu_uuids
+        }
         if self._managed is None:
             self._managed = await asyncio.get_running_loop().run_in_executor(None, self._list_managed)
         return cards_now | self._managed

@@ -144,6 +144,11 @@ class Moves:
             # what the checkpoint takes off the card, after the kernel's own pause: its restore needs it back
             held = (await a.read(uuid)).processes
             kernel.checkpoint_bytes = sum(held.get(i.pid, 0) for i in group)
+            kernel.checkpoint_need = {uuid: kernel.checkpoint_bytes}
+            for card in kernel.slice.gpu_uuids[1:]:  # a slice of several cards: the others too
+                held = (await a.read(card)).processes
+                kernel.checkpoint_need[card] = sum(held.get(i.pid, 0) for i in group)
+            kernel.checkpoint_bytes = sum(kernel.checkpoint_need.values())
             try:
                 await self.driver(
                     kernel,
@@ -245,7 +250,9 @@ class Moves:
         failpoints.hit("arbiter.restore")
         # logged before the driver's call, so that a restore that never ends shows in the log
         log.info("restoring %s from the driver's checkpoint (group %s)", kernel.describe(), kernel.group)
-        need = {kernel.slice.gpu_uuid: kernel.checkpoint_bytes} if not kernel.slice.simulated else None
+        need = None
+        if not kernel.slice.simulated:  # the bytes on each card, as the suspend found them
+            need = kernel.checkpoint_need or {kernel.slice.gpu_uuid: kernel.checkpoint_bytes}
         group = kernel.group_ids
         if not group:  # suspended by another: its descendants of its own user, as they are now
             found = [procs.Identity.of(p, uid=kernel.uid) for p in _descendants(kernel.pid, kernel.uid)]
@@ -261,6 +268,7 @@ class Moves:
                 procs.close_quietly(group[:-1])
         procs.close_quietly(kernel.group_ids[:-1])
         kernel.checkpoint_bytes, kernel.group, kernel.group_ids = 0, [], []
+        kernel.checkpoint_need = {}
         a.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
         a.decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
         return True, ""

@@ -17,6 +17,7 @@ waiting one (:meth:`Rooms.request`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -165,8 +166,14 @@ class Rooms:
             notes: list[str] = []  # why victims stayed where they are
             host_first: list[tuple[Kernel, int]] = []  # victims whose pause waits for host memory
             try:
-                async with a.locks[uuid]:
+                async with contextlib.AsyncExitStack() as locked:
+                    # a slice of several cards: room on each, under every card's lock (taken in
+                    # one order, so two such kernels never wait on each other), in one decision
+                    for card in sorted(kernel.slice.gpu_uuids):
+                        await locked.enter_async_context(a.locks[card])
                     short, reading = await self.make_room(kernel, uuid, tell, notes, host_first)
+                    for card in kernel.slice.gpu_uuids[1:]:
+                        short = max(short, (await self.make_room(kernel, card, tell, notes, host_first))[0])
                     # the kernel's word (``restore``) or the books: whichever says the driver holds
                     # it, the driver is asked (a kernel reports itself active as soon as its cell
                     # starts, before its room)

@@ -6,18 +6,19 @@ cards instead: every ``poll_seconds`` it takes NVML's bytes per process on every
 the arbiter manages, maps each process to the registered server it belongs to (by its
 cgroup, its pod, or its process tree: kernels, their subprocesses, terminals, daemons
 they started), and compares **each server's sum** with its slice's budget. A server over
-its budget is warned at once (its kernels show the notice, the arbiter logs it, naming
-each of its processes and their bytes); if it is still over after ``grace_seconds`` the
-admin's policy applies: ``report`` (keep warning, every ``remind_seconds``), ``pause``
-(pause its idle kernels, then keep warning), or ``kill`` (end its processes, largest
-first, until the rest fits; again at each look while it is over).
+its budget (on any one card: a slice of several cards has the budget on each) is warned
+at once (its kernels show the notice, the arbiter logs it, naming each of its processes
+and their bytes); if it is still over after ``grace_seconds`` the admin's policy
+applies: ``report`` (keep warning, every ``remind_seconds``), ``pause`` (pause its idle
+kernels, then keep warning), or ``kill`` (end its processes, largest first, until the
+rest fits; again at each look while it is over).
 
-**Its own card**: a slice is one card (the spawner sets ``CUDA_VISIBLE_DEVICES`` to it),
-but a user can clear that variable before CUDA starts, in a kernel or in a process it
-starts. A server's process holding memory on a managed card that is not its slice's is
-*on the wrong GPU*: warned at once, whatever its bytes, and after the grace period the
-same policy applies to the processes on other cards (``kill`` ends them all: any byte
-there is outside the slice).
+**Its own cards**: a slice is one card, or several of one host (the spawner sets
+``CUDA_VISIBLE_DEVICES`` to them), but a user can clear that variable before CUDA
+starts, in a kernel or in a process it starts. A server's process holding memory on a
+managed card that is not one of its slice's is *on the wrong GPU*: warned at once,
+whatever its bytes, and after the grace period the same policy applies to the processes
+on other cards (``kill`` ends them all: any byte there is outside the slice).
 
 **Default deny**: a process on a managed card that belongs to no server, and that the
 allowlist does not name (the arbiter, MPS daemons, monitoring agents, admin processes:
@@ -41,15 +42,15 @@ GiB = 2**30
 @dataclasses.dataclass(frozen=True)
 class Owner:
     """Whose a process is: its server's key in the books (``Server.root``), the server's
-    name (``user/name``), its budget (bytes), how it was found (``cgroup``, ``pod``,
-    ``tree``) and its slice's card (NVML UUID; "" where the watchdog has no card to hold
-    it to: see :func:`owners`)."""
+    name (``user/name``), its budget (bytes, on each card), how it was found
+    (``cgroup``, ``pod``, ``tree``) and its slice's cards (NVML UUIDs; empty where the
+    watchdog has no card to hold it to: see :func:`owners`)."""
 
     key: int | str
     server: str
     budget: int
     mapped_by: str
-    gpu: str = ""
+    gpus: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +204,8 @@ class Watchdog:
         for key, (found, procs) in servers.items():
             total = sum(used for _, used in procs)
             actions += self._wrong_gpu(now, key, found, procs, total, cards or {}, how, seen)
+            if len(found.gpus) > 1 and cards:  # the budget holds on each card: judge the fullest
+                procs, total = _fullest_card(found, procs, cards)
             if total <= found.budget:
                 continue
             seen.add(key)
@@ -236,14 +239,14 @@ class Watchdog:
 
     def _wrong_gpu(self, now, key, found: Owner, procs, total: int, cards, how, seen) -> list[Action]:
         """The actions for a server's processes holding memory on cards other than its
-        slice's (none when its card is not known, ``found.gpu`` empty); ``total`` is the
+        slice's (none when its cards are not known, ``found.gpus`` empty); ``total`` is the
         server's bytes on all cards."""
-        if not found.gpu:
+        if not found.gpus:
             return []
         off = []
         for pid, _ in procs:
             held = cards.get(pid, {})
-            elsewhere = tuple(sorted((u, b) for u, b in held.items() if u != found.gpu and b > 0))
+            elsewhere = tuple(sorted((u, b) for u, b in held.items() if u not in found.gpus and b > 0))
             if elsewhere:
                 off.append((pid, elsewhere))
         if not off:
@@ -265,6 +268,14 @@ class Watchdog:
         return []
 
 
+def _fullest_card(found: Owner, procs, cards: dict[int, dict[str, int]]) -> tuple[list, int]:
+    """The server's processes with their bytes on its slice's fullest card, and that
+    card's total: what a budget that holds on each card is judged on."""
+    totals = {u: sum(cards.get(pid, {}).get(u, 0) for pid, _ in procs) for u in found.gpus}
+    fullest = max(found.gpus, key=lambda u: totals[u])
+    return [(pid, cards.get(pid, {}).get(fullest, 0)) for pid, _ in procs], totals[fullest]
+
+
 #: Server keys of servers whose card a scheduler picks, not the slice: Kubernetes' device
 #: plugin (``pod:``) and Slurm (``job:``, which confines the job to its GRES itself); their
 #: slice names the card only once the Hub has read where the pod or job landed.
@@ -281,11 +292,11 @@ def owners(
     Args:
         servers: the arbiter's :class:`~.books.Server` objects.
         mapping: maps a PID to ``(server key, how)`` (``Arbiter.mapping``), or None.
-        cards: the cards (NVML UUIDs) read at this look; an owner's ``gpu`` is its
-            slice's card only where that is one of them (not a placeholder id of a card
+        cards: the cards (NVML UUIDs) read at this look; an owner's ``gpus`` are its
+            slice's cards only where each is one of them (not a placeholder id of a card
             not yet reported, nor a simulated card) and the slice placed the server
             there (not a pod's or a Slurm job's, see :data:`SCHEDULED`). None: every
-            real slice's card.
+            real slice's cards.
     """
     by_root = {s.root: s for s in servers}
     known = None if cards is None else set(cards)
@@ -295,13 +306,13 @@ def owners(
         server = by_root.get(found[0]) if found is not None else None
         if server is None:
             return None
-        gpu = server.slice.gpu_uuid
+        gpus = server.slice.gpu_uuids
         if (
             server.slice.simulated
-            or (known is not None and gpu not in known)
+            or (known is not None and not known.issuperset(gpus))
             or (isinstance(server.root, str) and server.root.startswith(SCHEDULED))
         ):
-            gpu = ""
-        return Owner(server.root, server.key, server.slice.memory_limit, found[1], gpu)
+            gpus = ()
+        return Owner(server.root, server.key, server.slice.memory_limit, found[1], gpus)
 
     return owner

@@ -10,7 +10,7 @@ import pytest
 
 from jupyter_vgpu import channel
 from jupyter_vgpu.host.arbiter_control import ControlError
-from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.slice import Card, Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.waiting import wait_for
@@ -207,3 +207,29 @@ def test_the_books_show_each_kernel_processs_own_host_memory(arbiter, two):
     )
     assert entry["process_bytes"] < 4 * GiB, entry
     assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry
+
+
+def test_a_kernel_of_two_cards_gets_room_on_each(tmp_path, arbiter):
+    """Cleo's slice spans cards a and b; Ada's idle kernel holds 700 MiB of card b alone.
+    Room for Cleo's cell is made on both cards, so Ada is paused although card a, Cleo's
+    first, is empty."""
+    card_b = SLICE.replace(gpu_uuid="GPU-sim-b", gpu_index=1)
+    pair = SLICE.replace(gpu_uuid="GPU-sim-a", more_gpus=(Card("GPU-sim-b", 1, GiB),))
+    ada = start_kernel(tmp_path, arbiter, "ada", card_b)
+    cleo = start_kernel(tmp_path, arbiter, "cleo", pair)
+    try:
+        ada.run(HOLD_700)
+        wait_for(
+            lambda: (arbiter.kernel(ada.pid) or {}).get("resident") == 700 * MiB,
+            30,
+            "ada's 700 MiB in the books",
+        )
+        assert cleo.run("print(1 + 1)").strip() == "2"
+        assert state_of(arbiter, ada) == "paused"
+        pause = next(
+            d for d in arbiter.books()["decisions"] if d["what"] == "pause" and d["server"] == "ada/"
+        )
+        assert "cleo" in pause["reason"]
+    finally:
+        ada.shutdown()
+        cleo.shutdown()

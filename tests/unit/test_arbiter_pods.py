@@ -68,7 +68,7 @@ def test_a_server_known_by_its_pod_owns_every_process_of_the_pod(pods):
     tree = arbiter.register(bob_pid, "bob", "", SLICE.replace(memory_limit=4 * GiB))
     assert arbiter.server_of(bob_pid) is tree
     assert owners(arbiter.servers.values(), arbiter.mapping)(bob_pid) == Owner(
-        bob_pid, "bob/", 4 * GiB, "tree", SLICE.gpu_uuid
+        bob_pid, "bob/", 4 * GiB, "tree", (SLICE.gpu_uuid,)
     )
     assert arbiter.snapshot()["servers"][0]["pod_uid"] == ADA_POD
 

@@ -249,7 +249,7 @@ def test_a_slice_of_several_cards_resizes_on_each_and_restores():
     a = Allocator(gpus(2))
     a.place_cards("pair/", 40 * GiB, 50, count=2)
     a.place("other/", 30 * GiB, 50, "spread")
-    with pytest.raises(PlacementError, match="cannot grow pair/'s slice to 60.00 GiB"):
+    with pytest.raises(PlacementError, match=r"cannot grow pair/'s slice to 60\.00 GiB"):
         a.resize("pair/", 60 * GiB, 50)
     assert a.placements["pair/"].memory_limit == 40 * GiB
     a.resize("pair/", 50 * GiB, 50)

@@ -12,7 +12,7 @@ import pytest
 
 from jupyter_vgpu.node.books import Server
 from jupyter_vgpu.node.watchdog import Watchdog, owners
-from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.slice import Card, Slice
 
 GiB = 2**30
 SLICE = Slice("GPU-0", 0, "H100", 80 * GiB, 2 * GiB, 50)
@@ -166,3 +166,22 @@ def test_a_card_the_slice_does_not_pick_or_this_look_did_not_read_is_no_card_to_
     # the same servers keyed by a process tree on a card that was read: wrong
     tree = owners([Server(300, "ada", "", SLICE)], {300: (300, "tree")}.get, cards=["GPU-0", "GPU-1"])
     assert [a.kind for a in Watchdog("kill", grace_seconds=0).step(0.0, usage, tree, cards=cards)] == ["warn"]
+
+
+def test_a_slice_of_two_cards_holds_its_budget_on_each_and_both_are_its_own():
+    pair = dataclasses.replace(SLICE, more_gpus=(Card("GPU-1", 1, 80 * GiB),))
+    owner_ = owners([Server(100, "ada", "", pair)], MAPPING.get, cards=["GPU-0", "GPU-1", "GPU-2"])
+    dog = Watchdog("kill", grace_seconds=0)
+    # 1.5 GiB on each card: 3 GiB in all, within the 2 GiB budget of each card
+    usage, cards = by_card(p100={"GPU-0": 3 * GiB // 2, "GPU-1": 3 * GiB // 2})
+    assert dog.step(0.0, usage, owner_, cards=cards) == []
+    # 3 GiB on GPU-1 alone is over that card's budget: the process holding it is named
+    usage, cards = by_card(p100={"GPU-0": GiB // 2}, p101={"GPU-1": 3 * GiB})
+    over = dog.step(1.0, usage, owner_, cards=cards)
+    assert [(a.kind, a.pid, a.used, a.total, a.wrong_gpu) for a in over] == [
+        ("warn", 101, 3 * GiB, 3 * GiB, False)
+    ]
+    # a third card is not the slice's
+    usage, cards = by_card(p100={"GPU-0": GiB // 2, "GPU-2": GiB // 2})
+    wrong = Watchdog("kill", grace_seconds=0).step(0.0, usage, owner_, cards=cards)
+    assert [(a.kind, a.elsewhere) for a in wrong] == [("warn", (("GPU-2", GiB // 2),))]
