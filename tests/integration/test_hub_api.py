@@ -27,6 +27,8 @@ BAD_BODIES = [
     ({"compute_share": "half"}, "1 to 100"),
     ({"priority": 101}, "priority must be an integer from 0 to 100"),
     ({"priority": "high"}, "priority must be an integer from 0 to 100"),
+    ({"gpu_count": 0}, "gpu_count must be an integer from 1 to 16"),
+    ({"gpu_count": 3}, "gpu_count 3 is more than a slice can span on this hub: at most 2"),
     ({"memory": "4G"}, "unknown field"),
     ({}, "names no field"),
     ([1, 2], "JSON object"),
@@ -53,6 +55,7 @@ def test_admin_reads_every_quota(hub, users):
         "memory_request": None,
         "compute_share": 50,
         "priority": 50,
+        "gpu_count": 1,
     }
     assert doc["overcommit_ratio"] == 1.5
     assert doc["isolation"] == "time-slicing"
@@ -95,6 +98,7 @@ def test_admin_writes_user_and_group_quotas(hub, users):
         "memory_request": None,
         "compute_share": None,
         "priority": None,
+        "gpu_count": None,
     }
     assert hub.api("DELETE", "/vgpu/quotas/groups/students").status_code == 204
     assert hub.api("DELETE", "/vgpu/quotas/groups/students").status_code == 404
