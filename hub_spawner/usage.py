@@ -93,8 +93,10 @@ class UsageBoard:
 
 def slice_summary(user: str, spawner) -> dict[str, Any]:
     """The fields every listing of a running slice starts with: ``user``,
-    ``server_name``, ``gpu_uuid``, ``gpu_index``, ``gpu_name``, ``memory_limit`` and
-    ``memory_request`` (bytes), ``compute_share`` (percent), ``compute_share_text``
+    ``server_name``, ``gpu_uuid``, ``gpu_index`` (its first card), ``gpu_uuids`` and
+    ``gpu_indices`` (every card of the slice, the first first), ``gpu_name``,
+    ``memory_limit`` and ``memory_request`` (bytes, on each card), ``compute_share``
+    (percent), ``compute_share_text``
     (what the share means under the slice's backend: "not enforced (time-sliced)"
     under time-slicing), ``priority``, ``isolation``, ``mig_profile`` (or None),
     ``simulated``."""
@@ -104,6 +106,8 @@ def slice_summary(user: str, spawner) -> dict[str, Any]:
         "server_name": spawner.name,
         "gpu_uuid": s.gpu_uuid,
         "gpu_index": s.gpu_index,
+        "gpu_uuids": list(s.gpu_uuids),
+        "gpu_indices": list(s.gpu_indices),
         "gpu_name": s.gpu_name,
         "memory_limit": s.memory_limit,
         "memory_request": s.memory_request,
@@ -163,10 +167,14 @@ def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[
     of limits, bytes), ``requested`` (sum of requests, bytes), ``overcommit`` (committed
     / memory), ``used`` and ``offloaded`` (bytes, sums of reports), ``slices`` (the
     slice rows on it), ``simulated``, ``node`` (the Kubernetes node, or None on one host).
+
+    A slice of several cards is on each of its cards (its limit and request count on
+    each); its reported usage, one figure for the whole server, counts on its first card.
     """
     out = []
     for g in gpus:
-        mine = [r for r in rows if r["gpu_uuid"] == g.uuid]
+        mine = [r for r in rows if g.uuid in r.get("gpu_uuids", (r["gpu_uuid"],))]
+        first = [r for r in mine if r["gpu_uuid"] == g.uuid]
         committed = sum(r["memory_limit"] for r in mine)
         out.append(
             {
@@ -181,8 +189,8 @@ def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[
                 "committed": committed,
                 "requested": sum(r["memory_request"] for r in mine),
                 "overcommit": committed / g.memory,
-                "used": sum(r["used"] or 0 for r in mine),
-                "offloaded": sum(r["offloaded"] or 0 for r in mine),
+                "used": sum(r["used"] or 0 for r in first),
+                "offloaded": sum(r["offloaded"] or 0 for r in first),
                 "slices": mine,
                 "simulated": g.simulated,
                 "node": g.node,

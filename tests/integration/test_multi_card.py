@@ -52,6 +52,15 @@ def test_a_two_card_slice_is_placed_whole_and_its_kernel_sees_both_cards(hub, tw
     cards = [row["slice"]["gpu_uuid"], *(c["uuid"] for c in row["slice"]["more_gpus"])]
     assert len(set(cards)) == 2, row
     assert row["slice"]["memory_limit"] == 40 * GiB
+    # the Hub's books: the slice's limit and request on each card; the page shows it on each
+    gpus = {g["uuid"]: g for g in hub.api("GET", "/vgpu/usage").json()["gpus"]}
+    for uuid in cards:
+        ines = [r for r in gpus[uuid]["slices"] if r["user"] == "ines"]
+        assert [(r["memory_limit"], r["memory_request"], r["gpu_indices"]) for r in ines] == [
+            (40 * GiB, 4 * GiB, [0, 1])
+        ]
+    page = hub.login("admin").get(f"{hub.url}/hub/vgpu").text
+    assert page.count("GPUs 0 + 1</span>") == 2, page
     lab = LabClient(hub.spawn("ines"), token=two_card_user)
     kernel = lab.start_kernel()
     try:
