@@ -96,11 +96,15 @@ export class UsagePanel extends Widget {
 
   private _slice(usage: IUsage): HTMLElement {
     const s = usage.slice!;
+    // a slice of several cards has its budget and request on each card
+    const indices = [s.gpu_index, ...(s.more_gpus ?? []).map(card => card.index)];
+    const each = indices.length > 1 ? ' on each card' : '';
+    const simulated = s.simulated && !/simulated/i.test(s.gpu_name) ? ' (simulated)' : '';
     const rows: [string, string][] = [
-      ['GPU', `${s.gpu_index}: ${s.gpu_name}${s.simulated && !/simulated/i.test(s.gpu_name) ? ' (simulated)' : ''}`],
+      [indices.length > 1 ? 'GPUs' : 'GPU', `${indices.join(' + ')}: ${s.gpu_name}${simulated}`],
       ['Isolation', s.isolation],
-      ['Memory limit', formatBytes(s.memory_limit)],
-      ['Guaranteed', formatBytes(s.memory_request)],
+      ['Memory limit', `${formatBytes(s.memory_limit)}${each}`],
+      ['Guaranteed', `${formatBytes(s.memory_request)}${each}`],
       ['Compute share', computeShareText(s)],
       ['Priority', String(s.priority)],
       ['Placement', s.placement],

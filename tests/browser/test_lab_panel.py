@@ -9,7 +9,7 @@ import sys
 import pytest
 from playwright.sync_api import expect
 
-from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.slice import Card, Slice
 from jupyter_vgpu.testing.server_process import JupyterServer
 
 from .lab_page import (
@@ -168,3 +168,29 @@ def test_status_bar_item_opens_the_panel(lab, page):
     expect(page.locator("#jupyter-vgpu-panel")).to_be_hidden()
     page.locator(".jp-vgpu-indicator").click()
     expect(page.locator("#jupyter-vgpu-panel")).to_be_visible(timeout=30_000)
+
+
+def test_a_slice_of_two_cards_shows_both_cards_and_its_budget_on_each(tmp_path, page):
+    pair = SLICE.replace(more_gpus=(Card("GPU-sim-1", 1, 80 * GiB),))
+    server = JupyterServer(
+        tmp_path,
+        {"JUPYTER_VGPU_SLICE": pair.to_json(), "JUPYTERHUB_API_URL": ""},
+        app="jupyterlab",
+        args=[
+            f"--VGPUServer.channel_dir={tmp_path / 'channel'}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+    )
+    try:
+        prepare_lab(server.url, "light", _headers(server))
+        page.goto(f"{server.url}/lab?reset&token={server.token}")
+        wait_for_lab(page)
+        show_panel(page)
+        slice_rows = page.locator("#jupyter-vgpu-panel .jp-vgpu-slice")
+        expect(slice_rows).to_contain_text("GPUs0 + 1: NVIDIA H100 80GB HBM3 (simulated)")
+        expect(slice_rows).to_contain_text("Memory limit8.0 GiB on each card")
+        expect(slice_rows).to_contain_text("Guaranteed2.0 GiB on each card")
+        screenshot(page, "panel-two-cards", "#jupyter-vgpu-panel", docs=False)
+    finally:
+        server.stop()
