@@ -8,7 +8,10 @@
 3. the ``mps`` backend runs a control daemon per card, and a 25% / 2 GiB client of
    either daemon gets at most a quarter of that card's SMs and no more than its budget;
 4. a process of a server that (clearing ``CUDA_VISIBLE_DEVICES``) takes memory on the
-   other card is caught by the watchdog while it holds the memory and ended.
+   other card is caught by the watchdog while it holds the memory and ended;
+5. a kernel of a slice of both cards sees both, has its budget on each, and leaves both
+   cards whole (the driver's checkpoint) when another kernel needs room on one of them,
+   then comes back bit-exact on both.
 
 Each test skips, saying so, on a host with fewer than two GPUs.
 """
@@ -26,7 +29,7 @@ import pytest
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.node.mps import MPSDaemons
-from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.slice import Card, Slice
 from jupyter_vgpu.testing import card_holder
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.hub_process import CONFIG, HubProcess
@@ -283,4 +286,82 @@ def test_a_card_that_stops_answering_nvml_leaves_the_other_cards_kernels_running
     finally:
         for kernel in kernels:
             kernel.shutdown()
+        arbiter.stop()
+
+
+PAIR_FILL = """\
+import torch
+data = []
+for device in (0, 1):
+    g = torch.Generator(device=f"cuda:{device}").manual_seed(11 + device)
+    data += [torch.randint(0, 4, (2**30,), dtype=torch.uint8, device=f"cuda:{device}", generator=g)
+             for _ in range(24)]
+check = [int(d[:: 2**16].sum()) for d in data]
+try:  # 24 GiB held + 8 GiB more passes the 30 GiB budget of cuda:1
+    more = torch.empty(8 * 2**30, dtype=torch.uint8, device="cuda:1")
+    over = "allocated"
+except torch.OutOfMemoryError:
+    over = "refused"
+print(torch.cuda.device_count(), over, "filled")
+"""
+PAIR_CHECK = (
+    "print(all(int(d[:: 2**16].sum()) == c for d, c in zip(data, check)), len(data), "
+    "sorted({d.device.index for d in data}))"
+)
+
+
+def test_a_kernel_of_two_cards_has_its_budget_on_each_and_leaves_both_cards_whole(tmp_path):
+    """Ballast leaves 40 GiB of each card. The pair kernel's slice spans both cards (30 GiB
+    on each) and fills 24 GiB of each; a kernel of the second card then fills 24 GiB
+    there: the pair kernel declines a pause (the engine moves one card's memory) and is
+    suspended by the driver's checkpoint, off both cards at once; when it runs again, room
+    is made on both cards and it comes back bit-exact."""
+    first, second = CARDS[0], CARDS[1]
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=0", "--ArbiterApp.watermark=1.0").start()
+    ballast, kernels = [], []
+    try:
+        for card in (first, second):
+            on_it = {**os.environ, "CUDA_VISIBLE_DEVICES": card.uuid}
+            ballast.append(card_holder.hold(nvml.free_memory(card.uuid) - 40 * GiB, env=on_it))
+        pair_slice = Slice(
+            first.uuid, first.index, first.name, first.memory_total, 30 * GiB, 100, overcommit_ratio=2.0,
+            more_gpus=(Card(second.uuid, second.index, second.memory_total),),
+        )  # fmt: skip
+        one_slice = Slice(second.uuid, second.index, second.name, second.memory_total, 30 * GiB, 100,
+                          overcommit_ratio=2.0)  # fmt: skip
+        started = {}
+        for name, slice_ in (("pair", pair_slice), ("one", one_slice)):
+            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket), **slice_.environment())
+            kernel = Kernel(tmp_path, env, load_extension=True)
+            kernels.append(kernel)
+            with arbiter.control() as c:
+                c.register(kernel.pid, name, "", slice_)
+            started[name] = kernel
+        pair, one = started["pair"], started["one"]
+        out = pair.run(PAIR_FILL, timeout=300)
+        assert out.strip().splitlines()[-1] == "2 refused filled", out[-2000:]
+        for card in (first, second):
+            assert on_card(card.uuid, pair.pid), f"the pair kernel holds nothing on {card.uuid}"
+        out = one.run(FILL.format(seed=5, gib=24), timeout=300)
+        assert "filled 24" in out, out[-2000:]
+        state = arbiter.kernel(pair.pid)["state"]
+        decisions = [d for d in arbiter.books()["decisions"] if d.get("server") == "pair/"]
+        print(json.dumps({"pair": state, "decisions": decisions}, indent=1))
+        assert state == "suspended", decisions
+        assert any("spans 2 GPUs" in d.get("message", "") for d in decisions), decisions
+        for card in (first, second):
+            wait_for(
+                lambda card=card: not on_card(card.uuid, pair.pid), 30, f"the pair kernel off {card.uuid}"
+            )
+        out = pair.run(PAIR_CHECK, timeout=300)
+        assert out.strip().splitlines()[-1] == "True 48 [0, 1]", out[-2000:]
+        assert arbiter.kernel(one.pid)["state"] in ("paused", "suspended"), (
+            "no room was made on the second card"
+        )
+        assert one.run(CHECK, timeout=300).strip().splitlines()[-1].split() == ["True", "24"]
+    finally:
+        for kernel in kernels:
+            kernel.shutdown()
+        for process in ballast:
+            process.kill()
         arbiter.stop()
