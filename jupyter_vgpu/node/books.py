@@ -100,7 +100,10 @@ class Kernel:
         kernel_id: the id it gave (a figure for display, not an identity).
         state: one of ACTIVE, IDLE, PAUSED, SUSPENDED.
         since: monotonic seconds when it entered that state.
-        resident: bytes it holds on the card (NVML, or its own figure on a simulated GPU).
+        resident: bytes it holds on the card (NVML, or its own figure on a simulated GPU);
+            for a slice of several cards, on all of them together.
+        on_cards: for a slice of several real cards, the bytes it holds on each (NVML
+            UUID), as each card was last read; ``resident`` is their sum. Empty otherwise.
         paused_bytes: bytes released by its pause (what a resume needs back).
         host_bytes: bytes its paused memory takes in host memory.
         disk_bytes: bytes of its paused memory in the disk tier.
@@ -136,6 +139,7 @@ class Kernel:
     state: str = IDLE
     since: float = dataclasses.field(default_factory=time.monotonic)
     resident: int = 0
+    on_cards: dict[str, int] = dataclasses.field(default_factory=dict)
     paused_bytes: int = 0
     host_bytes: int = 0
     disk_bytes: int = 0
@@ -216,7 +220,16 @@ def cooperative(kernels: list[Kernel], but: Kernel | None = None) -> list[Kernel
     return [k for k in kernels if k is but or "spill" not in k.refused]
 
 
-def ceiling(kernel: Kernel, free: int, others: list[Kernel]) -> int:
+def held(kernel: Kernel, card: str | None = None) -> int:
+    """Bytes ``kernel`` holds on ``card`` (an NVML UUID): what it holds on that card of a
+    slice of several real cards (:attr:`Kernel.on_cards`), else its ``resident`` bytes
+    (a slice of one card, a simulated one, or ``card`` None)."""
+    if card is None or kernel.slice.simulated or len(kernel.slice.gpu_uuids) == 1:
+        return kernel.resident
+    return kernel.on_cards.get(card, 0)
+
+
+def ceiling(kernel: Kernel, free: int, others: list[Kernel], card: str | None = None) -> int:
     """The most ``kernel`` could ever hold on its card, bytes: the free memory plus what
     every kernel on the card holds (all of it could be taken off). What other processes
     and the driver hold is out of reach, so a budget above this can never be met in full.
@@ -225,16 +238,18 @@ def ceiling(kernel: Kernel, free: int, others: list[Kernel]) -> int:
         kernel: the kernel that wants to run.
         free: free bytes on its card now.
         others: the card's other kernels.
+        card: the card (NVML UUID), where a kernel of several cards may be among them
+            (:func:`held`); None: each kernel's ``resident`` bytes.
     """
-    return free + kernel.resident + sum(k.resident for k in others)
+    return free + held(kernel, card) + sum(held(k, card) for k in others)
 
 
-def growth(kernel: Kernel, free: int, others: list[Kernel]) -> int:
+def growth(kernel: Kernel, free: int, others: list[Kernel], card: str | None = None) -> int:
     """What ``kernel`` is granted when it runs, bytes: its budget, capped at :func:`ceiling`."""
-    return min(kernel.budget, ceiling(kernel, free, others))
+    return min(kernel.budget, ceiling(kernel, free, others, card))
 
 
-def shortfall(kernel: Kernel, free: int, others: list[Kernel]) -> int:
+def shortfall(kernel: Kernel, free: int, others: list[Kernel], card: str | None = None) -> int:
     """Bytes that must still be freed on the card before ``kernel`` may run.
 
     ``kernel`` may grow to its budget (or to what the card could ever give it, when the
@@ -246,9 +261,10 @@ def shortfall(kernel: Kernel, free: int, others: list[Kernel]) -> int:
         kernel: the kernel that wants to run.
         free: free bytes on its card now.
         others: the card's other kernels.
+        card: the card (:func:`held`).
     """
-    need = max(0, growth(kernel, free, others) - kernel.resident)
-    promised = sum(max(0, k.granted - k.resident) for k in others if k.state == ACTIVE)
+    need = max(0, growth(kernel, free, others, card) - held(kernel, card))
+    promised = sum(max(0, k.granted - held(k, card)) for k in others if k.state == ACTIVE)
     return max(0, need + promised - free)
 
 

@@ -182,7 +182,7 @@ class Rooms:
                     if short <= 0:  # its room is its own from here: a kernel running, as the books see it
                         was = kernel.state
                         others = [k for k in a.on_card(uuid) if k is not kernel]
-                        kernel.granted = books.growth(kernel, reading.free, others)
+                        kernel.granted = books.growth(kernel, reading.free, others, uuid)
                         kernel.state, kernel.since = ACTIVE, time.monotonic()
             except NVMLUnavailable as e:  # the card stopped answering: the kernel waits, told why
                 message = f"GPU {kernel.slice.gpu_index} does not answer: {e}; waiting for it"
@@ -259,7 +259,7 @@ class Rooms:
         a = self.arbiter
         reading = await a.read(uuid)
         others = [k for k in a.on_card(uuid) if k is not kernel]
-        short = books.shortfall(kernel, reading.free, others)
+        short = books.shortfall(kernel, reading.free, others, uuid)
         if short <= 0:
             return short, reading
         for victim, action in books.victims(others, kernel, a.config.suspend_after):
@@ -286,7 +286,8 @@ class Rooms:
             if not ok:
                 continue
             reading = await a.read(uuid)
-            short = books.shortfall(kernel, reading.free, [k for k in a.on_card(uuid) if k is not kernel])
+            others = [k for k in a.on_card(uuid) if k is not kernel]
+            short = books.shortfall(kernel, reading.free, others, uuid)
             if short <= 0:
                 break
         return short, reading

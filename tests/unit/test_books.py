@@ -1,7 +1,7 @@
 """The arbiter's books: what a kernel needs freed before it runs."""
 
 from jupyter_vgpu.node import books
-from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.slice import Card, Slice
 
 GiB = 1 << 30
 
@@ -63,3 +63,24 @@ def test_a_prefetch_fits_in_free_memory_below_the_watermark_or_waits_for_the_cel
     # a suspended kernel needs what the driver's checkpoint took, too
     suspended = kernel(9, 40 * GiB, state=books.SUSPENDED, checkpoint_bytes=41 * GiB)
     assert books.prefetch_short(suspended, free, total, [], watermark=1.0) == GiB
+
+
+def test_a_kernel_of_several_cards_is_counted_on_each_card_by_what_it_holds_there():
+    pair_slice = Slice(
+        "GPU-0", 0, "test card", 80 * GiB, 30 * GiB, 100, more_gpus=(Card("GPU-1", 1, 80 * GiB),)
+    )
+    pair = books.Kernel(9, books.Server(9, "pair", "", pair_slice), resident=26 * GiB)
+    pair.on_cards = {"GPU-0": 24 * GiB, "GPU-1": 2 * GiB}
+    assert books.held(pair, "GPU-0") == 24 * GiB
+    assert books.held(pair, "GPU-1") == 2 * GiB
+    assert books.held(pair, None) == 26 * GiB  # all its cards: what a suspend takes to host memory
+    # on GPU-1 it holds 2 GiB of its 30 and needs 28 more: 20 are free, an idle kernel holds 10
+    idle = kernel(2, budget=40 * GiB, resident=10 * GiB)
+    assert books.shortfall(pair, 20 * GiB, [idle], "GPU-1") == 8 * GiB
+    # on GPU-0 it holds 24: 6 more, and 20 are free
+    assert books.shortfall(pair, 20 * GiB, [idle], "GPU-0") == 0
+    # counted by its whole 26 GiB, it would have seemed to need only 4 more on GPU-1
+    assert books.shortfall(pair, 20 * GiB, [idle]) == 0
+    # as another's neighbour on GPU-1, it holds 2 GiB there, not 26
+    asking = kernel(1, budget=40 * GiB)
+    assert books.ceiling(asking, 30 * GiB, [pair], "GPU-1") == 32 * GiB
