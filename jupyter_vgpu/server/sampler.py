@@ -37,6 +37,25 @@ def _nvml_sample(gpu_uuid: str) -> dict[str, Any]:
     }
 
 
+def _nvml_samples(gpu_uuids) -> list[dict[str, Any]]:
+    return [_nvml_sample(uuid) for uuid in gpu_uuids]
+
+
+def merge_cards(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One card's figures for the per-kernel columns, from each card of a slice
+    (``samples``, the first card first, as :func:`_nvml_sample` makes them): the
+    processes' bytes summed over the cards (a kernel of several cards holds memory on
+    each), their SM percent the highest on any card, the card figures the first card's."""
+    processes: dict[int, int] = {}
+    process_sm: dict[int, float] = {}
+    for sample in samples:
+        for pid, nbytes in sample["processes"].items():
+            processes[pid] = processes.get(pid, 0) + nbytes
+        for pid, sm in sample["process_sm"].items():
+            process_sm[pid] = max(sm, process_sm.get(pid, 0))
+    return {**samples[0], "processes": processes, "process_sm": process_sm}
+
+
 def read_kernel_report(directory, kernel_id: str) -> tuple[dict[str, Any] | None, str | None]:
     """``(report, None)`` for a kernel's valid report (contract ``kernel-report``),
     ``(None, None)`` when it has written none yet, ``(None, why)`` when it breaks the
@@ -140,14 +159,16 @@ class Sampler:
     async def sample(self) -> dict[str, Any]:
         """Take one sample (see the module docstring for where each figure comes from)."""
         s = self.state.slice
-        nv = None
+        samples: list[dict[str, Any]] = []  # NVML's, a card each (the slice's first card first)
         if s is not None and not s.simulated:
             try:
-                nv = await asyncio.get_running_loop().run_in_executor(None, _nvml_sample, s.gpu_uuid)
+                samples = await asyncio.get_running_loop().run_in_executor(None, _nvml_samples, s.gpu_uuids)
             except Exception as e:
                 log.debug("jupyter-vgpu: NVML sample failed: %s", e)
-        if nv is not None:
-            self.state.update(pressure=nv["memory_used"] > self.config.pressure_fraction * nv["memory_total"])
+        nv = merge_cards(samples) if samples else None
+        if samples:
+            fraction = self.config.pressure_fraction
+            self.state.update(pressure=any(c["memory_used"] > fraction * c["memory_total"] for c in samples))
         km = self.serverapp.kernel_manager
         names = await self._names()
         kernels = []
@@ -171,23 +192,28 @@ class Sampler:
                 ("offloaded_compressed", "offloaded_compressed"),
             )
         }
-        gpu = None
+        cards = []
         if s is not None:
-            gpu = {
-                "index": s.gpu_index,
-                "uuid": s.gpu_uuid,
-                "name": s.gpu_name,
-                "memory_total": nv["memory_total"] if nv else s.gpu_memory,
-                "memory_used": nv["memory_used"] if nv else None,
-                "sm_percent": nv["sm_percent"] if nv else None,
-            }
+            for i, (uuid, index) in enumerate(zip(s.gpu_uuids, s.gpu_indices, strict=True)):
+                c = samples[i] if samples else None
+                cards.append(
+                    {
+                        "index": index,
+                        "uuid": uuid,
+                        "name": s.gpu_name,
+                        "memory_total": c["memory_total"] if c else s.card_memory(uuid),
+                        "memory_used": c["memory_used"] if c else None,
+                        "sm_percent": c["sm_percent"] if c else None,
+                    }
+                )
         return {
             "version": contracts.version("usage"),
             "slice": s.to_dict() if s else None,
             "simulated": s is None or s.simulated,
             "pressure": self.state.pressure,
             "timestamp": now,
-            "gpu": gpu,
+            "gpu": cards[0] if cards else None,
+            "more_gpus": cards[1:],
             "totals": totals,
             "kernels": kernels,
             "node": node,

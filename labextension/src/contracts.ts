@@ -234,7 +234,10 @@ export interface ISlice {
   more_gpus?: ICard[];
 }
 
-/** The GPU the slice is on; memory_used and sm_percent are null when simulated. */
+/**
+ * A card of the slice (gpu: its first card; more_gpus: the others); memory_used and sm_percent are
+ * null when simulated.
+ */
 export interface IGPU {
   index: number;
   uuid: string;
@@ -320,6 +323,11 @@ export interface IUsage {
   /** When the sample was taken, Unix seconds. */
   timestamp: number;
   gpu: IGPU | null;
+  /**
+   * The slice's other cards, for a slice of several (the slice's more_gpus, in order); empty or
+   * absent for one card.
+   */
+  more_gpus?: IGPU[];
   totals: ITotals;
   kernels: IKernelUsage[];
   /**

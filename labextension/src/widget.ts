@@ -110,8 +110,12 @@ export class UsagePanel extends Widget {
       ['Placement', s.placement],
       ['Overcommit', `${s.overcommit_ratio}×`]
     ];
-    if (usage.gpu && usage.gpu.memory_used !== null) {
-      rows.push(['Whole GPU', `${formatPair(usage.gpu.memory_used, usage.gpu.memory_total)}`]);
+    const cards = usage.gpu ? [usage.gpu, ...(usage.more_gpus ?? [])] : [];
+    for (const card of cards) {
+      if (card.memory_used !== null) {
+        const label = cards.length > 1 ? `Whole GPU ${card.index}` : 'Whole GPU';
+        rows.push([label, `${formatPair(card.memory_used, card.memory_total)}`]);
+      }
     }
     if (usage.node) {
       // the host memory the node's kernels hold for their GPU memory (paused data, pinned

@@ -66,6 +66,8 @@ def test_a_two_card_slice_is_placed_whole_and_its_kernel_sees_both_cards(hub, tw
     try:
         seen = json.loads(lab.execute(kernel, "import os; print(os.environ['JUPYTER_VGPU_SLICE'])"))
         assert [seen["gpu_uuid"], *(c["uuid"] for c in seen["more_gpus"])] == cards
+        usage = lab.get("api/vgpu/usage").json()  # the server's document, a card each
+        assert [usage["gpu"]["uuid"], *(g["uuid"] for g in usage["more_gpus"])] == cards, usage
         status = lab.execute(kernel, "%vgpu status")
         assert "2 cards of" in status, status
         for device, uuid in enumerate(cards):
