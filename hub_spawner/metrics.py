@@ -3,7 +3,9 @@
 A prometheus-client collector registered in the default registry, which JupyterHub's
 metrics endpoint serves (with its own ``read:metrics`` permission). Values are
 computed at scrape time from the slices and the servers' latest reports, so a series
-disappears as soon as its server stops.
+disappears as soon as its server stops. A slice of several cards has its settings
+(budget, request, priority, compute share) in a series per card, as they hold on each;
+what its server reports (one figure for the server) is in its first card's series.
 """
 
 from __future__ import annotations
@@ -47,12 +49,16 @@ class SliceCollector:
                 lambda r: r["sm_percent"],
             ),
         }
+        on_each = ("budget_bytes", "request_bytes", "priority", "compute_share_percent")
         for name, (doc, value) in per_slice.items():
             family = GaugeMetricFamily(f"{PREFIX}_slice_{name}", doc, labels=labels)
             for r in rows:
                 v = value(r)
-                if v is not None:
-                    family.add_metric([r["user"], r["server_name"], str(r["gpu_index"])], float(v))
+                if v is None:
+                    continue
+                cards = (r.get("gpu_indices") or [r["gpu_index"]]) if name in on_each else [r["gpu_index"]]
+                for index in cards:
+                    family.add_metric([r["user"], r["server_name"], str(index)], float(v))
             yield family
         per_gpu = {
             "memory_bytes": ("Total memory of the GPU, bytes.", "memory"),
