@@ -56,7 +56,7 @@ class SliceCollector:
                 v = value(r)
                 if v is None:
                     continue
-                cards = (r.get("gpu_indices") or [r["gpu_index"]]) if name in on_each else [r["gpu_index"]]
+                cards = r["gpu_indices"] if name in on_each else [r["gpu_index"]]
                 for index in cards:
                     family.add_metric([r["user"], r["server_name"], str(index)], float(v))
             yield family

@@ -173,7 +173,7 @@ def gpu_rows(gpus: Iterable, overcommit_ratio: float, rows: list[dict]) -> list[
     """
     out = []
     for g in gpus:
-        mine = [r for r in rows if g.uuid in r.get("gpu_uuids", (r["gpu_uuid"],))]
+        mine = [r for r in rows if g.uuid in r["gpu_uuids"]]
         first = [r for r in mine if r["gpu_uuid"] == g.uuid]
         committed = sum(r["memory_limit"] for r in mine)
         out.append(

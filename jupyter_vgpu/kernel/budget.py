@@ -3,10 +3,10 @@
 PyTorch's caching allocator enforces ``torch.cuda.set_per_process_memory_fraction``
 per device: past it, an allocation raises ``torch.OutOfMemoryError`` and the kernel
 lives on (measured on the H100, see the design map). The budget holds on every device
-the kernel sees (a slice of several cards has it on each). We never import torch ourselves: an import
-hook waits for the user's ``import torch``, then queues the fraction with
-``torch.cuda._lazy_call`` so that it is set when CUDA initialises (before the first
-allocation) without creating a CUDA context in kernels that never use the GPU.
+the kernel sees (a slice of several cards has it on each). We never import torch
+ourselves: an import hook waits for the user's ``import torch``, then queues the
+fraction with ``torch.cuda._lazy_call`` so that it is set when CUDA initialises (before
+the first allocation) without creating a CUDA context in kernels that never use the GPU.
 """
 
 from __future__ import annotations

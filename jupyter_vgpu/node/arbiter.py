@@ -151,12 +151,9 @@ class Arbiter(Registry):
             raise
         self.card_down(uuid, None)
         if total is None:
-            for k in kernels:
-                if len(k.slice.gpu_uuids) == 1:
-                    k.resident = reading.processes.get(k.pid, 0)
-                else:  # a slice of several cards: this card's bytes, and the sum over its cards
-                    k.on_cards[uuid] = reading.processes.get(k.pid, 0)
-                    k.resident = sum(k.on_cards.values())
+            for k in kernels:  # this card's bytes, and the sum over the slice's cards
+                k.on_cards[uuid] = reading.processes.get(k.pid, 0)
+                k.resident = sum(k.on_cards.values())
         return reading
 
     def card_down(self, uuid: str, why: str | None) -> None:

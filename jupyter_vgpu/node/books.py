@@ -102,8 +102,9 @@ class Kernel:
         since: monotonic seconds when it entered that state.
         resident: bytes it holds on the card (NVML, or its own figure on a simulated GPU);
             for a slice of several cards, on all of them together.
-        on_cards: for a slice of several real cards, the bytes it holds on each (NVML
-            UUID), as each card was last read; ``resident`` is their sum. Empty otherwise.
+        on_cards: on real cards, the bytes it holds on each card of its slice (NVML
+            UUID), as each card was last read; ``resident`` is their sum. Empty on a
+            simulated card.
         paused_bytes: bytes released by its pause (what a resume needs back).
         host_bytes: bytes its paused memory takes in host memory.
         disk_bytes: bytes of its paused memory in the disk tier.
