@@ -8,7 +8,9 @@ under ``LD_PRELOAD`` when it is not.
 from __future__ import annotations
 
 import os
+import select
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,3 +99,49 @@ def raw_copies(torch, tensors, slab_bytes: int = 4 * GiB, reps: int = 3) -> tupl
     del target
     torch.cuda.empty_cache()
     return times
+
+
+def nvml_bytes_elsewhere(pid: int) -> int:
+    """NVML's figure for ``pid`` on GPU 0, read by a fresh process (a process locked by the
+    driver's checkpoint waits in its own NVML calls until restored)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import gpu_common; print(gpu_common.nvml_bytes({pid}))"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return int(
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
+
+
+def checkpoint_cycle(mark=lambda what: None, timeout: float = 120.0) -> dict:
+    """Suspend this process through the driver's checkpoint (``jupyter_vgpu.host.checkpoint
+    hold``, the helper a kernel uses), read NVML's figure for it while suspended, and
+    restore it.
+
+    Returns:
+        ``suspend_s`` and ``restore_s`` (the helper's own timings, seconds; None where it
+        did not report one) and ``nvml_suspended_bytes`` (GPU 0, bytes; None where the
+        suspend failed). ``mark(text)`` is told each answer of the helper.
+    """
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "hold", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ready, _, _ = select.select([helper.stdout], [], [], timeout)
+    line = helper.stdout.readline().split() if ready else [f"no answer in {timeout:g} s"]
+    mark(" ".join(line))
+    suspended = nvml_bytes_elsewhere(os.getpid()) if line[:1] == ["suspended"] else None
+    helper.stdin.write("\n")
+    helper.stdin.flush()
+    ready, _, _ = select.select([helper.stdout], [], [], timeout)
+    restored = helper.stdout.readline().split() if ready else [f"no answer in {timeout:g} s"]
+    helper.kill()
+    mark(" ".join(restored))
+    return {
+        "suspend_s": float(line[1]) if line[:1] == ["suspended"] else None,
+        "restore_s": float(restored[1]) if restored[:1] == ["restored"] else None,
+        "nvml_suspended_bytes": suspended,
+    }

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import statistics
 import subprocess
 import sys
 import time
 
 import provenance
-from gpu_common import GiB, make, nvml_bytes, preloaded_or_reexec, raw_copies, require_gpu
+from gpu_common import GiB, checkpoint_cycle, make, nvml_bytes, preloaded_or_reexec, raw_copies, require_gpu
 
 STEP = r"""
 import json, statistics, time, torch
@@ -64,18 +63,6 @@ def step_times(preloaded: bool, steps: int, alloc_conf: str = "") -> list[float]
         [sys.executable, "-c", STEP % steps], env=env, capture_output=True, text=True, check=True
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def nvml_bytes_elsewhere(pid: int) -> int:
-    """NVML's figure for ``pid``, read by a fresh process."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = f"import sys; sys.path.insert(0, {here!r}); import gpu_common; print(gpu_common.nvml_bytes({pid}))"
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    return int(
-        subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        ).stdout
-    )
 
 
 def workload(torch, gib: float, gen) -> list:
@@ -120,23 +107,7 @@ def measure(torch, gib: float) -> dict:
     out = engine.pause()
     paused = nvml_bytes()
     mark("pause")
-    helper = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_vgpu.host.checkpoint", "hold", str(os.getpid())],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    ready, _, _ = select.select([helper.stdout], [], [], 120)
-    line = helper.stdout.readline().split() if ready else ["no answer in 120 s"]
-    mark(" ".join(line))
-    # NVML is asked from another process: a locked process's own NVML calls wait for it
-    suspended = nvml_bytes_elsewhere(os.getpid()) if line[:1] == ["suspended"] else None
-    helper.stdin.write("\n")
-    helper.stdin.flush()
-    ready, _, _ = select.select([helper.stdout], [], [], 120)
-    restored = helper.stdout.readline().split() if ready else ["no answer in 120 s"]
-    helper.kill()
-    mark(" ".join(restored))
+    checkpoint = checkpoint_cycle(mark)
     t = time.perf_counter()
     back = engine.resume()
     resume_s = time.perf_counter() - t
@@ -155,14 +126,14 @@ def measure(torch, gib: float) -> dict:
         "raw_d2h_s": raw_d2h,
         "raw_h2d_s": raw_h2d,
         "nvml_paused_bytes": paused,
-        "nvml_suspended_bytes": suspended,
+        "nvml_suspended_bytes": checkpoint["nvml_suspended_bytes"],
         "cold_pause_s": cold.seconds,
         "prepared_bytes": prepared,
         "prepare_s": prepare_s,
         "prepared_first_pause_s": first.seconds,
         "prepared_first_vs_warm": first.seconds / out.seconds,
-        "suspend_s": float(line[1]) if line[:1] == ["suspended"] else None,
-        "restore_s": float(restored[1]) if restored[:1] == ["restored"] else None,
+        "suspend_s": checkpoint["suspend_s"],
+        "restore_s": checkpoint["restore_s"],
         "codecs": list(out.codecs),
         "resume_vs_raw_h2d": raw_h2d / resume_s,
         "pause_vs_raw_d2h": raw_d2h / out.seconds,

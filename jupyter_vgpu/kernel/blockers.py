@@ -6,8 +6,7 @@ the last reasons and when they were found, ``_staying``, those of them naming me
 that may stay on the card). It names, in a notebook user's words, memory the pausable
 allocator knows and cannot pause (CUDA IPC, managed memory, memory the driver allocated
 itself), PyTorch memory the allocator does not know, child processes holding GPU memory,
-a slice of several cards (the pause engine moves one card's memory), and code of the
-user's that runs between cells; and decides from them whether the
+and code of the user's that runs between cells; and decides from them whether the
 kernel is paused whole, paused in part (what is shared or managed stays), suspended, or
 stays on the card (:meth:`Blockers.consequence`).
 """
@@ -84,12 +83,6 @@ class Blockers:
             return []
         allocator = self._allocator()
         out, staying = [], []
-        cards = self.cards()
-        if cards > 1:  # the engine pauses the memory of one device: never a half pause
-            out.append(
-                f"this kernel's slice spans {cards} GPUs and a pause moves one card's memory, "
-                "so the driver's checkpoint takes it off every card at once"
-            )
         if allocator is None:
             return [*out, "this kernel was not started with the pausable allocator (LD_PRELOAD)"]
         f = allocator.figures()

@@ -98,7 +98,6 @@ class KernelHook:
             say=self._say,
             card_free=self.card_free,
             gpu_processes=self.gpu_processes,
-            cards=lambda: len(self.slice.gpu_uuids) if self.slice is not None else 1,
         )
         self.pausing.listeners.append(lambda state: self.write_report())
         self.arbiter = None  # the ArbiterClient, under a node arbiter
@@ -228,15 +227,16 @@ class KernelHook:
         }
 
     def card_free(self) -> int | None:
-        """Free bytes of the slice's card now (NVML), or None where that is unknown (no
-        slice, a simulated card, no NVML). Safe while the kernel is suspended: NVML is
-        not CUDA, and a suspended process's CUDA calls wait for its restore."""
+        """Free bytes now of the slice's card with the least free (NVML; a slice of several
+        cards needs its room on each), or None where that is unknown (no slice, a
+        simulated card, no NVML). Safe while the kernel is suspended: NVML is not CUDA,
+        and a suspended process's CUDA calls wait for its restore."""
         if self.slice is None or self.slice.simulated:
             return None
         try:
             from jupyter_vgpu import nvml
 
-            return nvml.free_memory(self.slice.gpu_uuid)
+            return min(nvml.free_memory(uuid) for uuid in self.slice.gpu_uuids)
         except Exception:
             return None
 

@@ -8,7 +8,9 @@ paused here). It owns:
 - the pausable allocator (``native/``), looked up once: there only where the process was
   started with it (LD_PRELOAD);
 - the :class:`~.pause.engine.PauseEngine`, made on first use once the kernel holds GPU
-  memory (over the allocator's host backend where code made segments without a GPU);
+  memory (over the allocator's host backend where code made segments without a GPU), or
+  a :class:`~.pause.devices.DevicesEngine` where the kernel sees several devices (a slice
+  of several cards): one engine per device, paused and resumed as one;
 - whether the kernel has a CUDA context (PyTorch's word, the allocator's, NVML's), and
   whether its pauses are stand-ins (a simulated GPU, PyTorch without CUDA), which move
   no memory;
@@ -107,18 +109,22 @@ class MemoryPath:
             import torch  # only for a kernel holding GPU memory without it
         if not torch.cuda.is_initialized():
             torch.cuda.init()
-        units = [s for s in allocator.segments() if s.mapped]
-        device = units[0].device if units else torch.cuda.current_device()
         cfg = self.config
-        self.engine = PauseEngine(
-            torch,
-            allocator,
-            device,
+        options = dict(
             use_nvcomp=cfg.use_nvcomp,
             scratch_bytes=cfg.scratch_bytes,
             host_cap_bytes=cfg.host_cap_bytes,
             spill_dir=cfg.spill_dir or None,
         )
+        count = torch.cuda.device_count()
+        if count > 1:  # a slice of several cards: memory may lie on any of them
+            from .pause.devices import DevicesEngine
+
+            self.engine = DevicesEngine(torch, allocator, list(range(count)), **options)
+            return
+        units = [s for s in allocator.segments() if s.mapped]
+        device = units[0].device if units else torch.cuda.current_device()
+        self.engine = PauseEngine(torch, allocator, device, **options)
 
     def _host_engine(self):
         """Without CUDA: an engine over the pausable allocator's host backend, when the

@@ -81,11 +81,10 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         simulated: returns True when the slice's GPU is simulated (stand-in pauses).
         kernel: the ipykernel ``Kernel`` (its event loop is checked for idle code), or None.
         say: shows text in the running cell's output: ``say(text, end="\n")``.
-        card_free: returns the free bytes of the slice's card now (NVML), or None where
-            that is unknown (a simulated card).
+        card_free: returns the free bytes now of the slice's card with the least free
+            (NVML), or None where that is unknown (a simulated card).
         gpu_processes: returns the processes holding memory on the slice's cards,
             ``{pid: bytes}`` (NVML).
-        cards: returns how many cards the slice spans (1 without a slice).
     """
 
     def __init__(
@@ -97,10 +96,8 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         say: Callable[..., None] = lambda text, end="\n": None,
         card_free: Callable[[], int | None] = lambda: None,
         gpu_processes: Callable[[], dict[int, int]] = dict,
-        cards: Callable[[], int] = lambda: 1,
     ):
         self.config = config
-        self.cards = cards
         self._torch = torch_module
         self._simulated = simulated
         self._gpu_processes = gpu_processes

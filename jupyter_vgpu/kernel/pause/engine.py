@@ -162,6 +162,11 @@ class PauseEngine:
             (default: half of MemAvailable).
         spill_dir: where the host path spills past its cap (None: refuse instead).
         threads: CPU threads of the host path (default: one per core).
+        among_devices: this engine is one of several, one per device
+            (:class:`~.devices.DevicesEngine`): it pauses the units of its own device
+            and leaves the others' to theirs. False (one engine for the process): a
+            pause refuses while any unit lies on another device, since it would leave
+            that memory on its card.
     """
 
     def __init__(
@@ -175,8 +180,10 @@ class PauseEngine:
         host_cap_bytes: int | None = None,
         spill_dir=None,
         threads: int | None = None,
+        among_devices: bool = False,
     ):
         self.torch, self.vmm, self.device = torch, allocator, device
+        self.among_devices = among_devices
         if allocator.backend == 0:
             allocator.init(vmm.HOST if device is None else vmm.CUDA)
         self.scratch_bytes = scratch_bytes
@@ -286,7 +293,7 @@ class PauseEngine:
                 self.torch.cuda.empty_cache()
             if self.vmm.backend == vmm.CUDA:
                 self.vmm.collect()
-            units = [s for s in self.vmm.segments() if s.mapped]
+            units = self._own([s for s in self.vmm.segments() if s.mapped])
             self._check_coverage(units)
             segments = sorted((s for s in units if s.pausable), key=lambda s: s.size)
             snapshot = self._snapshot()
@@ -326,6 +333,24 @@ class PauseEngine:
                 tuple(sorted(used)),
             )
             return self.last_pause
+
+    def _own(self, units: list) -> list:
+        """The units of ``units`` this engine pauses: all of them on the host stand-in,
+        else those on its device.
+
+        Raises:
+            PauseError: a unit lies on another device and no other engine pauses it
+                (``among_devices`` False): nothing was paused.
+        """
+        if self.device is None:
+            return units
+        elsewhere = sorted({s.device for s in units} - {self.device})
+        if elsewhere and not self.among_devices:
+            raise PauseError(
+                f"this kernel holds memory on device {', '.join(map(str, elsewhere))} as well as on "
+                f"device {self.device}, and this engine pauses one device's memory: nothing was paused"
+            )
+        return [s for s in units if s.device == self.device]
 
     def _snapshot(self):
         """PyTorch's allocator snapshot, or None where it has none: the host stand-in, and
@@ -455,6 +480,16 @@ class PauseEngine:
         if self.state != PauseState.PAUSED:
             return Outcome(0.0, 0, 0, 0, ())
         t0 = time.perf_counter()
+        return self._write_back(self._map_back(), t0)
+
+    def _map_back(self) -> tuple[list[_Paused], tuple | None]:
+        """First half of a resume: physical memory mapped again behind every paused unit
+        (all or none) and the GPU path's scratch taken; returns them for
+        :meth:`_write_back`, or :meth:`_undo_map_back` where the resume goes no further.
+
+        Raises:
+            vmm.DeviceFull: no room for the units or the scratch: nothing stays mapped.
+        """
         self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
         mapped: list[_Paused] = list(self._paused)
         failpoints.hit("kernel.resume.mapped")
@@ -462,7 +497,23 @@ class PauseEngine:
         scratch = self._scratch() if needs_device else None
         if needs_device and scratch is None:
             self._unmap(mapped)
-            raise vmm.DeviceFull(2, f"resuming needs {self.room_needed()} free bytes on the device")
+            raise vmm.DeviceFull(2, f"resuming needs {self.room_needed()} free bytes on device {self.device}")
+        return mapped, scratch
+
+    def _undo_map_back(self, taken: tuple[list[_Paused], tuple | None]) -> None:
+        """Give back what :meth:`_map_back` took; the engine stays paused, nothing written."""
+        mapped, scratch = taken
+        self._give_back(scratch)
+        self._unmap(mapped)
+
+    def _write_back(self, taken: tuple[list[_Paused], tuple | None], t0: float) -> Outcome:
+        """Second half of a resume: every stored byte written back and checked, the host
+        copy let go, the engine active (figures from ``t0``, :func:`time.perf_counter`).
+
+        Raises:
+            ResumeError: damaged or unreadable host data: unmapped again, still paused.
+        """
+        mapped, scratch = taken
         used = set()
         staging = None
         try:
@@ -578,8 +629,13 @@ class PauseEngine:
         memory of their own."""
         if self.device is None or self.device_codec is None or self.state != PauseState.ACTIVE:
             return 0
-        figures = self.vmm.figures()
-        mapped = figures.own + figures.others
+        if self.among_devices:  # this device's share alone
+            mapped = sum(
+                u.size for u in self.vmm.segments() if u.mapped and u.pausable and u.device == self.device
+            )
+        else:
+            figures = self.vmm.figures()
+            mapped = figures.own + figures.others
         cuda, cached = self.torch.cuda, 0
         if cuda.is_initialized():
             cached = cuda.memory_reserved(self.device) - cuda.memory_allocated(self.device)
