@@ -86,6 +86,7 @@ def measure(torch, gib: float, cards: int, repeats: int) -> dict:
     paused = checkpoint_cycle(mark)
     engine.resume()
     every_exact = every_exact and exact()
+    codec_name = engine.codec_name
     engine.close()
     tensors.clear()
     torch.cuda.empty_cache()
@@ -97,6 +98,7 @@ def measure(torch, gib: float, cards: int, repeats: int) -> dict:
         "live_bytes": out.live_bytes,
         "host_bytes": out.host_bytes,
         "codecs": list(out.codecs),
+        "codec_name": codec_name,  # says why where nvCOMP was not used
         "pause_s": statistics.median(pauses),
         "resume_s": statistics.median(resumes),
         "pause_runs_s": pauses,
