@@ -118,7 +118,10 @@ class Moves:
         t0 = time.monotonic()
         reading = await a.read(uuid)
         before = reading.used
-        measured = None if kernel.slice.simulated else kernel.resident  # NVML's, just read
+        if action == "pause" and not kernel.slice.simulated:
+            # NVML's, just read: the bound of the paused bytes it reports, in the state
+            # message it sends while pausing (before its answer), not a figure of its last pause
+            kernel.measured = kernel.resident
         answer = await conn.ask(
             {"type": action}, a.config.pause_timeout, sent=lambda: failpoints.hit("arbiter.pause")
         )
@@ -164,7 +167,6 @@ class Moves:
             a.metrics.suspends.labels(gpu=uuid).inc()
         else:
             kernel.state = PAUSED
-            kernel.measured = measured
             a.metrics.pauses.labels(gpu=uuid, reason=reason.value).inc()
         released = answer.get("released")  # bytes; absent from a suspend's answer
         if released != 0:  # a pause that released nothing leaves nothing to wait for
