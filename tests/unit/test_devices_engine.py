@@ -98,7 +98,9 @@ def engine(monkeypatch):
     monkeypatch.setattr(devices, "PauseEngine", DeviceEngine)
     allocator = Allocator({0: 4 * GiB, 1: 6 * GiB})
     torch = pytest.importorskip("torch")
-    return devices.DevicesEngine(torch, allocator, [0, 1], host_cap_bytes=8 * GiB), allocator
+    both = devices.DevicesEngine(torch, allocator, [0, 1], host_cap_bytes=8 * GiB)
+    monkeypatch.setattr(both, "_on", lambda device: contextlib.nullcontext())  # no CUDA device here
+    return both, allocator
 
 
 def test_a_pause_takes_every_device_and_a_resume_brings_every_device_back(engine):

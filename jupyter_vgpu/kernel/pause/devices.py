@@ -90,12 +90,25 @@ class DevicesEngine:
         self.last_resume: Outcome | None = None
         self.last_spill: Outcome | None = None
 
+    def _on(self, device: int):
+        """``device`` current in this thread (its primary context) while one device's
+        engine works: the GPU codec's streams, events and kernels belong to the context
+        they were made in, and the driver refuses them in another's
+        (``CUDA_ERROR_INVALID_HANDLE``)."""
+        return self.torch.cuda.device(device)
+
     def _engine(self, device: int) -> PauseEngine:
         engine = self.engines.get(device)
         if engine is None:
-            engine = self.engines[device] = PauseEngine(
-                self.torch, self.vmm, device, host_cap_bytes=self._share, among_devices=True, **self._options
-            )
+            with self._on(device):
+                engine = self.engines[device] = PauseEngine(
+                    self.torch,
+                    self.vmm,
+                    device,
+                    host_cap_bytes=self._share,
+                    among_devices=True,
+                    **self._options,
+                )
         return engine
 
     def _paused(self) -> list[PauseEngine]:
@@ -131,12 +144,14 @@ class DevicesEngine:
             for device in holding:
                 engine = self._engine(device)
                 try:
-                    done.append((engine, engine.pause()))
+                    with self._on(device):
+                        done.append((engine, engine.pause()))
                 except BaseException as e:
                     still = isinstance(e, PauseError) and e.still_paused
                     for earlier, _ in reversed(done):
                         try:
-                            earlier.resume()
+                            with self._on(earlier.device):
+                                earlier.resume()
                         except Exception as again:
                             raise PauseError(
                                 f"pausing device {device} failed ({e}), and resuming device "
@@ -176,21 +191,24 @@ class DevicesEngine:
                 taken = []
                 try:
                     for engine in paused:
-                        taken.append((engine, engine._map_back()))
+                        with self._on(engine.device):
+                            taken.append((engine, engine._map_back()))
                 except BaseException:
                     for engine, t in reversed(taken):
-                        engine._undo_map_back(t)
+                        with self._on(engine.device):
+                            engine._undo_map_back(t)
                     raise
                 outcomes, failed = [], None
                 for engine, t in taken:
-                    if failed is None:
-                        try:
-                            outcomes.append(engine._write_back(t, t0))
-                            continue
-                        except BaseException as e:
-                            failed = e
-                            continue
-                    engine._undo_map_back(t)  # after a failure: none written, still paused
+                    with self._on(engine.device):
+                        if failed is None:
+                            try:
+                                outcomes.append(engine._write_back(t, t0))
+                                continue
+                            except BaseException as e:
+                                failed = e
+                                continue
+                        engine._undo_map_back(t)  # after a failure: none written, still paused
                 if failed is not None:
                     raise failed
             self.last_resume = _combined(outcomes, time.perf_counter() - t0)
@@ -224,7 +242,10 @@ class DevicesEngine:
         if not paused:
             raise PauseError(f"the kernel is {self.state}, not paused: nothing to move to disk")
         t0 = time.perf_counter()
-        outcomes = [e.spill(directory) for e in paused]
+        outcomes = []
+        for engine in paused:
+            with self._on(engine.device):
+                outcomes.append(engine.spill(directory))
         self.last_spill = _combined(outcomes, time.perf_counter() - t0)
         return self.last_spill
 
@@ -237,7 +258,9 @@ class DevicesEngine:
         for device in holding:
             if not keep_going():
                 break
-            made += self._engine(device).prepare(keep_going)
+            engine = self._engine(device)
+            with self._on(device):
+                made += engine.prepare(keep_going)
         return made
 
     def host_held(self) -> int:
@@ -246,7 +269,11 @@ class DevicesEngine:
 
     def trim(self) -> int:
         """Let go of every device's warm pinned slabs; returns the bytes given back."""
-        return sum(e.trim() for e in list(self.engines.values()))
+        freed = 0
+        for engine in list(self.engines.values()):
+            with self._on(engine.device):
+                freed += engine.trim()
+        return freed
 
     def disk_bytes(self) -> int:
         """Bytes of paused data in the disk tier, every device's."""
@@ -280,4 +307,5 @@ class DevicesEngine:
     def close(self) -> None:
         """Close every device's engine."""
         for engine in list(self.engines.values()):
-            engine.close()
+            with self._on(engine.device):
+                engine.close()
