@@ -141,6 +141,8 @@ def sessions_runs() -> list[tuple[str, dict]]:
             label += f", seed {run['seed']}"
         if run.get("edit_before_s"):
             label += f", editing {run['edit_before_s']:g} s before each cell"
+        if run.get("seed") is not None:  # a schedule replayed at several commits
+            label += f" (at {run['commit'][:7]})"
         out.append((label, run))
     return sorted(out, key=lambda lr: (lr[1]["sessions"], lr[1].get("seed") is not None, lr[0]))
 
@@ -306,7 +308,12 @@ def _pause() -> dict:
     big = doc["workloads"][-1]
     before = history(doc, "the run before")
     first = history(doc, "the first run on the H100")
+    redesign = history(doc, "the last run before issue 40")
     return {
+        "redesign_commit": next(h["commit"][:7] for h in doc["history"] if h["value"] is redesign),
+        "redesign_p": fig(redesign["workloads"][-1]["pause_s"]),
+        "redesign_r": fig(redesign["workloads"][-1]["resume_s"]),
+        "redesign_overhead": f"{redesign['step_overhead_idle'] * 100:+.2f}%",
         "before_p": fig(before["workloads"][-1]["pause_s"]),
         "before_r": fig(before["workloads"][-1]["resume_s"]),
         "first_p": fig(first["workloads"][-1]["pause_s"]),
@@ -341,8 +348,20 @@ def _run(**match) -> dict:
     return runs[0]
 
 
-SEED7 = {"sessions": 32, "seed": 7, "edit_before_s": 0.0}
+SEED7 = {
+    "sessions": 32,
+    "seed": 7,
+    "edit_before_s": 0.0,
+    "commit": "02c86665fbf10bca40e8420b7520192a143760e6",
+}
 SEED7_EDIT = {"sessions": 32, "seed": 7, "edit_before_s": 2.0}
+#: Seed 7 again after issue 40's redesign (the arbiter split, the host floor).
+SEED7_RERUN = {
+    "sessions": 32,
+    "seed": 7,
+    "edit_before_s": 0.0,
+    "commit": "d37fa5c9682aa3f134b98efd312853bccab4fc6a",
+}
 UNSEEDED = {"sessions": 32, "seed": None, "edit_before_s": 0.0, "host_memory_limit": "96G", "think_s": 180.0}
 UNSEEDED_EDIT = {
     "sessions": 32,
@@ -367,6 +386,33 @@ def met(run: dict) -> int:
 def _p95_points(*runs: dict) -> str:
     points = sorted((over(r, "p95_cell_s") - r["compute_share"]["p95_over_solo"]) * 100 for r in runs)
     return f"{points[0]:.0f}-{points[-1]:.0f}"
+
+
+def _rerun() -> dict:
+    run = _run(**SEED7_RERUN)
+    return {
+        "commit": run["commit"][:7],
+        "p50": pct(over(run, "p50_cell_s")),
+        "p95": pct(over(run, "p95_cell_s")),
+        "ooms": str(run["ooms"]),
+        "pauses": str(run["pauses"]),
+        "peak": f"{run['host_used_peak_bytes'] / 1e9:.1f}",
+    }
+
+
+def _multigpu() -> dict:
+    rows = {(w["cards"], w["name"].split(" GiB")[0]): w for w in load("multigpu-h200x2.json")["workloads"]}
+    one, two = rows[(1, "8")], rows[(2, "8")]
+    return {
+        "p1": fig(one["pause_s"], 3),
+        "r1": fig(one["resume_s"], 3),
+        "p2": fig(two["pause_s"], 3),
+        "r2": fig(two["resume_s"], 3),
+        "s1": fig(one["suspend_s"]),
+        "t1": fig(one["restore_s"]),
+        "s2": fig(two["suspend_s"]),
+        "t2": fig(two["restore_s"]),
+    }
 
 
 def _sessions() -> dict:
@@ -610,6 +656,13 @@ CLAIMS = [
         _pause,
     ),
     Claim(
+        "pause: before the redesign",
+        "pause-h100.json",
+        "before issue 40's redesign, at {redesign_commit}: 32 GiB {redesign_p} s / {redesign_r} s, a "
+        "training step {redesign_overhead}",
+        _pause,
+    ),
+    Claim(
         "pause: against the raw copy",
         "pause-h100.json",
         "beats the raw copy out by {out}× and the resume the raw copy in by {in}×",
@@ -698,6 +751,21 @@ CLAIMS = [
         _compute_share,
     ),
     Claim("sessions: seed 7", "sessions-h100.json", "({met_seed} of 32 cells met another)", _sessions),
+    Claim(
+        "a kernel of two cards",
+        "multigpu-h200x2.json",
+        "paused in {p2} s and resumed in {r2} s (an engine per device, nvCOMP on each), against {p1} s "
+        "and {r1} s for the same bytes on one card; the driver's checkpoint of the whole process took "
+        "{s2} s and its restore {t2} s (one card: {s1} s / {t1} s)",
+        _multigpu,
+    ),
+    Claim(
+        "sessions: seed 7 after the redesign",
+        "sessions-h100.json",
+        "replayed at {commit}, after the arbiter was split along its seams, ran at p50 {p50} and "
+        "p95 {p95} with {ooms} out-of-memory errors, {pauses} pauses and a host memory peak of {peak} GB",
+        _rerun,
+    ),
     Claim(
         "sessions: default host budget",
         "sessions-h100.json",
