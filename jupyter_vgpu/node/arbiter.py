@@ -50,7 +50,7 @@ from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.nvml import NVMLUnavailable
 
 from . import books, cards, handoff, mps, namespaces, protocol, safe_dirs, slurm
-from .books import PAUSED, Kernel, Reason
+from .books import PAUSED, SUSPENDED, Kernel, Reason
 from .cards import Reading
 from .decisions import DecisionLog
 from .enforcement import Enforcement
@@ -154,6 +154,8 @@ class Arbiter(Registry):
             for k in kernels:  # this card's bytes, and the sum over the slice's cards
                 k.on_cards[uuid] = reading.processes.get(k.pid, 0)
                 k.resident = sum(k.on_cards.values())
+                if k.state not in (PAUSED, SUSPENDED):  # the most it held since its last pause began
+                    k.measured = max(k.measured or 0, k.resident)
         return reading
 
     def card_down(self, uuid: str, why: str | None) -> None:

@@ -127,9 +127,11 @@ class Kernel:
             to spill holds its host memory on its own account (:func:`cooperative`).
         unresponsive_until: monotonic seconds until which it is not asked anything (it
             let a request go unanswered).
-        measured: the bytes NVML showed it holding on the card just before its last
-            pause (None: not measured; a simulated card, or paused before this arbiter
-            met it): what its paused figure may not pass.
+        measured: the bytes NVML showed it holding on its cards just before the
+            arbiter's last pause of it, or the most seen since while it was on the cards
+            (a pause of its own, ``%vgpu pause``, is bounded by that); None: not measured
+            (a simulated card, or paused before this arbiter met it): what its paused
+            figure may not pass.
         disk_measured: bytes the arbiter found in its directory of the disk tier at the
             last look (None: not looked): what its disk figure may not pass.
     """
