@@ -156,6 +156,7 @@ class Arbiter(Registry):
                 k.resident = sum(k.on_cards.values())
                 if k.state not in (PAUSED, SUSPENDED):  # the most it held since its last pause began
                     k.measured = max(k.measured or 0, k.resident)
+                    k.peak_on_cards[uuid] = max(k.peak_on_cards.get(uuid, 0), k.on_cards[uuid])
         return reading
 
     def card_down(self, uuid: str, why: str | None) -> None:
@@ -396,7 +397,9 @@ class Arbiter(Registry):
                     reading = await self.read(uuid)
                 except NVMLUnavailable:
                     continue  # the other cards' work goes on (read noted why)
-                todo = books.ahead_of_time(kernels, reading.used, reading.total, self.config.watermark, now)
+                todo = books.ahead_of_time(
+                    kernels, reading.used, reading.total, self.config.watermark, now, uuid
+                )
                 if self.checkpoint is not None and self.config.suspend_after > 0:
                     todo += [
                         (k, "suspend")

@@ -105,6 +105,9 @@ class Kernel:
         on_cards: on real cards, the bytes it holds on each card of its slice (NVML
             UUID), as each card was last read; ``resident`` is their sum. Empty on a
             simulated card.
+        peak_on_cards: the most it held on each card while on its cards (not paused or
+            suspended), since the arbiter's last pause of it began (which takes a fresh
+            reading): how its paused bytes split between the cards (:func:`paused_on`).
         paused_bytes: bytes released by its pause (what a resume needs back).
         host_bytes: bytes its paused memory takes in host memory.
         disk_bytes: bytes of its paused memory in the disk tier.
@@ -143,6 +146,7 @@ class Kernel:
     since: float = dataclasses.field(default_factory=time.monotonic)
     resident: int = 0
     on_cards: dict[str, int] = dataclasses.field(default_factory=dict)
+    peak_on_cards: dict[str, int] = dataclasses.field(default_factory=dict)
     paused_bytes: int = 0
     host_bytes: int = 0
     disk_bytes: int = 0
@@ -271,7 +275,24 @@ def shortfall(kernel: Kernel, free: int, others: list[Kernel], card: str | None 
     return max(0, need + promised - free)
 
 
-def prefetch_short(kernel: Kernel, free: int, total: int, others: list[Kernel], watermark: float) -> int:
+def paused_on(kernel: Kernel, card: str | None = None) -> int:
+    """Bytes of ``kernel``'s paused memory that a resume brings back to ``card`` (NVML
+    UUID): for a slice of several real cards, its ``paused_bytes`` split as it held its
+    memory between them before its pause (:attr:`Kernel.peak_on_cards`; all on the
+    first card where that is unknown); else all of them (``card`` None too)."""
+    cards = kernel.slice.gpu_uuids
+    if card is None or kernel.slice.simulated or len(cards) == 1:
+        return kernel.paused_bytes
+    seen = {c: kernel.peak_on_cards.get(c, 0) for c in cards}
+    total = sum(seen.values())
+    if total <= 0:
+        return kernel.paused_bytes if card == cards[0] else 0
+    return kernel.paused_bytes * seen.get(card, 0) // total
+
+
+def prefetch_short(
+    kernel: Kernel, free: int, total: int, others: list[Kernel], watermark: float, card: str | None = None
+) -> int:
     """Bytes missing before ``kernel`` (paused or suspended: its paused bytes and what the
     driver's checkpoint took) may come back ahead of its
     next cell; 0 when it may. A prefetch takes nobody off the card: it fits in the free
@@ -285,9 +306,17 @@ def prefetch_short(kernel: Kernel, free: int, total: int, others: list[Kernel], 
         total: the card's memory, bytes.
         others: the card's other kernels.
         watermark: the arbiter's watermark, a fraction of ``total``.
+        card: the card (NVML UUID), for a kernel of several cards: what its resume and
+            its restore bring back to that card alone (:func:`paused_on`,
+            :attr:`Kernel.checkpoint_need`), the others' holdings there (:func:`held`);
+            None: the kernel's whole figures.
     """
-    need = kernel.paused_bytes + kernel.checkpoint_bytes  # what its resume and its restore take
-    promised = sum(max(0, k.granted - k.resident) for k in others if k.state == ACTIVE)
+    if card is None or not kernel.checkpoint_need:
+        restore = kernel.checkpoint_bytes
+    else:
+        restore = kernel.checkpoint_need.get(card, 0)
+    need = paused_on(kernel, card) + restore  # what its resume and its restore take
+    promised = sum(max(0, k.granted - held(k, card)) for k in others if k.state == ACTIVE)
     over_free = need + promised - free
     over_mark = (total - free) + need - int(watermark * total)
     return max(0, over_free, over_mark)
@@ -335,11 +364,14 @@ def quiet(card_kernels: list[Kernel]) -> bool:
     return all(k.state != ACTIVE for k in card_kernels)
 
 
-def ahead_of_time(card_kernels: list[Kernel], used: int, total: int, watermark: float, now: float) -> list:
+def ahead_of_time(
+    card_kernels: list[Kernel], used: int, total: int, watermark: float, now: float, card: str | None = None
+) -> list:
     """Kernels to pause in the background on a card above ``watermark`` (a fraction of
     its memory in use): idle longer than their slice's ``idle_seconds``, longest idle
-    first, until the card would be under the watermark; ``[(kernel, "pause")]``. The
-    caller asks only for a :func:`quiet` card."""
+    first, until the card would be under the watermark, each counted by what it holds on
+    ``card`` (:func:`held`: a kernel of several cards frees its share there);
+    ``[(kernel, "pause")]``. The caller asks only for a :func:`quiet` card."""
     if used <= watermark * total:
         return []
     out, freed = [], 0
@@ -347,7 +379,7 @@ def ahead_of_time(card_kernels: list[Kernel], used: int, total: int, watermark: 
         if k.state != IDLE or k.idle_for(now) < k.slice.idle_seconds:
             continue
         out.append((k, "pause"))
-        freed += k.resident
+        freed += held(k, card)
         if used - freed <= watermark * total:
             break
     return out

@@ -122,6 +122,7 @@ class Moves:
             # NVML's, just read: the bound of the paused bytes it reports, in the state
             # message it sends while pausing (before its answer), not a figure of its last pause
             kernel.measured = kernel.resident
+            kernel.peak_on_cards = dict(kernel.on_cards)
         answer = await conn.ask(
             {"type": action}, a.config.pause_timeout, sent=lambda: failpoints.hit("arbiter.pause")
         )

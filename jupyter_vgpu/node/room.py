@@ -113,22 +113,33 @@ class Rooms:
         if last is not None and now - last < a.config.prefetch_interval:
             await deny("too soon", f"one prefetch per {a.config.prefetch_interval:g} s per user")
             return
-        async with a.locks[uuid]:
+        async with contextlib.AsyncExitStack() as locked:
+            # a slice of several cards: every card's lock, in the order room takes them
+            for card in sorted(kernel.slice.gpu_uuids):
+                await locked.enter_async_context(a.locks[card])
             # its state may read active already: a kernel reports so as it starts coming back
             held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
             if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
                 await deny("not away", "nothing to bring back: the kernel is on the GPU")
                 return
-            try:
-                reading = await a.read(uuid)
-            except NVMLUnavailable as e:
-                await deny("card unreadable", f"GPU {kernel.slice.gpu_index} does not answer: {e}")
-                return
-            others = [k for k in a.on_card(uuid) if k is not kernel]
-            short = books.prefetch_short(kernel, reading.free, reading.total, others, a.config.watermark)
-            if short > 0:
-                await deny("no room", f"no room to come back ahead of the cell ({format_bytes(short)} short)")
-                return
+            # each card by what the kernel brings back to it (a slice of several: its share)
+            for card, index in zip(kernel.slice.gpu_uuids, kernel.slice.gpu_indices, strict=True):
+                try:
+                    reading = await a.read(card)
+                except NVMLUnavailable as e:
+                    await deny("card unreadable", f"GPU {index} does not answer: {e}")
+                    return
+                others = [k for k in a.on_card(card) if k is not kernel]
+                short = books.prefetch_short(
+                    kernel, reading.free, reading.total, others, a.config.watermark, card
+                )
+                if short > 0:
+                    where = f" on GPU {index}" if kernel.slice.more_gpus else ""
+                    await deny(
+                        "no room",
+                        f"no room to come back ahead of the cell ({format_bytes(short)} short{where})",
+                    )
+                    return
             self._prefetched[kernel.server.user] = now
             # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state

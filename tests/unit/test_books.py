@@ -84,3 +84,40 @@ def test_a_kernel_of_several_cards_is_counted_on_each_card_by_what_it_holds_ther
     # as another's neighbour on GPU-1, it holds 2 GiB there, not 26
     asking = kernel(1, budget=40 * GiB)
     assert books.ceiling(asking, 30 * GiB, [pair], "GPU-1") == 32 * GiB
+
+
+def test_a_prefetch_of_a_kernel_of_several_cards_is_judged_on_each_card():
+    pair_slice = Slice(
+        "GPU-0", 0, "test card", 80 * GiB, 30 * GiB, 100, more_gpus=(Card("GPU-1", 1, 80 * GiB),)
+    )
+    pair = books.Kernel(9, books.Server(9, "pair", "", pair_slice), state=books.PAUSED, paused_bytes=24 * GiB)
+    pair.peak_on_cards = {"GPU-0": 18 * GiB, "GPU-1": 6 * GiB}  # before its pause: three quarters on GPU-0
+    assert books.paused_on(pair, "GPU-0") == 18 * GiB
+    assert books.paused_on(pair, "GPU-1") == 6 * GiB
+    assert books.paused_on(pair) == 24 * GiB
+    # 10 GiB free on each card: GPU-1 takes its 6 GiB back, GPU-0 is 8 GiB short of its 18
+    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0, card="GPU-1") == 0
+    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0, card="GPU-0") == 8 * GiB
+    # counted whole on each card, it would have seemed 14 GiB short on both
+    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0) == 14 * GiB
+    # suspended: what the driver's checkpoint took off each card, on that card
+    pair.checkpoint_need = {"GPU-0": GiB, "GPU-1": 5 * GiB}
+    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0, card="GPU-1") == GiB
+    # nothing known of how it held its memory: all of it counts on its first card
+    pair.peak_on_cards, pair.checkpoint_need = {}, {}
+    assert books.paused_on(pair, "GPU-0") == 24 * GiB
+    assert books.paused_on(pair, "GPU-1") == 0
+
+
+def test_background_pauses_count_a_kernel_of_several_cards_by_what_it_frees_on_the_card():
+    pair_slice = Slice(
+        "GPU-0", 0, "test card", 80 * GiB, 30 * GiB, 100, more_gpus=(Card("GPU-1", 1, 80 * GiB),),
+        idle_seconds=1,
+    )  # fmt: skip
+    pair = books.Kernel(9, books.Server(9, "pair", "", pair_slice), resident=26 * GiB, since=0.0)
+    pair.on_cards = {"GPU-0": 24 * GiB, "GPU-1": 2 * GiB}
+    other = kernel(2, budget=40 * GiB, resident=10 * GiB, since=1.0)
+    other.server.slice = other.server.slice.replace(gpu_uuid="GPU-1", idle_seconds=1)
+    # GPU-1 holds 70 of 80 GiB, watermark 0.6 (48 GiB): the pair frees 2 GiB there, not 26
+    todo = books.ahead_of_time([pair, other], 70 * GiB, 80 * GiB, 0.6, now=100.0, card="GPU-1")
+    assert [(k.pid, action) for k, action in todo] == [(9, "pause"), (2, "pause")]
