@@ -48,7 +48,7 @@ class DeviceEngine:
         self.state = PauseState.ACTIVE
         self.held = 0
         self._lock = threading.Lock()
-        self.arena = SimpleNamespace(held_bytes=0)
+        self.arena = SimpleNamespace(held_bytes=device * GiB, slab_bytes=256 << 20)
         self.device_codec = None
         self.codec_name = "zstd"
 
@@ -112,6 +112,7 @@ def test_a_pause_takes_every_device_and_a_resume_brings_every_device_back(engine
     assert both.room_needed_per_device() == {0: 4 * GiB, 1: 6 * GiB}
     assert both.room_needed() == 6 * GiB
     assert [e.cap for e in both.engines.values()] == [4 * GiB, 4 * GiB]  # the host cap shared out
+    assert (both.arena.held_bytes, both.arena.slab_bytes) == (GiB, 256 << 20)  # as one arena
     both.resume()
     assert both.state == PauseState.ACTIVE
     assert allocator.on == {0: 4 * GiB, 1: 6 * GiB}

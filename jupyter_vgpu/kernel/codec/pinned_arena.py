@@ -42,7 +42,10 @@ class PinnedArena:
     itself runs outside it, so a pause never waits on :meth:`prepare`'s pinning).
     """
 
-    def __init__(self, torch, slab_bytes: int = 256 * MiB, pin: Callable[[int], object] | None = None):
+    #: Bytes per slab unless told otherwise.
+    SLAB_BYTES = 256 * MiB
+
+    def __init__(self, torch, slab_bytes: int = SLAB_BYTES, pin: Callable[[int], object] | None = None):
         self.torch = torch
         self.slab_bytes = slab_bytes
         self._pin = pin or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))

@@ -30,6 +30,7 @@ import contextlib
 import threading
 import time
 
+from ..codec.pinned_arena import PinnedArena
 from . import vmm
 from .engine import Outcome, PauseEngine, PauseError, plain_torch
 from .states import PauseState
@@ -37,7 +38,9 @@ from .store import DEFAULT_HOST_FRACTION, available_host_memory
 
 
 class _Arenas:
-    """The pinned slabs of every device's engine, as one figure (``held_bytes``)."""
+    """The pinned slabs of every device's engine, read as one arena is by the kernel's
+    pin-ahead rules (:meth:`.host_memory.HostMemory._keep_pinning`): ``held_bytes`` of
+    all of them, and the ``slab_bytes`` they pin by."""
 
     def __init__(self, engines: dict[int, PauseEngine]):
         self._engines = engines
@@ -45,6 +48,10 @@ class _Arenas:
     @property
     def held_bytes(self) -> int:
         return sum(e.arena.held_bytes for e in list(self._engines.values()))
+
+    @property
+    def slab_bytes(self) -> int:
+        return max((e.arena.slab_bytes for e in list(self._engines.values())), default=PinnedArena.SLAB_BYTES)
 
 
 def _combined(outcomes: list[Outcome], seconds: float) -> Outcome:
