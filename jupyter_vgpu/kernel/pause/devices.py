@@ -10,12 +10,12 @@ as one kernel:
 
 - a pause pauses each device holding memory, in device order; where one fails, those
   already paused are resumed before the error is raised: nothing is left half paused
-  (:class:`~.engine.PauseError`, ``still_paused`` only where that undo failed too);
+  (:class:`~.outcomes.PauseError`, ``still_paused`` only where that undo failed too);
 - a resume first maps every device's memory back and takes each device's scratch, and
   only once all of it was had writes the bytes back: a device without room
   (:class:`~.vmm.DeviceFull`) gives back what the others took, and the kernel stays
   paused on every card (never half back). Damaged host data of one device
-  (:class:`~.engine.ResumeError`) leaves that device paused with its host copy kept;
+  (:class:`~.outcomes.ResumeError`) leaves that device paused with its host copy kept;
   devices written back before it stay back, and the kernel stays paused (its code runs
   only once every device is back).
 
@@ -32,7 +32,8 @@ import time
 
 from ..codec.pinned_arena import PinnedArena
 from . import vmm
-from .engine import Outcome, PauseEngine, PauseError, plain_torch
+from .engine import PauseEngine, plain_torch
+from .outcomes import Outcome, PauseError
 from .states import PauseState
 from .store import DEFAULT_HOST_FRACTION, available_host_memory
 
