@@ -224,7 +224,7 @@ def main() -> None:
     cases = {n: c for n, c in CASES.items() if not wanted or any(w in n for w in wanted)}
     record = provenance.record()
     gpu = nvml.list_gpus()[0]
-    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100)
+    slice_ = Slice.on_card(gpu, 2 * GiB, 100)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

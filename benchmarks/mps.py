@@ -56,8 +56,8 @@ def main() -> None:
         if not daemons.running(gpu.uuid):
             raise SystemExit(f"the MPS control daemon did not start on {gpu.uuid}")
         pipe = str(daemons.directories(gpu.uuid)[0])
-        full = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, gpu.memory_total, 100, isolation="mps")
-        quarter = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 25, isolation="mps")
+        full = Slice.on_card(gpu, gpu.memory_total, 100, isolation="mps")
+        quarter = Slice.on_card(gpu, 2 * GiB, 25, isolation="mps")
 
         def env(slice_: Slice, preload: bool) -> dict[str, str]:
             return client_environment(slice_, pipe, preload)

@@ -328,6 +328,18 @@ class Slice:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
+    def on_card(cls, gpu, memory_limit: int, compute_share: int, **fields: Any) -> Slice:
+        """A slice of one real card as NVML lists it: ``gpu`` has ``uuid``, ``index``,
+        ``name`` and ``memory_total`` (bytes), as :class:`jupyter_vgpu.nvml.GPUInfo` does;
+        ``memory_limit`` in bytes, ``compute_share`` in percent, ``fields`` the others
+        (``overcommit_ratio``, ``isolation``, ``more_gpus``...).
+
+        Raises:
+            SliceError: as the constructor does.
+        """
+        return cls(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, memory_limit, compute_share, **fields)
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Slice:
         """Parse the dict form written by :meth:`to_dict` (version 3), or an older one.
 

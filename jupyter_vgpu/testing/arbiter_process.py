@@ -57,6 +57,21 @@ class ArbiterProcess:
     def control(self) -> Control:
         return Control(str(self.socket))
 
+    def start_kernel(self, directory: Path, user: str, slice_, args: tuple[str, ...] = ()):
+        """A kernel of server ``user/``, registered here with ``slice_``: started in
+        ``directory`` with the pausable allocator preloaded, the slice's environment
+        (``CUDA_VISIBLE_DEVICES``) and the extension loaded; ``args`` are its own
+        command-line settings (``--VGPUKernel.pause=False``). Returns the
+        :class:`~.kernel_runner.Kernel`; the caller shuts it down."""
+        from .kernel_runner import Kernel
+        from .preloaded import environment
+
+        env = environment(JUPYTER_VGPU_ARBITER=str(self.socket), **slice_.environment())
+        kernel = Kernel(directory, env, load_extension=True, args=args)
+        with self.control() as c:
+            c.register(kernel.pid, user, "", slice_)
+        return kernel
+
     def books(self) -> dict:
         with self.control() as c:
             return c.books()

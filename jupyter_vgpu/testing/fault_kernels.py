@@ -46,7 +46,7 @@ def gpu_slice(limit: int):
     from jupyter_vgpu.slice import Slice
 
     gpu = nvml.list_gpus()[0]
-    return Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, limit, 100, overcommit_ratio=4.0)
+    return Slice.on_card(gpu, limit, 100, overcommit_ratio=4.0)
 
 
 def card_free() -> int:

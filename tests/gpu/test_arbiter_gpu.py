@@ -7,8 +7,6 @@ import pytest
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
-from jupyter_vgpu.testing.kernel_runner import Kernel
-from jupyter_vgpu.testing.preloaded import environment
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30
@@ -26,17 +24,12 @@ CHECK = (
 
 
 def test_three_40_gib_kernels_take_turns_on_one_card(tmp_path):
-    gpu = nvml.list_gpus()[0]
-    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 40 * GiB, 100, overcommit_ratio=2.0)
+    slice_ = Slice.on_card(nvml.list_gpus()[0], 40 * GiB, 100, overcommit_ratio=2.0)
     arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=0").start()
     kernels = []
     try:
         for i in range(3):
-            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket))
-            kernel = Kernel(tmp_path, env, load_extension=True)
-            with arbiter.control() as c:
-                c.register(kernel.pid, f"user{i}", "", slice_)
-            kernels.append(kernel)
+            kernels.append(arbiter.start_kernel(tmp_path, f"user{i}", slice_))
         for i, kernel in enumerate(kernels):  # each fills 36 GiB of its 40 GiB budget in turn
             out = kernel.run(FILL.format(seed=i, gib=36))
             assert "filled 36" in out, out

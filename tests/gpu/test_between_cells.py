@@ -125,7 +125,7 @@ def test_room_on_demand_takes_a_kernel_with_a_running_task_off_and_its_task_brin
     gpu = nvml.list_gpus()[0]
     free = nvml.free_memory(gpu.uuid)
     ballast = card_holder.hold(free - 12 * GiB)
-    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 10 * GiB, 100, overcommit_ratio=2.0)
+    slice_ = Slice.on_card(gpu, 10 * GiB, 100, overcommit_ratio=2.0)
     arbiter = ArbiterProcess(tmp_path, "--queue-timeout=300").start()
     kernels = {}
     try:

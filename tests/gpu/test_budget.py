@@ -14,7 +14,7 @@ GiB = 2**30
 @pytest.fixture
 def gpu_slice():
     gpu = nvml.list_gpus()[0]
-    return Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100, simulated=False)
+    return Slice.on_card(gpu, 2 * GiB, 100, simulated=False)
 
 
 def test_nvml_sees_the_real_card():

@@ -257,17 +257,13 @@ def test_the_arbiter_suspends_a_kernel_it_cannot_pause_to_make_room(tmp_path):
     instead (NVML: nothing of A left), B gets its room; A's next cell restores it, its
     data intact."""
     gpu = nvml.list_gpus()[0]
-    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 52 * GiB, 100, overcommit_ratio=2.0)
+    slice_ = Slice.on_card(gpu, 52 * GiB, 100, overcommit_ratio=2.0)  # B's 50 GiB need A's room
     arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=0").start()
     kernels = []
     try:
         for i in range(2):
-            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket))
             args = ("--VGPUKernel.pause=False",) if i == 0 else ()
-            kernel = Kernel(tmp_path, env, load_extension=True, args=args)
-            with arbiter.control() as c:
-                c.register(kernel.pid, f"user{i}", "", slice_)
-            kernels.append(kernel)
+            kernels.append(arbiter.start_kernel(tmp_path, f"user{i}", slice_, args))
         a, b = kernels
         fill = (
             "import torch\n"

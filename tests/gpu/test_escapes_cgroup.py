@@ -34,7 +34,7 @@ def decisions(arbiter: ArbiterProcess, since: float, prefix: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def card():
     gpu = nvml.list_gpus()[0]
-    return gpu, Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 100)
+    return gpu, Slice.on_card(gpu, 2 * GiB, 100)
 
 
 @pytest.mark.parametrize("case", sorted(escape_cases.CASES))

@@ -42,8 +42,8 @@ def daemon():
 def test_a_25_percent_2_gib_slice_gets_a_quarter_of_the_sms_and_no_more_than_its_budget(daemon):
     gpu, daemons = daemon
     pipe = str(daemons.directories(gpu.uuid)[0])
-    full = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, gpu.memory_total, 100, isolation="mps")
-    quarter = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 2 * GiB, 25, isolation="mps")
+    full = Slice.on_card(gpu, gpu.memory_total, 100, isolation="mps")
+    quarter = Slice.on_card(gpu, 2 * GiB, 25, isolation="mps")
 
     def env(slice_: Slice, preload: bool) -> dict[str, str]:
         return client_environment(slice_, pipe, preload)

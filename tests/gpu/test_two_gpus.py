@@ -133,13 +133,9 @@ def test_room_on_one_card_pauses_only_that_cards_kernels_and_both_cards_come_bac
         for card in CARDS[:2]:
             on_it = {**os.environ, "CUDA_VISIBLE_DEVICES": card.uuid}
             ballast.append(card_holder.hold(nvml.free_memory(card.uuid) - 40 * GiB, env=on_it))
-            whole_card = (card.uuid, card.index, card.name, card.memory_total)
-            slice_ = Slice(*whole_card, 30 * GiB, 100, overcommit_ratio=2.0)
+            slice_ = Slice.on_card(card, 30 * GiB, 100, overcommit_ratio=2.0)
             for name in ("a", "b"):
-                env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket), **slice_.environment())
-                kernel = Kernel(tmp_path, env, load_extension=True)
-                with arbiter.control() as c:
-                    c.register(kernel.pid, f"{name}{card.index}", "", slice_)
+                kernel = arbiter.start_kernel(tmp_path, f"{name}{card.index}", slice_)
                 kernels[f"{name}{card.index}"] = (kernel, card.uuid, 24)
         names = sorted(kernels, key=lambda n: (n[0], n[1:]))  # a0, a1, b0, b1
 
@@ -186,9 +182,8 @@ def test_mps_runs_a_daemon_per_card_and_a_clients_share_holds_on_each():
         assert len(set(pipes)) == 2, pipes
         measured = {}
         for card, pipe in zip(cards, pipes, strict=True):
-            whole_card = (card.uuid, card.index, card.name, card.memory_total)
-            full = Slice(*whole_card, card.memory_total, 100, isolation="mps")
-            quarter = Slice(*whole_card, 2 * GiB, 25, isolation="mps")
+            full = Slice.on_card(card, card.memory_total, 100, isolation="mps")
+            quarter = Slice.on_card(card, 2 * GiB, 25, isolation="mps")
             env = {**environment(), "CUDA_MPS_PIPE_DIRECTORY": pipe}
             measured[card.uuid] = {
                 "full": client({**env, **full.environment()}),
@@ -227,7 +222,7 @@ print("child", helper.pid)
 
 def test_a_process_that_takes_the_other_card_is_caught_and_ended(tmp_path):
     card, other = CARDS[0], CARDS[1]
-    slice_ = Slice(card.uuid, card.index, card.name, card.memory_total, 4 * GiB, 100)
+    slice_ = Slice.on_card(card, 4 * GiB, 100)
     arbiter = ArbiterProcess(
         tmp_path, "--over-budget=kill", "--ArbiterApp.grace_seconds=1", "--ArbiterApp.poll_seconds=0.25"
     ).start()
@@ -268,11 +263,8 @@ def test_a_card_that_stops_answering_nvml_leaves_the_other_cards_kernels_running
     kernels = []
     try:
         for card in (first, second):
-            slice_ = Slice(card.uuid, card.index, card.name, card.memory_total, 8 * GiB, 100)
-            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket), **slice_.environment())
-            kernel = Kernel(tmp_path, env, load_extension=True)
-            with arbiter.control() as c:
-                c.register(kernel.pid, f"user{card.index}", "", slice_)
+            slice_ = Slice.on_card(card, 8 * GiB, 100)
+            kernel = arbiter.start_kernel(tmp_path, f"user{card.index}", slice_)
             kernels.append(kernel)
         out = kernels[0].run(WHERE, timeout=300)
         assert json.loads(out.strip().splitlines()[-1])["uuid"] == first.uuid, out
@@ -335,15 +327,12 @@ def test_a_kernel_of_two_cards_has_its_budget_on_each_and_leaves_both_cards_whol
             first.uuid, first.index, first.name, first.memory_total, 30 * GiB, 100, overcommit_ratio=2.0,
             more_gpus=(Card(second.uuid, second.index, second.memory_total),),
         )  # fmt: skip
-        one_slice = Slice(second.uuid, second.index, second.name, second.memory_total, 30 * GiB, 100,
+        one_slice = Slice.on_card(second, 30 * GiB, 100,
                           overcommit_ratio=2.0)  # fmt: skip
         started = {}
         for name, slice_ in (("pair", pair_slice), ("one", one_slice)):
-            env = environment(JUPYTER_VGPU_ARBITER=str(arbiter.socket), **slice_.environment())
-            kernel = Kernel(tmp_path, env, load_extension=True)
+            kernel = arbiter.start_kernel(tmp_path, name, slice_)
             kernels.append(kernel)
-            with arbiter.control() as c:
-                c.register(kernel.pid, name, "", slice_)
             started[name] = kernel
         pair, one = started["pair"], started["one"]
         out = pair.run(PAIR_FILL, timeout=300)

@@ -17,7 +17,7 @@ GiB = 2**30
 
 def test_nvml_usage_of_a_kernel_holding_1_gib_appears_in_the_servers_usage(tmp_path):
     gpu = nvml.list_gpus()[0]
-    slice_ = Slice(gpu.uuid, gpu.index, gpu.name, gpu.memory_total, 8 * GiB, 100)
+    slice_ = Slice.on_card(gpu, 8 * GiB, 100)
     server = JupyterServer(
         tmp_path,
         {"JUPYTER_VGPU_SLICE": slice_.to_json(), "CUDA_VISIBLE_DEVICES": gpu.uuid},
