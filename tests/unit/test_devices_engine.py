@@ -188,3 +188,12 @@ def test_a_device_that_holds_nothing_is_not_paused(engine):
     assert sorted(both.engines) == [0]
     both.resume()
     assert allocator.on == {0: 4 * GiB, 1: 0}
+
+
+def test_a_report_before_any_pause_makes_no_engine(engine):
+    both, _ = engine
+    figures = both.stats()
+    assert both.engines == {}, "a report loaded a device's codec"
+    assert (figures["state"], figures["paused_bytes"], figures["codec"], both.codec_name) == (
+        PauseState.ACTIVE, 0, None, None,
+    )  # fmt: skip

@@ -127,10 +127,17 @@ class DevicesEngine:
         """``paused`` while any device's memory is paused, else ``active``."""
         return PauseState.PAUSED if self._paused() else PauseState.ACTIVE
 
+    def _first(self) -> PauseEngine | None:
+        """The engine of the lowest device made so far (None before any pause): what the
+        figures name the codec by. Reports never make one (that loads the codec)."""
+        return self.engines[min(self.engines)] if self.engines else None
+
     @property
-    def codec_name(self) -> str:
-        """The codec a pause uses first, for ``%vgpu status`` (the first device's)."""
-        return self._engine(self.device).codec_name
+    def codec_name(self) -> str | None:
+        """The codec a pause uses first, for ``%vgpu status`` (the first device's); None
+        before the first pause."""
+        first = self._first()
+        return None if first is None else first.codec_name
 
     # -- pause and resume --------------------------------------------------------------
 
@@ -300,14 +307,14 @@ class DevicesEngine:
             for key in ("paused_bytes", "live_bytes", "host_bytes", "disk_bytes", "pinned_bytes")
         }
         stored = sum(e._stored_bytes() for e in engines)
-        first = self._engine(self.device)
+        first = self._first()
         return {
             "state": self.state,
             **total,
             "unpausable_bytes": self.vmm.figures().unpausable,
             "ratio": total["live_bytes"] / stored if stored else None,
-            "codec": "nvcomp-ans" if first.device_codec is not None else "zstd",
-            "codec_name": first.codec_name,
+            "codec": None if first is None else "nvcomp-ans" if first.device_codec is not None else "zstd",
+            "codec_name": None if first is None else first.codec_name,
             "last_pause_seconds": self.last_pause.seconds if self.last_pause else None,
             "last_resume_seconds": self.last_resume.seconds if self.last_resume else None,
         }
