@@ -93,7 +93,8 @@ class DevicesEngine:
         self._options = options
         self.engines: dict[int, PauseEngine] = {}
         self.arena = _Arenas(self.engines)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # a pause or a resume at a time
+        self._making = threading.Lock()  # one engine per device
         self.last_pause: Outcome | None = None
         self.last_resume: Outcome | None = None
         self.last_spill: Outcome | None = None
@@ -106,8 +107,12 @@ class DevicesEngine:
         return self.torch.cuda.device(device)
 
     def _engine(self, device: int) -> PauseEngine:
-        engine = self.engines.get(device)
-        if engine is None:
+        """``device``'s engine, made on first use (a pause and the thread pinning ahead
+        may both ask: one is made)."""
+        with self._making:
+            engine = self.engines.get(device)
+            if engine is not None:
+                return engine
             with self._on(device):
                 engine = self.engines[device] = PauseEngine(
                     self.torch,
@@ -117,7 +122,7 @@ class DevicesEngine:
                     among_devices=True,
                     **self._options,
                 )
-        return engine
+            return engine
 
     def _paused(self) -> list[PauseEngine]:
         return [self.engines[d] for d in sorted(self.engines) if self.engines[d].state == PauseState.PAUSED]
