@@ -227,11 +227,17 @@ def cooperative(kernels: list[Kernel], but: Kernel | None = None) -> list[Kernel
     return [k for k in kernels if k is but or "spill" not in k.refused]
 
 
+def _by_card(kernel: Kernel, card: str | None) -> bool:
+    """Whether ``kernel``'s figures on ``card`` are its own per-card ones: a slice of
+    several real cards, a card named. Otherwise its whole figures stand for the card."""
+    return card is not None and not kernel.slice.simulated and len(kernel.slice.gpu_uuids) > 1
+
+
 def held(kernel: Kernel, card: str | None = None) -> int:
     """Bytes ``kernel`` holds on ``card`` (an NVML UUID): what it holds on that card of a
     slice of several real cards (:attr:`Kernel.on_cards`), else its ``resident`` bytes
     (a slice of one card, a simulated one, or ``card`` None)."""
-    if card is None or kernel.slice.simulated or len(kernel.slice.gpu_uuids) == 1:
+    if not _by_card(kernel, card):
         return kernel.resident
     return kernel.on_cards.get(card, 0)
 
@@ -280,9 +286,9 @@ def paused_on(kernel: Kernel, card: str | None = None) -> int:
     UUID): for a slice of several real cards, its ``paused_bytes`` split as it held its
     memory between them before its pause (:attr:`Kernel.peak_on_cards`; all on the
     first card where that is unknown); else all of them (``card`` None too)."""
-    cards = kernel.slice.gpu_uuids
-    if card is None or kernel.slice.simulated or len(cards) == 1:
+    if not _by_card(kernel, card):
         return kernel.paused_bytes
+    cards = kernel.slice.gpu_uuids
     seen = {c: kernel.peak_on_cards.get(c, 0) for c in cards}
     total = sum(seen.values())
     if total <= 0:

@@ -124,6 +124,11 @@ class DevicesEngine:
                 )
             return engine
 
+    def _holding(self) -> list[int]:
+        """The devices on which the process has memory mapped now, in order."""
+        with self.vmm.machinery():
+            return sorted({u.device for u in self.vmm.segments() if u.mapped})
+
     def _paused(self) -> list[PauseEngine]:
         return [self.engines[d] for d in sorted(self.engines) if self.engines[d].state == PauseState.PAUSED]
 
@@ -158,8 +163,7 @@ class DevicesEngine:
             if self.state != PauseState.ACTIVE:
                 raise PauseError(f"the kernel is {self.state}, not active")
             t0 = time.perf_counter()
-            with self.vmm.machinery():
-                holding = sorted({u.device for u in self.vmm.segments() if u.mapped})
+            holding = self._holding()
             done: list[tuple[PauseEngine, Outcome]] = []
             for device in holding:
                 engine = self._engine(device)
@@ -272,8 +276,7 @@ class DevicesEngine:
     def prepare(self, keep_going=lambda: True) -> int:
         """Pin ahead, device by device, the host memory the next pause stores into
         (:meth:`.engine.PauseEngine.prepare`); returns the bytes pinned."""
-        with self.vmm.machinery():
-            holding = sorted({u.device for u in self.vmm.segments() if u.mapped})
+        holding = self._holding()
         made = 0
         for device in holding:
             if not keep_going():
