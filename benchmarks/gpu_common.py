@@ -67,6 +67,17 @@ def make(torch, name: str, nbytes: int, gen):
     raise ValueError(name)
 
 
+def workload(torch, gib: float, gen) -> list:
+    """``gib`` GiB of a training state on the current CUDA device: bf16 weights and their
+    fp32 Adam moments (:func:`make`), the weights a fifth of the bytes."""
+    w = int(gib * GiB) // 5 // 2 * 2
+    return [
+        make(torch, "bf16_weights", w, gen),
+        make(torch, "fp32_adam_m", 2 * w, gen),
+        make(torch, "fp32_adam_v", 2 * w, gen),
+    ]
+
+
 def _copy_all(torch, flat, slab, target, to_host: bool) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()

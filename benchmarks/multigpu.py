@@ -27,19 +27,14 @@ import statistics
 import time
 
 import provenance
-from gpu_common import GiB, checkpoint_cycle, make, preloaded_or_reexec, require_gpu
+from gpu_common import checkpoint_cycle, preloaded_or_reexec, require_gpu, workload
 
 
-def workload(torch, gib: float, device: int, seed: int) -> list:
-    """:mod:`pause`'s workload of ``gib`` GiB on ``cuda:<device>``."""
+def on_device(torch, gib: float, device: int, seed: int) -> list:
+    """:func:`gpu_common.workload` of ``gib`` GiB on ``cuda:<device>``."""
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(seed)
-    w = int(gib * GiB) // 5 // 2 * 2
     with torch.cuda.device(device):
-        return [
-            make(torch, "bf16_weights", w, gen),
-            make(torch, "fp32_adam_m", 2 * w, gen),
-            make(torch, "fp32_adam_v", 2 * w, gen),
-        ]
+        return workload(torch, gib, gen)
 
 
 def measure(torch, gib: float, cards: int, repeats: int) -> dict:
@@ -54,7 +49,7 @@ def measure(torch, gib: float, cards: int, repeats: int) -> dict:
     def mark(what: str) -> None:
         print(f"  {gib:g} GiB on {cards} card(s): {what} at {time.perf_counter() - t0:.1f} s", flush=True)
 
-    tensors = [t for d in range(cards) for t in workload(torch, gib / cards, d, seed=d)]
+    tensors = [t for d in range(cards) for t in on_device(torch, gib / cards, d, seed=d)]
     for d in range(cards):
         torch.cuda.synchronize(d)
     check = [t.view(torch.uint8)[:: 1 << 20].cpu() for t in tensors]

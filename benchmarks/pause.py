@@ -26,7 +26,15 @@ import sys
 import time
 
 import provenance
-from gpu_common import GiB, checkpoint_cycle, make, nvml_bytes, preloaded_or_reexec, raw_copies, require_gpu
+from gpu_common import (
+    GiB,
+    checkpoint_cycle,
+    nvml_bytes,
+    preloaded_or_reexec,
+    raw_copies,
+    require_gpu,
+    workload,
+)
 
 STEP = r"""
 import json, statistics, time, torch
@@ -63,16 +71,6 @@ def step_times(preloaded: bool, steps: int, alloc_conf: str = "") -> list[float]
         [sys.executable, "-c", STEP % steps], env=env, capture_output=True, text=True, check=True
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def workload(torch, gib: float, gen) -> list:
-    nbytes = int(gib * GiB)
-    w = nbytes // 5 // 2 * 2
-    return [
-        make(torch, "bf16_weights", w, gen),
-        make(torch, "fp32_adam_m", 2 * w, gen),
-        make(torch, "fp32_adam_v", 2 * w, gen),
-    ]
 
 
 def measure(torch, gib: float) -> dict:
