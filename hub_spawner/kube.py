@@ -14,6 +14,13 @@ or from the node arbiter's report (:mod:`hub_spawner.nodes`), which names the GP
 processes use. Until one of them says, the slice's GPU is :data:`PENDING`; the server and
 the arbiter pick the located slice up from the Hub within seconds.
 
+A slice of several cards (``vgpu_gpu_count``, or the quota's ``gpu_count``) asks for that
+many in the modes that give a container several (``whole``: ``nvidia.com/gpu: k``;
+``hami``: k devices, ``gpumem`` and ``gpucores`` on each); its other cards are
+placeholders (``pending-1``, ...) until every card is known: HAMi's annotation names
+them all at once, the node arbiter's report once the pod's processes have used each
+(or at once on a node with exactly that many GPUs). A slice is never half located.
+
 Quota changes: Kubernetes fixes a running pod's extended resources and claims, so a
 running slice keeps its sizes and only its priority follows the quota (as a MIG
 instance's does on one host); the next spawn applies the new sizes.
@@ -22,7 +29,9 @@ instance's does on one host); the next spawn applies the new sizes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1ResourceClaim, V1PodResourceClaim, V1Volume, V1VolumeMount
@@ -30,7 +39,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Dict, Enum, List, Unicode, default
 
-from jupyter_vgpu.slice import Slice, SliceError
+from jupyter_vgpu.slice import Card, Slice, SliceError
 
 from . import kube_modes, kube_profiles
 from .inventory import GPU
@@ -171,9 +180,12 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
 
         Raises:
             traitlets.TraitError: an override is not valid for its setting.
-            ValueError: mode ``mig`` without a well-formed MIG profile.
+            ValueError: mode ``mig`` without a well-formed MIG profile, or several
+                cards in a mode that gives one device (:data:`.kube_modes.MULTI_CARD_MODES`).
         """
         ask = super().vgpu_ask(overrides)
+        if (ask["gpu_count"] or 1) > 1 and ask["mode"] not in kube_modes.MULTI_CARD_MODES:
+            raise ValueError(kube_modes.multi_card_refusal(ask["mode"], ask["gpu_count"]))
         if ask["mode"] == "mig":
             if not ask["mig_profile"]:
                 raise ValueError("vGPU mode 'mig' needs a MIG profile (vgpu_mig_profile, e.g. '1g.10gb')")
@@ -182,14 +194,18 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
 
     def vgpu_size(self, ask, effective, what: str) -> Size:
         """The sizes ``ask`` gets under the quota ``effective``: a MIG instance's own
-        (:func:`hub_spawner.kube_profiles.mig_size`) in mode ``mig``.
+        (:func:`hub_spawner.kube_profiles.mig_size`) in mode ``mig``; one card in a mode
+        that gives one device, whatever count the quota allows.
 
         Raises:
             hub_spawner.profiles.QuotaExceeded: it asks for more than the quota.
         """
         if ask["mode"] == "mig":
             return kube_profiles.mig_size(ask, effective, what=what)
-        return super().vgpu_size(ask, effective, what)
+        sized = super().vgpu_size(ask, effective, what)
+        if ask["mode"] not in kube_modes.MULTI_CARD_MODES:
+            return dataclasses.replace(sized, gpu_count=1)
+        return sized
 
     def vgpu_isolation(self, ask: dict[str, Any]) -> str:
         """The slice's isolation backend under ``ask``'s mode."""
@@ -212,7 +228,8 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
 
     def vgpu_place(self) -> Slice:
         """Size this server's slice from its settings (after the profile's overrides)
-        and the user's quota; its GPU is :data:`PENDING` until the pod runs.
+        and the user's quota; its GPU is :data:`PENDING` until the pod runs (and its
+        other cards, for a slice of several, ``pending-1``, ...).
 
         Raises:
             hub_spawner.profiles.QuotaExceeded: the settings ask for more than the
@@ -225,8 +242,10 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
             card = max(1, sized.memory_limit // kube_modes.MiB) * kube_modes.MiB
         else:
             card = ask["gpu_memory"] or sized.memory_limit
-        pending = GPU(0, PENDING, self.vgpu_device_name(ask), card, simulated=False)
-        self.vgpu_slice = self.vgpu_new_slice(pending, sized, self.vgpu_isolation(ask))
+        name = self.vgpu_device_name(ask)
+        pending = [GPU(0, PENDING, name, card, simulated=False)]
+        pending += [GPU(i, f"{PENDING}-{i}", name, card, simulated=False) for i in range(1, sized.gpu_count)]
+        self.vgpu_slice = self.vgpu_new_slice(pending[0], sized, self.vgpu_isolation(ask), more=pending[1:])
         self.vgpu_where = {}
         self._vgpu_take_claim(ask)
         self.log.info("vGPU slice for %s (mode %s): %s", self._log_name, ask["mode"], self.vgpu_describe())
@@ -267,6 +286,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
             dra_claim=self.vgpu_claim,
             dra_sharing=ask["dra_sharing"],
             hami_resources=self.vgpu_hami_resources,
+            count=len(s.gpu_uuids),
         )
 
     # -- the pod ----------------------------------------------------------------------
@@ -356,8 +376,9 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
         Args:
             pod: the pod as the API returns it (camelCase JSON, KubeSpawner's reflector).
 
-        The GPU comes from HAMi's ``hami.io/vgpu-devices-allocated`` annotation (mode
-        ``hami``), else from the node arbiter's latest report (:meth:`vgpu_relocate`).
+        The GPUs come from HAMi's ``hami.io/vgpu-devices-allocated`` annotation (mode
+        ``hami``: every card of the container), else from the node arbiter's latest
+        report (:meth:`vgpu_relocate`).
         """
         if pod is None or self.vgpu_slice is None:
             return self.vgpu_slice
@@ -373,13 +394,15 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
             containers = [c.get("name") for c in spec.get("containers") or []]
             devices = kube_modes.hami_devices(annotation)
             index = containers.index("notebook") if "notebook" in containers else 0
-            if index < len(devices) and devices[index]:
-                self._vgpu_move(devices[index][0]["uuid"], None, None, None)
+            count = len(self.vgpu_slice.gpu_uuids)
+            if index < len(devices) and len(devices[index]) >= count:
+                self._vgpu_move([(d["uuid"], None, None, None) for d in devices[index][:count]])
         self.vgpu_relocate(self.vgpu_hub.nodes)
         return self.vgpu_slice
 
     def vgpu_relocate(self, board) -> bool:
-        """Take the GPU from the node arbiter's report of this pod's node, if it names one.
+        """Take the GPUs from the node arbiter's report of this pod's node, once it names
+        every card of the slice (:meth:`hub_spawner.nodes.NodeBoard.devices_of`).
 
         Args:
             board: the Hub's :class:`hub_spawner.nodes.NodeBoard`.
@@ -392,21 +415,26 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
             return False
         ask = self.vgpu_ask()
         profile = ask["mig_profile"] if ask["mode"] == "mig" else None
-        found = board.device_of(where["node"], where["uid"], self.vgpu_slice.gpu_uuid, profile)
+        uuids = self.vgpu_slice.gpu_uuids
+        found = board.devices_of(where["node"], where["uid"], uuids, len(uuids), profile)
         if found is None:
             return False
         before = self.vgpu_slice
-        memory = None if ask["mode"] == "hami" else found.memory
-        self._vgpu_move(found.uuid, found.index, found.name, memory)
+        hami = ask["mode"] == "hami"
+        self._vgpu_move([(d.uuid, d.index, d.name, None if hami else d.memory) for d in found])
         if self.vgpu_slice != before and self.orm_spawner is not None:
             self.orm_spawner.state = self.get_state()
             self.user.db.commit()
-            self.log.info("vGPU slice of %s is on %s of node %s", self._log_name, found.label, where["node"])
+            labels = ", ".join(d.label for d in found)
+            self.log.info("vGPU slice of %s is on %s of node %s", self._log_name, labels, where["node"])
         return self.vgpu_slice != before
 
-    def _vgpu_move(self, uuid: str, index: int | None, name: str | None, memory: int | None) -> None:
+    def _vgpu_move(self, cards: Sequence[tuple[str, int | None, str | None, int | None]]) -> None:
+        """Put the slice on ``cards``, each ``(uuid, index, name, memory in bytes)``
+        (None where not known: the slice's own figure stays), as many as it has."""
         s = self.vgpu_slice
-        changes = {"gpu_uuid": uuid}
+        (uuid, index, name, memory), *more = cards
+        changes: dict[str, Any] = {"gpu_uuid": uuid}
         if index is not None:
             changes["gpu_index"] = index
         if name and (s.isolation != "mig" or " MIG " in name):
@@ -415,10 +443,15 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
             changes["gpu_memory"] = memory
             if s.isolation == "mig":  # a whole instance: its real size is the budget
                 changes.update(memory_limit=memory, memory_request=memory)
+        if more:
+            changes["more_gpus"] = tuple(
+                Card(u, old.index if i is None else i, old.memory if m is None else m)
+                for (u, i, _, m), old in zip(more, s.more_gpus, strict=True)
+            )
         try:
             self.vgpu_slice = s.replace(**changes)
         except SliceError as e:
-            self.log.error("vGPU: cannot record %s's GPU %s: %s", self._log_name, uuid, e)
+            self.log.error("vGPU: cannot record %s's GPUs %s: %s", self._log_name, [c[0] for c in cards], e)
 
     def vgpu_listing(self) -> dict[str, Any]:
         """Where the slice runs, for ``GET /hub/api/vgpu/slices``: ``node``, ``namespace``,

@@ -59,6 +59,11 @@ CLAIM_NAME = "vgpu"
 
 MiB = 2**20
 
+#: The modes a slice of several GPUs may use: the device plugin (``whole``) and HAMi
+#: give a container several cards for a count of them; a MIG instance is one device,
+#: and a DRA claim's device count is its template's, which the slice does not set.
+MULTI_CARD_MODES = ("whole", "hami")
+
 
 @dataclasses.dataclass(frozen=True)
 class GPURequest:
@@ -115,6 +120,7 @@ def gpu_request(
     dra_claim: str | None = None,
     dra_sharing: str = "time-slicing",
     hami_resources: Mapping[str, str] = HAMI_RESOURCES,
+    count: int = 1,
 ) -> GPURequest:
     """The pod's GPU request for a slice.
 
@@ -129,12 +135,19 @@ def gpu_request(
         dra_sharing: ``"time-slicing"`` or ``"mps"``, the strategy ``dra_template``
             configures (``dra`` only).
         hami_resources: HAMi's resource names, keys ``gpu``, ``memory``, ``cores``.
+        count: cards, from 1 (``whole`` and ``hami`` only: :data:`MULTI_CARD_MODES`);
+            HAMi's ``gpumem`` and ``gpucores`` hold on each card.
 
     Raises:
-        ValueError: unknown mode, or what the mode needs is missing or malformed.
+        ValueError: unknown mode, what the mode needs is missing or malformed, or
+            several cards in a mode that gives one.
     """
+    if count < 1:
+        raise ValueError(f"a slice has at least one GPU, not {count}")
+    if count > 1 and mode not in MULTI_CARD_MODES:
+        raise ValueError(multi_card_refusal(mode, count))
     if mode == "whole":
-        return GPURequest({"nvidia.com/gpu": "1"}, [], [], "time-slicing")
+        return GPURequest({"nvidia.com/gpu": str(count)}, [], [], "time-slicing")
     if mode == "mig":
         if mig_profile is None:
             raise ValueError("mode 'mig' needs a MIG profile (vgpu_mig_profile, e.g. '1g.10gb')")
@@ -142,7 +155,7 @@ def gpu_request(
     if mode == "hami":
         mib = max(1, memory_limit // MiB)
         limits = {
-            hami_resources["gpu"]: "1",
+            hami_resources["gpu"]: str(count),
             hami_resources["memory"]: str(mib),
             hami_resources["cores"]: str(compute_share),
         }
@@ -158,6 +171,15 @@ def gpu_request(
             raise ValueError(f"mode 'dra' needs a ResourceClaim or ResourceClaimTemplate for {dra_sharing!r}")
         return GPURequest({}, [{"name": CLAIM_NAME, **source}], [{"name": CLAIM_NAME}], dra_sharing)
     raise ValueError(f"vGPU mode must be one of {', '.join(MODES)}; got {mode!r}")
+
+
+def multi_card_refusal(mode: str, count: int) -> str:
+    """Why mode ``mode`` cannot give a slice of ``count`` cards (the message a
+    misconfigured profile is shown with)."""
+    return (
+        f"a slice of {count} GPUs needs vgpu_mode {' or '.join(map(repr, MULTI_CARD_MODES))} "
+        f"(mode {mode!r} gives one device)"
+    )
 
 
 _HAMI_DEVICE = re.compile(r"(?P<uuid>[^,:;]+),(?P<type>[^,:;]*),(?P<memory>[0-9]+),(?P<cores>[0-9]+)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from jupyter_vgpu import contracts
@@ -183,7 +184,8 @@ class NodeBoard:
         return [d for node in sorted(merged) for d in merged[node]]
 
     def device_of(self, node: str, pod_uid: str, current: str, mig_profile: str | None = None) -> GPU | None:
-        """The device a pod uses, as far as the board knows.
+        """The device a pod of one device uses, as far as the board knows
+        (:meth:`devices_of` with a count of 1).
 
         Args:
             node: the pod's node.
@@ -197,17 +199,40 @@ class NodeBoard:
             ``current`` names on that node; else the node's only device of the slice's
             kind, while ``current`` names none; else None.
         """
+        found = self.devices_of(node, pod_uid, (current,), 1, mig_profile)
+        return found[0] if found else None
+
+    def devices_of(
+        self, node: str, pod_uid: str, current: Sequence[str], count: int, mig_profile: str | None = None
+    ) -> list[GPU] | None:
+        """The ``count`` devices a pod uses, as far as the board knows, or None while it
+        knows fewer.
+
+        Args:
+            node: the pod's node.
+            pod_uid: the pod's uid.
+            current: the slice's card UUIDs now (UUIDs HAMi named, or placeholders
+                starting ``"pending"``).
+            count: the slice's cards, from 1.
+            mig_profile: the slice's MIG profile (its device is an instance of it), or
+                None (whole GPUs).
+
+        Returns:
+            the devices the node's arbiter saw the pod's processes on, then those
+            ``current`` names on that node, the first ``count`` of them in index order;
+            else, while ``current`` names no device, the node's devices of the slice's
+            kind if it has exactly ``count``; else None (a pod of several cards whose
+            processes have not yet used each of them, on a node with more).
+        """
         with self._lock:
             report = self._reports.get(node)
             devices = list(report.devices) if report else list(self._fallback.get(node, []))
         by_uuid = {d.uuid: d for d in devices}
-        if report is not None:
-            for uuid in report.pods.get(pod_uid, ()):
-                if uuid in by_uuid:
-                    return by_uuid[uuid]
-        if current in by_uuid:
-            return by_uuid[current]
+        named = [*(report.pods.get(pod_uid, ()) if report is not None else ()), *current]
+        found = list(dict.fromkeys(by_uuid[u] for u in named if u in by_uuid))
+        if len(found) >= count:
+            return sorted(found[:count], key=lambda d: d.index)
         kind = [d for d in devices if d.mig_profile == mig_profile]
-        if len(kind) == 1 and not current.startswith(("GPU-", "MIG-")):
-            return kind[0]
+        if len(kind) == count and not any(u.startswith(("GPU-", "MIG-")) for u in current):
+            return sorted(kind, key=lambda d: d.index)
         return None

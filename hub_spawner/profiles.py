@@ -24,12 +24,18 @@ from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bunch, HasTraits, Integer, TraitError, Unicode, ValidateHandler, validate
 
 from jupyter_vgpu.host.socket_path import SOCKET_ENV
-from jupyter_vgpu.slice import MAX_PRIORITY, MIN_PRIORITY, compute_share_text
+from jupyter_vgpu.slice import MAX_GPUS, MAX_PRIORITY, MIN_PRIORITY, compute_share_text
 
 from .sizes import format_size
 
 #: The sizing settings every platform's profiles may override (``vgpu_`` + field).
-SIZE_SETTINGS = ("vgpu_memory_limit", "vgpu_memory_request", "vgpu_compute_share", "vgpu_priority")
+SIZE_SETTINGS = (
+    "vgpu_memory_limit",
+    "vgpu_memory_request",
+    "vgpu_compute_share",
+    "vgpu_priority",
+    "vgpu_gpu_count",
+)
 
 
 class QuotaExceeded(ValueError):
@@ -52,12 +58,14 @@ class Size:
         memory_request: guaranteed bytes (at most the limit).
         compute_share: percent, 1-100.
         priority: 0-100.
+        gpu_count: cards of the slice, from 1 (the budget, request and share hold on each).
     """
 
     memory_limit: int
     memory_request: int
     compute_share: int
     priority: int
+    gpu_count: int = 1
 
 
 def size(ask: Mapping[str, Any], effective, *, what: str = "This profile") -> Size:
@@ -65,7 +73,7 @@ def size(ask: Mapping[str, Any], effective, *, what: str = "This profile") -> Si
 
     Args:
         ask: ``memory_limit``, ``memory_request`` (bytes), ``compute_share`` (percent),
-            ``priority``; each None (or absent) for the quota's.
+            ``priority``, ``gpu_count`` (cards); each None (or absent) for the quota's.
         effective: the user's effective quota (:class:`hub_spawner.quotas.Effective`).
         what: how messages name the choice (``"The profile 'Large GPU'"``).
 
@@ -90,6 +98,7 @@ def size(ask: Mapping[str, Any], effective, *, what: str = "This profile") -> Si
         request,
         at_most(ask, "compute_share", effective, what),
         at_most(ask, "priority", effective, what),
+        at_most(ask, "gpu_count", effective, what),
     )
 
 
@@ -98,12 +107,14 @@ _WORDS = {
     "memory_request": ("a guaranteed", format_size),
     "compute_share": ("a compute share of", lambda v: f"{v}%"),
     "priority": ("priority", str),
+    "gpu_count": ("a slice of", lambda v: f"{v} GPU{'s' if v > 1 else ''}"),
 }
 
 
 def at_most(ask: Mapping[str, Any], field: str, effective, what: str) -> int:
     """``ask``'s ``field`` (``memory_limit``, ``memory_request`` in bytes,
-    ``compute_share`` in percent, ``priority``), or the quota's where it asks none.
+    ``compute_share`` in percent, ``priority``, ``gpu_count`` in cards), or the quota's
+    where it asks none.
 
     Raises:
         QuotaExceeded: it asks for more than the quota's.
@@ -130,10 +141,11 @@ def describe(
     enforced_by: str | None = None,
 ) -> str:
     """One line for the spawn form: what a choice gives (``"vGPU: 8.00 GiB budget,
-    4.00 GiB guaranteed; compute share 50% (enforced by MPS); priority 50"``).
+    4.00 GiB guaranteed; compute share 50% (enforced by MPS); priority 50"``; for a
+    slice of several cards ``"vGPU: 2 GPUs, 8.00 GiB budget on each, ..."``).
 
     Args:
-        sized: the choice's sizes (bytes, percent).
+        sized: the choice's sizes (bytes, percent, cards).
         isolation: the slice's isolation backend; ``mig``: a whole MIG instance of
             ``mig_profile``.
         whole: the slice is a whole GPU.
@@ -151,8 +163,12 @@ def describe(
             if sized.memory_request == sized.memory_limit
             else f"{format_size(sized.memory_request)} guaranteed"
         )
-        on = ", on a whole GPU" if whole else ""
-        head = f"vGPU: {format_size(sized.memory_limit)} budget{on}, {guaranteed}"
+        if sized.gpu_count > 1:
+            on = " on each, whole GPUs" if whole else " on each"
+            head = f"vGPU: {sized.gpu_count} GPUs, {format_size(sized.memory_limit)} budget{on}, {guaranteed}"
+        else:
+            on = ", on a whole GPU" if whole else ""
+            head = f"vGPU: {format_size(sized.memory_limit)} budget{on}, {guaranteed}"
     share = compute_share_text(isolation, sized.compute_share, mig_profile)
     if enforced_by:
         share = f"{sized.compute_share}% (enforced by {enforced_by})"
@@ -208,6 +224,13 @@ class ProfileSizedSlice(HasTraits):
         help=f"Priority {MIN_PRIORITY}-{MAX_PRIORITY}; None: the user's quota. Above the quota is refused.",
     ).tag(config=True)
 
+    vgpu_gpu_count = Integer(
+        None,
+        allow_none=True,
+        help=f"""Cards of the slice, 1-{MAX_GPUS} on one node (the budget, request and compute
+        share hold on each card); None: the user's quota. Above the quota is refused.""",
+    ).tag(config=True)
+
     vgpu_gpu_memory = gpu_memory_setting(
         """Memory of the GPUs slices land on while their node arbiter has not reported
         the real card, bytes or a size like '80G'."""
@@ -224,10 +247,14 @@ class ProfileSizedSlice(HasTraits):
     #: The setting that names the platform's mode (the ask's ``mode``).
     vgpu_mode_setting = "vgpu_mode"
 
-    @validate("vgpu_compute_share", "vgpu_priority")
+    @validate("vgpu_compute_share", "vgpu_priority", "vgpu_gpu_count")
     def _vgpu_check_range(self, proposal):
         name, value = proposal.trait.name, proposal.value
-        low, high = (1, 100) if name == "vgpu_compute_share" else (MIN_PRIORITY, MAX_PRIORITY)
+        low, high = {
+            "vgpu_compute_share": (1, 100),
+            "vgpu_priority": (MIN_PRIORITY, MAX_PRIORITY),
+            "vgpu_gpu_count": (1, MAX_GPUS),
+        }[name]
         if value is not None and not low <= value <= high:
             raise TraitError(f"{name} must be {low}-{high}, not {value}")
         return value

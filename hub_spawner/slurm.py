@@ -12,7 +12,11 @@ Slurm batch job, as with batchspawner alone; what the slice adds:
    shards the slice's guaranteed memory needs (``vgpu_gres = "shard"``), or every shard
    of one GPU for a whole GPU (``"gpu"``; ``--gres=gpu:1`` on a node without shards).
    Slurm then holds those shards for the job: its own accounting agrees with the Hub's
-   guarantees, and batch jobs outside the Hub see them taken.
+   guarantees, and batch jobs outside the Hub see them taken. A slice of several cards
+   (``vgpu_gpu_count``, or the quota's ``gpu_count``) takes whole GPUs of one node,
+   ``--gres=gpu:<k>`` (mode ``"gpu"``): Slurm 22.05 gives a job's shards from one GPU
+   (``shard:32`` on a node of two 16-shard GPUs stays pending), so shards cannot ask
+   for a share of each of several cards.
 3. **The slice records where the job landed**: its node, and the GPU Slurm gave the
    shards on (``scontrol show job -d``: ``GRES=shard:3(IDX:1)``); Slurm, not the Hub,
    picks the GPU within the node. The job id is in the slice listing, so that the
@@ -32,15 +36,17 @@ gave it, so a quota change resizes the budget live and the guarantee up to those
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from batchspawner import SlurmSpawner
 from batchspawner.batchspawner import JobStatus
 from traitlets import Dict, Enum, Float, List, Unicode, default
 
-from jupyter_vgpu.slice import Slice, SliceError
+from jupyter_vgpu.slice import Card, Slice, SliceError
 
 from . import slurm_nodes, slurm_profiles
 from .inventory import GPU
@@ -215,6 +221,42 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
         """The spawn form's line for a choice (mode ``gpu``: on a whole GPU)."""
         return describe(sized, self.vgpu_isolation(ask), whole=ask["mode"] == "gpu")
 
+    def vgpu_ask(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What this spawner's settings ask for (:meth:`ProfileSizedSlice.vgpu_ask`).
+
+        Raises:
+            traitlets.TraitError: an override is not valid for its setting.
+            ValueError: several cards asked for in mode ``shard`` (they take whole GPUs).
+        """
+        ask = super().vgpu_ask(overrides)
+        if (ask["gpu_count"] or 1) > 1 and ask["mode"] != "gpu":
+            raise ValueError(
+                f"a slice of {ask['gpu_count']} GPUs takes whole GPUs on Slurm: vgpu_gres 'gpu' "
+                "(a job's shards all come from one GPU)"
+            )
+        return ask
+
+    def vgpu_size(self, ask, effective, what: str) -> Size:
+        """The sizes ``ask`` gets under the quota ``effective``: in mode ``gpu`` the
+        largest GPU of the partition, all of it guaranteed, on each card; in mode
+        ``shard`` one card, whatever count the quota allows.
+
+        Raises:
+            hub_spawner.profiles.QuotaExceeded: it asks for more than the quota, or a
+                whole GPU is more than the quota's budget.
+        """
+        sized = super().vgpu_size(ask, effective, what)
+        if ask["mode"] != "gpu":
+            return dataclasses.replace(sized, gpu_count=1)
+        allocator = self.vgpu_hub.allocator
+        card = max((g.memory for g in allocator.shared if self._in_partition(g)), default=0)
+        if card > effective.memory_limit:
+            raise QuotaExceeded(
+                f"A whole GPU ({card / 2**30:.2f} GiB) is more than your vGPU quota of "
+                f"{effective.memory_limit / 2**30:.2f} GiB; choose a smaller profile or ask an admin."
+            )
+        return dataclasses.replace(sized, memory_limit=card, memory_request=card) if card else sized
+
     async def vgpu_refresh_nodes(self) -> None:
         """Read the cluster's nodes (``vgpu_nodes_cmd``) and give the allocator their GPUs.
 
@@ -279,21 +321,18 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
         ask = self.vgpu_ask()
         effective = self.vgpu_resolve()
         sized = self.vgpu_size(ask, effective, self.vgpu_what(self.user_options))
-        limit, request = sized.memory_limit, sized.memory_request
-        if ask["mode"] == "gpu":
-            card = max((g.memory for g in allocator.shared if self._in_partition(g)), default=0)
-            if card > effective.memory_limit:
-                raise QuotaExceeded(
-                    f"A whole GPU ({card / 2**30:.2f} GiB) is more than your vGPU quota of "
-                    f"{effective.memory_limit / 2**30:.2f} GiB; choose a smaller profile or ask an admin."
-                )
-            limit = request = card
-        gpu = allocator.place(
-            self.vgpu_key, limit, sized.compute_share, hub.placement, request, only=self._in_partition
-        )
+        limit, request = sized.memory_limit, sized.memory_request  # mode gpu: a whole card
+        count = sized.gpu_count
+        cards = allocator.place_cards(
+            self.vgpu_key, limit, sized.compute_share, hub.placement, request,
+            only=self._in_partition, count=count,
+        )  # fmt: skip
+        gpu = cards[0]
         node = VGPUSlurmSpawner._nodes.get(gpu.node)
         per_gpu = node.shards_per_gpu if node else 0
-        if ask["mode"] == "gpu":
+        if count > 1:
+            gres, shards = f"gpu:{count}", 0  # whole cards (vgpu_ask: mode gpu)
+        elif ask["mode"] == "gpu":
             # every shard of one GPU, so that no shard job shares it (Slurm 22.05 lets a
             # gpu:1 job and shard jobs share a card); gpu:1 on a node without shards
             gres, shards = (f"shard:{per_gpu}", per_gpu) if per_gpu else ("gpu:1", 0)
@@ -313,8 +352,7 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
             "shards": shards,
             "shards_per_gpu": per_gpu,
         }
-        held = Size(limit, request, sized.compute_share, sized.priority)
-        self.vgpu_slice = self.vgpu_new_slice(gpu, held, self.vgpu_isolation(ask))
+        self.vgpu_slice = self.vgpu_new_slice(gpu, sized, self.vgpu_isolation(ask), more=cards[1:])
         self.log.info("vGPU slice for %s: %s; asks Slurm for %s", self._log_name, self.vgpu_describe(), gres)
         return self.vgpu_slice
 
@@ -442,45 +480,63 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
         return slurm_nodes.parse_job(text)
 
     def vgpu_locate(self, place: slurm_nodes.JobPlace) -> Slice:
-        """Record the node and GPU the running job got: Slurm picks the GPU within the
-        node, so the slice (and the Hub's placement) moves to it if it differs."""
+        """Record the node and GPUs the running job got: Slurm picks the GPUs within the
+        node, so the slice (and the Hub's placement) moves to them if they differ."""
         where = self.vgpu_where
         if place.node:
             where["node"] = place.node
         if place.user:
             where["account"] = place.user
             where["uid"] = place.uid
-        if place.gpu_indices:
-            self._vgpu_move_to(where["node"], place.gpu_indices[0])
+        count = len(self.vgpu_slice.gpu_uuids) if self.vgpu_slice is not None else 1
+        if len(place.gpu_indices) >= count:
+            allocator = self.vgpu_hub.allocator
+            on_node = {g.index: g for g in allocator.gpus if g.node == where["node"]}
+            devices = [on_node.get(i) for i in place.gpu_indices[:count]]
+            if all(devices):
+                self._vgpu_move_to(devices)
         return self.vgpu_slice
 
-    def _vgpu_move_to(self, node: str, index: int, device: GPU | None = None) -> bool:
+    def _vgpu_move_to(self, devices: Sequence[GPU]) -> bool:
+        """Put the slice (and its placement) on ``devices``, one per card of the slice,
+        the first first.
+
+        Returns:
+            True when the slice changed.
+        """
         allocator = self.vgpu_hub.allocator
-        if device is None:
-            device = next((g for g in allocator.gpus if g.node == node and g.index == index), None)
         s = self.vgpu_slice
-        if device is None or s is None or device.uuid == s.gpu_uuid:
+        if s is None or tuple(d.uuid for d in devices) == s.gpu_uuids:
             return False
+        first, *more = devices
         old = allocator.placements.get(self.vgpu_key)
         if old is not None:
-            if device.uuid not in {g.uuid for g in allocator.gpus}:
-                allocator.gpus.append(device)
+            known = {g.uuid for g in allocator.gpus}
+            allocator.gpus.extend(d for d in devices if d.uuid not in known)
             allocator.restore(
-                Placement(self.vgpu_key, device.uuid, old.memory_limit, old.compute_share, old.memory_request)
-            )
+                Placement(
+                    self.vgpu_key, first.uuid, old.memory_limit, old.compute_share, old.memory_request,
+                    tuple(d.uuid for d in more),
+                )
+            )  # fmt: skip
         try:
             self.vgpu_slice = s.replace(
-                gpu_uuid=device.uuid, gpu_index=device.index, gpu_name=device.name, gpu_memory=device.memory
+                gpu_uuid=first.uuid,
+                gpu_index=first.index,
+                gpu_name=first.name,
+                gpu_memory=first.memory,
+                more_gpus=tuple(Card(d.uuid, d.index, d.memory) for d in more),
             )
         except SliceError as e:
-            self.log.error("vGPU: cannot record %s's GPU %s: %s", self._log_name, device.uuid, e)
+            uuids = [d.uuid for d in devices]
+            self.log.error("vGPU: cannot record %s's GPUs %s: %s", self._log_name, uuids, e)
             return False
-        self.log.info("vGPU slice of %s is on %s", self._log_name, device.label)
+        self.log.info("vGPU slice of %s is on %s", self._log_name, ", ".join(d.label for d in devices))
         return True
 
     def vgpu_relocate(self, board) -> bool:
-        """Take the GPU from the node arbiter's report of this job's node: the one it saw
-        the job's processes on, else the reported GPU of the slice's index (a placeholder
+        """Take the GPUs from the node arbiter's report of this job's node: those it saw
+        the job's processes on, else the reported GPUs of the slice's indices (placeholders
         until the node reported). Simulated slices stay.
 
         Returns:
@@ -492,11 +548,11 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
         report = board.report(where["node"])
         if report is None:
             return False
-        found = board.device_of(where["node"], f"job:{where['job_id']}", s.gpu_uuid)
+        found = board.devices_of(where["node"], f"job:{where['job_id']}", s.gpu_uuids, len(s.gpu_uuids))
         if found is None:
-            whole = [d for d in report.devices if d.mig_profile is None]
-            found = next((d for d in whole if d.index == s.gpu_index), None)
-        if found is None or not self._vgpu_move_to(where["node"], found.index, found):
+            whole = {d.index: d for d in report.devices if d.mig_profile is None}
+            found = [whole.get(i) for i in s.gpu_indices]
+        if not all(found) or not self._vgpu_move_to(found):
             return False
         if self.orm_spawner is not None:
             self.orm_spawner.state = self.get_state()
@@ -592,14 +648,16 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
     # -- the Hub's books --------------------------------------------------------------
 
     def vgpu_restore(self, state: dict[str, Any]) -> None:
-        """The slice's device joins the allocator (until the next look at Slurm lists the
+        """The slice's devices join the allocator (until the next look at Slurm lists the
         nodes again) and its placement is restored there."""
         s = self.vgpu_slice
         allocator = self.vgpu_hub.allocator
-        if s.gpu_uuid not in {g.uuid for g in allocator.gpus}:
-            node = self.vgpu_where.get("node")
-            device = GPU(s.gpu_index, s.gpu_uuid, s.gpu_name, s.gpu_memory, s.simulated, node=node)
-            allocator.gpus.append(device)
+        known = {g.uuid for g in allocator.gpus}
+        node = self.vgpu_where.get("node")
+        cards = [(s.gpu_uuid, s.gpu_index, s.gpu_memory), *((c.uuid, c.index, c.memory) for c in s.more_gpus)]
+        for uuid, index, memory in cards:
+            if uuid not in known:
+                allocator.gpus.append(GPU(index, uuid, s.gpu_name, memory, s.simulated, node=node))
         super().vgpu_restore(state)
 
 

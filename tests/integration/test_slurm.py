@@ -36,6 +36,11 @@ PROFILES = [
     {"display_name": "Nowhere", "slug": "nowhere", "spawner_override": {"req_partition": "nowhere"}},
     {"display_name": "Much memory", "slug": "much-memory", "spawner_override": {"req_memory": "900G"}},
     {"display_name": "Whole GPU", "slug": "whole", "spawner_override": {"vgpu_gres": "gpu"}},
+    {
+        "display_name": "Two GPUs",
+        "slug": "pair",
+        "spawner_override": {"vgpu_gres": "gpu", "vgpu_gpu_count": 2},
+    },  # noqa: E501
 ]
 
 
@@ -287,6 +292,24 @@ def test_a_whole_gpu_is_every_shard_of_one_gpu(hub, cluster, ada):
         assert f"GRES=shard:16(IDX:{dora['gpu_index']})" in detail, detail
     finally:
         hub.stop_server("dora", timeout=60)
+
+
+def test_a_slice_of_two_cards_is_a_job_of_two_whole_gpus_of_one_node(hub, cluster, ada):
+    hub.user_token("erin")
+    quota = {"memory_limit": "16G", "gpu_count": 2}
+    assert hub.api("PUT", "/vgpu/quotas/users/erin", json=quota).status_code == 200
+    events = hub.spawn_events("erin", options={"profile": "pair"}, timeout=120)
+    assert events[-1].get("ready"), events
+    try:
+        erin, ada_slice = mine(hub, "erin"), mine(hub, "ada")
+        assert erin["slurm_gres"] == "gpu:2"
+        assert erin["gpu_indices"] == [0, 1], erin
+        assert erin["node"] != ada_slice["node"]  # both cards free: the node without ada's shards
+        assert (erin["memory_limit"], erin["memory_request"]) == (16 * GiB, 16 * GiB)
+        detail = cluster.run("scontrol", "show", "job", "-d", erin["job_id"])
+        assert "GRES=gpu:2(IDX:0-1)" in detail, detail
+    finally:
+        hub.stop_server("erin", timeout=60)
 
 
 def test_the_job_and_its_slice_survive_a_hub_restart(hub, ada):

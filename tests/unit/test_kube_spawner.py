@@ -8,6 +8,7 @@ users in a real Hub database, and never sent.
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -451,3 +452,112 @@ def node_report(node, *uuids, pods=()):
         "pods": list(pods),
         "problems": [],
     }
+
+
+# -- slices of several cards ----------------------------------------------------------
+
+
+def pair_quota(hub, count=2):
+    """Ada's quota lets her slices span ``count`` cards (16 GiB on each)."""
+    QuotaStore(hub[0]).put("user", "ada", Quota(16 * GiB, 50, 8 * GiB, 60, count))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("mode", "limits"),
+    [
+        ("whole", {"nvidia.com/gpu": "2"}),
+        # HAMi's gpumem and gpucores hold on each of the container's devices
+        ("hami", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": str(16 * 1024), "nvidia.com/gpucores": "50"}),
+    ],
+)
+async def test_a_profile_of_two_cards_asks_for_two_and_the_slice_holds_its_budget_on_each(hub, mode, limits):
+    pair_quota(hub)
+    spawner, pod = await spawn_pod(hub, vgpu_mode=mode, vgpu_gpu_count=2)
+    assert notebook(pod)["resources"]["limits"] == limits
+    s = slice_of(pod)
+    # both cards unknown until the pod runs: placeholders, and the arbiter leaves it alone
+    assert s.gpu_uuids == (PENDING, f"{PENDING}-1")
+    assert (s.memory_limit, s.memory_request) == (16 * GiB, 8 * GiB)
+    assert spawner.vgpu_describe().startswith("GPUs 0 and 1 (NVIDIA GPU")
+
+
+@pytest.mark.asyncio
+async def test_the_quota_bounds_the_card_count_and_one_device_modes_refuse_several(hub):
+    db, config = hub
+    pair = {"vgpu_gpu_count": 2}
+    config.VGPUKubeSpawner.profile_list = [
+        {"display_name": "One", "slug": "one", "default": True},
+        {"display_name": "Pair", "slug": "pair", "kubespawner_override": {**pair, "vgpu_mode": "whole"}},
+        {
+            "display_name": "MIG pair",
+            "slug": "mig-pair",
+            "kubespawner_override": {**pair, "vgpu_mode": "mig", "vgpu_mig_profile": "1g.10gb"},
+        },
+        {
+            "display_name": "DRA pair",
+            "slug": "dra-pair",
+            "kubespawner_override": {**pair, "vgpu_mode": "dra"},
+        },
+    ]
+    spawner = spawner_of(db, "ada", VGPUKubeSpawner, config)
+    form = html.unescape(await spawner.get_options_form())
+    assert "Above your vGPU quota: It asks for a slice of 2 GPUs, more than your quota's 1 GPU" in form
+    with pytest.raises(QuotaExceeded, match="The profile 'pair' asks for a slice of 2 GPUs"):
+        spawner.run_options_from_form({"profile": ["pair"]})
+    pair_quota(hub)
+    spawner = spawner_of(db, "ada", VGPUKubeSpawner, config)
+    form = html.unescape(await spawner.get_options_form())
+    assert "vGPU: 2 GPUs, 16.00 GiB budget on each, whole GPUs, 8.00 GiB guaranteed" in form
+    for mode in ("mig", "dra"):
+        refusal = f"a slice of 2 GPUs needs vgpu_mode 'whole' or 'hami' (mode '{mode}' gives one device)"
+        assert f"Misconfigured, ask an admin: {refusal}" in form
+    with pytest.raises(ValueError, match="a slice of 2 GPUs needs vgpu_mode"):
+        spawner.run_options_from_form({"profile": ["dra-pair"]})
+    # the quota's count alone gives a one-device mode its one device
+    spawner.user_options = {"profile": "one"}
+    config.VGPUKubeSpawner.vgpu_mode = "dra"
+    spawner = spawner_of(db, "ada", VGPUKubeSpawner, config)
+    await spawner.load_user_options()
+    assert len(spawner.vgpu_slice.gpu_uuids) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_pod_of_two_cards_is_located_on_both_at_once_never_on_one(hub):
+    pair_quota(hub)
+    uid = "5d1a0c7e-0000-4000-8000-000000000002"
+    meta = {"uid": uid, "name": "jupyter-ada", "namespace": "jhub"}
+    # HAMi names every device of the container at once
+    spawner, _ = await spawn_pod(hub, vgpu_mode="hami", vgpu_gpu_count=2)
+    allocated = "GPU-bbbb,NVIDIA,16384,50:GPU-aaaa,NVIDIA,16384,50:;"
+    spawner.vgpu_locate(
+        {"metadata": {**meta, "annotations": {kube_hami_key(): allocated}}, "spec": {"nodeName": "n3"}}
+    )
+    assert spawner.vgpu_slice.gpu_uuids == ("GPU-bbbb", "GPU-aaaa")
+    # whole cards on a node of four: known once the pod's processes used both
+    spawner, _ = await spawn_pod(hub, vgpu_mode="whole", vgpu_gpu_count=2)
+    spawner.vgpu_locate({"metadata": meta, "spec": {"nodeName": "n4"}})
+    cards = ("GPU-0000", "GPU-1111", "GPU-2222", "GPU-3333")
+    board = NodeBoard()
+    used = [{"uid": uid, "gpus": ["GPU-2222"], "kernels": 1}]
+    board.record("n4", parse_report("n4", node_report("n4", *cards, pods=used)))
+    assert not spawner.vgpu_relocate(board)
+    assert spawner.vgpu_slice.gpu_uuids == (PENDING, f"{PENDING}-1")  # never half located
+    used = [{"uid": uid, "gpus": ["GPU-3333", "GPU-2222"], "kernels": 1}]
+    board.record("n4", parse_report("n4", node_report("n4", *cards, pods=used)))
+    assert spawner.vgpu_relocate(board)
+    s = spawner.vgpu_slice
+    assert (s.gpu_uuids, s.gpu_indices, s.gpu_memory) == (("GPU-2222", "GPU-3333"), (2, 3), 80 * GiB)
+    assert [c.memory for c in s.more_gpus] == [80 * GiB]
+    # on a node of exactly two cards, both are the pod's at once
+    spawner, _ = await spawn_pod(hub, vgpu_mode="whole", vgpu_gpu_count=2)
+    spawner.vgpu_locate({"metadata": meta, "spec": {"nodeName": "n2"}})
+    board.record("n2", parse_report("n2", node_report("n2", "GPU-zzzz", "GPU-aaaa")))
+    assert spawner.vgpu_relocate(board)
+    assert spawner.vgpu_slice.gpu_uuids == ("GPU-zzzz", "GPU-aaaa")
+
+
+def kube_hami_key() -> str:
+    from hub_spawner.kube_modes import HAMI_ALLOCATED
+
+    return HAMI_ALLOCATED

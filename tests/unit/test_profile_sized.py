@@ -273,3 +273,46 @@ async def test_an_unusable_saved_slice_is_dropped_on_both(hub, spawner_class, ca
     assert spawner._vgpu_foreign is None
     assert spawner.vgpu_slice is None
     assert "Dropping unusable saved vGPU slice" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_slurm_slice_of_two_cards_takes_two_whole_gpus_of_one_node(hub):
+    db, config = hub
+    pair = {"vgpu_gres": "gpu", "vgpu_gpu_count": 2}
+    config.VGPUSlurmSpawner.profile_list = [
+        {"display_name": "Default", "slug": "default", "default": True},
+        {"display_name": "Pair", "slug": "pair", "spawner_override": pair},
+        {"display_name": "Shard pair", "slug": "shard-pair", "spawner_override": {"vgpu_gpu_count": 2}},
+    ]
+    spawner = slurm_spawner(hub)
+    with pytest.raises(
+        QuotaExceeded, match=r"^The profile 'pair' asks for a slice of 2 GPUs, more than your quota's 1 GPU"
+    ):
+        spawner.run_options_from_form({"profile": ["pair"]})
+    QuotaStore(db).put("user", "ada", Quota(16 * GiB, 50, 8 * GiB, 60, 2))
+    spawner = slurm_spawner(hub)
+    form = await spawner.get_options_form()
+    assert "vGPU: 2 GPUs, 16.00 GiB budget on each, whole GPUs, all of it guaranteed" in form
+    assert "Misconfigured, ask an admin: a slice of 2 GPUs takes whole GPUs on Slurm" in form
+    spawner.user_options = {"profile": "shard-pair"}
+    spawner._vgpu_apply_profile()
+    with pytest.raises(ValueError, match="vgpu_gres 'gpu'"):
+        spawner.vgpu_place()
+    spawner.user_options = {"profile": "pair"}
+    spawner._vgpu_apply_profile()
+    s = spawner.vgpu_place()
+    assert s.gpu_uuids == ("GPU-sim-vgpu-n1-0", "GPU-sim-vgpu-n1-1")
+    assert (s.memory_limit, s.memory_request) == (16 * GiB, 16 * GiB)  # each card whole
+    assert spawner.vgpu_where["gres"] == "gpu:2"
+    placement = spawner.vgpu_hub.allocator.placements["ada/"]
+    assert placement.gpu_uuids == s.gpu_uuids
+    # Slurm naming one GPU of the two moves nothing: never half located
+    spawner.vgpu_locate(slurm_nodes.JobPlace("RUNNING", "", "vgpu-n1", (1,)))
+    assert spawner.vgpu_slice.gpu_uuids == s.gpu_uuids
+    spawner.job_id = spawner.vgpu_where["job_id"] = "14"
+    state = spawner.get_state()
+    VGPUHub.clear_instance()
+    again = spawner_of(db, "ada", VGPUSlurmSpawner, config)
+    again.load_state(state)
+    assert again.vgpu_slice == s
+    assert again.vgpu_hub.allocator.placements["ada/"].gpu_uuids == s.gpu_uuids
