@@ -40,7 +40,7 @@ PROFILES = [
         "display_name": "Two GPUs",
         "slug": "pair",
         "spawner_override": {"vgpu_gres": "gpu", "vgpu_gpu_count": 2},
-    },  # noqa: E501
+    },
 ]
 
 
