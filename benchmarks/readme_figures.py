@@ -532,6 +532,26 @@ def _two_gpus() -> dict:
     }
 
 
+def _four_gpus() -> dict:
+    doc = load("sessions-h200x4.json")
+    run = doc["runs"][0]
+    static = doc["static_sessions"] * doc["gpus"]
+    return {
+        "static": str(doc["static_sessions"]),
+        "batch": f"{doc['model']['batch']:,}",
+        "peak": fig(doc["session_peak_bytes"] / 2**30, 1),
+        "sessions": str(run["sessions"]),
+        "times": f"{run['sessions'] / static:.0f}",
+        "p50": fig(run["p50_cell_s"], 3),
+        "solo": fig(run["solo_p50_cell_s"], 3),
+        "o50": pct(over(run, "p50_cell_s")),
+        "p95": fig(run["p95_cell_s"]),
+        "o95": pct(over(run, "p95_cell_s")),
+        "c95": pct(run["compute_share"]["p95_over_solo"]),
+        "host": f"{run['host_used_peak_bytes'] / 1e9:.0f}",
+    }
+
+
 def _other_card() -> dict:
     """The two-GPU test's caught process, from the JSON line the test prints into its log."""
     log = (RESULTS / "gpu-tests-h200x2.log").read_text()
@@ -858,6 +878,21 @@ CLAIMS = [
         "{sessions} sessions shared the two cards with cells at p50 {p50} s against {solo} s solo ({o50}), "
         "p95 {p95} s ({o95}), p99 {p99} s, no OOM, host memory peak {host} GB",
         _two_gpus,
+    ),
+    Claim(
+        "four GPUs: sessions",
+        "sessions-h200x4.json",
+        "static partitioning fits {static} MLP sessions per card at a batch of {batch} tokens "
+        "(a session's peak {peak} GiB)",
+        _four_gpus,
+    ),
+    Claim(
+        "four GPUs: sessions' latencies",
+        "sessions-h200x4.json",
+        "{sessions} sessions ({times}x static) shared the four cards with cells at p50 {p50} s against "
+        "{solo} s solo ({o50}), p95 {p95} s ({o95}; {c95} had memory cost nothing), no OOM, host "
+        "memory peak {host} GB",
+        _four_gpus,
     ),
     Claim(
         "watchdog on the GPU",

@@ -592,6 +592,7 @@ def main() -> None:
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         row["seed"] = args.seed
+        row["percentiles"] = RULE  # each run says its rule: a file may hold runs of several
         if row["cells_detail"]:  # had memory cost nothing: the floor of this run's latencies
             row["compute_share"] = of_cells(row["cells_detail"], len(gpus), result["solo_cell_s"])
         row["think_s"], row["cycles"] = args.think, args.cycles
