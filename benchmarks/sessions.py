@@ -12,7 +12,11 @@ a standalone arbiter with the same slice. Each holds a working set W, by ``--wor
   MLP 5632, vocabulary 32000) built from its config with random weights (nothing is
   downloaded), bf16; a step is a LoRA fine-tuning step (rank 16 on every layer's query
   and value projections, AdamW) on a random batch of ``--tokens`` tokens (2,048), or with
-  ``--tune full`` a full fine-tuning step (AdamW over every weight).
+  ``--tune full`` a full fine-tuning step (AdamW over every weight). With
+  ``--same-checkpoint`` every session loads the same base weights from one checkpoint
+  (written once by the harness, ``save_pretrained`` of the same random model, read by
+  ``from_pretrained`` onto the card as a class loading one model does), so the frozen
+  weights are byte for byte the same in every kernel; only the adapters differ.
 
 Each session runs an interactive duty
 cycle: a cell of training steps (about ``--cell-seconds`` on an empty card), then
@@ -119,18 +123,23 @@ MLP_STEP = """\
         x = torch.randn({batch}, width, device="cuda", dtype=torch.bfloat16)
         model(x).float().square().mean().backward()"""
 
+LLAMA_CONFIG = dict(
+    hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+    num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096,
+)  # fmt: skip
+
 TRANSFORMER = """
 import os, time, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 torch.manual_seed(int(os.environ.get("SESSION", "0")))
-config = LlamaConfig(
-    hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-    num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096,
-)
-torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the card: no fp32 copy on the way
-with torch.device("cuda"):
-    model = LlamaForCausalLM(config)
-torch.set_default_dtype(torch.float32)
+config = LlamaConfig(**{config!r})
+if {checkpoint!r}:  # every session's base weights from one checkpoint
+    model = LlamaForCausalLM.from_pretrained({checkpoint!r}, torch_dtype=torch.bfloat16, device_map="cuda")
+else:
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the card: no fp32 copy on the way
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
 class LoRA(torch.nn.Module):
     def __init__(self, base, rank=16):
         super().__init__()
@@ -153,11 +162,25 @@ TRANSFORMER_STEP = """\
         model(input_ids=ids, labels=ids).loss.backward()"""
 
 
+def write_checkpoint(folder: Path) -> Path:
+    """The transformer's base weights, once, as a Hugging Face checkpoint in ``folder``
+    (``save_pretrained``: safetensors, bf16, about 2.2 GB): random weights from seed 0,
+    built on the CPU. Returns the folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA_CONFIG)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    return folder
+
+
 def setup_code(args) -> str:
     """The cell that builds a session's working set (``--workload``)."""
     if args.workload == "transformer":
+        checkpoint = str(args.checkpoint) if args.same_checkpoint else ""
         return (
-            TRANSFORMER.format(lora=args.tune == "lora")
+            TRANSFORMER.format(lora=args.tune == "lora", config=LLAMA_CONFIG, checkpoint=checkpoint)
             + TRAIN.format(step=TRANSFORMER_STEP.format(tokens=args.tokens))
             + 'print("ready", sum(p.numel() for p in model.parameters()), sum(p.numel() for p in trained))\n'
         )
@@ -177,6 +200,7 @@ def model_of(args) -> dict:
             "tokens": args.tokens,
             "dtype": "bf16",
             "config": config,
+            "same_checkpoint": args.same_checkpoint,
         }
     return {
         "workload": "mlp",
@@ -478,6 +502,11 @@ def main() -> None:
     parser.add_argument("--workload", choices=("mlp", "transformer"), default="mlp")
     parser.add_argument("--tune", choices=("lora", "full"), default="lora", help="the transformer's steps")
     parser.add_argument("--tokens", type=int, default=2048, help="the transformer's tokens per step")
+    parser.add_argument(
+        "--same-checkpoint",
+        action="store_true",
+        help="the transformer: every session loads the same base weights from one checkpoint",
+    )
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=61440, help="tokens per step")
@@ -520,10 +549,15 @@ def main() -> None:
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.same_checkpoint and args.workload != "transformer":
+        parser.error("--same-checkpoint is the transformer's: add --workload transformer")
     require_gpu(parser)
     record = provenance.record()
     if args.seed is None:
         args.seed = random.randrange(1 << 31)
+    # one checkpoint for every session of every run (removed when the benchmark ends)
+    checkpoint = tempfile.TemporaryDirectory(prefix="vgpu-checkpoint-") if args.same_checkpoint else None
+    args.checkpoint = write_checkpoint(Path(checkpoint.name)) if checkpoint else None
 
     gpus = nvml.list_gpus()[: args.gpus]
     if len(gpus) < args.gpus:
@@ -535,6 +569,7 @@ def main() -> None:
         args.workload = model.get("workload", "mlp")
         if args.workload == "transformer":
             args.tune, args.tokens = model["tune"], model["tokens"]
+            args.same_checkpoint = model.get("same_checkpoint", False)
         else:
             args.width, args.layers, args.batch = (model[k] for k in ("width", "layers", "batch"))
         args.think = result["think_s"] if args.think is None else args.think
@@ -592,6 +627,7 @@ def main() -> None:
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         row["seed"] = args.seed
+        row["same_checkpoint"] = args.same_checkpoint
         row["percentiles"] = RULE  # each run says its rule: a file may hold runs of several
         if row["cells_detail"]:  # had memory cost nothing: the floor of this run's latencies
             row["compute_share"] = of_cells(row["cells_detail"], len(gpus), result["solo_cell_s"])

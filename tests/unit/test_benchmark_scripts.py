@@ -88,3 +88,28 @@ def test_an_earlier_record_moves_into_the_history_once():
     assert "provenance" not in doc, "how the earlier record was found goes with it"
     assert doc["history"][0]["provenance"] == "git log of this file"
     assert provenance.stamped(doc, now) == doc  # the run's own record is not history
+
+
+def test_same_checkpoint_sessions_load_one_checkpoint_and_only_the_adapters_differ(tmp_path, monkeypatch):
+    import argparse
+    import ast
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as when the script runs: its neighbours import
+    sessions = load("sessions")
+    ask = argparse.Namespace(workload="transformer", tune="lora", tokens=2048, checkpoint=tmp_path / "base")
+    shared = sessions.setup_code(argparse.Namespace(**vars(ask), same_checkpoint=True))
+    own = sessions.setup_code(argparse.Namespace(**vars(ask), same_checkpoint=False))
+    ast.parse(shared), ast.parse(own)  # each a cell Python can run
+    assert f"from_pretrained({str(tmp_path / 'base')!r}" in shared
+    assert "if '':" in own  # built from the session's own seed instead
+    # the adapters are drawn after the session's seed in both
+    assert shared.index('manual_seed(int(os.environ.get("SESSION"') < shared.index("class LoRA")
+    assert sessions.model_of(argparse.Namespace(**vars(ask), same_checkpoint=True))["same_checkpoint"] is True
+    refused = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "sessions.py"), "--same-checkpoint", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "--same-checkpoint is the transformer's" in refused.stderr
