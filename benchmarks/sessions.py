@@ -616,9 +616,15 @@ def main() -> None:
         else [round(m * static) for m in multiples]
     )
     for n in wanted:
-        # setups at once: what the card holds beside n contexts, at most the static count
-        beside = card * len(gpus) - n * result["context_bytes"]
-        together = max(1, min(static, int(beside // result["session_peak_bytes"])))
+        # setups at once: on each card, what it holds beside the contexts of its sessions
+        # (the fullest card's: session i is on card i mod N), at most the static count;
+        # a batch of k x N consecutive sessions is k on every card. Counted over the whole
+        # host instead, 13 at once on four H200s put 4 on one card and the arbiter
+        # suspended paused kernels there for their contexts (81 first cells came back from
+        # a suspend, sessions-h200x4.json; 3 on two cards, sessions-h200x2.json).
+        beside = card - -(-n // len(gpus)) * result["context_bytes"]
+        per_card = max(1, min(result["static_sessions"], int(beside // result["session_peak_bytes"])))
+        together = per_card * len(gpus)
         began = provenance.run_record()  # a file that later calls add to: each run its own
         row = run_sessions(n, args, slices, result["steps_per_cell"], together)
         row.update(began)
