@@ -68,10 +68,12 @@ import argparse
 import json
 import queue
 import random
+import socket
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,15 +284,55 @@ class HostMemory:
         self._thread.join()
 
 
+#: What a run counts from the arbiter's Prometheus counters, by the counter's sample name
+#: (``node/metrics.py``) and the labels a sample must have.
+COUNTERS = {
+    "pauses": ("jupyter_vgpu_pauses_total", {}),
+    "suspends": ("jupyter_vgpu_suspends_total", {}),
+    "spills": ("jupyter_vgpu_spills_total", {}),
+    "prefetches": ("jupyter_vgpu_prefetches_total", {"outcome": "granted"}),
+}
+
+
+def counts_from_metrics(text: str) -> dict[str, int]:
+    """The run's pauses, suspends, spills and granted prefetches from the arbiter's
+    ``/metrics`` page (Prometheus text format, read by ``prometheus_client``'s parser):
+    every one since the arbiter started, which its decision log (the last
+    ``decisions.KEPT``) cannot say for a long run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = dict.fromkeys(COUNTERS, 0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for what, (name, labels) in COUNTERS.items():
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    counts[what] += int(sample.value)
+    return counts
+
+
 def start_arbiter(directory: Path, args) -> ArbiterProcess:
+    """An arbiter with the run's settings, its Prometheus counters served on a free port
+    of 127.0.0.1 (``metrics_port`` on the returned process)."""
+    with socket.socket() as s:  # a port free now; the arbiter binds it as it starts
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     settings = [
         "--ArbiterApp.poll_seconds=0.25",
         f"--ArbiterApp.watermark={args.watermark}",
         f"--ArbiterApp.suspend_after={args.suspend_after}",
+        f"--ArbiterApp.metrics_port={port}",
     ]
     if args.host_memory_limit:
         settings.append(f"--ArbiterApp.host_memory_limit={args.host_memory_limit}")
-    return ArbiterProcess(directory, *settings).start()
+    arbiter = ArbiterProcess(directory, *settings).start()
+    arbiter.metrics_port = port
+    return arbiter
+
+
+def arbiter_counts(arbiter: ArbiterProcess) -> dict[str, int]:
+    """:func:`counts_from_metrics` of the arbiter's page now."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{arbiter.metrics_port}/metrics", timeout=10) as r:
+        return counts_from_metrics(r.read().decode())
 
 
 def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: int) -> dict:
@@ -394,6 +436,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             detail = list(cells.queue)
             latencies = sorted(c["cell_s"] for c in detail)
             books = arbiter.books()
+            counted = arbiter_counts(arbiter)
             outside: dict[str, list[float]] = {}
             for c in detail:  # time outside the cell's own code: waiting for room, resuming
                 outside.setdefault(c["state_before"], []).append(c["cell_s"] - c["inner_s"])
@@ -409,18 +452,22 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "prefetched": sum(
                     c["state_at_edit"] in away and c["state_before"] not in away for c in detail
                 ),
-                "prefetches": sum(d["what"] == "prefetch" for d in books["decisions"]),
+                "prefetches": counted["prefetches"],
                 "p50_inner_s": percentile_or_none((c["inner_s"] for c in detail), 50),
                 "p50_outside_s_by_state_before": {k: percentile(v, 50) for k, v in outside.items()},
                 "cells_by_state_before": {k: len(v) for k, v in outside.items()},
                 "ooms": ooms + sum("OutOfMemory" in e or "MemoryError" in e for e in errors),
                 "errors": errors[:5],
                 "wall_s": time.time() - t0,
-                "pauses": sum(d["what"] == "pause" for d in books["decisions"]),
-                "suspends": sum(d["what"] == "suspend" for d in books["decisions"]),
+                "pauses": counted["pauses"],
+                "suspends": counted["suspends"],
+                "spills": counted["spills"],
+                # within the decisions the arbiter kept (decisions_kept, the latest)
                 "queued": sum(d["what"] == "queued" for d in books["decisions"]),
-                "spills": sum(d["what"] == "spill" for d in books["decisions"]),
                 "trims": sum(d["what"] == "trim" for d in books["decisions"]),
+                "decisions_kept": len(books["decisions"]),
+                "counted": "pauses, suspends, spills, prefetches: the arbiter's Prometheus "
+                "counters over the whole run, setups included; queued, trims: in decisions_kept",
                 "host_used_peak_bytes": host.peak_used,
                 "host_total_bytes": host.total,
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),

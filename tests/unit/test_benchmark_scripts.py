@@ -113,3 +113,36 @@ def test_same_checkpoint_sessions_load_one_checkpoint_and_only_the_adapters_diff
     )
     assert refused.returncode == 2
     assert "--same-checkpoint is the transformer's" in refused.stderr
+
+
+def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_decisions(tmp_path, monkeypatch):
+    """A long run outlives the arbiter's decision log (the last 200): the four-card run
+    reported no suspends while 81 cells came back from one. The counts come from the
+    arbiter's Prometheus counters instead: the real registry's page parses to what was
+    counted, and a real arbiter serves its page to the harness."""
+    import argparse
+
+    from prometheus_client import generate_latest
+
+    from jupyter_vgpu.node.metrics import Metrics
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    metrics = Metrics()
+    for _ in range(250):  # more than the decision log keeps
+        metrics.pauses.labels(gpu="GPU-a", reason="room").inc()
+    metrics.pauses.labels(gpu="GPU-b", reason="idle").inc()
+    for _ in range(81):
+        metrics.suspends.labels(gpu="GPU-a").inc()
+    metrics.prefetches.labels(gpu="GPU-a", outcome="granted").inc()
+    metrics.prefetches.labels(gpu="GPU-a", outcome="no room").inc()
+    metrics.spills.inc()
+    page = generate_latest(metrics.registry).decode()
+    assert sessions.counts_from_metrics(page) == {"pauses": 251, "suspends": 81, "spills": 1, "prefetches": 1}
+
+    ask = argparse.Namespace(watermark=0.6, suspend_after=3600.0, host_memory_limit="")
+    arbiter = sessions.start_arbiter(tmp_path, ask)
+    try:
+        assert sessions.arbiter_counts(arbiter) == {"pauses": 0, "suspends": 0, "spills": 0, "prefetches": 0}
+    finally:
+        arbiter.stop()
