@@ -669,7 +669,8 @@ def main() -> None:
         # host instead, 13 at once on four H200s put 4 on one card and the arbiter
         # suspended paused kernels there for their contexts (81 first cells came back from
         # a suspend, sessions-h200x4.json; 3 on two cards, sessions-h200x2.json).
-        beside = card - -(-n // len(gpus)) * result["context_bytes"]
+        fullest = -(-n // len(gpus))  # sessions on the fullest card
+        beside = card - fullest * result["context_bytes"]
         per_card = max(1, min(result["static_sessions"], int(beside // result["session_peak_bytes"])))
         together = per_card * len(gpus)
         began = provenance.run_record()  # a file that later calls add to: each run its own

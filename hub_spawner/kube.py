@@ -29,7 +29,6 @@ instance's does on one host); the next spawn applies the new sizes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import posixpath
 from collections.abc import Sequence
 from typing import Any
@@ -66,6 +65,7 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
 
     vgpu_kind = "kube"
     vgpu_profile_settings = kube_profiles.SLICE_SETTINGS
+    vgpu_multi_card_modes = kube_modes.MULTI_CARD_MODES
 
     vgpu_mode = Enum(
         list(MODES),
@@ -184,28 +184,26 @@ class VGPUKubeSpawner(VGPUSpawnerMixin, ProfileSizedSlice, KubeSpawner):
                 cards in a mode that gives one device (:data:`.kube_modes.MULTI_CARD_MODES`).
         """
         ask = super().vgpu_ask(overrides)
-        if (ask["gpu_count"] or 1) > 1 and ask["mode"] not in kube_modes.MULTI_CARD_MODES:
-            raise ValueError(kube_modes.multi_card_refusal(ask["mode"], ask["gpu_count"]))
         if ask["mode"] == "mig":
             if not ask["mig_profile"]:
                 raise ValueError("vGPU mode 'mig' needs a MIG profile (vgpu_mig_profile, e.g. '1g.10gb')")
             kube_modes.mig_resource(ask["mig_profile"])  # ValueError on a malformed profile
         return ask
 
+    def vgpu_multi_card_refusal(self, ask) -> str:
+        """The words :func:`hub_spawner.kube_modes.gpu_request` refuses the pod's request with."""
+        return kube_modes.multi_card_refusal(ask["mode"], ask["gpu_count"])
+
     def vgpu_size(self, ask, effective, what: str) -> Size:
         """The sizes ``ask`` gets under the quota ``effective``: a MIG instance's own
-        (:func:`hub_spawner.kube_profiles.mig_size`) in mode ``mig``; one card in a mode
-        that gives one device, whatever count the quota allows.
+        (:func:`hub_spawner.kube_profiles.mig_size`) in mode ``mig``.
 
         Raises:
             hub_spawner.profiles.QuotaExceeded: it asks for more than the quota.
         """
         if ask["mode"] == "mig":
             return kube_profiles.mig_size(ask, effective, what=what)
-        sized = super().vgpu_size(ask, effective, what)
-        if ask["mode"] not in kube_modes.MULTI_CARD_MODES:
-            return dataclasses.replace(sized, gpu_count=1)
-        return sized
+        return super().vgpu_size(ask, effective, what)
 
     def vgpu_isolation(self, ask: dict[str, Any]) -> str:
         """The slice's isolation backend under ``ask``'s mode."""

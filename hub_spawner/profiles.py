@@ -246,6 +246,9 @@ class ProfileSizedSlice(HasTraits):
     vgpu_profile_settings: tuple[str, ...] = ("vgpu_mode", *SIZE_SETTINGS)
     #: The setting that names the platform's mode (the ask's ``mode``).
     vgpu_mode_setting = "vgpu_mode"
+    #: The modes that give a slice several cards; in the others a slice has one card
+    #: (:meth:`vgpu_size`), and a choice asking for several is misconfigured (:meth:`vgpu_ask`).
+    vgpu_multi_card_modes: tuple[str, ...] = ()
 
     @validate("vgpu_compute_share", "vgpu_priority", "vgpu_gpu_count")
     def _vgpu_check_range(self, proposal):
@@ -292,6 +295,8 @@ class ProfileSizedSlice(HasTraits):
 
         Raises:
             traitlets.TraitError: an override is not valid for its setting.
+            ValueError: several cards in a mode that gives one
+                (:attr:`vgpu_multi_card_modes`; :meth:`vgpu_multi_card_refusal` says why).
         """
         values = {name: getattr(self, name) for name in self.vgpu_profile_settings}
         for name, value in (overrides or {}).items():
@@ -302,15 +307,30 @@ class ProfileSizedSlice(HasTraits):
             if value is not None and isinstance(self.traits()[name], ByteSpecification):
                 value = int(value)
             ask["mode" if name == self.vgpu_mode_setting else name[len("vgpu_") :]] = value
+        if (ask.get("gpu_count") or 1) > 1 and ask.get("mode") not in self.vgpu_multi_card_modes:
+            raise ValueError(self.vgpu_multi_card_refusal(ask))
         return ask
 
+    def vgpu_multi_card_refusal(self, ask: Mapping[str, Any]) -> str:
+        """Why ``ask``'s mode cannot give it several cards (a misconfigured choice's words)."""
+        modes = " or ".join(map(repr, self.vgpu_multi_card_modes)) or "none here"
+        return (
+            f"a slice of {ask['gpu_count']} GPUs needs {self.vgpu_mode_setting} {modes} "
+            f"(mode {ask.get('mode')!r} gives one device)"
+        )
+
     def vgpu_size(self, ask: Mapping[str, Any], effective, what: str) -> Size:
-        """The sizes ``ask`` gets under the quota ``effective`` (:func:`size`).
+        """The sizes ``ask`` gets under the quota ``effective`` (:func:`size`); one card
+        in a mode that gives one (not in :attr:`vgpu_multi_card_modes`), whatever count
+        the quota allows.
 
         Raises:
             QuotaExceeded: it asks for more than the quota.
         """
-        return size(ask, effective, what=what)
+        sized = size(ask, effective, what=what)
+        if ask.get("mode") not in self.vgpu_multi_card_modes:
+            return dataclasses.replace(sized, gpu_count=1)
+        return sized
 
     def vgpu_isolation(self, ask: Mapping[str, Any]) -> str:
         """The slice's isolation backend under ``ask``'s mode (``time-slicing`` here)."""

@@ -78,6 +78,7 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
     vgpu_kind = "slurm"
     vgpu_profile_settings = slurm_profiles.SLICE_SETTINGS
     vgpu_mode_setting = "vgpu_gres"
+    vgpu_multi_card_modes = ("gpu",)  # whole GPUs: a job's shards all come from one GPU
 
     vgpu_gres = Enum(
         ["shard", "gpu"],
@@ -221,25 +222,16 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
         """The spawn form's line for a choice (mode ``gpu``: on a whole GPU)."""
         return describe(sized, self.vgpu_isolation(ask), whole=ask["mode"] == "gpu")
 
-    def vgpu_ask(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        """What this spawner's settings ask for (:meth:`ProfileSizedSlice.vgpu_ask`).
-
-        Raises:
-            traitlets.TraitError: an override is not valid for its setting.
-            ValueError: several cards asked for in mode ``shard`` (they take whole GPUs).
-        """
-        ask = super().vgpu_ask(overrides)
-        if (ask["gpu_count"] or 1) > 1 and ask["mode"] != "gpu":
-            raise ValueError(
-                f"a slice of {ask['gpu_count']} GPUs takes whole GPUs on Slurm: vgpu_gres 'gpu' "
-                "(a job's shards all come from one GPU)"
-            )
-        return ask
+    def vgpu_multi_card_refusal(self, ask) -> str:
+        """Why mode ``shard`` takes no slice of several cards."""
+        return (
+            f"a slice of {ask['gpu_count']} GPUs takes whole GPUs on Slurm: vgpu_gres 'gpu' "
+            "(a job's shards all come from one GPU)"
+        )
 
     def vgpu_size(self, ask, effective, what: str) -> Size:
         """The sizes ``ask`` gets under the quota ``effective``: in mode ``gpu`` the
-        largest GPU of the partition, all of it guaranteed, on each card; in mode
-        ``shard`` one card, whatever count the quota allows.
+        largest GPU of the partition, all of it guaranteed, on each card.
 
         Raises:
             hub_spawner.profiles.QuotaExceeded: it asks for more than the quota, or a
@@ -247,7 +239,7 @@ class VGPUSlurmSpawner(VGPUSpawnerMixin, ProfileSizedSlice, SlurmSpawner):
         """
         sized = super().vgpu_size(ask, effective, what)
         if ask["mode"] != "gpu":
-            return dataclasses.replace(sized, gpu_count=1)
+            return sized
         allocator = self.vgpu_hub.allocator
         card = max((g.memory for g in allocator.shared if self._in_partition(g)), default=0)
         if card > effective.memory_limit:

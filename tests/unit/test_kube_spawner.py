@@ -21,6 +21,7 @@ from traitlets.config import Config
 
 from hub_spawner.config import VGPUHub
 from hub_spawner.kube import PENDING, VGPUKubeSpawner
+from hub_spawner.kube_modes import HAMI_ALLOCATED
 from hub_spawner.nodes import NodeBoard, parse_report
 from hub_spawner.profiles import QuotaExceeded
 from hub_spawner.quotas import Quota, QuotaStore
@@ -531,7 +532,7 @@ async def test_a_pod_of_two_cards_is_located_on_both_at_once_never_on_one(hub):
     spawner, _ = await spawn_pod(hub, vgpu_mode="hami", vgpu_gpu_count=2)
     allocated = "GPU-bbbb,NVIDIA,16384,50:GPU-aaaa,NVIDIA,16384,50:;"
     spawner.vgpu_locate(
-        {"metadata": {**meta, "annotations": {kube_hami_key(): allocated}}, "spec": {"nodeName": "n3"}}
+        {"metadata": {**meta, "annotations": {HAMI_ALLOCATED: allocated}}, "spec": {"nodeName": "n3"}}
     )
     assert spawner.vgpu_slice.gpu_uuids == ("GPU-bbbb", "GPU-aaaa")
     # whole cards on a node of four: known once the pod's processes used both
@@ -555,9 +556,3 @@ async def test_a_pod_of_two_cards_is_located_on_both_at_once_never_on_one(hub):
     board.record("n2", parse_report("n2", node_report("n2", "GPU-zzzz", "GPU-aaaa")))
     assert spawner.vgpu_relocate(board)
     assert spawner.vgpu_slice.gpu_uuids == ("GPU-zzzz", "GPU-aaaa")
-
-
-def kube_hami_key() -> str:
-    from hub_spawner.kube_modes import HAMI_ALLOCATED
-
-    return HAMI_ALLOCATED
