@@ -8,9 +8,10 @@ the same CRC-32s). This store lets the host keep each such piece once.
 A kernel offers a piece as a **sealed memfd** holding exactly the piece's stored bytes
 (``memfd_create`` with ``MFD_ALLOW_SEALING``, written, then sealed against writing,
 shrinking, growing and further sealing), with a **key** computed from what the GPU
-already reported about it (:func:`piece_key`: its length, layout and every chunk's size,
-kind and CRC-32). The key only finds candidates; two pieces are the same piece only once
-the arbiter has compared their bytes, all of them, itself (:meth:`SharedPieces.offer`).
+already reported about it (:func:`jupyter_vgpu.host.pieces.piece_key`: its length,
+layout and every chunk's size, kind and CRC-32). The key only finds candidates; two
+pieces are the same piece only once the arbiter has compared their bytes, all of them,
+itself (:meth:`SharedPieces.offer`).
 So a key collision, or a kernel that lies about its key, can never hand one kernel
 another's data: a kernel receives a piece only where it has shown the arbiter the same
 bytes. What sharing does reveal is that identical bytes exist: a kernel whose offer is
@@ -38,52 +39,25 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import hashlib
 import mmap
 import os
 import stat
 import threading
 from collections.abc import Hashable
 
-import numpy as np
+from jupyter_vgpu.host.pieces import MAX_PIECE_BYTES, SEALS, piece_key
+
+__all__ = ["MAX_PIECE_BYTES", "SCOPES", "SEALS", "Offer", "PieceRefused", "SharedPieces", "piece_key"]
 
 #: The admin's choices of who may share a piece (``ArbiterApp.share_pieces``).
 SCOPES = ("all", "same-user", "off")
-#: A piece's stored bytes at most (the device codec's pieces are 8 MiB before compression;
-#: a stored piece is never larger than its raw bytes plus its chunks' alignment).
-MAX_PIECE_BYTES = 16 * 2**20
 #: Bytes compared at a time.
 COMPARE_WINDOW = 1 * 2**20
-#: The seals a piece must carry: nobody may write, shrink or grow it, or unseal it.
-SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class PieceRefused(ValueError):
     """An offer the store does not take; the message says why (the kernel keeps its own
     copy, nothing is lost)."""
-
-
-def piece_key(length: int, planes: int, kinds, sizes, crcs, fills) -> bytes:
-    """The key of a stored piece of the device codec (:class:`..kernel.codec.device.Piece`):
-    BLAKE2b-256 of its length (bytes), its planes, and per chunk its kind (uint8), stored
-    size (int64, bytes), CRC-32 of the stored bytes (uint32) and fill byte (uint8), each
-    array little-endian. Finds candidates only: equal keys are never taken for equal
-    bytes (:meth:`SharedPieces.offer` compares them).
-
-    Raises:
-        ValueError: the arrays differ in length.
-    """
-    arrays = [
-        np.ascontiguousarray(a, dtype=t)
-        for a, t in zip((kinds, sizes, crcs, fills), ("<u1", "<i8", "<u4", "<u1"), strict=True)
-    ]
-    if len({a.size for a in arrays}) != 1:
-        raise ValueError("a piece's kinds, sizes, CRC-32s and fills are one per chunk")
-    h = hashlib.blake2b(digest_size=32)
-    h.update(int(length).to_bytes(8, "little") + int(planes).to_bytes(1, "little"))
-    for a in arrays:
-        h.update(a.tobytes())
-    return h.digest()
 
 
 @dataclasses.dataclass
