@@ -7,10 +7,14 @@ message is one datagram, its descriptor attached (``SCM_RIGHTS``). Each message 
 JSON object of at most :data:`MAX_MESSAGE` bytes:
 
 - ``{"type": "offer", "key": "<64 hex digits>"}`` with exactly one descriptor, a sealed
-  memfd of the piece's stored bytes. Answer: ``{"shared": bool, "size": int}``, with the
-  shared piece's descriptor attached when ``shared``; or ``{"refused": "<why>"}``.
+  memfd of the piece's stored bytes. Answer: ``{"type": "outcome", "shared": bool,
+  "size": int}``, with the shared piece's descriptor attached when ``shared``.
 - ``{"type": "release"}``: drop every reference this kernel holds (its pieces came back
-  to its own memory). Answer: ``{"released": <bytes no longer held by anyone>}``.
+  to its own memory). Answer: ``{"type": "released", "bytes": <no longer held by anyone>}``.
+
+Any message may be answered ``{"type": "refused", "message": "<why>"}``. Both directions
+are contracts (``to-pieces``, ``from-pieces`` in :mod:`jupyter_vgpu.contracts`), checked
+where received without jsonschema (:mod:`jupyter_vgpu.contracts.lean`).
 
 Who offers comes from the Linux kernel, never from what a client says: the peer's
 credentials and :class:`~jupyter_vgpu.host.procs.Identity` as it connected, which must be
@@ -30,6 +34,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jupyter_vgpu.contracts import ContractError, lean
 from jupyter_vgpu.host import procs
 from jupyter_vgpu.host.pieces import SOCKET_NAME
 
@@ -132,7 +137,7 @@ class PieceSocket:
                 if kernel is None:  # answered after its first message, read: no reset
                     for fd in fds:
                         os.close(fd)
-                    await _send(conn, {"refused": "only a kernel the arbiter admitted may offer pieces"})
+                    await _send(conn, _refused("only a kernel the arbiter admitted may offer pieces"))
                     return
                 answer, out = await self._answer(kernel, data, fds)
                 await _send(conn, answer, out)
@@ -147,28 +152,32 @@ class PieceSocket:
         try:
             try:
                 msg = json.loads(data)
-            except ValueError:
-                msg = None
-            kind = msg.get("type") if isinstance(msg, dict) else None
-            if kind == "release":
-                return {"released": self.store.release(_holder(kernel))}, None
-            if kind != "offer" or len(fds) != 1:
-                return {"refused": "a message is an offer with one descriptor, or a release"}, None
+                lean.validate_message("to-pieces", msg)
+            except (ValueError, RecursionError) as e:  # ContractError is a ValueError
+                return _refused(str(e) if isinstance(e, ContractError) else "not a JSON object"), None
+            if msg["type"] == "release":
+                return {"type": "released", "bytes": self.store.release(_holder(kernel))}, None
+            if len(fds) != 1:
+                return _refused("an offer comes with one descriptor, the piece's memfd"), None
             try:
-                key = bytes.fromhex(msg.get("key") if isinstance(msg.get("key"), str) else "")
+                key = bytes.fromhex(msg["key"])
             except ValueError:
-                key = b""
+                return _refused("offer.key: must be 64 hexadecimal digits"), None
             fd = fds.pop()
             try:
                 outcome = await asyncio.to_thread(
                     self.store.offer, _holder(kernel), kernel.server.user, key, fd, _cap(kernel)
                 )
             except PieceRefused as e:
-                return {"refused": str(e)}, None
-            return {"shared": outcome.shared, "size": outcome.size}, outcome.fd
+                return _refused(str(e)), None
+            return {"type": "outcome", "shared": outcome.shared, "size": outcome.size}, outcome.fd
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+def _refused(why: str) -> dict:
+    return {"type": "refused", "message": why[:1000]}
 
 
 def _cap(kernel: Kernel) -> int:

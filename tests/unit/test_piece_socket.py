@@ -7,6 +7,7 @@ offer is capped by what it holds; a kernel that ends releases only its reference
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -100,3 +101,72 @@ def test_with_sharing_off_there_is_no_pieces_socket(tmp_path):
         assert shared(arbiter)["pieces"] == 0
     finally:
         arbiter.stop()
+
+
+#: Valid messages both ways, and a broken variant of each with what the checker says.
+TO_PIECES = [{"type": "offer", "key": "ab" * 32}, {"type": "release"}]
+FROM_PIECES = [
+    {"type": "outcome", "shared": True, "size": 3 * MiB},
+    {"type": "released", "bytes": 0},
+    {"type": "refused", "message": "sharing paused pieces is off on this node"},
+]
+BROKEN = [
+    ("to-pieces", {"type": "offer", "key": "ab"}, "offer.key: must be at least 64 character(s) long"),
+    ("to-pieces", {"type": "offer", "key": "ab" * 32, "size": 1}, 'offer: unknown field(s): "size"'),
+    ("to-pieces", {"type": "take"}, "type: must be one of"),
+    ("from-pieces", {"type": "outcome", "shared": True}, "outcome: missing field(s): size"),
+    ("from-pieces", {"type": "released", "bytes": -1}, "released.bytes: must be at least 0; got -1"),
+    ("from-pieces", {}, "missing field(s): type"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"), [("to-pieces", m) for m in TO_PIECES] + [("from-pieces", m) for m in FROM_PIECES]
+)
+def test_every_message_keeps_its_contract_by_both_checkers(name, message):
+    import jsonschema
+
+    from jupyter_vgpu import contracts
+    from jupyter_vgpu.contracts import lean
+
+    lean.validate_message(name, message)
+    jsonschema.Draft202012Validator(contracts.schema(name)).validate(message)
+
+
+@pytest.mark.parametrize(("name", "message", "words"), BROKEN)
+def test_a_broken_message_is_refused_by_both_checkers_in_words(name, message, words):
+    import jsonschema
+
+    from jupyter_vgpu import contracts
+    from jupyter_vgpu.contracts import ContractError, lean
+
+    with pytest.raises(ContractError) as e:
+        lean.validate_message(name, message)
+    assert words in str(e.value)
+    assert not jsonschema.Draft202012Validator(contracts.schema(name)).is_valid(message)
+
+
+def test_the_arbiter_refuses_a_message_that_breaks_the_contract_and_names_the_field(tmp_path, arbiter):
+    kernel = start_kernel(tmp_path, arbiter, "ada", ROOMY)
+    try:
+        out = kernel.run(
+            "import json, os, socket\n"
+            "from jupyter_vgpu.host.pieces import socket_beside\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+            "s.connect(str(socket_beside(os.environ['JUPYTER_VGPU_ARBITER'])))\n"
+            "s.send(json.dumps({'type': 'offer', 'key': 'zz'}).encode())\n"
+            "print(s.recv(4096).decode())\n"
+            "s.send(json.dumps({'type': 'offer', 'key': 'zz' * 32}).encode())\n"
+            "print(s.recv(4096).decode())\n"
+        )
+        first, second = (json.loads(line) for line in out.strip().splitlines())
+        assert first == {
+            "type": "refused",
+            "message": "offer.key: must be at least 64 character(s) long; got 'zz'",
+        } or (first["type"] == "refused" and first["message"].startswith("offer.key: must be at least 64"))
+        assert second == {
+            "type": "refused",
+            "message": "an offer comes with one descriptor, the piece's memfd",
+        }
+    finally:
+        kernel.shutdown()

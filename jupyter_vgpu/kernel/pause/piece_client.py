@@ -25,6 +25,7 @@ import os
 import socket
 from pathlib import Path
 
+from jupyter_vgpu.contracts import ContractError, lean
 from jupyter_vgpu.host.pieces import SEALS
 
 #: Bytes of one answer at most.
@@ -109,12 +110,13 @@ class PieceClient:
                 raise
         finally:
             os.close(fd)
-        if "refused" in answer:
+        if answer["type"] != "outcome":
             if own is not None:
                 own.close()
             for extra in fds:
                 os.close(extra)
-            raise PieceError(f"the arbiter refused the piece: {answer['refused']}")
+            why = answer.get("message", f"it answered {answer['type']}")
+            raise PieceError(f"the arbiter refused the piece: {why}")
         size = int(answer["size"])
         if not answer.get("shared"):
             return Held(own, False, size)
@@ -138,7 +140,9 @@ class PieceClient:
         answer, fds = self._answer()
         for extra in fds:
             os.close(extra)
-        return int(answer.get("released", 0))
+        if answer["type"] != "released":
+            raise PieceError(f"the arbiter refused the release: {answer.get('message')}")
+        return answer["bytes"]
 
     def close(self) -> None:
         self.sock.close()
@@ -154,10 +158,10 @@ class PieceClient:
             raise PieceError("the arbiter hung up")
         try:
             answer = json.loads(data)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
+            lean.validate_message("from-pieces", answer)
+        except (ValueError, RecursionError) as e:  # ContractError is a ValueError
             for extra in fds:
                 os.close(extra)
-            raise PieceError("the arbiter's answer is no JSON object")
+            why = str(e) if isinstance(e, ContractError) else "no JSON object"
+            raise PieceError(f"the arbiter's answer breaks its contract: {why}") from None
         return answer, list(fds)
