@@ -18,9 +18,9 @@ Two departures from plain JSON Schema, both stricter, both for Python's JSON par
 Pure Python: imports jsonschema (lazily, on first validation), never torch or
 jupyterhub. Importing jsonschema costs about a second where ``rfc3987-syntax`` is
 installed, so kernels do not validate with it (see :mod:`jupyter_vgpu.slice`); the
-messages of the node arbiter's socket (``to-arbiter``, ``from-arbiter``), checked by the
-arbiter and by every kernel, are checked against these same schemas by
-:mod:`jupyter_vgpu.contracts.lean`, without jsonschema.
+messages of the node arbiter's sockets (``to-arbiter``, ``from-arbiter``; ``to-pieces``,
+``from-pieces``), checked by the arbiter and by every kernel, are checked against these
+same schemas by :mod:`jupyter_vgpu.contracts.lean`, without jsonschema.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ HEADER = """\
 // Sizes are bytes, times Unix seconds, durations seconds, shares percent.
 """
 
-#: Contracts no page reads: the node arbiter's socket protocol.
-NOT_FOR_THE_BROWSER = frozenset({"to-arbiter", "from-arbiter"})
+#: Contracts no page reads: the node arbiter's socket protocols (its main socket, its pieces socket).
+NOT_FOR_THE_BROWSER = frozenset({"to-arbiter", "from-arbiter", "to-pieces", "from-pieces"})
 
 #: Keywords that constrain values but not their TypeScript type.
 DOCUMENTING = {

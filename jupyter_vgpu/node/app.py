@@ -39,6 +39,7 @@ from . import disk
 from .arbiter import Arbiter
 from .checkpoint_pool import CheckpointPool
 from .limits import RateLimit, raise_descriptor_limit
+from .shared_pieces import SCOPES as SHARE_SCOPES
 
 #: Environment variable naming the Kubernetes node (the DaemonSet sets it from spec.nodeName).
 NODE_ENV = "JUPYTER_VGPU_NODE"
@@ -171,6 +172,15 @@ class ArbiterApp(Application):
     ).tag(config=True)
 
     poll_seconds = Float(1.0, help="Seconds between two background looks at the cards.").tag(config=True)
+
+    share_pieces = Enum(
+        list(SHARE_SCOPES),
+        default_value="all",
+        help="""Who may share identical paused pieces (a class's frozen base weights held once
+        in host memory): 'all' users, 'same-user' (within one user's kernels), or 'off'.
+        Sharing reveals to a kernel that another in its scope holds the same bytes; never
+        the bytes of another (the arbiter compares them first). See docs/security.md.""",
+    ).tag(config=True)
 
     checkpoint_timeout = Float(
         30.0,

@@ -49,7 +49,7 @@ from pathlib import Path
 from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.nvml import NVMLUnavailable
 
-from . import books, cards, handoff, mps, namespaces, protocol, safe_dirs, slurm
+from . import books, cards, handoff, mps, namespaces, piece_socket, protocol, safe_dirs, slurm
 from .books import PAUSED, SUSPENDED, Kernel, Reason
 from .cards import Reading
 from .decisions import DecisionLog
@@ -57,9 +57,11 @@ from .enforcement import Enforcement
 from .journal import Journal
 from .metrics import Metrics
 from .moves import Moves
+from .piece_socket import PieceSocket
 from .registry import Registry
 from .room import Rooms
 from .sessions import Connection, Sessions
+from .shared_pieces import SharedPieces
 from .tiering import Tiering
 
 __all__ = ["Arbiter"]
@@ -113,6 +115,7 @@ class Arbiter(Registry):
         self.moves = Moves(self)
         self.tiering = Tiering(self)
         self.enforcement = Enforcement(self)
+        self.pieces = PieceSocket(self, SharedPieces(getattr(config, "share_pieces", "off")))
 
     # -- the books -------------------------------------------------------------------
 
@@ -175,6 +178,14 @@ class Arbiter(Registry):
         """The node's tiers now (:meth:`.tiering.Tiering.node_figures`)."""
         return self.tiering.node_figures()
 
+    def shared_figures(self) -> dict:
+        """The pieces held once (:meth:`.shared_pieces.SharedPieces.figures`), each
+        holder's share by PID: ``{"pieces", "held_bytes", "referenced_bytes",
+        "by_pid": {pid: bytes}}``."""
+        f = self.pieces.store.figures()
+        by_holder = f.pop("by_holder")
+        return {**f, "by_pid": {str(pid): v for (pid, _), v in by_holder.items()}}
+
     def allowed(self, pid: int) -> bool:
         """Whether a process of no server may use a managed card
         (:meth:`.enforcement.Enforcement.allowed`)."""
@@ -230,6 +241,7 @@ class Arbiter(Registry):
                 for k in self.kernels
             ],
             "unknown": sorted(self.unknown),
+            "shared_pieces": self.shared_figures(),
             "node": self.node_figures(),
             "decisions": list(self.decisions),
             "unowned": sorted(self.enforcement.unowned.values(), key=lambda u: u["pid"]),
@@ -341,6 +353,8 @@ class Arbiter(Registry):
             self.sessions.serve, str(path), limit=protocol.MAX_LINE
         )
         os.chmod(path, 0o666)  # anyone may connect; who they are comes from the kernel
+        if self.pieces.store.scope != "off":
+            self.pieces.start(path.parent / piece_socket.NAME)
         self._tasks.append(asyncio.ensure_future(self._background()))
         log.info("listening on %s", path)
 
@@ -358,6 +372,7 @@ class Arbiter(Registry):
             os.close(self._lock_fd)  # the next arbiter may take over
             self._lock_fd = None
         self.tiering.close()
+        self.pieces.close()
 
     async def refresh(self) -> None:
         """Read the registrations again (the Hub's slices); callers at the same time share

@@ -198,6 +198,7 @@ class Sessions:
             if conn.kernel is not None and a.conns.get(conn.pid) is conn:
                 del a.conns[conn.pid]
                 a.decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
+                a.pieces.release(conn.kernel)  # its references to pieces held once
                 if conn.kernel.disk_dir and not identity.current():
                     a.tiering.forget(uid, pid, identity.start)  # it ended: its disk tier goes too
                 await a.notify()
