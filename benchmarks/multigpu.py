@@ -42,7 +42,8 @@ def measure(torch, gib: float, cards: int, repeats: int) -> dict:
     cards (see the module's doc)."""
     from jupyter_vgpu.kernel.pause import vmm
     from jupyter_vgpu.kernel.pause.devices import DevicesEngine
-    from jupyter_vgpu.kernel.pause.engine import PauseEngine, _empty_host_cache
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+    from jupyter_vgpu.kernel.pause.torch_calls import empty_host_cache
 
     t0 = time.perf_counter()
 
@@ -85,7 +86,7 @@ def measure(torch, gib: float, cards: int, repeats: int) -> dict:
     engine.close()
     tensors.clear()
     torch.cuda.empty_cache()
-    _empty_host_cache(torch)
+    empty_host_cache(torch)
     return {
         "name": f"{gib:g} GiB: bf16 weights + fp32 Adam state on {cards} card(s)",
         "cards": cards,

@@ -75,7 +75,8 @@ def step_times(preloaded: bool, steps: int, alloc_conf: str = "") -> list[float]
 
 def measure(torch, gib: float) -> dict:
     from jupyter_vgpu.kernel.pause import vmm
-    from jupyter_vgpu.kernel.pause.engine import PauseEngine, _empty_host_cache
+    from jupyter_vgpu.kernel.pause.engine import PauseEngine
+    from jupyter_vgpu.kernel.pause.torch_calls import empty_host_cache
 
     def mark(what: str) -> None:
         print(f"  {gib:g} GiB: {what} at {time.perf_counter() - t0:.1f} s", flush=True)
@@ -88,12 +89,12 @@ def measure(torch, gib: float) -> dict:
     check = [t.view(torch.uint8)[:: 1 << 20].cpu() for t in tensors]
     raw_d2h, raw_h2d = raw_copies(torch, tensors)
     mark("raw copies")
-    _empty_host_cache(torch)  # nothing pinned left over from the raw copies
+    empty_host_cache(torch)  # nothing pinned left over from the raw copies
     engine = PauseEngine(torch, vmm.load(), 0)
     cold = engine.pause()  # pins its slabs on the way
     engine.resume()
     engine.close()  # lets the slabs go
-    _empty_host_cache(torch)
+    empty_host_cache(torch)
     mark("cold cycle")
     engine = PauseEngine(torch, vmm.load(), 0)
     t = time.perf_counter()

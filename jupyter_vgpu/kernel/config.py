@@ -62,6 +62,14 @@ class VGPUKernel(Configurable):
         config=True
     )
 
+    share_pieces = Bool(
+        True,
+        help="""Once paused, offer the paused pieces to the node arbiter's store of pieces
+        held once (a class's frozen base weights, the same in every kernel, then take host
+        memory once): in the background, one piece at a time. Only under a node arbiter
+        that shares pieces (its ``ArbiterApp.share_pieces``), and on the GPU path.""",
+    ).tag(config=True)
+
     prepare_pinned = Bool(
         True,
         help="""Once the kernel has been idle ``prepare_after`` seconds after a cell, pin in a

@@ -73,7 +73,9 @@ class HostMemory:
     def trim_while_paused(self) -> threading.Thread | None:
         """Once the kernel is paused: give the host back what its process holds and needs
         for nothing until its next cell, in a thread of its own (the pause's answer does
-        not wait for it): the pinned slabs kept warm past those that hold its paused data
+        not wait for it): first its paused pieces, offered to the node's pieces held once
+        (:meth:`.pause.engine.PauseEngine.share`; the slabs they leave go back), then
+        the pinned slabs kept warm past those that hold its paused data
         (:meth:`.pause.engine.PauseEngine.trim`: its next pause pins them again, or pins
         ahead once the kernel is idle after a cell, :meth:`prepare_ahead`), PyTorch's
         cache of pinned memory with them, and the free pages inside the C heap (glibc's
@@ -82,16 +84,38 @@ class HostMemory:
         :attr:`last_trim`: ``private_before`` and ``private_after`` (the process's own
         resident memory, :func:`jupyter_vgpu.host.procs.private_bytes`, bytes),
         ``slabs`` (pinned bytes let go) and ``seconds``. Returns the thread, or None when
-        turned off (``VGPUKernel.trim_when_paused``) or not paused."""
-        if not self.config.trim_when_paused or self.gate.state != g.PAUSED:
+        turned off (``VGPUKernel.trim_when_paused``, and no pieces to share) or not paused."""
+        sharing = getattr(self.engine, "sharing", None)
+        if not (self.config.trim_when_paused or sharing) or self.gate.state != g.PAUSED:
             return None
         self._trimming = run_in_thread(self._trim_paused, "trim")
         return self._trimming
 
+    def let_go_shared(self) -> threading.Thread | None:
+        """Once the kernel is back on the GPU: close, in a thread of its own, the mappings
+        of the node's shared pieces its resume read, and drop its references to them at
+        the arbiter (:meth:`.pause.engine.PauseEngine.let_go_shared`); the arbiter hears
+        of the host memory given back. Returns the thread, or None: nothing to let go."""
+        sharing = getattr(self.engine, "sharing", None)
+        if sharing is None or not sharing.retired:
+            return None
+        return run_in_thread(self._let_go_shared, "let-go")
+
+    def _let_go_shared(self) -> None:
+        try:
+            with self._plain():
+                closed = self.engine.let_go_shared()
+        except Exception as e:  # the arbiter drops the references when the kernel ends
+            log.info("jupyter-vgpu: shared pieces not let go: %s", e)
+            return
+        if closed:
+            self.gate.tell()
+
     def trimmed(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the trim after a pause to end: before the
-        driver's checkpoint locks the process, no thread of the package's own may be in a
-        driver call it started (freeing pinned memory), holding the engine's lock."""
+        """Wait up to ``timeout`` seconds for the trim after a pause to end (its offers of
+        pieces stop once the kernel leaves ``paused``): before the driver's checkpoint
+        locks the process, no thread of the package's own may be in a driver call it
+        started (freeing or registering pinned memory), holding the engine's lock."""
         trimming = self._trimming
         if trimming is not None and trimming is not threading.current_thread():
             trimming.join(timeout)
@@ -104,6 +128,10 @@ class HostMemory:
         :attr:`last_trim`, as :meth:`trim_while_paused`'s. The heap is left as it is when
         ``VGPUKernel.trim_when_paused`` is off."""
         self.trimmed(self.config.gate_timeout)
+        sharing = getattr(self.engine, "sharing", None)
+        if sharing is not None:  # the checkpoint is not told of memory registered as pinned
+            with self._plain(), self.own_calls():
+                sharing.unpin()
         if self.config.trim_when_paused:
             self._trim_paused(slabs_too=False)
 
@@ -113,14 +141,19 @@ class HostMemory:
         slabs = 0
         try:
             engine = self.engine
-            if slabs_too and engine is not None and self.gate.state == g.PAUSED:  # not while coming back
+            if slabs_too and getattr(engine, "sharing", None) is not None:
                 with self._plain():
-                    slabs = engine.trim()
+                    slabs += engine.share(lambda: self.gate.state == g.PAUSED)
+            trim = slabs_too and self.config.trim_when_paused
+            if trim and engine is not None and self.gate.state == g.PAUSED:  # not while coming back
+                with self._plain():
+                    slabs += engine.trim()
         except Exception as e:  # the slabs stay warm; the heap is trimmed all the same
             log.info("jupyter-vgpu: the paused kernel's pinned slabs stay: %s", e)
         if slabs:
             self.gate.tell()  # the arbiter's books and the report count what is left
-        _malloc_trim()
+        if self.config.trim_when_paused:
+            _malloc_trim()
         after = procs.private_bytes("self")
         self.last_trim = {
             "private_before": before,

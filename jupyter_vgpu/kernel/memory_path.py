@@ -24,6 +24,8 @@ import os
 import sys
 from pathlib import Path
 
+from jupyter_vgpu.host.socket_path import SOCKET_ENV
+
 
 class MemoryPath:
     """The pausable allocator and the engine of a :class:`~.pausing.PauseControl`."""
@@ -125,6 +127,22 @@ class MemoryPath:
         units = [s for s in allocator.segments() if s.mapped]
         device = units[0].device if units else torch.cuda.current_device()
         self.engine = PauseEngine(torch, allocator, device, **options)
+        self.engine.sharing = self._sharing(torch, device)
+
+    def _sharing(self, torch, device: int):
+        """The engine's shared pieces (:mod:`.pause.sharing`) where its node arbiter may
+        share them (its socket is known and ``share_pieces`` is on), else None. A kernel
+        of several cards keeps its pieces its own (one holder's references are released
+        together, and its engines pause and resume device by device)."""
+        path = os.environ.get(SOCKET_ENV)
+        if not (self.config.share_pieces and path):
+            return None
+        from jupyter_vgpu.host.pieces import socket_beside
+
+        from .pause.piece_client import PieceClient
+        from .pause.sharing import PieceSharing, Pinning
+
+        return PieceSharing(lambda: PieceClient(socket_beside(path)), Pinning(torch, device))
 
     def _host_engine(self):
         """Without CUDA: an engine over the pausable allocator's host backend, when the
@@ -148,7 +166,7 @@ class MemoryPath:
         torch = self._torch()
         if torch is None:
             return contextlib.nullcontext()
-        from .pause.engine import plain_torch
+        from .pause.torch_calls import plain_torch
 
         return plain_torch(torch)
 

@@ -104,6 +104,7 @@ class SharedPieces:
         self._lock = threading.Lock()
         self._by_key: dict[tuple[str | None, bytes], list[_Piece]] = {}
         self._offered: dict[Hashable, int] = {}  # holder -> bytes it references
+        self._held = 0  # bytes of distinct pieces
 
     def offer(self, holder: Hashable, user: str, key: bytes, fd: int, cap: int) -> Offer:
         """Take a kernel's piece: share it with an identical piece of the scope, or keep
@@ -144,6 +145,7 @@ class SharedPieces:
                         piece.holders[holder] = piece.holders.get(holder, 0) + 1
                         self._offered[holder] = self._offered.get(holder, 0) + size
                         return Offer(True, os.dup(piece.fd), size)
+                self._held += size
                 self._by_key.setdefault((scope, key), []).append(_Piece(key, scope, size, fd, {holder: 1}))
                 self._offered[holder] = self._offered.get(holder, 0) + size
                 kept = True
@@ -168,9 +170,16 @@ class SharedPieces:
                         os.close(piece.fd)
                         pieces.remove(piece)
                         freed += piece.size
+                        self._held -= piece.size
                 if not pieces:
                     del self._by_key[where]
         return freed
+
+    def saving(self) -> int:
+        """Host bytes sharing saves now: what every holder references (each counts its
+        pieces whole in the host bytes it reports) less what is held."""
+        with self._lock:
+            return sum(self._offered.values()) - self._held
 
     def figures(self) -> dict:
         """``{"pieces": int, "held_bytes": int, "referenced_bytes": int, "by_holder":
@@ -198,6 +207,7 @@ class SharedPieces:
                     os.close(p.fd)
             self._by_key.clear()
             self._offered.clear()
+            self._held = 0
 
 
 def _sealed_size(fd: int) -> int:

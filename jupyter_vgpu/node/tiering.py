@@ -102,6 +102,11 @@ class Tiering:
         spill_at = int(limit * getattr(config, "host_spill_fraction", 0.8))
         return tiers.HostBudget(limit, spill_at, reserve)
 
+    def _saving(self) -> int:
+        """Bytes of the node's shared pieces that kernels count more than once
+        (:meth:`.shared_pieces.SharedPieces.saving`)."""
+        return self.arbiter.pieces.store.saving()
+
     def node_figures(self) -> dict:
         """The node's tiers now: ``host_used`` (host bytes of paused and suspended kernels),
         ``host_limit``, ``host_available`` (``MemAvailable``), ``disk_used`` (bytes in the
@@ -109,7 +114,7 @@ class Tiering:
         ``disk_problem``, and how many kernels are in each tier."""
         kernels = self.arbiter.kernels
         return {
-            "host_used": tiers.host_used(kernels),
+            "host_used": tiers.host_used(kernels, self._saving()),
             "host_limit": self.host_budget().limit,
             "host_available": meminfo().get("MemAvailable", 0),
             "disk_used": tiers.disk_used(kernels),
@@ -270,10 +275,11 @@ class Tiering:
         counted = books.cooperative(self.arbiter.kernels, but=victim)
         budget = self.host_budget()
         available = meminfo().get("MemAvailable", 0)
-        over_budget, over_reserve = tiers.host_room(counted, budget, need, available)
+        saving = self._saving()
+        over_budget, over_reserve = tiers.host_room(counted, budget, need, available, saving)
         if not over_budget and not over_reserve:
             return "fits", None, None
-        held = format_bytes(tiers.host_used(counted))
+        held = format_bytes(tiers.host_used(counted, saving))
         why = (
             f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
             f"{format_bytes(available)} available)"
@@ -340,7 +346,8 @@ class Tiering:
         memory is their own, :func:`.books.cooperative`)."""
         now = time.monotonic()
         counted = books.cooperative(self.arbiter.kernels)
-        for kernel in tiers.to_trim(counted, self.host_budget(), meminfo().get("MemAvailable", 0), now):
+        available = meminfo().get("MemAvailable", 0)
+        for kernel in tiers.to_trim(counted, self.host_budget(), available, now, self._saving()):
             if not kernel.declined("trim", now, REFUSAL_SECONDS):
                 await self.trim(kernel)
         tried: list[Kernel] = []
@@ -349,7 +356,9 @@ class Tiering:
             counted = books.cooperative(self.arbiter.kernels)
             todo = [
                 k
-                for k in tiers.to_spill(counted, self.host_budget(), meminfo().get("MemAvailable", 0), now)
+                for k in tiers.to_spill(
+                    counted, self.host_budget(), meminfo().get("MemAvailable", 0), now, self._saving()
+                )
                 if k not in tried and not k.declined("spill", now, REFUSAL_SECONDS)
             ]
             if not todo or self.disk_usable(todo[0].host_bytes) is not None:

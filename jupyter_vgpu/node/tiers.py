@@ -39,9 +39,11 @@ class HostBudget:
     reserve: int
 
 
-def host_used(kernels: list[Kernel]) -> int:
-    """Host bytes every kernel holds for its GPU memory (:attr:`.books.Kernel.host_held`)."""
-    return sum(k.host_held for k in kernels)
+def host_used(kernels: list[Kernel], saving: int = 0) -> int:
+    """Host bytes every kernel holds for its GPU memory (:attr:`.books.Kernel.host_held`),
+    less ``saving`` (bytes of the node's shared pieces counted by more than one kernel:
+    :meth:`.shared_pieces.SharedPieces.saving`)."""
+    return max(0, sum(k.host_held for k in kernels) - saving)
 
 
 def disk_used(kernels: list[Kernel]) -> int:
@@ -78,16 +80,16 @@ def trimmable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Ke
     return _coldest_holding(kernels, IDLE, now, exclude)
 
 
-def to_trim(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
+def to_trim(kernels: list[Kernel], budget: HostBudget, available: int, now: float, saving: int = 0) -> list:
     """Idle kernels to ask to let their warm slabs go now, coldest first: until the node's
     host bytes are under ``budget.spill_at`` and the host's available memory is back above
     ``budget.reserve``, as :func:`to_spill` counts (trimming comes first: it loses no data
     and costs only a slower next pause)."""
-    return _until_under(trimmable(kernels, now), kernels, budget, available)
+    return _until_under(trimmable(kernels, now), kernels, budget, available, saving)
 
 
-def _until_under(candidates: list[Kernel], kernels: list[Kernel], budget: HostBudget, available: int) -> list:
-    used = host_used(kernels)
+def _until_under(candidates: list, kernels: list, budget: HostBudget, available: int, saving: int) -> list:
+    used = host_used(kernels, saving)
     out = []
     for k in candidates:
         if used <= budget.spill_at and available >= budget.reserve:
@@ -98,19 +100,21 @@ def _until_under(candidates: list[Kernel], kernels: list[Kernel], budget: HostBu
     return out
 
 
-def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: float) -> list[Kernel]:
+def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: float, saving: int = 0) -> list:
     """Paused kernels to move to the disk tier now, coldest first: until the node's host
     bytes are under ``budget.spill_at`` and the host's available memory (``available``,
     bytes, from ``MemAvailable``) is back above ``budget.reserve``, counting each spill as
     giving back its host bytes."""
-    return _until_under(spillable(kernels, now), kernels, budget, available)
+    return _until_under(spillable(kernels, now), kernels, budget, available, saving)
 
 
-def host_room(kernels: list[Kernel], budget: HostBudget, need: int, available: int) -> tuple[int, int]:
+def host_room(
+    kernels: list[Kernel], budget: HostBudget, need: int, available: int, saving: int = 0
+) -> tuple[int, int]:
     """``(bytes over the budget, bytes into the reserve)`` were ``need`` more bytes put in
     host memory now (0, 0: it fits). The budget is the node's target, which spilling
     holds; the reserve (``available``, bytes, from ``MemAvailable``, against
     ``budget.reserve``) is what keeps the host's OOM killer away."""
-    over_budget = host_used(kernels) + need - budget.limit
+    over_budget = host_used(kernels, saving) + need - budget.limit
     over_reserve = need - (available - budget.reserve)
     return max(0, over_budget), max(0, over_reserve)

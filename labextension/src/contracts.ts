@@ -68,6 +68,11 @@ export interface IPauseStats {
    * first trim
    */
   last_trim?: { private_before: number | null; private_after: number | null; slabs: number; seconds: number; } | null;
+  /**
+   * the paused pieces offered to the node's pieces held once since the kernel started
+   * (VGPUKernel.share_pieces); absent where they are not shared
+   */
+  shared?: { offered: number; offered_bytes: number; shared_bytes: number; kept_bytes: number; mapped_bytes: number; unregistered: number; slabs_released_bytes: number; refused: string | null; seconds: number | null; };
 }
 
 /**

@@ -120,3 +120,21 @@ def test_a_pause_and_prepare_in_two_threads_count_every_slab_once():
     ahead.join()
     assert arena.held_bytes == sum(pin.made), "every slab pinned is counted once"
     assert arena.held_bytes == sum(s.numel() for s in arena.slabs) + arena.warm_bytes
+
+
+def test_a_slab_whose_pieces_moved_goes_and_adopted_memory_is_never_kept():
+    pin = Pinning()
+    arena = PinnedArena(torch, slab_bytes=4 * MiB, pin=pin)
+    arena.reserve(3 * MiB)
+    arena.reserve(3 * MiB)  # slab 1
+    outside = torch.zeros(MiB, dtype=torch.uint8)  # a mapping of a shared piece, say
+    adopted = arena.adopt(outside.data_ptr())
+    assert arena.address(adopted, 16) == outside.data_ptr() + 16
+    assert arena.held_bytes == 8 * MiB  # adopted memory is not the arena's
+    assert arena.release(0) == 4 * MiB
+    assert (arena.release(0), arena.release(adopted)) == (0, 0)  # once; and never what it adopted
+    assert arena.held_bytes == 4 * MiB
+    assert arena.reserve(MiB)[0] == adopted + 1  # a new slab: never into adopted memory
+    arena.clear()  # slab 1 and the last one go warm; the released and adopted ones are forgotten
+    assert (arena.warm_bytes, arena.held_bytes) == (8 * MiB, 8 * MiB)
+    assert arena.trim() == 8 * MiB

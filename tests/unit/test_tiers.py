@@ -50,6 +50,9 @@ def test_the_coldest_paused_kernels_spill_until_under_the_mark():
     assert tiers.host_used([cold, warm, idle]) == 80 * MiB
     assert tiers.to_spill([warm, cold, idle], budget, 10 * GiB, now) == [cold]
     assert tiers.to_spill([warm], budget, 10 * GiB, now) == []
+    # 35 MiB of what they hold are shared pieces both count whole: held once, under the mark
+    assert tiers.host_used([cold, warm, idle], saving=35 * MiB) == 45 * MiB
+    assert tiers.to_spill([warm, cold, idle], budget, 10 * GiB, now, saving=35 * MiB) == []
     # short of available memory, everything paused goes, coldest first
     assert tiers.to_spill([warm, cold], budget, 0, now) == [cold, warm]
 

@@ -106,10 +106,35 @@ class PinnedArena:
         """The address of byte ``start`` of slab ``slab``."""
         return self._bases[slab] + start
 
-    def clear(self) -> None:
-        """Forget every piece; the slabs stay pinned, warm, for the next pause."""
+    def adopt(self, address: int) -> int:
+        """A slab index for memory this arena does not own (a piece read from a mapping
+        of the node's shared pieces, :mod:`..pause.sharing`): ``address(index, 0)`` is
+        ``address``. Nothing is counted in :attr:`held_bytes`, and :meth:`clear` forgets
+        it. The next :meth:`reserve` starts a slab of its own."""
+        self.slabs.append(None)
+        self._bases.append(address)
+        self._last_size = self._used = 0
+        return len(self.slabs) - 1
+
+    def release(self, slab: int) -> int:
+        """Let go of slab ``slab`` while the others stay in use (every piece it held was
+        moved elsewhere); returns its bytes (0 for an adopted or released one). They go
+        back to PyTorch's pinned-memory cache: the caller empties it
+        (``torch.accelerator.empty_host_cache``) for the memory to reach the system."""
+        tensor = self.slabs[slab]
+        if tensor is None:
+            return 0
+        self.slabs[slab] = None
         with self._lock:
-            self._warm = sorted(self._warm + self.slabs, key=lambda slab: -slab.numel())
+            self.held_bytes -= tensor.numel()
+        return tensor.numel()
+
+    def clear(self) -> None:
+        """Forget every piece; the slabs stay pinned, warm, for the next pause (adopted
+        and released ones are forgotten)."""
+        with self._lock:
+            own = [slab for slab in self.slabs if slab is not None]
+            self._warm = sorted(self._warm + own, key=lambda slab: -slab.numel())
         self.slabs.clear()
         self._bases.clear()
         self._last_size = self._used = 0

@@ -32,10 +32,11 @@ import time
 
 from ..codec.pinned_arena import PinnedArena
 from . import vmm
-from .engine import PauseEngine, plain_torch
+from .engine import PauseEngine
 from .outcomes import Outcome, PauseError
 from .states import PauseState
 from .store import DEFAULT_HOST_FRACTION, available_host_memory
+from .torch_calls import plain_torch
 
 
 class _Arenas:

@@ -34,7 +34,6 @@ host path's store entries to files of their own; a resume then streams them back
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -49,34 +48,14 @@ from ..codec.zstd import Codec, CodecError
 from . import devmem, spill, vmm
 from .outcomes import Outcome, PauseError, ResumeError
 from .ranges import live_ranges, spans
+from .sharing import PieceSharing
 from .states import PauseState
 from .store import HostStore
+from .torch_calls import empty_host_cache, plain_torch
 from .workarea import WorkArea
 
 log = logging.getLogger("jupyter_vgpu")
 MiB = 1 << 20
-
-
-def _empty_host_cache(torch) -> None:
-    """Give PyTorch's cached pinned host memory back to the system (after a spill or a
-    trim: the slabs let go went back to that cache, which would keep them). Without CUDA
-    there is no pinned memory, and nothing to do."""
-    if not torch.cuda.is_available():
-        return
-    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
-    empty = empty or getattr(torch._C, "_host_emptyCache", None)
-    if empty is not None:
-        empty()
-
-
-@contextlib.contextmanager
-def plain_torch(torch):
-    """Run PyTorch calls as plain kernels: a user's TorchFunctionMode or dispatch mode left
-    entered across cells must not see (or change) what the pause path does."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with torch._C.DisableTorchFunction(), _disable_current_modes():
-        yield
 
 
 @dataclasses.dataclass
@@ -155,6 +134,9 @@ class PauseEngine:
         self._areas: dict[str, WorkArea] = {}
         self._spill: spill.SpillFile | None = None  # the GPU path's pieces, when on disk
         self.last_spill: Outcome | None = None
+        #: the node's shared pieces (:mod:`.sharing`), set by the kernel when its arbiter
+        #: shares them; None: the pieces stay in the engine's own slabs
+        self.sharing: PieceSharing | None = None
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -504,6 +486,8 @@ class PauseEngine:
             for piece in r.pieces:
                 self.store.drop(piece.key)
         self.arena.clear()
+        if self.sharing is not None:
+            self.sharing.retire()  # let go in the background (:meth:`let_go_shared`)
         if self._spill is not None:
             self._spill.remove()
             self._spill = None
@@ -561,7 +545,10 @@ class PauseEngine:
                 self._spill = written
                 self.arena.clear()
                 self.arena.trim()  # the host needs the memory: nothing kept warm
-                _empty_host_cache(self.torch)
+                if self.sharing is not None:  # on disk now, whole: the shared pieces go too
+                    self.sharing.retire()
+                    self.sharing.let_go()
+                empty_host_cache(self.torch)
             moved += self.store.spill(directory)
             self.last_spill = Outcome(time.perf_counter() - t0, 0, 0, moved, ())
             return self.last_spill
@@ -602,9 +589,35 @@ class PauseEngine:
 
     def host_held(self) -> int:
         """Host memory held for paused data now, bytes: the pinned slabs (warm ones
-        included, kept for the next pause) and the store's entries in memory (what the
-        node arbiter counts against its host budget)."""
-        return self.arena.held_bytes + self.store.in_memory()
+        included, kept for the next pause), the store's entries in memory and the pieces
+        read from the node's shared pieces (each whole, shared or not: the node arbiter
+        counts each shared piece once against its host budget)."""
+        mapped = self.sharing.mapped_bytes() if self.sharing is not None else 0
+        return self.arena.held_bytes + self.store.in_memory() + mapped
+
+    def share(self, keep_going=lambda: True) -> int:
+        """Offer the GPU path's paused pieces to the node's shared pieces, after a pause, in
+        the background (:meth:`.sharing.PieceSharing.share`, one piece at a time under the
+        engine's lock, until ``keep_going()`` is False or the kernel is wanted back);
+        returns the bytes of pinned slabs given back (0: no :attr:`sharing`, or spilled)."""
+        with self._lock:
+            if self.sharing is None or self.state != PauseState.PAUSED or self._spill is not None:
+                return 0
+            pieces = [(r.pieces, i) for p in self._paused for r in p.ranges if r.path == "device"
+                      for i, piece in enumerate(r.pieces) if piece.slab >= 0 and piece.span]  # fmt: skip
+        with self.vmm.machinery():
+            still = lambda: self.state == PauseState.PAUSED and self._spill is None  # noqa: E731
+            released = self.sharing.share(pieces, self.arena, self._lock, still, keep_going)
+            if released:
+                empty_host_cache(self.torch)
+        return released
+
+    def let_go_shared(self) -> int:
+        """After a resume, in the background: :meth:`.sharing.PieceSharing.let_go`."""
+        if self.sharing is None:
+            return 0
+        with self._lock, self.vmm.machinery():
+            return self.sharing.let_go()
 
     def trim(self) -> int:
         """Let go of the pinned slabs kept warm for the next pause (which will then pin
@@ -613,7 +626,7 @@ class PauseEngine:
         with self._lock, self.vmm.machinery():
             freed = self.arena.trim()
             if freed:
-                _empty_host_cache(self.torch)
+                empty_host_cache(self.torch)
             return freed
 
     def disk_bytes(self) -> int:
@@ -634,7 +647,8 @@ class PauseEngine:
         tier), ``live_bytes``, ``ratio`` (live over stored bytes, wherever they are),
         ``codec``, the last pause's and resume's ``seconds`` (None before the first), and
         ``pinned_bytes`` (pinned host memory held, slabs kept warm for the next pause
-        included)."""
+        included); ``shared`` where the node's pieces held once are used
+        (:meth:`.sharing.PieceSharing.figures`)."""
         live, stored = self._live_bytes(), self._stored_bytes()
         pieces = [piece for p in self._paused for r in p.ranges for piece in r.pieces]
         on_disk = sum(piece.stored_bytes for piece in pieces if getattr(piece, "slab", None) == spill.DISK)
@@ -653,10 +667,13 @@ class PauseEngine:
             "last_pause_seconds": self.last_pause.seconds if self.last_pause else None,
             "last_resume_seconds": self.last_resume.seconds if self.last_resume else None,
             "pinned_bytes": self.arena.held_bytes,
+            **({"shared": self.sharing.figures()} if self.sharing is not None else {}),
         }
 
     def close(self) -> None:
         """Stop the host path's threads (the engine cannot pause afterwards)."""
+        if self.sharing is not None:
+            self.sharing.close()
         self.zstd.close()
         self.store.close()
         self.arena.clear()

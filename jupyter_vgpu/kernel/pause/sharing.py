@@ -1,0 +1,259 @@
+"""A paused kernel's stored pieces held once across kernels: the kernel's side of the work
+(issue 42; the arbiter's side is :mod:`jupyter_vgpu.node.shared_pieces`).
+
+After a pause, a thread of the kernel's (:meth:`PieceSharing.share`) offers each piece the
+device codec stored in a pinned slab (:class:`..codec.device.Piece`) to the node
+arbiter (:class:`.piece_client.PieceClient`): its stored bytes go into a sealed memfd,
+the padding between its chunks zeroed (the chunks lie at 16-byte offsets, and what lies
+between them is whatever the codec's scratch held: left as it is, equal pieces of two
+kernels would differ there), and the arbiter answers with a read-only mapping of the
+bytes the kernel reads the piece from now on: another kernel's copy, equal to this one
+(compared byte for byte by the arbiter), or the kernel's own memfd, kept for whoever
+offers the same bytes next. The mapping is registered with the driver as pinned memory
+(``cudaHostRegister`` with ``cudaHostRegisterReadOnly``: the pages are read-only), so
+that a resume copies from it as fast as from a slab; the piece then points at it (a slab
+of the arena adopted for it, :meth:`..codec.pinned_arena.PinnedArena.adopt`), and a slab
+whose pieces all moved goes back to the system (:meth:`~..codec.pinned_arena.PinnedArena.release`).
+
+Nothing here runs inside a pause or a resume. The thread takes the engine's lock one
+piece at a time and stops at the next piece when the kernel is wanted back (a resume
+waits for at most one piece's offer); a piece is only ever moved while the engine is
+paused and still holds it where it was. After a resume (or a spill to the disk tier) the
+mappings are no longer read: :meth:`PieceSharing.retire` sets them aside at no cost, and
+:meth:`PieceSharing.let_go` unregisters and closes them and drops the kernel's
+references at the arbiter, in the background.
+
+Where the driver cannot register a read-only mapping, the piece is read from the
+mapping as it is (pageable memory: the copy to the device is slower, the bytes the
+same), and the figures say so (``unregistered``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from jupyter_vgpu.host.pieces import piece_key
+
+from .piece_client import Held, PieceClient, PieceError
+
+log = logging.getLogger("jupyter_vgpu")
+
+#: ``cudaHostRegisterReadOnly`` (CUDA runtime API, ``cudaHostRegister``'s flags): the
+#: device only reads the memory, so read-only pages may be registered.
+HOST_REGISTER_READ_ONLY = 0x08
+
+
+@dataclasses.dataclass
+class _Mapped:
+    held: Held
+    array: np.ndarray | None  # a view of held.view (its address); dropped before closing it
+    address: int
+    registered: bool
+
+
+class Pinning:
+    """Registers host memory with the driver as pinned, through PyTorch's CUDA runtime
+    bindings (``torch.cuda.cudart()``'s ``cudaHostRegister`` and ``cudaHostUnregister``).
+
+    Args:
+        torch: the torch module.
+        device: the CUDA ordinal whose context registers (the calling thread's device
+            is set to it for each call).
+    """
+
+    def __init__(self, torch, device: int):
+        self.torch, self.device = torch, device
+
+    def register(self, address: int, nbytes: int) -> bool:
+        """Register ``nbytes`` of read-only host memory at ``address``; False where the
+        driver refuses (the memory stays usable, pageable)."""
+        with self.torch.cuda.device(self.device):
+            err = self.torch.cuda.cudart().cudaHostRegister(address, nbytes, HOST_REGISTER_READ_ONLY)
+        return int(err) == 0
+
+    def unregister(self, address: int) -> None:
+        """Undo :meth:`register` (errors are logged: the mapping is closed next anyway)."""
+        with self.torch.cuda.device(self.device):
+            err = self.torch.cuda.cudart().cudaHostUnregister(address)
+        if int(err) != 0:
+            log.info("jupyter-vgpu: cudaHostUnregister of a shared piece answered %s", err)
+
+
+class PieceSharing:
+    """One engine's pieces held once: offered after a pause, let go after a resume.
+
+    Args:
+        connect: returns a :class:`PieceClient` connected to the arbiter's
+            ``pieces.sock`` (called once, at the first offer).
+        pinning: registers mappings as pinned (:class:`Pinning`), or None (the host
+            stand-in, tests: mappings are read as they are).
+
+    Figures (:meth:`figures`): ``offered`` pieces and ``offered_bytes``, of them
+    ``shared_bytes`` (read from another kernel's copy) and ``kept_bytes`` (the kernel's
+    own memfd, kept by the arbiter), ``mapped_bytes`` held now, ``unregistered`` pieces
+    (read pageable), ``slabs_released_bytes`` (pinned slabs given back), ``refused``
+    (why the last offer was refused, or None) and ``seconds`` (the last round's).
+    """
+
+    def __init__(self, connect: Callable[[], PieceClient], pinning: Pinning | None = None):
+        self._connect = connect
+        self.pinning = pinning
+        self._client: PieceClient | None = None
+        self._lock = threading.Lock()  # guards the lists; offers are serialised by the caller
+        self._mapped: list[_Mapped] = []  # read by the paused engine now
+        self._retired: list[_Mapped] = []  # read no more: to let go
+        counts = ("offered", "offered_bytes", "shared_bytes", "kept_bytes", "unregistered")
+        self._figures: dict = {**dict.fromkeys(counts, 0), "slabs_released_bytes": 0}
+        self._figures.update(refused=None, seconds=None)
+
+    # -- offering ----------------------------------------------------------------------
+
+    def share(self, pieces: list[tuple[list, int]], arena, lock, still_paused: Callable[[], bool],
+              keep_going: Callable[[], bool] = lambda: True) -> int:  # fmt: skip
+        """Offer ``pieces`` (``(list holding the piece, its index)`` pairs, pieces of the
+        device codec in ``arena``'s slabs) one at a time, each under ``lock`` while
+        ``still_paused()`` and ``keep_going()`` hold and the piece is still where it was;
+        point each piece offered at its mapping and give back every slab whose pieces
+        all moved. Returns the bytes of pinned slabs given back (the caller empties
+        PyTorch's pinned-memory cache for them to reach the system).
+
+        A refusal (sharing off on the node, the cap of the kernel's paused bytes) stops
+        the round: the pieces not offered stay in their slabs.
+        """
+        t0 = time.perf_counter()
+        left: dict[int, int] = {}  # slab -> its pieces not moved yet
+        for holder, i in pieces:
+            left[holder[i].slab] = left.get(holder[i].slab, 0) + 1
+        released = 0
+        for holder, i in pieces:
+            if not keep_going():
+                break
+            with lock:
+                piece = holder[i]
+                if not still_paused() or piece.slab < 0 or piece.slab not in left:
+                    break  # resumed, spilled or moved meanwhile: the round is over
+                mapped = self._offer(piece, arena)
+                if mapped is None:
+                    break
+                holder[i] = dataclasses.replace(piece, slab=arena.adopt(mapped.address), start=0)
+                left[piece.slab] -= 1
+                if left[piece.slab] == 0:
+                    released += arena.release(piece.slab)
+        with self._lock:
+            self._figures["slabs_released_bytes"] += released
+            self._figures["seconds"] = round(time.perf_counter() - t0, 4)
+        return released
+
+    def _offer(self, piece, arena) -> _Mapped | None:
+        """Offer one piece; its mapping, or None when refused (the figures say why)."""
+        data = clean_copy(piece, arena.address(piece.slab, piece.start))
+        try:
+            if self._client is None:
+                self._client = self._connect()
+            held = self._client.offer(
+                piece_key(piece.length, piece.planes, piece.kinds, piece.sizes, piece.crcs, piece.fills), data
+            )
+        except PieceError as e:
+            with self._lock:
+                self._figures["refused"] = str(e)
+            log.info("jupyter-vgpu: paused pieces stay the kernel's own: %s", e)
+            return None
+        array = np.frombuffer(held.view, dtype=np.uint8)
+        address = array.ctypes.data
+        registered = self.pinning is not None and self.pinning.register(address, held.size)
+        mapped = _Mapped(held, array, address, registered)
+        with self._lock:
+            self._mapped.append(mapped)
+            f = self._figures
+            f["offered"] += 1
+            f["offered_bytes"] += held.size
+            f["shared_bytes" if held.shared else "kept_bytes"] += held.size
+            f["unregistered"] += 0 if registered else 1
+            f["refused"] = None
+        return mapped
+
+    # -- letting go --------------------------------------------------------------------
+
+    def retire(self) -> None:
+        """The engine reads its mappings no more (resumed: the bytes are on the device;
+        or spilled: they are on disk): set them aside for :meth:`let_go`. No call is made."""
+        with self._lock:
+            self._retired.extend(self._mapped)
+            self._mapped = []
+
+    def unpin(self) -> None:
+        """Unregister the mappings still read (before the driver's checkpoint takes the
+        process: it is not told about memory registered this way); they stay mapped and
+        are read as pageable memory."""
+        with self._lock:
+            mapped = [m for m in self._mapped if m.registered]
+            for m in mapped:
+                m.registered = False
+                self._figures["unregistered"] += 1
+        for m in mapped:
+            if self.pinning is not None:
+                self.pinning.unregister(m.address)
+
+    def let_go(self) -> int:
+        """Unregister and close the retired mappings and drop this kernel's references
+        at the arbiter (all of them: called only while no mapping is read, so before the
+        next round of offers); returns the bytes of mappings closed."""
+        with self._lock:
+            retired, self._retired = self._retired, []
+            mapped_now = bool(self._mapped)
+        closed = 0
+        for m in retired:
+            if m.registered and self.pinning is not None:
+                self.pinning.unregister(m.address)
+            m.array = None
+            m.held.view.close()
+            closed += m.held.size
+        if retired and not mapped_now and self._client is not None:
+            try:
+                self._client.release()
+            except (PieceError, OSError) as e:  # the arbiter drops them when the kernel ends
+                log.info("jupyter-vgpu: the arbiter did not take back this kernel's pieces: %s", e)
+        return closed
+
+    @property
+    def retired(self) -> bool:
+        """Whether mappings wait for :meth:`let_go`."""
+        with self._lock:
+            return bool(self._retired)
+
+    def mapped_bytes(self) -> int:
+        """Bytes of pieces the engine reads from mappings now (shared or its own memfd)."""
+        with self._lock:
+            return sum(m.held.size for m in self._mapped)
+
+    def figures(self) -> dict:
+        with self._lock:
+            return {**self._figures, "mapped_bytes": sum(m.held.size for m in self._mapped)}
+
+    def close(self) -> None:
+        """Let go of everything (the engine closes)."""
+        self.retire()
+        self.let_go()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def clean_copy(piece, address: int) -> np.ndarray:
+    """``piece``'s span at ``address`` (host memory), copied, with every byte outside its
+    chunks zeroed (the padding up to each chunk's 16-byte offset): uint8, ``piece.span``
+    bytes. Equal pieces of two kernels are then equal byte for byte."""
+    span = np.ctypeslib.as_array((ctypes.c_uint8 * piece.span).from_address(address)).copy()
+    ends = np.asarray(piece.offsets, dtype=np.int64) + np.asarray(piece.sizes, dtype=np.int64)
+    starts = np.append(np.asarray(piece.offsets, dtype=np.int64)[1:], piece.span)
+    for end, start in zip(ends.tolist(), starts.tolist(), strict=True):
+        if start > end:
+            span[end:start] = 0
+    return span

@@ -1,0 +1,99 @@
+"""Paused pieces held once across kernels, on the real card (issue 42): two kernels holding
+the same weights pause, offer their pieces in the background, and the node holds those
+pieces once; a third kernel with other weights shares nothing; every kernel comes back
+bit-exact from the shared pieces, and once back, the references go. A kernel whose
+pieces are shared is moved to the disk tier and comes back from disk bit-exact."""
+
+import pytest
+
+from jupyter_vgpu import nvml
+from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.waiting import wait_for
+
+pytestmark = pytest.mark.gpu
+MiB, GiB = 2**20, 2**30
+
+HOLD = (
+    "import torch\n"
+    "def weights(seed, n):\n"
+    "    g = torch.Generator(device='cuda').manual_seed(seed)\n"
+    "    return torch.randint(0, 4, (n,), dtype=torch.uint8, device='cuda', generator=g)\n"
+    "base = weights({base}, 2**30)\n"  # the class's checkpoint: allocated first, as from_pretrained does
+    "own = weights({own}, 64 * 2**20)\n"
+    "sums = (int(base.sum()), int(own.sum()))\n"
+    "print('held')"
+)
+CHECK = "print((int(base.sum()), int(own.sum())) == sums)"
+
+
+def paused(arbiter, kernel) -> bool:
+    return (arbiter.kernel(kernel.pid) or {}).get("state") == "paused"
+
+
+def test_two_kernels_with_the_same_weights_hold_them_once_and_come_back_exact(tmp_path):
+    slice_ = Slice.on_card(nvml.list_gpus()[0], 8 * GiB, 100, overcommit_ratio=2.0)
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.share_pieces=all", "--ArbiterApp.suspend_after=3600")
+    arbiter.start()
+    kernels = []
+    try:
+        for user, base, own in (("ada", 0, 10), ("bob", 0, 11), ("eve", 1, 12)):
+            k = arbiter.start_kernel(tmp_path, user, slice_)
+            kernels.append(k)
+            assert "held" in k.run(HOLD.format(base=base, own=own))
+        for k in kernels:
+            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        for k in kernels:
+            wait_for(lambda k=k: paused(arbiter, k), 120, f"kernel {k.pid} paused")
+
+        def shared() -> dict:
+            return arbiter.books()["shared_pieces"]
+
+        # ada's and bob's 1 GiB of weights are the same pieces: held once. Everything else
+        # (their own 64 MiB, eve's other weights) is held by one kernel each, so what
+        # sharing saves is about a third of what the three reference
+        wait_for(
+            lambda: (
+                len(shared()["by_pid"]) == 3
+                and shared()["referenced_bytes"] - shared()["held_bytes"] > 0.3 * shared()["referenced_bytes"]
+            ),
+            180,
+            "ada's and bob's weights held once",
+        )
+        figures = shared()
+        saved = figures["referenced_bytes"] - figures["held_bytes"]
+        print("shared pieces:", figures["pieces"], "held", figures["held_bytes"], "saved", saved)
+        for k in kernels:  # back from the shared pieces (and the slabs left), bit-exact
+            out = k.run(CHECK)
+            assert out.strip().splitlines()[-1] == "True", out[-2000:]
+        # once back, each kernel lets its mappings go and drops its references
+        wait_for(lambda: shared()["pieces"] == 0, 60, "every shared piece let go")
+    finally:
+        for k in kernels:
+            k.shutdown()
+        arbiter.stop()
+
+
+def test_a_kernel_whose_pieces_are_shared_moves_to_disk_and_comes_back_exact(tmp_path):
+    slice_ = Slice.on_card(nvml.list_gpus()[0], 8 * GiB, 100, overcommit_ratio=2.0)
+    arbiter = ArbiterProcess(
+        tmp_path, "--ArbiterApp.share_pieces=all", "--ArbiterApp.suspend_after=3600",
+        "--ArbiterApp.host_memory_limit=64G", "--ArbiterApp.host_spill_fraction=0.0001",
+    ).start()  # fmt: skip
+    kernels = []
+    try:
+        for user, own in (("ada", 10), ("bob", 11)):
+            k = arbiter.start_kernel(tmp_path, user, slice_)
+            kernels.append(k)
+            assert "held" in k.run(HOLD.format(base=0, own=own))
+            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        for k in kernels:  # past the spill mark: both go to disk, whether or not they shared first
+            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("tier") == "disk", 300, f"{k.pid} on disk")
+        for k in kernels:
+            out = k.run(CHECK)
+            assert out.strip().splitlines()[-1] == "True", out[-2000:]
+        wait_for(lambda: arbiter.books()["shared_pieces"]["pieces"] == 0, 60, "every shared piece let go")
+    finally:
+        for k in kernels:
+            k.shutdown()
+        arbiter.stop()

@@ -1,0 +1,150 @@
+"""A paused kernel's pieces offered to the node's pieces held once, the kernel's side
+(:mod:`jupyter_vgpu.kernel.pause.sharing`): real kernels on a simulated card and a real
+arbiter. The device codec's pieces are stood in for by pieces of the same layout in
+slabs of CPU memory (the GPU test, ``tests/gpu/test_piece_sharing_gpu.py``, pauses real
+CUDA memory): two kernels with the same weights hold them once, each piece then reads
+its bytes from the mapping (the padding between chunks zeroed, the chunks intact), a
+slab whose pieces all moved goes back, and letting go drops the references."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_vgpu.kernel.codec.pinned_arena import PinnedArena
+from jupyter_vgpu.kernel.pause.sharing import clean_copy
+from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.waiting import wait_for
+from tests.unit.test_arbiter import start_kernel
+
+MiB, GiB = 2**20, 2**30
+ROOMY = Slice("GPU-sim-sharing", 0, "Simulated card", 8 * GiB, GiB, 50, simulated=True, idle_seconds=3600)
+HOLD = "import torch\nx = torch.zeros(64 * 2**20 // 4)\n"
+# pieces laid out as the device codec lays them: chunks at 16-byte offsets of a span in a
+# slab, the padding between them garbage (here: a kernel's own random bytes)
+SETUP = """
+import dataclasses, os, threading, numpy as np, torch
+from jupyter_vgpu.host.pieces import socket_beside
+from jupyter_vgpu.kernel.codec.device import Piece, ANS, RAW
+from jupyter_vgpu.kernel.codec.pinned_arena import PinnedArena
+from jupyter_vgpu.kernel.pause.piece_client import PieceClient
+from jupyter_vgpu.kernel.pause.sharing import PieceSharing
+arena = PinnedArena(torch, slab_bytes=4 * 2**20, pin=lambda n: torch.empty(n, dtype=torch.uint8))
+noise = np.random.default_rng(os.getpid())
+pieces, chunks = [], []
+for k in range(6):  # weights: the same in every kernel (seed k); 3 pieces a slab
+    rng = np.random.default_rng(k)
+    sizes = rng.integers(100_000, 400_000, 4)
+    offsets = np.zeros(4, dtype=np.int64)
+    np.cumsum(-(-sizes[:-1] // 16) * 16, out=offsets[1:])
+    span = int(offsets[-1] + -(-sizes[-1] // 16) * 16)
+    slab, start = arena.reserve(span)
+    view = arena.slabs[slab][start : start + span].numpy()
+    view[:] = noise.integers(0, 256, span, dtype=np.uint8)
+    data = [rng.integers(0, 256, int(n), dtype=np.uint8) for n in sizes]
+    for at, d in zip(offsets, data):
+        view[at : at + len(d)] = d
+    chunks.append(data)
+    pieces.append(Piece(k * 2**20, 2**20, 1, np.array([ANS, RAW, ANS, ANS], np.uint8), sizes.astype(np.int64),
+                        np.array([k, 1, 2, 3], np.uint32), np.zeros(4, np.uint8), slab, start, offsets, span,
+                        int(sizes.sum()), True))
+held_before, slabs_before = arena.held_bytes, [p.slab for p in pieces]
+sharing = PieceSharing(lambda: PieceClient(socket_beside(os.environ["JUPYTER_VGPU_ARBITER"])))
+lock = threading.Lock()
+def intact():
+    for p, data in zip(pieces, chunks):
+        at = arena.address(p.slab, p.start)
+        span = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * p.span).from_address(at))
+        for at, d in zip(p.offsets, data):
+            if not np.array_equal(span[at : at + len(d)], d):
+                return False
+    return True
+"""
+
+
+@pytest.fixture
+def arbiter(tmp_path):
+    process = ArbiterProcess(tmp_path, "--ArbiterApp.share_pieces=all").start()
+    yield process
+    process.stop()
+
+
+def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_path, arbiter):
+    kernels = [start_kernel(tmp_path, arbiter, u, ROOMY) for u in ("ada", "bob")]
+    try:
+        for k in kernels:
+            k.run(HOLD + SETUP)
+            wait_for(
+                lambda k=k: (arbiter.kernel(k.pid) or {}).get("resident", 0) >= 64 * MiB, 30, "64 MiB held"
+            )
+        ada, bob = kernels
+        for k in kernels:
+            out = k.run(
+                "n = len(arena.slabs)\n"
+                "released = sharing.share([(pieces, i) for i in range(6)], arena, lock, lambda: True)\n"
+                "print(released == held_before > 0, arena.held_bytes, intact(),"
+                " [p.slab for p in pieces] == list(range(n, n + 6)))"
+            )
+            # every slab's pieces moved: all went back; each piece reads from a slab the
+            # arena adopted for its mapping, its chunks intact
+            assert out.strip() == "True 0 True True", out
+        spans = ada.run("print(sum(p.span for p in pieces))").strip()
+        figures = arbiter.books()["shared_pieces"]
+        assert (figures["pieces"], figures["held_bytes"], figures["referenced_bytes"]) == (
+            6,
+            int(spans),
+            2 * int(spans),
+        )
+        ada_f = eval(ada.run("print(sharing.figures())").strip())  # a dict the kernel printed
+        bob_f = eval(bob.run("print(sharing.figures())").strip())
+        assert (ada_f["kept_bytes"], ada_f["shared_bytes"]) == (int(spans), 0)
+        assert (bob_f["kept_bytes"], bob_f["shared_bytes"]) == (0, int(spans))
+        assert (bob_f["mapped_bytes"], bob_f["unregistered"]) == (int(spans), 6)  # no driver here
+        # resumed: bob's mappings are read no more; letting go drops his references alone
+        assert bob.run("sharing.retire(); print(sharing.let_go())").strip() == spans
+        figures = arbiter.books()["shared_pieces"]
+        assert (figures["held_bytes"], figures["referenced_bytes"]) == (int(spans), int(spans))
+        assert ada.run("print(intact())").strip() == "True"
+    finally:
+        for k in kernels:
+            k.shutdown()
+
+
+def test_a_round_stops_when_the_kernel_is_wanted_back_and_leaves_the_rest_in_their_slabs(tmp_path, arbiter):
+    k = start_kernel(tmp_path, arbiter, "ada", ROOMY)
+    try:
+        k.run(HOLD + SETUP)
+        out = k.run(
+            "asked = iter([True, True, False])\n"
+            "todo = [(pieces, i) for i in range(6)]\n"
+            "released = sharing.share(todo, arena, lock, lambda: True, lambda: next(asked))\n"
+            "n, first = len(arena.slabs), slabs_before[0]\n"
+            "whole = slabs_before.count(first) == 2  # the first slab held just those two\n"
+            "print(released == (4 * 2**20 if whole else 0), [p.slab for p in pieces][:2] == [n - 2, n - 1],"
+            " [p.slab for p in pieces][2:] == slabs_before[2:], intact())"
+        )
+        # two pieces moved, the others stay where they were; a slab goes only once empty
+        assert out.strip() == "True True True True", out
+    finally:
+        k.shutdown()
+
+
+def test_clean_copy_zeroes_only_the_padding():
+    import numpy as np
+    import torch
+
+    from jupyter_vgpu.kernel.codec.device import ANS, FILL, Piece
+
+    arena = PinnedArena(torch, slab_bytes=MiB, pin=lambda n: torch.empty(n, dtype=torch.uint8))
+    sizes = np.array([17, 0, 33], np.int64)  # a FILL chunk stores nothing
+    offsets = np.array([0, 32, 32], np.int64)
+    slab, start = arena.reserve(80)
+    arena.slabs[slab][start : start + 80] = 7
+    piece = Piece(0, 96, 1, np.array([ANS, FILL, ANS], np.uint8), sizes, np.zeros(3, np.uint32),
+                  np.zeros(3, np.uint8), slab, start, offsets, 80, 50, False)  # fmt: skip
+    got = clean_copy(piece, arena.address(slab, start))
+    expect = np.zeros(80, np.uint8)
+    expect[0:17] = 7
+    expect[32:65] = 7
+    assert np.array_equal(got, expect)
+    assert bytes(arena.slabs[slab][start : start + 80].numpy()) == bytes([7]) * 80  # the slab is untouched
