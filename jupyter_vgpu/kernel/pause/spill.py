@@ -285,8 +285,10 @@ def unpack(
     The pieces go in windows of at most ``window`` bytes of records, in file order, each
     read into one of ``buffers`` pinned buffers by one reader (``threads`` reads of at
     most ``task_bytes`` at once, :mod:`.parallel_read`) up to ``buffers - 1`` windows
-    ahead of the one on the GPU; a buffer is read into again only once the codec's unpack of the window it
-    held has returned (``DeviceCodec.unpack`` synchronizes at its end).
+    ahead of the one on the GPU; a buffer is read into again only once the codec's
+    unpack of the window it held has returned (``DeviceCodec.unpack`` synchronizes at
+    its end). Host memory: ``buffers`` buffers of ``window`` bytes and a few KiB, made
+    once per resume through ``pinned``.
 
     Args:
         codec: the :class:`~..codec.device.DeviceCodec`.
@@ -304,6 +306,8 @@ def unpack(
             (the message names the record).
         DeviceCodecError: a chunk fails its CRC-32 on the GPU (see ``DeviceCodec.unpack``).
         OSError: the file cannot be read.
+        ValueError: fewer than 2 buffers, or ``task_bytes`` not a multiple of
+            :data:`DIRECT_ALIGN`.
     """
     if buffers < 2:
         raise ValueError(f"a resume from disk needs 2 buffers or more, not {buffers}")
