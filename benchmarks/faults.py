@@ -8,7 +8,9 @@
 - ``disk``: one kernel's paused data moved to the disk tier, its page cache dropped, then
   a cell: ``resume_s`` is the engine's resume from disk (``gpu_bytes`` of memory back,
   ``disk_bytes`` read), ``plain_read_s`` a plain read of a file of ``disk_bytes`` with a
-  cold page cache, 64 MiB at a time.
+  cold page cache, 64 MiB at a time; ``resume_phases`` where the resume's time went
+  (``PauseEngine.stats()["last_resume_disk"]``: seconds waiting for reads, in the GPU's
+  unpack, with a read in flight, bytes read; None on the zstandard path).
 - ``faults``: a process stopped at a named step (failpoints) and killed there with
   SIGKILL: ``bytes_lost`` is the bytes of every surviving kernel that did not come back
   bit-identical, ``longest_silent_wait_s`` the longest stretch any waiting cell went
@@ -222,12 +224,14 @@ def disk(work, tmp: Path) -> dict:
         lost, silence = check(work, k)
         assert lost == 0, "the data came back from disk different"
         report = channel.read_json(channel.kernel_path(k.channel, k.id)) if hasattr(k, "channel") else None
-        resume = (report or {}).get("pause", {}).get("last_resume_seconds")
+        pause = (report or {}).get("pause", {})
+        resume, phases = pause.get("last_resume_seconds"), pause.get("last_resume_disk")
         if resume is None:  # a kernel without a channel: ask it
-            ask = "from jupyter_vgpu.kernel.extension import get_hook as _g\n"
-            ask += "print(_g(get_ipython()).pausing.stats()['last_resume_seconds'])"
+            ask = "import json\nfrom jupyter_vgpu.kernel.extension import get_hook as _g\n"
+            ask += "_s = _g(get_ipython()).pausing.stats()\n"
+            ask += "print(json.dumps([_s['last_resume_seconds'], _s.get('last_resume_disk')]))"
             text = scene.run(k, ask).text
-            resume = float(text.strip().splitlines()[-1])
+            resume, phases = json.loads(text.strip().splitlines()[-1])
         read = plain_read(tmp, entry["disk_bytes"])
         return {
             "gpu_bytes": work.nbytes,
@@ -237,6 +241,7 @@ def disk(work, tmp: Path) -> dict:
             "resume_gbps": round(work.nbytes / resume / 1e9, 3),
             "plain_read_gbps": round(entry["disk_bytes"] / read / 1e9, 3),
             "longest_silent_wait_s": round(silence, 3),
+            "resume_phases": phases,
         }
     finally:
         shut(*(x for x in (k, arbiter) if x is not None))

@@ -87,7 +87,9 @@ class Moves:
         ``host_first`` (a caller holding its card's lock), host memory that needs a trim
         or a spill first is not made here: ``(kernel, bytes)`` is added to it, the kernel
         stays for now, and the caller makes that room once it has let go of the lock (a
-        spill of gigabytes must hold up no other kernel's room on the card).
+        spill of gigabytes must hold up no other kernel's room on the card). That is
+        decided on one look at the host (:meth:`.tiering.Tiering.host_step`), acted on as
+        it is: a second look could find the host shorter and start a spill under the lock.
 
         A kernel that cannot be paused safely (it says why: a thread that may use the GPU
         while idle, child processes on the GPU...) is suspended instead, where the
@@ -101,14 +103,16 @@ class Moves:
         if conn is None:
             return False
         need = tiers.host_need(kernel)
-        if host_first is not None:
-            step, _, short = a.tiering.host_step(kernel, need)
+        if host_first is not None:  # one look, acted on: no trim or spill under the card's lock
+            step, _, why = a.tiering.host_step(kernel, need)
             if step in ("trim", "spill"):  # the caller makes that host room, outside its card's lock
                 host_first.append((kernel, need))
                 if notes is not None:
-                    notes.append(f"{kernel.server.key} waits for host memory: {short}")
+                    notes.append(f"{kernel.server.key} waits for host memory: {why}")
                 return False
-        why = await a.tiering.host_room(kernel, need, tell)
+            why = a.tiering.settle(kernel, step, why)
+        else:
+            why = await a.tiering.host_room(kernel, need, tell)
         if why is not None:
             a.decide(f"{action} skipped", server=kernel.server.key, pid=kernel.pid, message=why)
             if notes is not None:

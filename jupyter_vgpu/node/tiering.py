@@ -307,6 +307,15 @@ class Tiering:
             return "refuse", None, f"{why}, and the disk tier takes nothing now: {disk_why}"
         return "spill", candidates[0], why
 
+    def settle(self, victim: Kernel, step: str, why: str | None) -> str | None:
+        """What a last step of :meth:`host_step` (``fits``, ``past budget``, ``refuse``)
+        means for ``victim``'s pause: None where it goes ahead (past the budget, said as a
+        decision), else why not."""
+        if step == "past budget":
+            self.arbiter.decide("past the host budget", server=victim.server.key, pid=victim.pid, message=why)
+            return None
+        return why if step == "refuse" else None
+
     async def host_room(self, victim: Kernel, need: int, tell=None) -> str | None:
         """Trim idle kernels' warm slabs (each asked once), then spill colder paused kernels,
         until ``need`` bytes of ``victim`` fit in host memory; None when they fit, else why
@@ -324,15 +333,8 @@ class Tiering:
         tried: list[Kernel] = []  # to spill: each at most once here
         while True:
             step, kernel, why = self.host_step(victim, need, asked, tried)
-            if step == "fits":
-                return None
-            if step == "past budget":
-                self.arbiter.decide(
-                    "past the host budget", server=victim.server.key, pid=victim.pid, message=why
-                )
-                return None
-            if step == "refuse":
-                return why
+            if step in ("fits", "past budget", "refuse"):
+                return self.settle(victim, step, why)
             if step == "trim":
                 asked.append(kernel)
                 await self.trim(kernel)

@@ -73,6 +73,11 @@ export interface IPauseStats {
    * (VGPUKernel.share_pieces); absent where they are not shared
    */
   shared?: { offered: number; offered_bytes: number; shared_bytes: number; kept_bytes: number; mapped_bytes: number; unregistered: number; slabs_released_bytes: number; refused: string | null; seconds: number | null; };
+  /**
+   * where the time of the last resume from the disk tier went (kernel.pause.spill.DiskResume);
+   * null before one
+   */
+  last_resume_disk?: { seconds: number; read_wait_s: number; unpack_s: number; read_s: number; bytes_read: number; read_bytes_per_s: number | null; windows: number; direct: boolean | null; buffers: number; window_bytes: number; threads: number; task_bytes: number; } | null;
 }
 
 /**

@@ -91,6 +91,7 @@ def test_pause_releases_the_memory_and_resume_brings_every_byte_back(engine, all
     assert back.live_bytes == out.live_bytes
     for ptr, data in segments:
         assert np.array_equal(array(ptr, data.size), data)
+    assert engine.stats()["last_resume_disk"] is None, "nothing came back from the disk tier"
 
 
 def test_a_damaged_chunk_keeps_the_kernel_paused_with_its_host_copy(engine, segments):

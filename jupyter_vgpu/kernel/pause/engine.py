@@ -29,7 +29,8 @@ resume that finds no room (:class:`~.vmm.DeviceFull`) or a damaged chunk
 
 A paused kernel's host memory can move to the node's disk tier (:meth:`PauseEngine.spill`,
 when the node arbiter asks): the GPU path's pinned slabs to one file (:mod:`.spill`), the
-host path's store entries to files of their own; a resume then streams them back.
+host path's store entries to files of their own; a resume then streams them back
+(:func:`.spill.unpack`; :meth:`PauseEngine.stats` says where its time went).
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class PauseEngine:
         #: the node's shared pieces (:mod:`.sharing`), set by the kernel when its arbiter
         #: shares them; None: the pieces stay in the engine's own slabs
         self.sharing: PieceSharing | None = None
+        #: where the time of the last resume from the disk tier went (None before one)
+        self.last_resume_disk: spill.DiskResume | None = None
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -458,7 +461,10 @@ class PauseEngine:
             ]
             if on_device and self._spill is not None:  # from the disk tier, streamed
                 used.add(f"{self.device_codec.name}, from disk")
-                spill.unpack(self.device_codec, on_device, self._spill, self._pinned)
+                self.last_resume_disk = spill.DiskResume()  # kept, a failed resume's too
+                spill.unpack(
+                    self.device_codec, on_device, self._spill, self._pinned, figures=self.last_resume_disk
+                )
             elif on_device:
                 used.add(self.device_codec.name)
                 self.device_codec.unpack(on_device, self.arena)
@@ -645,10 +651,13 @@ class PauseEngine:
         (device memory a pause leaves: :attr:`.vmm.Figures.unpausable`), ``host_bytes``
         (stored bytes held in host memory for it), ``disk_bytes`` (bytes of it in the disk
         tier), ``live_bytes``, ``ratio`` (live over stored bytes, wherever they are),
-        ``codec``, the last pause's and resume's ``seconds`` (None before the first), and
+        ``codec``, the last pause's and resume's ``seconds`` (None before the first),
         ``pinned_bytes`` (pinned host memory held, slabs kept warm for the next pause
         included); ``shared`` where the node's pieces held once are used
-        (:meth:`.sharing.PieceSharing.figures`)."""
+        (:meth:`.sharing.PieceSharing.figures`); and ``last_resume_disk``: where the time of
+        the last resume from the disk tier went, the fields of :class:`.spill.DiskResume`
+        (``read_wait_s``, ``unpack_s``, ``read_s``, seconds; ``bytes_read``;
+        ``read_bytes_per_s``; ``windows``; ``direct``...), or None before one."""
         live, stored = self._live_bytes(), self._stored_bytes()
         pieces = [piece for p in self._paused for r in p.ranges for piece in r.pieces]
         on_disk = sum(piece.stored_bytes for piece in pieces if getattr(piece, "slab", None) == spill.DISK)
@@ -667,6 +676,7 @@ class PauseEngine:
             "last_pause_seconds": self.last_pause.seconds if self.last_pause else None,
             "last_resume_seconds": self.last_resume.seconds if self.last_resume else None,
             "pinned_bytes": self.arena.held_bytes,
+            "last_resume_disk": dataclasses.asdict(disk) if (disk := self.last_resume_disk) else None,
             **({"shared": self.sharing.figures()} if self.sharing is not None else {}),
         }
 

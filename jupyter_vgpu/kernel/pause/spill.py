@@ -13,15 +13,18 @@ per piece, back to back::
     stored  the piece's span, as it lay in its slab (its chunks at their 16-byte offsets)
 
 so the file keeps every chunk's CRC-32 beside its bytes. Resume (:func:`unpack`) streams
-the file back to the GPU: a reader thread reads the next window of records into one of
-two pinned buffers (with ``O_DIRECT`` where the file system takes it: from the disk
-straight into the pinned buffer, no copy through the page cache, :meth:`SpillFile.read_window`)
-while the codec writes the window before it back to the device; each
-record's header is checked against the piece the kernel holds in memory (number, sizes,
-CRC-32s), and the GPU checks every chunk's CRC-32 again after the copy, as it does for
-pieces in host memory. A damaged or short file fails the resume with
+the file back to the GPU in windows of :data:`WINDOW` bytes, each read into one of
+:data:`BUFFERS` pinned buffers while the codec writes an earlier window back to the
+device: reads run up to ``BUFFERS - 1`` windows ahead of the GPU, and each window is read
+by several ``preadv`` calls at once on a small thread pool made for the resume
+(:mod:`.parallel_read`), with ``O_DIRECT`` where the file system takes it: from the disk
+straight into the pinned buffer, no copy through the page cache. Each record's header is
+checked against the piece the kernel holds in memory (number, sizes, CRC-32s), and the
+GPU checks every chunk's CRC-32 again after the copy, as it does for pieces in host
+memory. A damaged or short file fails the resume with
 :class:`~..codec.zstd.CodecError`, naming the record; the kernel stays paused and the
-file stays.
+file stays. :class:`DiskResume` says where the time went: waiting for reads (the GPU
+idle), in the GPU's unpack, and the bandwidth the reads found.
 
 Writing goes to ``<name>.tmp`` first, is flushed (``fsync``) and renamed: a kernel that
 dies mid-spill leaves a temporary file (the node arbiter removes its directory), never a
@@ -35,10 +38,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import errno
 import os
 import struct
-import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,28 +50,21 @@ import numpy as np
 from jupyter_vgpu import failpoints
 
 from ..codec.zstd import CodecError
+from .parallel_read import DIRECT_ALIGN, READ_THREADS, TASK_BYTES, Reader, ShortFile, window_bytes
 
 #: :attr:`Piece.slab` of a piece whose stored bytes are in the spill file.
 DISK = -2
 MAGIC = b"VGPR"
 _HEADER = struct.Struct("<4sHHIIQII")
-#: Bytes read into each of the two pinned buffers of a resume from disk.
+#: Bytes of a window: what one pinned buffer of a resume from disk holds. Large enough
+#: that a window's reads (:data:`~.parallel_read.TASK_BYTES` each) keep every thread of
+#: the reader busy, small enough that the buffers stay a small part of host memory.
 WINDOW = 64 << 20
-#: Alignment of a read that bypasses the page cache (``O_DIRECT``): of the file offset,
-#: the length and the buffer's address; 4096 bytes serves disks of 512- and 4096-byte
-#: logical blocks alike.
-DIRECT_ALIGN = 4096
-
-
-def _aligned(first: int, end: int) -> tuple[int, int]:
-    """``[first, end)`` widened to :data:`DIRECT_ALIGN` boundaries."""
-    return first - first % DIRECT_ALIGN, -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
-
-
-def window_bytes(first: int, end: int) -> int:
-    """Bytes of a buffer that :meth:`SpillFile.read_window` fills for ``[first, end)``."""
-    lo, hi = _aligned(first, end)
-    return hi - lo
+#: Pinned buffers of a resume from disk: while the GPU writes one window back, the
+#: others are being read, so reads never wait for the GPU unless it is the slower of the
+#: two. 3 buffers keep two windows of reads (128 MiB) in flight past the one on the GPU;
+#: host memory held: ``BUFFERS * WINDOW`` (192 MiB), whatever the file's size.
+BUFFERS = 3
 
 
 class SpillError(OSError):
@@ -155,60 +150,34 @@ class SpillFile:
         drop_cache(path)
         return cls(path, pos, offsets), offsets
 
+    def reader(self, threads: int = READ_THREADS, task_bytes: int = TASK_BYTES) -> Reader:
+        """A :class:`~.parallel_read.Reader` of the file (close it when done).
+
+        Raises:
+            OSError: the file cannot be opened.
+        """
+        return Reader(self.path, threads, task_bytes)
+
     def read_window(self, first: int, end: int, buffer: np.ndarray) -> int:
         """Read the file's bytes ``[first, end)`` into ``buffer`` (uint8, at least
         :func:`window_bytes` long), with the bytes around them that make the read aligned
         to :data:`DIRECT_ALIGN`; returns where byte ``first`` landed: the bytes are
-        ``buffer[pad : pad + end - first]``.
+        ``buffer[pad : pad + end - first]``. One read at a time, on a reader of its own
+        (:func:`unpack` keeps one reader for every window).
 
-        Read with ``O_DIRECT`` where the file system and ``buffer``'s address allow it:
-        the bytes go from the disk to ``buffer`` once, with no copy through the page
-        cache and nothing left in it (a resume never reads them again; ``open(2)``,
-        O_DIRECT). Elsewhere (tmpfs, an unaligned buffer) through the page cache, to the
-        same place. :attr:`direct` says which the last read took.
+        Read with ``O_DIRECT`` where the file system and ``buffer``'s address allow it
+        (see :mod:`.parallel_read`), elsewhere through the page cache, to the same
+        place. :attr:`direct` says which the read took.
 
         Raises:
-            CodecError: the file ends before ``end``.
+            CodecError: the file ends before ``end`` (:class:`~.parallel_read.ShortFile`).
             OSError: it cannot be read.
         """
-        lo, hi = _aligned(first, end)
-        view = memoryview(buffer).cast("B")
-        if len(view) < hi - lo:
-            raise ValueError(f"a buffer of {len(view)} bytes holds no window of {hi - lo}")
-        view = view[: hi - lo]
-        direct = hasattr(os, "O_DIRECT") and buffer.ctypes.data % DIRECT_ALIGN == 0
-        self.direct = direct and self._read_at(view, lo, end - lo, direct=True)
-        if not self.direct:
-            self._read_at(view, lo, end - lo, direct=False)
-        return first - lo
-
-    def _read_at(self, view: memoryview, offset: int, need: int, direct: bool) -> bool:
-        """Fill ``view`` from file byte ``offset`` with at least ``need`` bytes; False
-        when the file system refuses ``O_DIRECT`` (nothing read)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-        except OSError as e:
-            if direct and e.errno == errno.EINVAL:
-                return False
-            raise
-        try:
-            got = 0
-            while got < need:
-                try:  # direct reads ask for whole blocks: the view's end is aligned
-                    n = os.preadv(fd, [view[got:] if direct else view[got:need]], offset + got)
-                except OSError as e:
-                    if direct and e.errno == errno.EINVAL and got == 0:
-                        return False
-                    raise
-                got += n
-                if n == 0 or (direct and n % DIRECT_ALIGN and got < need):  # the end of the file
-                    raise CodecError(
-                        f"the disk tier's file {self.path} ends at byte {offset + got}; "
-                        f"{offset + need} were written"
-                    )
-        finally:
-            os.close(fd)
-        return True
+        with self.reader(threads=1) as reader:
+            try:
+                return reader.read(first, end, buffer)
+            finally:
+                self.direct = reader.direct
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -263,29 +232,88 @@ class _Window:
         return self.base + start
 
 
+@dataclasses.dataclass
+class DiskResume:
+    """Where the time of a resume from disk (:func:`unpack`) went, so that a run on a GPU
+    can say whether the disk or the GPU held it up.
+
+    Attributes:
+        seconds: the whole of :func:`unpack`, seconds.
+        read_wait_s: seconds the GPU waited for a window to be read (its idle time).
+        unpack_s: seconds in the codec's unpack (GPU work, each window synchronized).
+        read_s: seconds during which at least one read was in flight.
+        bytes_read: bytes read from the file (whole 4096-byte blocks, so a little more
+            than its size).
+        read_bytes_per_s: ``bytes_read / read_s``, the disk's bandwidth as the reads found
+            it (None before any read).
+        windows: windows read.
+        direct: whether every read bypassed the page cache (None: nothing was read).
+        buffers: pinned buffers of the pipeline; ``window_bytes``: bytes of each window.
+        threads: reads at once; ``task_bytes``: most bytes of one read.
+    """
+
+    seconds: float = 0.0
+    read_wait_s: float = 0.0
+    unpack_s: float = 0.0
+    read_s: float = 0.0
+    bytes_read: int = 0
+    read_bytes_per_s: float | None = None
+    windows: int = 0
+    direct: bool | None = None
+    buffers: int = BUFFERS
+    window_bytes: int = WINDOW
+    threads: int = READ_THREADS
+    task_bytes: int = TASK_BYTES
+
+
 def unpack(
     codec,
     items: Sequence[tuple[object, Sequence]],
     spill: SpillFile,
     pinned: Callable[[int], object],
     window: int = WINDOW,
-) -> None:
+    buffers: int = BUFFERS,
+    threads: int = READ_THREADS,
+    task_bytes: int = TASK_BYTES,
+    figures: DiskResume | None = None,
+) -> DiskResume:
     """Write every range back from the spill file, streaming: ``(device uint8 tensor of
     the range, its pieces)`` pairs, pieces as :meth:`SpillFile.write` left them (``slab``
     :data:`DISK`, ``start`` the payload's offset in the file; pieces that stored nothing
-    need no bytes).
+    need no bytes). Returns where the time went.
+
+    The pieces go in windows of at most ``window`` bytes of records, in file order, each
+    read into one of ``buffers`` pinned buffers by one reader (``threads`` reads of at
+    most ``task_bytes`` at once, :mod:`.parallel_read`) up to ``buffers - 1`` windows
+    ahead of the one on the GPU; a buffer is read into again only once the codec's
+    unpack of the window it held has returned (``DeviceCodec.unpack`` synchronizes at
+    its end). Host memory: ``buffers`` buffers of ``window`` bytes and a few KiB, made
+    once per resume through ``pinned``.
 
     Args:
         codec: the :class:`~..codec.device.DeviceCodec`.
         spill: the file.
         pinned: returns a pinned uint8 CPU tensor of at least the given bytes.
-        window: bytes read at once into each of two pinned buffers.
+        window: bytes of records read at once into each buffer (a record larger than
+            that gets a window, and a buffer, of its own).
+        buffers: pinned buffers, at least 2.
+        threads: reads in flight at once.
+        task_bytes: most bytes of one read, a multiple of :data:`DIRECT_ALIGN`.
+        figures: filled as the resume goes (a failed one's figures stay in it).
 
     Raises:
-        CodecError: a record's header does not match its piece, or the file is short.
+        CodecError: a record's header does not match its piece, or the file is short
+            (the message names the record).
         DeviceCodecError: a chunk fails its CRC-32 on the GPU (see ``DeviceCodec.unpack``).
         OSError: the file cannot be read.
+        ValueError: fewer than 2 buffers, or ``task_bytes`` not a multiple of
+            :data:`DIRECT_ALIGN`.
     """
+    if buffers < 2:
+        raise ValueError(f"a resume from disk needs 2 buffers or more, not {buffers}")
+    t0 = time.perf_counter()
+    out = figures if figures is not None else DiskResume()
+    out.buffers, out.window_bytes, out.threads, out.task_bytes = buffers, window, threads, task_bytes
     flat = [(r, p) for r, (_, pieces) in enumerate(items) for p in pieces]
     batches: list[list] = []
     size = 0
@@ -296,63 +324,82 @@ def unpack(
             size = 0
         batches[-1].append((r, p))
         size += need
-    buffers = [None, None]
-    results: dict[int, tuple] = {}
-    ready = [threading.Event() for _ in batches]
+    held: list = [None] * buffers  # the pinned buffers, made as first needed
+    pending: dict[int, tuple] = {}  # batch -> (its window being read, buffer, first byte)
 
-    def read(k: int) -> None:
-        try:
-            disk = [p for _, p in batches[k] if p.slab == DISK]
-            if not disk:
-                results[k] = (None, 0, 0)
-                return
-            first = disk[0].start - header_bytes(len(disk[0].crcs))
-            end = disk[-1].start + disk[-1].span
-            b = k % 2
-            if buffers[b] is None or buffers[b].numel() < window_bytes(first, end):
-                buffers[b] = pinned(max(window + 2 * DIRECT_ALIGN, window_bytes(first, end)))
-            pad = spill.read_window(first, end, buffers[b].numpy())
-            data = buffers[b].numpy()[pad : pad + end - first]
-            for p in disk:
-                if p.start not in spill.records:
-                    raise CodecError(f"the disk tier's file {spill.path} has no record at byte {p.start}")
-                at = p.start - header_bytes(len(p.crcs)) - first
-                check(data, at, spill.records[p.start], p, spill.path)
-            results[k] = (buffers[b], first, pad)
-        except BaseException as e:
-            results[k] = e
-        finally:
-            ready[k].set()
+    def start(k: int, reader: Reader) -> None:
+        disk = [p for _, p in batches[k] if p.slab == DISK]
+        if not disk:
+            pending[k] = None
+            return
+        first = disk[0].start - header_bytes(len(disk[0].crcs))
+        end = disk[-1].start + disk[-1].span
+        b = k % buffers  # free: the batch that used it last went through the codec
+        if held[b] is None or held[b].numel() < window_bytes(first, end):
+            held[b] = pinned(max(window + 2 * DIRECT_ALIGN, window_bytes(first, end)))
+        pending[k] = (reader.start(first, end, held[b].numpy()), held[b], first)
 
-    reader: threading.Thread | None = None
-
-    def start(k: int) -> threading.Thread:
-        t = threading.Thread(target=read, args=(k,), name="jupyter-vgpu-disk", daemon=True)
-        t.start()
-        return t
-
+    reader = spill.reader(threads, task_bytes) if any(p.slab == DISK for _, p in flat) else None
     try:
-        if batches:
-            reader = start(0)
+        for k in range(min(buffers, len(batches))):
+            start(k, reader)
+        direct = True
         for k, batch in enumerate(batches):
-            ready[k].wait()
-            got = results.pop(k)
-            if isinstance(got, BaseException):
-                raise got
-            if k + 1 < len(batches):
-                reader = start(k + 1)  # into the other buffer, while this one goes to the GPU
-            buffer, first, pad = got
+            got = pending.pop(k)
+            buffer, first, pad = None, 0, 0
+            if got is not None:
+                reading, buffer, first = got
+                t = time.perf_counter()
+                try:
+                    pad = reading.wait()
+                except ShortFile as e:
+                    raise _short(e, batch, spill) from e
+                finally:
+                    out.read_wait_s += time.perf_counter() - t
+                direct = direct and bool(reader.direct)
+                out.windows += 1
+                data = buffer.numpy()[pad:]
+                for _, p in batch:
+                    if p.slab != DISK:
+                        continue
+                    if p.start not in spill.records:
+                        raise CodecError(f"the disk tier's file {spill.path} has no record at byte {p.start}")
+                    at = p.start - header_bytes(len(p.crcs)) - first
+                    check(data, at, spill.records[p.start], p, spill.path)
             grouped: dict[int, list] = {}
             for r, p in batch:
                 if p.slab == DISK:
                     p = _at(p, p.start - first)
                 grouped.setdefault(r, []).append(p)
             arena = _Window(buffer.data_ptr() + pad if buffer is not None else 0)
+            t = time.perf_counter()
             codec.unpack([(items[r][0], pieces) for r, pieces in grouped.items()], arena)
+            out.unpack_s += time.perf_counter() - t
             failpoints.hit("kernel.resume.copy")
+            if k + buffers < len(batches):
+                start(k + buffers, reader)  # into the buffer the codec is done with
+        if out.windows:
+            out.direct = spill.direct = direct
     finally:
         if reader is not None:
-            reader.join()
+            reader.close()  # no read outlives the resume, failed or not
+            out.read_s, out.bytes_read = reader.read_s, reader.bytes_read
+            out.read_bytes_per_s = reader.bytes_read / reader.read_s if reader.read_s else None
+        out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _short(e: ShortFile, batch: list, spill: SpillFile) -> CodecError:
+    """The error of a file that ends at ``e.at``, naming the record it cuts."""
+    for _, p in batch:
+        if p.slab == DISK and p.start + p.span > e.at:
+            index = spill.records.get(p.start, "?")
+            return CodecError(
+                f"record {index} of the disk tier's file {spill.path} is cut short: the file "
+                f"ends at byte {e.at}, the record at byte {p.start + p.span} ({spill.nbytes} bytes "
+                "were written)"
+            )
+    return CodecError(f"the disk tier's file {spill.path} ends at byte {e.at}; {e.end} were written")
 
 
 def _at(piece, start: int):
