@@ -12,7 +12,11 @@ server, at the last look) and ``jupyter_vgpu_unowned_actions_total{gpu, action}`
 The node's tiers: ``jupyter_vgpu_host_bytes`` (host memory kernels hold for their GPU
 memory: paused data, checkpoints, pinned slabs kept warm for a next pause),
 ``jupyter_vgpu_host_limit_bytes`` (``ArbiterApp.host_memory_limit``),
-``jupyter_vgpu_disk_bytes`` (what the disk tier holds), ``jupyter_vgpu_kernels{tier}``
+``jupyter_vgpu_disk_bytes`` (what the disk tier holds),
+``jupyter_vgpu_kernel_process_bytes`` (the kernel processes' own resident memory, RSS,
+summed: shared library pages counted in each), ``jupyter_vgpu_kernel_process_pss_bytes{tier}``
+(their proportional share, PSS, summed by where their GPU memory is: what they take from
+the host together, :mod:`.process_memory`), ``jupyter_vgpu_kernels{tier}``
 (``gpu``, ``host``, ``disk``, ``suspended``), ``jupyter_vgpu_spills_total`` and
 ``jupyter_vgpu_spill_failures_total`` (moves to the disk tier, and those a full or
 failing disk refused), ``jupyter_vgpu_trimmed_bytes_total`` (warm pinned slabs idle
@@ -87,6 +91,13 @@ class Metrics:
         self.process_bytes = Gauge(
             "jupyter_vgpu_kernel_process_bytes",
             "Host memory the kernel processes have resident (their RSS, summed), bytes.",
+            registry=r,
+        )
+        self.process_pss = Gauge(
+            "jupyter_vgpu_kernel_process_pss_bytes",
+            "The kernel processes' proportional share of host memory (PSS, summed by tier: "
+            "shared library pages counted once over all kernels), bytes.",
+            ["tier"],
             registry=r,
         )
         self.host_limit = Gauge(

@@ -5,10 +5,12 @@ after the timeout, no kernel can raise its own budget, and a restart loses nothi
 
 import json
 import socket
+import urllib.request
 
 import pytest
 
 from jupyter_vgpu import channel
+from jupyter_vgpu.host import procs
 from jupyter_vgpu.host.arbiter_control import ControlError
 from jupyter_vgpu.slice import Card, Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
@@ -194,19 +196,57 @@ def test_bad_messages_get_a_clear_answer_and_change_nothing(arbiter, two):
         c._ask({"type": "register", "pid": 1, "user": "x", "server": "", "slice": {"gpu_uuid": 3}})
 
 
-def test_the_books_show_each_kernel_processs_own_host_memory(arbiter, two):
+def metrics_page(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def test_the_books_show_each_kernel_processs_own_host_memory(tmp_path):
     """A kernel's process holds host memory of its own (its libraries, its objects, its
-    paused data): the books show its RSS, and the anonymous part of it that process alone
-    holds, measured by the arbiter, not said by the kernel."""
-    ada, _ = two
-    ada.run("import numpy as np\nheld = np.ones(256 * 2**20, dtype=np.uint8)")
-    entry = wait_for(
-        lambda: (e := arbiter.kernel(ada.pid)) and (e.get("process_bytes") or 0) >= 256 * MiB and e,
-        30,
-        "ada's 256 MiB array in her process's memory in the books",
-    )
-    assert entry["process_bytes"] < 4 * GiB, entry
-    assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry
+    paused data): the books show its RSS, the anonymous part of it that process alone
+    holds, and, read in the background, its breakdown with PSS (its libraries' pages
+    shared, divided among their sharers), measured by the arbiter, not said by the kernel,
+    and what /proc says of it."""
+    with socket.socket() as s:  # a port free now; the arbiter binds it as it starts
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    arbiter = ArbiterProcess(
+        tmp_path, "--ArbiterApp.process_memory_seconds=0.5", f"--ArbiterApp.metrics_port={port}"
+    ).start()
+    ada = start_kernel(tmp_path, arbiter, "ada")
+    try:
+        ada.run("import numpy as np\nheld = np.ones(256 * 2**20, dtype=np.uint8)")
+        entry = wait_for(
+            lambda: (
+                (e := arbiter.kernel(ada.pid))
+                and ((e["process"] or {}).get("anon_bytes") or 0) >= 256 * MiB
+                and e
+            ),
+            30,
+            "ada's 256 MiB array in her process's memory in the books",
+        )
+        assert entry["process_bytes"] < 4 * GiB, entry
+        assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry
+        seen, now = entry["process"], procs.memory(ada.pid)
+        assert seen["source"] == "smaps_rollup", seen
+        assert seen["age_seconds"] < 5, seen
+        for kind in ("rss", "pss", "anon", "file", "shmem"):  # an idle kernel: what /proc says now
+            assert abs(seen[f"{kind}_bytes"] - getattr(now, kind)) < 16 * MiB, (kind, seen, now)
+        # its libraries' pages are shared (with this test's process, at least): PSS is less
+        assert seen["pss_bytes"] < seen["rss_bytes"], seen
+        assert seen["pss_anon_bytes"] >= 256 * MiB, seen
+        # and summed by tier for Prometheus: ada's kernel is idle, its memory on the card
+        page = wait_for(lambda: metrics_page(port), 10, "the arbiter's metrics page")
+        gauge = next(
+            x for x in page.splitlines() if x.startswith('jupyter_vgpu_kernel_process_pss_bytes{tier="gpu"}')
+        )
+        assert float(gauge.split()[-1]) >= 256 * MiB, gauge
+    finally:
+        ada.shutdown()
+        arbiter.stop()
 
 
 def test_a_kernel_of_two_cards_gets_room_on_each(tmp_path, arbiter):
