@@ -145,8 +145,8 @@ class Kernel:
             (:func:`jupyter_vgpu.host.procs.memory`, :mod:`.process_memory`); None: not
             measured yet.
         process_at: monotonic seconds of that look.
-        trim_asked: monotonic seconds the arbiter last asked it to trim (0: never); a
-            paused kernel is asked once per pause (:func:`.tiers.trimmable`).
+        trim_asked: monotonic seconds the arbiter last asked it to trim while it was
+            paused (0: never): once per pause (:func:`.tiers.paused_to_trim`).
     """
 
     pid: int

@@ -19,8 +19,8 @@ summed: shared library pages counted in each), ``jupyter_vgpu_kernel_process_pss
 the host together, :mod:`.process_memory`), ``jupyter_vgpu_kernels{tier}``
 (``gpu``, ``host``, ``disk``, ``suspended``), ``jupyter_vgpu_spills_total`` and
 ``jupyter_vgpu_spill_failures_total`` (moves to the disk tier, and those a full or
-failing disk refused), ``jupyter_vgpu_trimmed_bytes_total`` (warm pinned slabs idle
-kernels let go when the host needed the memory),
+failing disk refused), ``jupyter_vgpu_trimmed_bytes_total`` (pinned memory
+kernels let go when the host needed it: idle kernels' warm slabs, paused kernels' staging),
 ``jupyter_vgpu_kernels_joined_total{tier}`` (hellos, by where the kernel's memory was:
 after a restart, the kernels that came back). Resume seconds carry ``tier`` ``disk``
 too. Served on the loopback interface when ``ArbiterApp.metrics_port`` is set.
@@ -113,7 +113,7 @@ class Metrics:
         self.spills = Counter("jupyter_vgpu_spills", "Paused kernels moved to the disk tier.", registry=r)
         self.trimmed = Counter(
             "jupyter_vgpu_trimmed_bytes",
-            "Warm pinned host memory idle kernels let go when the host needed it, bytes.",
+            "Pinned host memory kernels let go when the host needed it, bytes.",
             registry=r,
         )
         self.spill_failures = Counter(

@@ -5,6 +5,7 @@ after the timeout, no kernel can raise its own budget, and a restart loses nothi
 
 import json
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -30,7 +31,9 @@ def arbiter(tmp_path):
     process.stop()
 
 
-def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = SLICE) -> Kernel:
+def start_kernel(
+    tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = SLICE, args: tuple[str, ...] = ()
+) -> Kernel:
     chan = tmp_path / f"channel-{user}"
     chan.mkdir()
     env = {
@@ -38,7 +41,7 @@ def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = S
         "JUPYTER_VGPU_CHANNEL": str(chan),
         "JUPYTER_VGPU_SLICE": "",
     }
-    kernel = Kernel(tmp_path, env)
+    kernel = Kernel(tmp_path, env, args=args)
     kernel.channel = chan
     with arbiter.control() as c:
         c.register(kernel.pid, user, "", slice_)
@@ -244,6 +247,42 @@ def test_the_books_show_each_kernel_processs_own_host_memory(tmp_path):
             x for x in page.splitlines() if x.startswith('jupyter_vgpu_kernel_process_pss_bytes{tier="gpu"}')
         )
         assert float(gauge.split()[-1]) >= 256 * MiB, gauge
+    finally:
+        ada.shutdown()
+        arbiter.stop()
+
+
+def test_a_paused_kernel_is_asked_once_to_trim_when_the_host_is_short(tmp_path):
+    """Ada's cell builds about 400 MB of 4 kB buffers and drops 63 of every 64: the freed
+    pages stay resident in her heap. Her kernel trims nothing on its own
+    (``trim_when_paused`` off), so only the arbiter's question gives them back: once she
+    is paused and the host's available memory is under the reserve (a reserve larger
+    than the host), the arbiter asks her to trim, once in that pause, and says what her
+    process's memory did, read from /proc."""
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.host_reserve=64T").start()
+    ada = start_kernel(tmp_path, arbiter, "ada", args=("--VGPUKernel.trim_when_paused=False",))
+    try:
+        base = procs.private_bytes(ada.pid)
+        ada.run("blocks = [bytearray(4000) for _ in range(100_000)]\nkept = blocks[::64]\ndel blocks")
+        held = procs.private_bytes(ada.pid)
+        assert held - base >= 300 * MiB, (base, held)  # the freed buffers are still resident
+        ada.run("%vgpu pause")
+        wait_for(lambda: state_of(arbiter, ada) == "paused", 30, "ada paused")
+        wait_for(
+            lambda: procs.private_bytes(ada.pid) < held - 250 * MiB,
+            30,
+            "the arbiter to ask paused ada to trim, and her heap's free pages to go back",
+        )
+        asked = wait_for(
+            lambda: [d for d in arbiter.books()["decisions"] if d["what"] == "trim" and d["pid"] == ada.pid],
+            10,
+            "the trim in the decisions",
+        )
+        assert "anonymous" in asked[0]["message"], asked
+        time.sleep(2)  # four background looks later, still short: she is not asked again
+        again = [d for d in arbiter.books()["decisions"] if d["what"] in ("trim", "trim refused")]
+        assert len(again) == 1, again
+        assert ada.run("print(len(kept), bytes(kept[-1][:3]))").strip() == "1563 b'\\x00\\x00\\x00'"
     finally:
         ada.shutdown()
         arbiter.stop()
