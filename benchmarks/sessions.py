@@ -335,6 +335,23 @@ def arbiter_counts(arbiter: ArbiterProcess) -> dict[str, int]:
         return counts_from_metrics(r.read().decode())
 
 
+def process_figures(books: dict) -> dict:
+    """Each kernel process's own host memory from the arbiter's books (its ``process``
+    figures: read from /proc by the arbiter every ``process_memory_seconds``, not said by
+    the kernel): ``{"kernels": measured, "pss_bytes": {"mean", "max", "sum"},
+    "anon_bytes": {...}, "rss_bytes": {...}}``. PSS summed is what the kernels take from
+    the host together (their shared library pages counted once); RSS summed counts those
+    pages in every kernel. Each is None when no kernel was measured."""
+    seen = [k["process"] for k in books["kernels"] if k.get("process")]
+    out: dict = {"kernels": len(seen)}
+    for key in ("pss_bytes", "anon_bytes", "rss_bytes"):
+        values = [p[key] for p in seen if p.get(key) is not None]
+        out[key] = (
+            {"mean": sum(values) // len(values), "max": max(values), "sum": sum(values)} if values else None
+        )
+    return out
+
+
 def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: int) -> dict:
     """N sessions, session i on card ``i % len(slices)`` with that card's slice; ``together``
     of them set up at once."""
@@ -470,6 +487,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "counters over the whole run, setups included; queued, trims: in decisions_kept",
                 "host_used_peak_bytes": host.peak_used,
                 "host_total_bytes": host.total,
+                # each kernel process's own host memory at the end, by the arbiter's books
+                "kernel_processes": process_figures(books),
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
                 "decisions": [
                     d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")

@@ -110,6 +110,103 @@ def private_bytes(pid: int | str) -> int | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """What a process holds in host memory, bytes, as :func:`memory` read it.
+
+    Attributes:
+        rss: resident, all of it (``VmRSS``): ``anon + file + shmem``.
+        anon: resident anonymous memory (``RssAnon``: heap, stacks, private mappings;
+            what the process alone holds).
+        file: resident pages of mapped files (``RssFile``: its libraries, mostly).
+        shmem: resident shared memory (``RssShmem``: ``memfd``, ``/dev/shm``, shared
+            anonymous mappings).
+        swap: swapped out (``VmSwap``).
+        locked: locked in memory (``VmLck``: ``mlock``).
+        pss: its proportional share (``Pss`` of ``smaps_rollup``: each resident page
+            divided by the number of processes mapping it); None where ``smaps_rollup``
+            could not be read.
+        pss_anon, pss_file, pss_shmem: that share by kind (``Pss_Anon``, ``Pss_File``,
+            ``Pss_Shmem``, Linux 5.7); None where not read.
+        source: ``"smaps_rollup"`` (with PSS) or ``"status"`` (without).
+    """
+
+    rss: int
+    anon: int
+    file: int
+    shmem: int
+    swap: int
+    locked: int
+    pss: int | None = None
+    pss_anon: int | None = None
+    pss_file: int | None = None
+    pss_shmem: int | None = None
+    source: str = "status"
+
+    def as_dict(self) -> dict:
+        """Its figures as ``{"rss_bytes": ..., "pss_bytes": ..., ..., "source": ...}``."""
+        return {(k if k == "source" else f"{k}_bytes"): v for k, v in dataclasses.asdict(self).items()}
+
+
+#: ``/proc/<pid>/status`` fields of :class:`Memory` (kB there).
+_STATUS = {
+    "VmRSS": "rss",
+    "RssAnon": "anon",
+    "RssFile": "file",
+    "RssShmem": "shmem",
+    "VmSwap": "swap",
+    "VmLck": "locked",
+}
+#: ``/proc/<pid>/smaps_rollup`` fields of :class:`Memory` (kB there).
+_ROLLUP = {"Pss": "pss", "Pss_Anon": "pss_anon", "Pss_File": "pss_file", "Pss_Shmem": "pss_shmem"}
+
+
+def _kb_fields(path: str, names: dict[str, str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    with open(path) as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in names:
+                found[names[key]] = int(rest.split()[0]) * 1024  # "kB"
+    return found
+
+
+def memory(pid: int | str, rollup: bool = True) -> Memory | None:
+    """The host memory process ``pid`` holds, by kind (:class:`Memory`, bytes), read from
+    outside it (``proc(5)``): ``VmRSS``, ``RssAnon``, ``RssFile``, ``RssShmem``,
+    ``VmSwap`` and ``VmLck`` of ``/proc/<pid>/status``, and, with ``rollup``, ``Pss``,
+    ``Pss_Anon``, ``Pss_File`` and ``Pss_Shmem`` of ``/proc/<pid>/smaps_rollup`` (Linux
+    4.14; readable by the process's owner and root). None when the process is gone or
+    ``status`` lacks the fields. ``pid`` may be ``"self"``.
+
+    Why more than the RSS: the pages of a kernel's libraries (PyTorch's and CUDA's, some
+    hundreds of MB) are file-backed and shared by every kernel that maps them, and the RSS
+    counts them in each; summed over kernels, RSS overstates what they take from the host.
+    The PSS divides each shared page among its sharers, so PSS summed over processes is
+    what they take together; the anonymous part (``anon``) is what that process alone
+    holds, and what ending or trimming it could give back.
+
+    Cost: ``status`` is a few tens of µs; ``smaps_rollup`` walks the process's page tables,
+    about 9 ms for a process that imported torch (220 MiB resident) and 30 to 60 ms at
+    1 to 3 GiB resident (measured on a 2-core cloud VM, Linux 6.18): not for hot paths.
+    """
+    try:
+        found = _kb_fields(f"/proc/{pid}/status", _STATUS)
+    except (OSError, ValueError, IndexError):
+        return None
+    if "rss" not in found or "anon" not in found:
+        return None
+    figures = {name: found.get(name, 0) for name in _STATUS.values()}
+    if rollup:
+        try:
+            shares = _kb_fields(f"/proc/{pid}/smaps_rollup", _ROLLUP)
+        except (OSError, ValueError, IndexError):  # an older kernel, or not ours to read
+            shares = {}
+        if "pss" in shares:
+            return Memory(**figures, **shares, source="smaps_rollup")
+    return Memory(**figures)
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
     st = stat(pid)

@@ -53,9 +53,13 @@ class HostMemory:
             engine.spill(directory)
 
     def trim(self) -> int:
-        """For the arbiter, when the host needs memory: let go of the pinned host memory
-        kept warm for this kernel's next pause (that pause will pin again); returns the
-        bytes given back.
+        """For the arbiter, when the host needs memory (an idle kernel, or a paused one
+        while the host's available memory is short): let go of the pinned host memory
+        kept warm for this kernel's next pause (that pause will pin again) and of the
+        engine's pinned staging (:meth:`.pause.engine.PauseEngine.trim`), then of the free
+        pages of the C heap (``malloc_trim(0)``); returns the pinned bytes given back.
+        Once paused, its figures are :attr:`last_trim`, as :meth:`trim_while_paused`'s
+        (the arbiter measures the process from outside before and after, too).
 
         Raises:
             RuntimeError: the kernel is suspended (every CUDA call of it, freeing pinned
@@ -64,11 +68,16 @@ class HostMemory:
         if self.gate.state in (g.SUSPENDING, g.SUSPENDED):
             raise RuntimeError("the kernel is suspended: its pinned memory stays until its restore")
         self._trimmed = True  # until its next pause: the host needs the memory
+        t0, before = time.perf_counter(), procs.private_bytes("self")
+        slabs = 0
         engine = self.engine
-        if engine is None:
-            return 0
-        with self._plain():
-            return engine.trim()
+        if engine is not None:
+            with self._plain():
+                slabs = engine.trim()
+        _malloc_trim()
+        if self.gate.state == g.PAUSED:  # "given back when last paused" in %vgpu status
+            self._record_trim(before, slabs, t0)
+        return slabs
 
     def trim_while_paused(self) -> threading.Thread | None:
         """Once the kernel is paused: give the host back what its process holds and needs
@@ -154,6 +163,11 @@ class HostMemory:
             self.gate.tell()  # the arbiter's books and the report count what is left
         if self.config.trim_when_paused:
             _malloc_trim()
+        self._record_trim(before, slabs, t0)
+
+    def _record_trim(self, before: int | None, slabs: int, t0: float) -> None:
+        """Keep a trim's figures in :attr:`last_trim` and log them (``before``: the
+        process's own memory before it, bytes; ``t0``: its start, ``perf_counter``)."""
         after = procs.private_bytes("self")
         self.last_trim = {
             "private_before": before,

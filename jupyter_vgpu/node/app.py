@@ -217,6 +217,14 @@ class ArbiterApp(Application):
         10.0, help="Seconds between two reports of the node to the Hub (on Kubernetes)."
     ).tag(config=True)
 
+    process_memory_seconds = Float(
+        10.0,
+        help="""Seconds between two looks at every kernel process's own host memory (RSS,
+        PSS, anonymous, shared: /proc/<pid>/smaps_rollup, in a thread; it costs about 20 to
+        30 ms per GiB a process has resident). A kernel never looked at is looked at on
+        the next poll.""",
+    ).tag(config=True)
+
     metrics_port = Int(0, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: not served).").tag(config=True)
 
     over_budget = Enum(

@@ -32,6 +32,7 @@ step), and hands each kind of work to a collaborator holding a reference to it:
 - :mod:`.room`: requests for room, answered by making it;
 - :mod:`.moves`: pauses, suspends and restores (the driver's checkpoint);
 - :mod:`.tiering`: host memory and the disk tier (trims, spills, room in host memory);
+- :mod:`.process_memory`: each kernel process's own host memory, measured from outside;
 - :mod:`.enforcement`: the watchdog's actions, and the bounds on what kernels say;
 - :mod:`.decisions`: the decision log.
 """
@@ -58,6 +59,7 @@ from .journal import Journal
 from .metrics import Metrics
 from .moves import Moves
 from .piece_socket import PieceSocket
+from .process_memory import ProcessMemory
 from .registry import Registry
 from .room import Rooms
 from .sessions import Connection, Sessions
@@ -114,6 +116,7 @@ class Arbiter(Registry):
         self.rooms = Rooms(self)
         self.moves = Moves(self)
         self.tiering = Tiering(self)
+        self.process_memory = ProcessMemory(self)
         self.enforcement = Enforcement(self)
         self.pieces = PieceSocket(self, SharedPieces(getattr(config, "share_pieces", "off")))
 
@@ -230,6 +233,8 @@ class Arbiter(Registry):
                     "disk_bytes": k.disk_bytes,
                     "process_bytes": procs.resident_bytes(k.pid),
                     "process_private_bytes": procs.private_bytes(k.pid),
+                    # RSS, PSS, anonymous, shared: read in the background (process_memory)
+                    "process": ProcessMemory.figures(k, now),
                     "tier": k.tier,
                     "budget": k.budget,
                     "gpu_uuid": k.slice.gpu_uuid,
@@ -400,6 +405,7 @@ class Arbiter(Registry):
         await self.enforcement.step(now)
         await self._watch_mps(now)
         await self.tiering.step(now)
+        self.process_memory.step(now)
         host_first: list[tuple[Kernel, int]] = []  # pauses that wait for host memory, made below
         for uuid in {u for k in self.kernels for u in k.slice.gpu_uuids}:
             if self.locks[uuid].locked():

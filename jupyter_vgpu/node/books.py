@@ -16,8 +16,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from jupyter_vgpu.slice import Slice
+
+if TYPE_CHECKING:
+    from jupyter_vgpu.host import procs
 
 
 class Reason(str, enum.Enum):
@@ -137,6 +141,12 @@ class Kernel:
             figure may not pass.
         disk_measured: bytes the arbiter found in its directory of the disk tier at the
             last look (None: not looked): what its disk figure may not pass.
+        process: its process's own host memory at the arbiter's last look
+            (:func:`jupyter_vgpu.host.procs.memory`, :mod:`.process_memory`); None: not
+            measured yet.
+        process_at: monotonic seconds of that look.
+        trim_asked: monotonic seconds the arbiter last asked it to trim while it was
+            paused (0: never): once per pause (:func:`.tiers.paused_to_trim`).
     """
 
     pid: int
@@ -162,6 +172,9 @@ class Kernel:
     unresponsive_until: float = 0.0
     measured: int | None = None
     disk_measured: int | None = None
+    process: procs.Memory | None = None
+    process_at: float = 0.0
+    trim_asked: float = 0.0
     capped: bool = False  # a figure of its passed its bound (logged once)
     driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
 

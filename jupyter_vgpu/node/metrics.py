@@ -12,11 +12,15 @@ server, at the last look) and ``jupyter_vgpu_unowned_actions_total{gpu, action}`
 The node's tiers: ``jupyter_vgpu_host_bytes`` (host memory kernels hold for their GPU
 memory: paused data, checkpoints, pinned slabs kept warm for a next pause),
 ``jupyter_vgpu_host_limit_bytes`` (``ArbiterApp.host_memory_limit``),
-``jupyter_vgpu_disk_bytes`` (what the disk tier holds), ``jupyter_vgpu_kernels{tier}``
+``jupyter_vgpu_disk_bytes`` (what the disk tier holds),
+``jupyter_vgpu_kernel_process_bytes`` (the kernel processes' own resident memory, RSS,
+summed: shared library pages counted in each), ``jupyter_vgpu_kernel_process_pss_bytes{tier}``
+(their proportional share, PSS, summed by where their GPU memory is: what they take from
+the host together, :mod:`.process_memory`), ``jupyter_vgpu_kernels{tier}``
 (``gpu``, ``host``, ``disk``, ``suspended``), ``jupyter_vgpu_spills_total`` and
 ``jupyter_vgpu_spill_failures_total`` (moves to the disk tier, and those a full or
-failing disk refused), ``jupyter_vgpu_trimmed_bytes_total`` (warm pinned slabs idle
-kernels let go when the host needed the memory),
+failing disk refused), ``jupyter_vgpu_trimmed_bytes_total`` (pinned memory
+kernels let go when the host needed it: idle kernels' warm slabs, paused kernels' staging),
 ``jupyter_vgpu_kernels_joined_total{tier}`` (hellos, by where the kernel's memory was:
 after a restart, the kernels that came back). Resume seconds carry ``tier`` ``disk``
 too. Served on the loopback interface when ``ArbiterApp.metrics_port`` is set.
@@ -89,6 +93,13 @@ class Metrics:
             "Host memory the kernel processes have resident (their RSS, summed), bytes.",
             registry=r,
         )
+        self.process_pss = Gauge(
+            "jupyter_vgpu_kernel_process_pss_bytes",
+            "The kernel processes' proportional share of host memory (PSS, summed by tier: "
+            "shared library pages counted once over all kernels), bytes.",
+            ["tier"],
+            registry=r,
+        )
         self.host_limit = Gauge(
             "jupyter_vgpu_host_limit_bytes", "The node's host memory budget for paused kernels.", registry=r
         )
@@ -102,7 +113,7 @@ class Metrics:
         self.spills = Counter("jupyter_vgpu_spills", "Paused kernels moved to the disk tier.", registry=r)
         self.trimmed = Counter(
             "jupyter_vgpu_trimmed_bytes",
-            "Warm pinned host memory idle kernels let go when the host needed it, bytes.",
+            "Pinned host memory kernels let go when the host needed it, bytes.",
             registry=r,
         )
         self.spill_failures = Counter(

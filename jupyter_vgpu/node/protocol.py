@@ -37,7 +37,8 @@ The arbiter sends kernels requests: ``{"type": "pause", "id": int}``, ``{"type":
 checkpoints the process), ``{"type": "spill", "id": int, "dir": str}`` (move the paused
 data from host memory to files in ``dir``, the kernel's directory of the disk tier),
 ``{"type": "trim", "id": int}`` (an idle kernel lets go of the pinned host memory it
-keeps warm for its next pause: the host needs it), and notices: ``{"type": "slice",
+keeps warm for its next pause, a paused one of what its process holds for nothing until
+its next cell: the host needs it), and notices: ``{"type": "slice",
 "slice": <slice>}``, ``{"type": "notice", "message": str}``, ``{"type": "node",
 "host_used": int, "host_limit": int, "disk_used": int}`` (the host memory the node's
 kernels hold for their GPU memory, its budget, and the disk tier's bytes; for ``%vgpu

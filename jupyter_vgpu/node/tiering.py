@@ -3,7 +3,8 @@
 :mod:`.tiers` says, from the books alone, what the node holds and whom to trim or spill;
 this module acts on it. It owns the disk tier (:class:`.disk.DiskTier`, made at start
 where its root is safe) and why it is off or left alone (``disk_problem``), asks idle
-kernels to let go of their warm pinned slabs (``trim``) and paused kernels to move their
+kernels to let go of their warm pinned slabs (``trim``; paused ones too, once per pause,
+when the host itself is short) and paused kernels to move their
 data to the disk tier (``spill``), makes room in host memory before a pause
 (:meth:`Tiering.host_room`), and in the background spills what is over the mark, tells
 every kernel the node's figures and sweeps the disk tier of kernels that ended.
@@ -241,24 +242,38 @@ class Tiering:
         self.arbiter.enforcement.take_figures(kernel, {"disk_bytes": kernel.disk_bytes})
 
     async def trim(self, kernel: Kernel) -> int:
-        """Ask an idle kernel to let go of the pinned slabs it keeps warm for its next pause;
-        the bytes it gave back (0: refused, or it held none)."""
+        """Ask an idle kernel to let go of the pinned slabs it keeps warm for its next pause,
+        or a paused one (once per pause: :func:`.tiers.paused_to_trim`) of what its process
+        holds for nothing until its next cell (:meth:`.kernel.host_memory.HostMemory.trim`);
+        the pinned bytes it said it gave back (0: refused, or none). The decision says what
+        the process's resident and anonymous memory did meanwhile, read from ``/proc``
+        before the question and after the answer (:func:`.procs.memory`, ``status``
+        alone: tens of µs), not what the kernel says."""
         a = self.arbiter
         conn = a.conns.get(kernel.pid)
-        if conn is None or conn.kernel is not kernel or kernel.state != IDLE or kernel.host_bytes <= 0:
+        warm = kernel.state == IDLE and kernel.host_bytes > 0
+        if conn is None or conn.kernel is not kernel or not (warm or kernel.state == PAUSED):
             return 0
+        if kernel.state == PAUSED:
+            kernel.trim_asked = time.monotonic()
+        before = procs.memory(kernel.pid, rollup=False)
         answer = await conn.ask({"type": "trim"}, a.config.pause_timeout)
+        after = procs.memory(kernel.pid, rollup=False)
         a.enforcement.heard(kernel, "trim", answer)
         released = answer.get("released")  # its figures came first, in a state message
-        if not answer.get("ok") or not isinstance(released, int) or released <= 0:
+        released = released if isinstance(released, int) and released > 0 else 0
+        if not answer.get("ok") or (warm and not released):
             why = answer.get("message", "")
             a.decide("trim refused", server=kernel.server.key, pid=kernel.pid, message=why)
             return 0
         a.metrics.trimmed.inc(released)
-        a.decide(
-            "trim", server=kernel.server.key, pid=kernel.pid,
-            message=f"{format_bytes(released)} of warm pinned host memory let go (its next pause pins again)",
-        )  # fmt: skip
+        said = f"{format_bytes(released)} of pinned host memory let go (its next pause pins again)"
+        if before is not None and after is not None:
+            said += (
+                f"; its process's resident memory {format_bytes(before.rss)} -> {format_bytes(after.rss)}"
+                f" (anonymous {format_bytes(before.anon)} -> {format_bytes(after.anon)})"
+            )
+        a.decide("trim", server=kernel.server.key, pid=kernel.pid, message=said)
         return released
 
     def host_step(
@@ -284,11 +299,10 @@ class Tiering:
             f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
             f"{format_bytes(available)} available)"
         )
-        warm = [
-            k
-            for k in tiers.trimmable(counted, now, exclude=(victim, *asked))
-            if not k.declined("trim", now, REFUSAL_SECONDS)
-        ]
+        warm = tiers.trimmable(counted, now, exclude=(victim, *asked))
+        if over_reserve:  # the host itself is short: paused kernels' own memory too
+            warm += tiers.paused_to_trim(counted, now, exclude=(victim, *asked))
+        warm = [k for k in warm if not k.declined("trim", now, REFUSAL_SECONDS)]
         if warm:
             return "trim", warm[0], why  # losing no data comes before moving any to disk
         candidates = [
@@ -343,7 +357,8 @@ class Tiering:
             await self.spill(kernel, tell)  # whatever came of it, the next look says
 
     async def _spill_coldest(self) -> None:
-        """Trim idle kernels' warm slabs, then spill the coldest paused kernels, while the
+        """Trim idle kernels' warm slabs (and paused kernels' own memory while the host's
+        available memory is under the reserve), then spill the coldest paused kernels, while the
         node is over its spill mark (kernels that declined either are left out: their
         memory is their own, :func:`.books.cooperative`)."""
         now = time.monotonic()

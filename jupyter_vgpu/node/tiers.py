@@ -80,12 +80,25 @@ def trimmable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Ke
     return _coldest_holding(kernels, IDLE, now, exclude)
 
 
+def paused_to_trim(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:
+    """Paused kernels not asked to trim since their pause (:attr:`.books.Kernel.trim_asked`),
+    coldest first: asked once the host itself is short (its available memory under the
+    reserve). What they give back, pinned memory past their paused data and the free
+    pages of their heap, is not in the books' host bytes (a paused kernel trims on its own
+    once paused, ``VGPUKernel.trim_when_paused``), so only ``MemAvailable`` shows it, and
+    the budget alone is no reason to ask."""
+    found = [k for k in kernels if k.state == PAUSED and k.trim_asked < k.since and k not in exclude]
+    return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
+
+
 def to_trim(kernels: list[Kernel], budget: HostBudget, available: int, now: float, saving: int = 0) -> list:
     """Idle kernels to ask to let their warm slabs go now, coldest first: until the node's
     host bytes are under ``budget.spill_at`` and the host's available memory is back above
     ``budget.reserve``, as :func:`to_spill` counts (trimming comes first: it loses no data
-    and costs only a slower next pause)."""
-    return _until_under(trimmable(kernels, now), kernels, budget, available, saving)
+    and costs only a slower next pause); then, while the available memory is under the
+    reserve, :func:`paused_to_trim`."""
+    idle = _until_under(trimmable(kernels, now), kernels, budget, available, saving)
+    return idle + (paused_to_trim(kernels, now) if available < budget.reserve else [])
 
 
 def _until_under(candidates: list, kernels: list, budget: HostBudget, available: int, saving: int) -> list:

@@ -96,8 +96,8 @@ def test_admin_page_lists_both_users(hub, page):
     # the node arbiter's kernels, each in its tier, and the node's host memory and disk tier
     expect(page.locator(".vgpu-node-tiers")).to_contain_text("Host memory held by kernels (paused data")
     expect(page.locator("tr.vgpu-kernel[data-tier='gpu']").first).to_be_visible()
-    # each kernel process's host memory (its RSS: libraries, objects, paused data), and
-    # what of it that process alone holds
+    # each kernel process's host memory (its PSS: libraries shared, divided among their
+    # sharers; before the arbiter's first look, its RSS), and what of it that process alone holds
     expect(page.locator("tr.vgpu-kernel .vgpu-process-bytes").first).to_have_text(
         re.compile(r"\d[\d.]* [MG]iB \(\d[\d.]* [MG]iB own\)")
     )

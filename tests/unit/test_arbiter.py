@@ -5,10 +5,13 @@ after the timeout, no kernel can raise its own budget, and a restart loses nothi
 
 import json
 import socket
+import time
+import urllib.request
 
 import pytest
 
 from jupyter_vgpu import channel
+from jupyter_vgpu.host import procs
 from jupyter_vgpu.host.arbiter_control import ControlError
 from jupyter_vgpu.slice import Card, Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
@@ -28,7 +31,9 @@ def arbiter(tmp_path):
     process.stop()
 
 
-def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = SLICE) -> Kernel:
+def start_kernel(
+    tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = SLICE, args: tuple[str, ...] = ()
+) -> Kernel:
     chan = tmp_path / f"channel-{user}"
     chan.mkdir()
     env = {
@@ -36,7 +41,7 @@ def start_kernel(tmp_path, arbiter: ArbiterProcess, user: str, slice_: Slice = S
         "JUPYTER_VGPU_CHANNEL": str(chan),
         "JUPYTER_VGPU_SLICE": "",
     }
-    kernel = Kernel(tmp_path, env)
+    kernel = Kernel(tmp_path, env, args=args)
     kernel.channel = chan
     with arbiter.control() as c:
         c.register(kernel.pid, user, "", slice_)
@@ -194,19 +199,93 @@ def test_bad_messages_get_a_clear_answer_and_change_nothing(arbiter, two):
         c._ask({"type": "register", "pid": 1, "user": "x", "server": "", "slice": {"gpu_uuid": 3}})
 
 
-def test_the_books_show_each_kernel_processs_own_host_memory(arbiter, two):
+def metrics_page(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def test_the_books_show_each_kernel_processs_own_host_memory(tmp_path):
     """A kernel's process holds host memory of its own (its libraries, its objects, its
-    paused data): the books show its RSS, and the anonymous part of it that process alone
-    holds, measured by the arbiter, not said by the kernel."""
-    ada, _ = two
-    ada.run("import numpy as np\nheld = np.ones(256 * 2**20, dtype=np.uint8)")
-    entry = wait_for(
-        lambda: (e := arbiter.kernel(ada.pid)) and (e.get("process_bytes") or 0) >= 256 * MiB and e,
-        30,
-        "ada's 256 MiB array in her process's memory in the books",
-    )
-    assert entry["process_bytes"] < 4 * GiB, entry
-    assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry
+    paused data): the books show its RSS, the anonymous part of it that process alone
+    holds, and, read in the background, its breakdown with PSS (its libraries' pages
+    shared, divided among their sharers), measured by the arbiter, not said by the kernel,
+    and what /proc says of it."""
+    with socket.socket() as s:  # a port free now; the arbiter binds it as it starts
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    arbiter = ArbiterProcess(
+        tmp_path, "--ArbiterApp.process_memory_seconds=0.5", f"--ArbiterApp.metrics_port={port}"
+    ).start()
+    ada = start_kernel(tmp_path, arbiter, "ada")
+    try:
+        ada.run("import numpy as np\nheld = np.ones(256 * 2**20, dtype=np.uint8)")
+        entry = wait_for(
+            lambda: (
+                (e := arbiter.kernel(ada.pid))
+                and ((e["process"] or {}).get("anon_bytes") or 0) >= 256 * MiB
+                and e
+            ),
+            30,
+            "ada's 256 MiB array in her process's memory in the books",
+        )
+        assert entry["process_bytes"] < 4 * GiB, entry
+        assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry
+        seen, now = entry["process"], procs.memory(ada.pid)
+        assert seen["source"] == "smaps_rollup", seen
+        assert seen["age_seconds"] < 5, seen
+        for kind in ("rss", "pss", "anon", "file", "shmem"):  # an idle kernel: what /proc says now
+            assert abs(seen[f"{kind}_bytes"] - getattr(now, kind)) < 16 * MiB, (kind, seen, now)
+        # its libraries' pages are shared (with this test's process, at least): PSS is less
+        assert seen["pss_bytes"] < seen["rss_bytes"], seen
+        assert seen["pss_anon_bytes"] >= 256 * MiB, seen
+        # and summed by tier for Prometheus: ada's kernel is idle, its memory on the card
+        page = wait_for(lambda: metrics_page(port), 10, "the arbiter's metrics page")
+        gauge = next(
+            x for x in page.splitlines() if x.startswith('jupyter_vgpu_kernel_process_pss_bytes{tier="gpu"}')
+        )
+        assert float(gauge.split()[-1]) >= 256 * MiB, gauge
+    finally:
+        ada.shutdown()
+        arbiter.stop()
+
+
+def test_a_paused_kernel_is_asked_once_to_trim_when_the_host_is_short(tmp_path):
+    """Ada's cell builds about 400 MB of 4 kB buffers and drops 63 of every 64: the freed
+    pages stay resident in her heap. Her kernel trims nothing on its own
+    (``trim_when_paused`` off), so only the arbiter's question gives them back: once she
+    is paused and the host's available memory is under the reserve (a reserve larger
+    than the host), the arbiter asks her to trim, once in that pause, and says what her
+    process's memory did, read from /proc."""
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.host_reserve=64T").start()
+    ada = start_kernel(tmp_path, arbiter, "ada", args=("--VGPUKernel.trim_when_paused=False",))
+    try:
+        base = procs.private_bytes(ada.pid)
+        ada.run("blocks = [bytearray(4000) for _ in range(100_000)]\nkept = blocks[::64]\ndel blocks")
+        held = procs.private_bytes(ada.pid)
+        assert held - base >= 300 * MiB, (base, held)  # the freed buffers are still resident
+        ada.run("%vgpu pause")
+        wait_for(lambda: state_of(arbiter, ada) == "paused", 30, "ada paused")
+        wait_for(
+            lambda: procs.private_bytes(ada.pid) < held - 250 * MiB,
+            30,
+            "the arbiter to ask paused ada to trim, and her heap's free pages to go back",
+        )
+        asked = wait_for(
+            lambda: [d for d in arbiter.books()["decisions"] if d["what"] == "trim" and d["pid"] == ada.pid],
+            10,
+            "the trim in the decisions",
+        )
+        assert "anonymous" in asked[0]["message"], asked
+        time.sleep(2)  # four background looks later, still short: she is not asked again
+        again = [d for d in arbiter.books()["decisions"] if d["what"] in ("trim", "trim refused")]
+        assert len(again) == 1, again
+        assert ada.run("print(len(kept), bytes(kept[-1][:3]))").strip() == "1563 b'\\x00\\x00\\x00'"
+    finally:
+        ada.shutdown()
+        arbiter.stop()
 
 
 def test_a_kernel_of_two_cards_gets_room_on_each(tmp_path, arbiter):

@@ -146,3 +146,42 @@ def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_deci
         assert sessions.arbiter_counts(arbiter) == {"pauses": 0, "suspends": 0, "spills": 0, "prefetches": 0}
     finally:
         arbiter.stop()
+
+
+def test_sessions_report_each_kernel_processs_host_memory_from_the_arbiters_books(tmp_path, monkeypatch):
+    """The run's output carries the kernels' own host memory at its end (PSS, anonymous,
+    RSS: mean, max, sum), from a real arbiter's books about a real kernel."""
+    import argparse
+
+    from jupyter_vgpu.slice import Slice
+    from jupyter_vgpu.testing.kernel_runner import Kernel
+    from jupyter_vgpu.testing.waiting import wait_for
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    ask = argparse.Namespace(watermark=0.6, suspend_after=3600.0, host_memory_limit="")
+    arbiter = sessions.start_arbiter(tmp_path, ask)
+    env = {"JUPYTER_VGPU_ARBITER": str(arbiter.socket), "JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": ""}
+    kernel = None
+    try:
+        assert sessions.process_figures(arbiter.books()) == {
+            "kernels": 0, "pss_bytes": None, "anon_bytes": None, "rss_bytes": None,
+        }  # fmt: skip
+        kernel = Kernel(tmp_path, env)
+        with arbiter.control() as c:
+            c.register(kernel.pid, "ada", "", Slice("GPU-sim", 0, "card", 2**30, 2**29, 50, simulated=True))
+        books = wait_for(
+            lambda: (b := arbiter.books())["kernels"] and b["kernels"][0]["process"] and b,
+            30,
+            "the kernel's process measured in the books",
+        )
+        figures = sessions.process_figures(books)
+        seen = books["kernels"][0]["process"]
+        assert figures["kernels"] == 1
+        for key in ("pss_bytes", "anon_bytes", "rss_bytes"):
+            assert figures[key] == {"mean": seen[key], "max": seen[key], "sum": seen[key]}, (key, figures)
+        assert 0 < figures["pss_bytes"]["sum"] < figures["rss_bytes"]["sum"]  # its libraries are shared
+    finally:
+        if kernel is not None:
+            kernel.shutdown()
+        arbiter.stop()

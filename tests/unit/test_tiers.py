@@ -43,6 +43,26 @@ def test_a_kernel_says_its_tier():
     assert kernel(1, SUSPENDED).tier == "suspended"
 
 
+def test_paused_kernels_are_asked_to_trim_once_per_pause_and_only_when_the_host_is_short():
+    """What a paused kernel gives back on a trim (its heap's free pages, pinned memory past
+    its data) is outside the books: a budget over its mark is no reason to ask it, the
+    host's available memory under the reserve is; and once asked, not again until its
+    next pause."""
+    now = time.monotonic()
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=50 * MiB, reserve=GiB)
+    cold = kernel(1, PAUSED, host=60 * MiB, idle=300)
+    on_disk = kernel(2, PAUSED, disk_bytes=5 * MiB, idle=10)  # no host bytes: its process is still there
+    idle = kernel(3, IDLE, host=0)
+    everyone = [on_disk, cold, idle]
+    assert tiers.to_trim(everyone, budget, 10 * GiB, now) == []  # over the mark; the host is not short
+    assert tiers.to_trim(everyone, budget, 0, now) == [cold, on_disk]  # short: coldest first
+    cold.trim_asked = time.monotonic()
+    assert tiers.to_trim(everyone, budget, 0, now) == [on_disk]  # asked once during this pause
+    cold.since = time.monotonic() + 1  # paused anew (the state message after a resume)
+    assert tiers.paused_to_trim(everyone, now) == [on_disk, cold]
+    assert tiers.paused_to_trim(everyone, now, exclude=(on_disk,)) == [cold]
+
+
 def test_the_coldest_paused_kernels_spill_until_under_the_mark():
     now = time.monotonic()
     cold, warm, idle = kernel(1, host=40 * MiB, idle=100), kernel(2, host=40 * MiB, idle=10), kernel(3, IDLE)

@@ -105,9 +105,13 @@ class HostPath:
             self._stream = torch.cuda.Stream(torch.device("cuda", self.device))
         return self._buffers, self._events, self._stream
 
-    def release_buffers(self) -> None:
-        """Give the pinned buffers back (they are made again on next use)."""
+    def release_buffers(self) -> int:
+        """Give the pinned staging buffers back to PyTorch's cache of pinned memory (they
+        are made again on next use); returns their bytes. The caller holds what keeps
+        :meth:`pack` and :meth:`unpack` from running meanwhile (the engine's lock)."""
+        released = sum(b.numel() for b in self._buffers)
         self._buffers, self._events = [], []
+        return released
 
     def _pieces(self, length: int) -> list[tuple[int, int]]:
         return [(off, min(self.piece_bytes, length - off)) for off in range(0, length, self.piece_bytes)]

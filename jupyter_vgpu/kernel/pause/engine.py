@@ -627,10 +627,13 @@ class PauseEngine:
 
     def trim(self) -> int:
         """Let go of the pinned slabs kept warm for the next pause (which will then pin
-        again, slowly); returns the bytes given back to the system. Slabs holding paused
-        data stay."""
+        again, slowly) and of the host path's pinned staging buffers (:data:`.codec.host.RING`
+        of ``piece_bytes``, 96 MiB, made again by its next use); returns the pinned bytes
+        given back to the system. Slabs holding paused data stay. The GPU path's work areas
+        (:class:`.workarea.WorkArea`) are device memory, released after each pause and
+        resume already: nothing of them is on the host."""
         with self._lock, self.vmm.machinery():
-            freed = self.arena.trim()
+            freed = self.arena.trim() + self.host_path.release_buffers()
             if freed:
                 empty_host_cache(self.torch)
             return freed
