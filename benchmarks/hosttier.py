@@ -92,7 +92,7 @@ def sharing(tmp: Path, mode: str, n: int, weights_gib: int, own_mib: int) -> dic
     ).start()  # fmt: skip
     kernels = []
     try:
-        budget = (weights_gib + 1) * GiB + own_mib * MiB
+        budget = (2 * weights_gib + 3) * GiB + own_mib * MiB  # the fill's fp32 draws on the way
         for i in range(n):
             k = gpu_kernel(tmp, arbiter, f"user{i}", budget)
             kernels.append(k)
