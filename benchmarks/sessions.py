@@ -489,6 +489,10 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "host_total_bytes": host.total,
                 # each kernel process's own host memory at the end, by the arbiter's books
                 "kernel_processes": process_figures(books),
+                # the node's paused pieces held once at the end (issue 42): what the
+                # kernels reference, what is held, and the node's host use counting each once
+                "shared_pieces": {k: v for k, v in books["shared_pieces"].items() if k != "by_pid"},
+                "node_host_used_bytes": books["node"]["host_used"],
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
                 "decisions": [
                     d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")
