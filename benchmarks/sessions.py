@@ -324,6 +324,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     ]
     if args.host_memory_limit:
         settings.append(f"--ArbiterApp.host_memory_limit={args.host_memory_limit}")
+    settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
     arbiter = ArbiterProcess(directory, *settings).start()
     arbiter.metrics_port = port
     return arbiter
@@ -606,6 +607,12 @@ def main() -> None:
         help="seconds a user edits a cell before running it, asking a prefetch as the edit begins (0: none)",
     )
     parser.add_argument(
+        "--share-pieces",
+        choices=("off", "same-user", "all"),
+        default="off",
+        help="the arbiter's share_pieces: paused pieces held once across kernels (default off)",
+    )
+    parser.add_argument(
         "--host-memory-limit",
         default="",
         help="the arbiter's host_memory_limit, e.g. 96G (default: its own, half of the host's memory)",
@@ -705,6 +712,7 @@ def main() -> None:
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         row["seed"] = args.seed
         row["same_checkpoint"] = args.same_checkpoint
+        row["share_pieces"] = args.share_pieces
         row["percentiles"] = RULE  # each run says its rule: a file may hold runs of several
         if row["cells_detail"]:  # had memory cost nothing: the floor of this run's latencies
             row["compute_share"] = of_cells(row["cells_detail"], len(gpus), result["solo_cell_s"])

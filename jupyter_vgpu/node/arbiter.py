@@ -56,6 +56,7 @@ from .cards import Reading
 from .decisions import DecisionLog
 from .enforcement import Enforcement
 from .journal import Journal
+from .limits import pieces_within
 from .metrics import Metrics
 from .moves import Moves
 from .piece_socket import PieceSocket
@@ -118,7 +119,7 @@ class Arbiter(Registry):
         self.tiering = Tiering(self)
         self.process_memory = ProcessMemory(self)
         self.enforcement = Enforcement(self)
-        self.pieces = PieceSocket(self, SharedPieces(getattr(config, "share_pieces", "off")))
+        self.pieces = PieceSocket(self, SharedPieces(getattr(config, "share_pieces", "off"), pieces_within()))
 
     # -- the books -------------------------------------------------------------------
 

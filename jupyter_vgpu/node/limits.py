@@ -39,6 +39,20 @@ def raise_descriptor_limit() -> int:
     return want
 
 
+def pieces_within(descriptors: int | None = None) -> int:
+    """Distinct shared pieces the arbiter may hold (:class:`.shared_pieces.SharedPieces`,
+    one open memfd each) within ``descriptors`` open files (default: this process's soft
+    limit now): half of them, less 1,024 for kernels' connections, logs and ``/proc``
+    reads. A node that runs out of descriptors can accept no kernel and read no process,
+    so sharing gives way first: past this, offers of new bytes are refused and kernels
+    keep their own copies."""
+    if descriptors is None:
+        descriptors = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if descriptors == resource.RLIM_INFINITY:
+            descriptors = MOST_DESCRIPTORS
+    return max(0, descriptors // 2 - 1024)
+
+
 class RateLimit(logging.Filter):
     """A logging filter: at most :data:`BURST` records of one kind (logger, level,
     message template and its first argument: the kind of a decision) per :data:`PERIOD`

@@ -92,12 +92,14 @@ class SharedPieces:
 
     Args:
         scope: who may share a piece, one of :data:`SCOPES`.
+        max_pieces: distinct pieces held at most, or None (each keeps a descriptor open:
+            :func:`.limits.pieces_within` leaves room for the arbiter's other files).
 
     Every method may be called from any thread (one lock; comparisons run under it, each
     of at most :data:`MAX_PIECE_BYTES`).
     """
 
-    def __init__(self, scope: str = "all"):
+    def __init__(self, scope: str = "all", max_pieces: int | None = None):
         if scope not in SCOPES:
             raise ValueError(f"share_pieces must be one of {', '.join(SCOPES)}, not {scope!r}")
         self.scope = scope
@@ -105,6 +107,10 @@ class SharedPieces:
         self._by_key: dict[tuple[str | None, bytes], list[_Piece]] = {}
         self._offered: dict[Hashable, int] = {}  # holder -> bytes it references
         self._held = 0  # bytes of distinct pieces
+        self._count = 0  # distinct pieces, each one open descriptor
+        #: distinct pieces held at most (each keeps a descriptor open): offers of new
+        #: bytes past it are refused; None: no cap
+        self.max_pieces = max_pieces
 
     def offer(self, holder: Hashable, user: str, key: bytes, fd: int, cap: int) -> Offer:
         """Take a kernel's piece: share it with an identical piece of the scope, or keep
@@ -146,7 +152,12 @@ class SharedPieces:
                         self._offered[holder] = self._offered.get(holder, 0) + size
                         return Offer(True, os.dup(piece.fd), size)
                 self._held += size
+                if self.max_pieces is not None and self._count >= self.max_pieces:
+                    raise PieceRefused(
+                        f"the node holds {self._count} distinct pieces, its most (one open file each)"
+                    )
                 self._by_key.setdefault((scope, key), []).append(_Piece(key, scope, size, fd, {holder: 1}))
+                self._count += 1
                 self._offered[holder] = self._offered.get(holder, 0) + size
                 kept = True
                 return Offer(False, None, size)
@@ -171,6 +182,7 @@ class SharedPieces:
                         pieces.remove(piece)
                         freed += piece.size
                         self._held -= piece.size
+                        self._count -= 1
                 if not pieces:
                     del self._by_key[where]
         return freed
@@ -207,7 +219,7 @@ class SharedPieces:
                     os.close(p.fd)
             self._by_key.clear()
             self._offered.clear()
-            self._held = 0
+            self._held = self._count = 0
 
 
 def _sealed_size(fd: int) -> int:

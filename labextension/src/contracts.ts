@@ -77,7 +77,7 @@ export interface IPauseStats {
    * where the time of the last resume from the disk tier went (kernel.pause.spill.DiskResume);
    * null before one
    */
-  last_resume_disk?: { seconds: number; read_wait_s: number; unpack_s: number; read_s: number; bytes_read: number; read_bytes_per_s: number | null; windows: number; direct: boolean | null; buffers: number; window_bytes: number; threads: number; task_bytes: number; } | null;
+  last_resume_disk?: { seconds: number; read_wait_s: number; unpack_s: number; read_s: number; bytes_read: number; read_bytes_per_s: number | null; windows: number; direct: boolean | null; buffers: number; window_bytes: number; threads: number; task_bytes: number; before_s?: number; } | null;
 }
 
 /**

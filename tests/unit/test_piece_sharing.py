@@ -148,3 +148,22 @@ def test_clean_copy_zeroes_only_the_padding():
     expect[32:65] = 7
     assert np.array_equal(got, expect)
     assert bytes(arena.slabs[slab][start : start + 80].numpy()) == bytes([7]) * 80  # the slab is untouched
+
+
+def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_offering(tmp_path):
+    process = ArbiterProcess(tmp_path, "--ArbiterApp.share_pieces=off").start()  # no pieces socket
+    k = start_kernel(tmp_path, process, "ada", ROOMY)
+    try:
+        k.run(HOLD + SETUP)
+        out = k.run(
+            "todo = [(pieces, i) for i in range(6)]\n"
+            "first = sharing.share(todo, arena, lock, lambda: True)\n"
+            "print(first, [p.slab for p in pieces] == slabs_before, intact(), sharing.broken is not None,"
+            " sharing.share(todo, arena, lock, lambda: True), sharing.figures()['offered'])"
+        )
+        # nothing moved, nothing lost; no second try (a late answer would be the next one's)
+        assert out.strip() == "0 True True True 0 0", out
+        assert "cannot reach the arbiter's pieces socket" in k.run("print(sharing.broken)")
+    finally:
+        k.shutdown()
+        process.stop()

@@ -196,3 +196,21 @@ def test_the_key_is_the_pieces_layout_and_every_chunks_crc():
     assert piece_key(8 * MiB - 1, 4, kinds, sizes, crcs, fills) != key
     with pytest.raises(ValueError, match="one per chunk"):
         piece_key(8 * MiB, 4, kinds, sizes[:2], crcs, fills)
+
+
+def test_past_its_most_pieces_the_node_refuses_new_bytes_but_still_shares_what_it_holds():
+    from jupyter_vgpu.node.limits import pieces_within
+
+    assert (pieces_within(4096), pieces_within(1024), pieces_within(1 << 20)) == (1024, 0, (1 << 19) - 1024)
+    store = SharedPieces(max_pieces=1)
+    base = weights(8)
+    store.offer(("ada", 1), "ada", KEY, sealed(base), cap=64 * MiB)
+    with pytest.raises(PieceRefused, match="the node holds 1 distinct pieces, its most"):
+        store.offer(("ada", 1), "ada", b"o" * 32, sealed(weights(9)), cap=64 * MiB)
+    shared = store.offer(("bob", 2), "bob", KEY, sealed(base), cap=64 * MiB)  # held already: shared
+    os.close(shared.fd)
+    assert shared.shared
+    assert store.release(("ada", 1)) == 0
+    assert store.release(("bob", 2)) == len(base)
+    store.offer(("eve", 3), "eve", b"o" * 32, sealed(weights(9)), cap=64 * MiB)  # room again
+    assert store.figures()["pieces"] == 1

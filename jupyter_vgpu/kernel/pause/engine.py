@@ -461,7 +461,8 @@ class PauseEngine:
             ]
             if on_device and self._spill is not None:  # from the disk tier, streamed
                 used.add(f"{self.device_codec.name}, from disk")
-                self.last_resume_disk = spill.DiskResume()  # kept, a failed resume's too
+                before = time.perf_counter() - t0
+                self.last_resume_disk = spill.DiskResume(before_s=before)  # kept, a failed one's too
                 spill.unpack(
                     self.device_codec, on_device, self._spill, self._pinned, figures=self.last_resume_disk
                 )
@@ -495,7 +496,7 @@ class PauseEngine:
         if self.sharing is not None:
             self.sharing.retire()  # let go in the background (:meth:`let_go_shared`)
         if self._spill is not None:
-            self._spill.remove()
+            self._spill.remove_later()  # its blocks freed off the resume's path
             self._spill = None
         self.last_resume = Outcome(
             time.perf_counter() - t0, self.paused_bytes, live_bytes, host, tuple(sorted(used))
@@ -609,10 +610,11 @@ class PauseEngine:
         with self._lock:
             if self.sharing is None or self.state != PauseState.PAUSED or self._spill is not None:
                 return 0
-            pieces = [(r.pieces, i) for p in self._paused for r in p.ranges if r.path == "device"
+            this = self._paused  # this pause: a later one (after a resume) is another list
+            pieces = [(r.pieces, i) for p in this for r in p.ranges if r.path == "device"
                       for i, piece in enumerate(r.pieces) if piece.slab >= 0 and piece.span]  # fmt: skip
         with self.vmm.machinery():
-            still = lambda: self.state == PauseState.PAUSED and self._spill is None  # noqa: E731
+            still = lambda: self._paused is this and self.state == PauseState.PAUSED and self._spill is None  # noqa: E731
             released = self.sharing.share(pieces, self.arena, self._lock, still, keep_going)
             if released:
                 empty_host_cache(self.torch)

@@ -37,6 +37,12 @@ class PieceError(RuntimeError):
     The kernel keeps its own copy of the piece."""
 
 
+class Refused(PieceError):
+    """The arbiter answered, and refused (sharing off, a cap reached): the connection
+    stays good. Any other :class:`PieceError` leaves it unusable (an answer that comes
+    late would be taken for the next one's): close it."""
+
+
 @dataclasses.dataclass
 class Held:
     """A piece the kernel now reads from a mapping instead of its own memory.
@@ -116,7 +122,7 @@ class PieceClient:
             for extra in fds:
                 os.close(extra)
             why = answer.get("message", f"it answered {answer['type']}")
-            raise PieceError(f"the arbiter refused the piece: {why}")
+            raise Refused(f"the arbiter refused the piece: {why}")
         size = int(answer["size"])
         if not answer.get("shared"):
             return Held(own, False, size)

@@ -41,7 +41,7 @@ import numpy as np
 
 from jupyter_vgpu.host.pieces import piece_key
 
-from .piece_client import Held, PieceClient, PieceError
+from .piece_client import Held, PieceClient, PieceError, Refused
 
 log = logging.getLogger("jupyter_vgpu")
 
@@ -106,6 +106,9 @@ class PieceSharing:
         self._connect = connect
         self.pinning = pinning
         self._client: PieceClient | None = None
+        #: why offers stopped for good (the connection failed: no answer, a hang-up, an
+        #: answer that breaks its contract), or None
+        self.broken: str | None = None
         self._lock = threading.Lock()  # guards the lists; offers are serialised by the caller
         self._mapped: list[_Mapped] = []  # read by the paused engine now
         self._retired: list[_Mapped] = []  # read no more: to let go
@@ -124,10 +127,14 @@ class PieceSharing:
         all moved. Returns the bytes of pinned slabs given back (the caller empties
         PyTorch's pinned-memory cache for them to reach the system).
 
-        A refusal (sharing off on the node, the cap of the kernel's paused bytes) stops
-        the round: the pieces not offered stay in their slabs.
+        A refusal (sharing off on the node, the cap of the kernel's paused bytes, the
+        node's most pieces) stops the round: the pieces not offered stay in their slabs.
+        A connection that fails (no answer in time, a hang-up) stops offers for good
+        (:attr:`broken`): an answer that came late would be read as the next offer's.
         """
         t0 = time.perf_counter()
+        if self.broken is not None:
+            return 0
         left: dict[int, int] = {}  # slab -> its pieces not moved yet
         for holder, i in pieces:
             left[holder[i].slab] = left.get(holder[i].slab, 0) + 1
@@ -163,6 +170,11 @@ class PieceSharing:
         except PieceError as e:
             with self._lock:
                 self._figures["refused"] = str(e)
+            if not isinstance(e, Refused):  # a late answer would be read as the next one's
+                self.broken = str(e)
+                if self._client is not None:
+                    self._client.close()
+                    self._client = None
             log.info("jupyter-vgpu: paused pieces stay the kernel's own: %s", e)
             return None
         array = np.frombuffer(held.view, dtype=np.uint8)
@@ -215,8 +227,10 @@ class PieceSharing:
             m.array = None
             m.held.view.close()
             closed += m.held.size
-        if retired and not mapped_now and self._client is not None:
+        if retired and not mapped_now and (self._client is not None or self.broken is not None):
             try:
+                if self._client is None:  # a fresh connection, for this alone
+                    self._client = self._connect()
                 self._client.release()
             except (PieceError, OSError) as e:  # the arbiter drops them when the kernel ends
                 log.info("jupyter-vgpu: the arbiter did not take back this kernel's pieces: %s", e)

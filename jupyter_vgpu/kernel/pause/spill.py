@@ -40,6 +40,7 @@ import ctypes
 import dataclasses
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -182,6 +183,13 @@ class SpillFile:
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
+    def remove_later(self) -> threading.Thread:
+        """:meth:`remove` in a thread of its own: unlinking a file of gigabytes frees its
+        blocks, which took long enough to matter to a resume that waited for it."""
+        t = threading.Thread(target=self.remove, name="jupyter-vgpu-unlink", daemon=True)
+        t.start()
+        return t
+
 
 def _write_all(fd: int, data) -> None:
     view = memoryview(data).cast("B")
@@ -250,6 +258,8 @@ class DiskResume:
         direct: whether every read bypassed the page cache (None: nothing was read).
         buffers: pinned buffers of the pipeline; ``window_bytes``: bytes of each window.
         threads: reads at once; ``task_bytes``: most bytes of one read.
+        before_s: seconds of the resume before :func:`unpack` (the device memory mapped
+            back, the codec's scratch taken), set by the engine.
     """
 
     seconds: float = 0.0
@@ -264,6 +274,7 @@ class DiskResume:
     window_bytes: int = WINDOW
     threads: int = READ_THREADS
     task_bytes: int = TASK_BYTES
+    before_s: float = 0.0
 
 
 def unpack(
