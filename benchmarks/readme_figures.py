@@ -631,7 +631,26 @@ def _host_budget() -> dict:
     }
 
 
+def _hosttier() -> dict:
+    runs = load("hosttier-h100.json")["sharing"]
+    off, on = runs["off"], runs["all"]
+    return {
+        "n": str(off["kernels"]),
+        "weights": f"{off['weights_bytes'] / 2**30:.0f}",
+        "own": f"{off['own_bytes'] / 2**20:.0f}",
+        "off": fig(off["host_bytes_per_kernel"] / 1e9, 2),
+        "on": fig(on["host_bytes_per_kernel"] / 1e9, 2),
+    }
+
+
 CLAIMS = [
+    Claim(
+        "hosttier: pieces held once",
+        "hosttier-h100.json",
+        "kernels holding the same {weights} GiB of bf16 weights and {own} MiB of their\nown held {off} GB of "
+        "host memory each when paused, and {on} GB each with sharing on",
+        _hosttier,
+    ),
     Claim(
         "liveness: answers",
         "liveness-h100.json",
