@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,10 @@ class PieceSocket:
         self.store = store
         self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task] = set()
+        # the store's work (comparisons of up to 16 MiB, under its one lock) on a thread
+        # of its own: queued in the event loop's default executor, offers of many kernels
+        # at once would delay what the arbiter reads there (the cards, for room)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="jupyter-vgpu-pieces")
 
     def start(self, path: Path) -> None:
         """Listen on ``path`` (in the arbiter's checked socket directory; anyone may
@@ -88,6 +93,7 @@ class PieceSocket:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._worker.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
     def release(self, kernel: Kernel) -> None:
@@ -155,8 +161,10 @@ class PieceSocket:
                 lean.validate_message("to-pieces", msg)
             except (ValueError, RecursionError) as e:  # ContractError is a ValueError
                 return _refused(str(e) if isinstance(e, ContractError) else "not a JSON object"), None
+            loop = asyncio.get_running_loop()
             if msg["type"] == "release":
-                return {"type": "released", "bytes": self.store.release(_holder(kernel))}, None
+                freed = await loop.run_in_executor(self._worker, self.store.release, _holder(kernel))
+                return {"type": "released", "bytes": freed}, None
             if len(fds) != 1:
                 return _refused("an offer comes with one descriptor, the piece's memfd"), None
             try:
@@ -165,8 +173,8 @@ class PieceSocket:
                 return _refused("offer.key: must be 64 hexadecimal digits"), None
             fd = fds.pop()
             try:
-                outcome = await asyncio.to_thread(
-                    self.store.offer, _holder(kernel), kernel.server.user, key, fd, _cap(kernel)
+                outcome = await loop.run_in_executor(
+                    self._worker, self.store.offer, _holder(kernel), kernel.server.user, key, fd, _cap(kernel)
                 )
             except PieceRefused as e:
                 return _refused(str(e)), None
