@@ -45,6 +45,8 @@ import stat
 import threading
 from collections.abc import Hashable
 
+import numpy as np
+
 from jupyter_vgpu.host.pieces import MAX_PIECE_BYTES, SEALS, piece_key
 
 __all__ = ["MAX_PIECE_BYTES", "SCOPES", "SEALS", "Offer", "PieceRefused", "SharedPieces", "piece_key"]
@@ -242,17 +244,18 @@ def _sealed_size(fd: int) -> int:
 
 def _same_bytes(a: int, b: int, size: int) -> bool:
     """Whether the first ``size`` bytes of descriptors ``a`` and ``b`` are equal, read
-    through read-only mappings, :data:`COMPARE_WINDOW` at a time."""
+    through read-only mappings, :data:`COMPARE_WINDOW` at a time (a mismatch ends it).
+    Compared as NumPy arrays: ``memoryview`` equality goes item by item, and cost 33 ms
+    for 6 MiB where NumPy took 5 ms, page faults included (measured on a 2-core VM)."""
     with (
         mmap.mmap(a, size, prot=mmap.PROT_READ) as x,
         mmap.mmap(b, size, prot=mmap.PROT_READ) as y,
     ):
-        vx, vy = memoryview(x), memoryview(y)
+        ax, ay = np.frombuffer(x, dtype=np.uint8), np.frombuffer(y, dtype=np.uint8)
         try:
             return all(
-                vx[i : i + COMPARE_WINDOW] == vy[i : i + COMPARE_WINDOW]
+                np.array_equal(ax[i : i + COMPARE_WINDOW], ay[i : i + COMPARE_WINDOW])
                 for i in range(0, size, COMPARE_WINDOW)
             )
         finally:
-            vx.release()
-            vy.release()
+            del ax, ay  # the mappings close only once nothing exports them
