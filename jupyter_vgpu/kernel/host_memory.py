@@ -94,18 +94,23 @@ class HostMemory:
         resident memory, :func:`jupyter_vgpu.host.procs.private_bytes`, bytes),
         ``slabs`` (pinned bytes let go) and ``seconds``. Returns the thread, or None when
         turned off (``VGPUKernel.trim_when_paused``, and no pieces to share) or not paused."""
-        sharing = getattr(self.engine, "sharing", None)
+        sharing = self._shared_pieces()
         if not (self.config.trim_when_paused or sharing) or self.gate.state != g.PAUSED:
             return None
         self._trimming = run_in_thread(self._trim_paused, "trim")
         return self._trimming
+
+    def _shared_pieces(self):
+        """The engine's :class:`.pause.sharing.PieceSharing`, or None (no engine, sharing
+        off, or an engine of several cards, which keeps its pieces)."""
+        return getattr(self.engine, "sharing", None)
 
     def let_go_shared(self) -> threading.Thread | None:
         """Once the kernel is back on the GPU: close, in a thread of its own, the mappings
         of the node's shared pieces its resume read, and drop its references to them at
         the arbiter (:meth:`.pause.engine.PauseEngine.let_go_shared`); the arbiter hears
         of the host memory given back. Returns the thread, or None: nothing to let go."""
-        sharing = getattr(self.engine, "sharing", None)
+        sharing = self._shared_pieces()
         if sharing is None or not sharing.retired:
             return None
         return run_in_thread(self._let_go_shared, "let-go")
@@ -137,7 +142,7 @@ class HostMemory:
         :attr:`last_trim`, as :meth:`trim_while_paused`'s. The heap is left as it is when
         ``VGPUKernel.trim_when_paused`` is off."""
         self.trimmed(self.config.gate_timeout)
-        sharing = getattr(self.engine, "sharing", None)
+        sharing = self._shared_pieces()
         if sharing is not None:  # the checkpoint is not told of memory registered as pinned
             with self._plain(), self.own_calls():
                 sharing.unpin()
@@ -150,7 +155,7 @@ class HostMemory:
         slabs = 0
         try:
             engine = self.engine
-            if slabs_too and getattr(engine, "sharing", None) is not None:
+            if slabs_too and self._shared_pieces() is not None:
                 with self._plain():
                     slabs += engine.share(lambda: self.gate.state == g.PAUSED)
             trim = slabs_too and self.config.trim_when_paused

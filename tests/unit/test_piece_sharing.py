@@ -49,6 +49,7 @@ for k in range(6):  # weights: the same in every kernel (seed k); 3 pieces a sla
                         np.array([k, 1, 2, 3], np.uint32), np.zeros(4, np.uint8), slab, start, offsets, span,
                         int(sizes.sum()), True))
 held_before, slabs_before = arena.held_bytes, [p.slab for p in pieces]
+todo = [(pieces, i) for i in range(6)]  # every piece, as the engine lists them
 sharing = PieceSharing(lambda: PieceClient(socket_beside(os.environ["JUPYTER_VGPU_ARBITER"])))
 lock = threading.Lock()
 def intact():
@@ -81,7 +82,7 @@ def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_
         for k in kernels:
             out = k.run(
                 "n = len(arena.slabs)\n"
-                "released = sharing.share([(pieces, i) for i in range(6)], arena, lock, lambda: True)\n"
+                "released = sharing.share(todo, arena, lock, lambda: True)\n"
                 "print(released == held_before > 0, arena.held_bytes, intact(),"
                 " [p.slab for p in pieces] == list(range(n, n + 6)))"
             )
@@ -116,7 +117,6 @@ def test_a_round_stops_when_the_kernel_is_wanted_back_and_leaves_the_rest_in_the
         k.run(HOLD + SETUP)
         out = k.run(
             "asked = iter([True, True, False])\n"
-            "todo = [(pieces, i) for i in range(6)]\n"
             "released = sharing.share(todo, arena, lock, lambda: True, lambda: next(asked))\n"
             "n, first = len(arena.slabs), slabs_before[0]\n"
             "whole = slabs_before.count(first) == 2  # the first slab held just those two\n"
@@ -156,7 +156,6 @@ def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_off
     try:
         k.run(HOLD + SETUP)
         out = k.run(
-            "todo = [(pieces, i) for i in range(6)]\n"
             "first = sharing.share(todo, arena, lock, lambda: True)\n"
             "print(first, [p.slab for p in pieces] == slabs_before, intact(), sharing.broken is not None,"
             " sharing.share(todo, arena, lock, lambda: True), sharing.figures()['offered'])"
