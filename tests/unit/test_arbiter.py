@@ -233,11 +233,23 @@ def test_the_books_show_each_kernel_processs_own_host_memory(tmp_path):
         )
         assert entry["process_bytes"] < 4 * GiB, entry
         assert 256 * MiB <= entry["process_private_bytes"] <= entry["process_bytes"], entry
-        seen, now = entry["process"], procs.memory(ada.pid)
+        kinds = ("rss", "pss", "anon", "file", "shmem")
+        last: list = []
+
+        def agree() -> dict | None:
+            """The books' figures, where every kind is within 16 MiB of /proc's now."""
+            seen, now = arbiter.kernel(ada.pid)["process"], procs.memory(ada.pid)
+            last[:] = [seen, now]
+            return seen if all(abs(seen[f"{k}_bytes"] - getattr(now, k)) < 16 * MiB for k in kinds) else None
+
+        # a kernel just done with a cell still loads pages for a moment (its reports, lazy
+        # imports): the books' look, twice a second, agrees with /proc once it is quiet
+        try:
+            seen = wait_for(agree, 30, "the books' figures of ada's process within 16 MiB of /proc's")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; books and /proc last: {last}") from None
         assert seen["source"] == "smaps_rollup", seen
         assert seen["age_seconds"] < 5, seen
-        for kind in ("rss", "pss", "anon", "file", "shmem"):  # an idle kernel: what /proc says now
-            assert abs(seen[f"{kind}_bytes"] - getattr(now, kind)) < 16 * MiB, (kind, seen, now)
         # its libraries' pages are shared (with this test's process, at least): PSS is less
         assert seen["pss_bytes"] < seen["rss_bytes"], seen
         assert seen["pss_anon_bytes"] >= 256 * MiB, seen
