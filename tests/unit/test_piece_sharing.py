@@ -150,6 +150,26 @@ def test_clean_copy_zeroes_only_the_padding():
     assert bytes(arena.slabs[slab][start : start + 80].numpy()) == bytes([7]) * 80  # the slab is untouched
 
 
+def test_each_round_of_offers_has_a_connection_of_its_own(tmp_path, arbiter):
+    # A kernel stays paused for minutes between two rounds, longer than the arbiter keeps
+    # a silent client (piece_socket.IDLE_SECONDS): a connection kept from the last round
+    # would be hung up on, and the next round would share nothing.
+    k = start_kernel(tmp_path, arbiter, "ada", ROOMY)
+    try:
+        k.run(HOLD + SETUP)
+        out = k.run(
+            "asked = iter([True, True, True, False])\n"
+            "sharing.share(todo, arena, lock, lambda: True, lambda: next(asked))\n"
+            "first = (sharing.figures()['offered'], sharing._client is None)\n"
+            "sharing.share(todo[3:], arena, lock, lambda: True)\n"
+            "print(*first, sharing.figures()['offered'], sharing._client is None, sharing.broken, intact())"
+        )
+        assert out.strip() == "3 True 6 True None True", out
+        assert arbiter.books()["shared_pieces"]["pieces"] == 6
+    finally:
+        k.shutdown()
+
+
 def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_offering(tmp_path):
     process = ArbiterProcess(tmp_path, "--ArbiterApp.share_pieces=off").start()  # no pieces socket
     k = start_kernel(tmp_path, process, "ada", ROOMY)
@@ -160,7 +180,7 @@ def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_off
             "print(first, [p.slab for p in pieces] == slabs_before, intact(), sharing.broken is not None,"
             " sharing.share(todo, arena, lock, lambda: True), sharing.figures()['offered'])"
         )
-        # nothing moved, nothing lost; no second try (a late answer would be the next one's)
+        # nothing moved, nothing lost; the second round tries anew, and fails the same way
         assert out.strip() == "0 True True True 0 0", out
         assert "cannot reach the arbiter's pieces socket" in k.run("print(sharing.broken)")
     finally:

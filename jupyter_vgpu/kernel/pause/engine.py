@@ -595,17 +595,15 @@ class PauseEngine:
             return self.arena.prepare(self.pinned_ahead_target(), keep_going)
 
     def host_held(self) -> int:
-        """Host memory held for paused data now, bytes: the pinned slabs (warm ones
-        included, kept for the next pause), the store's entries in memory and the pieces
-        read from the node's shared pieces (each whole, shared or not: the node arbiter
-        counts each shared piece once against its host budget)."""
+        """Host memory held for paused data now, bytes: the pinned slabs (warm ones included),
+        the store's entries in memory and the pieces read from the node's shared pieces (each
+        whole, shared or not: the node arbiter counts each once against its host budget)."""
         mapped = self.sharing.mapped_bytes() if self.sharing is not None else 0
         return self.arena.held_bytes + self.store.in_memory() + mapped
 
     def share(self, keep_going=lambda: True) -> int:
-        """Offer the GPU path's paused pieces to the node's shared pieces, after a pause, in
-        the background (:meth:`.sharing.PieceSharing.share`, one piece at a time under the
-        engine's lock, until ``keep_going()`` is False or the kernel is wanted back);
+        """After a pause, in the background: :meth:`.sharing.PieceSharing.share` of the GPU
+        path's paused pieces, until ``keep_going()`` is False or the kernel is wanted back;
         returns the bytes of pinned slabs given back (0: no :attr:`sharing`, or spilled)."""
         with self._lock:
             if self.sharing is None or self.state != PauseState.PAUSED or self._spill is not None:
@@ -621,19 +619,22 @@ class PauseEngine:
         return released
 
     def let_go_shared(self) -> int:
-        """After a resume, in the background: :meth:`.sharing.PieceSharing.let_go`."""
+        """After a resume, in the background: :meth:`.sharing.PieceSharing.let_go`; a
+        pause waits only for the references dropped, not for the mappings closed."""
         if self.sharing is None:
             return 0
+        with self.vmm.machinery():
+            closed = self.sharing.close_retired()
         with self._lock, self.vmm.machinery():
-            return self.sharing.let_go()
+            self.sharing.drop_references()
+        return closed
 
     def trim(self) -> int:
-        """Let go of the pinned slabs kept warm for the next pause (which will then pin
-        again, slowly) and of the host path's pinned staging buffers (:data:`.codec.host.RING`
-        of ``piece_bytes``, 96 MiB, made again by its next use); returns the pinned bytes
-        given back to the system. Slabs holding paused data stay. The GPU path's work areas
-        (:class:`.workarea.WorkArea`) are device memory, released after each pause and
-        resume already: nothing of them is on the host."""
+        """Let go of the pinned slabs kept warm for the next pause (which pins again,
+        slowly) and of the host path's pinned staging (:data:`.codec.host.RING` of
+        ``piece_bytes``, 96 MiB, made again by its next use); returns the pinned bytes
+        given back. Slabs holding paused data stay; the GPU path's work areas are device
+        memory, released after each pause and resume."""
         with self._lock, self.vmm.machinery():
             freed = self.arena.trim() + self.host_path.release_buffers()
             if freed:
@@ -642,8 +643,7 @@ class PauseEngine:
 
     def disk_bytes(self) -> int:
         """Bytes of paused data in the disk tier (the spill file and the store's files)."""
-        spilled = self._spill.nbytes if self._spill is not None else 0
-        return spilled + self.store.stats()["disk_bytes"]
+        return (self._spill.nbytes if self._spill is not None else 0) + self.store.stats()["disk_bytes"]
 
     def _unmap(self, mapped: list[_Paused]) -> None:
         for p in mapped:

@@ -105,10 +105,11 @@ class PieceSharing:
     def __init__(self, connect: Callable[[], PieceClient], pinning: Pinning | None = None):
         self._connect = connect
         self.pinning = pinning
-        self._client: PieceClient | None = None
-        #: why offers stopped for good (the connection failed: no answer, a hang-up, an
-        #: answer that breaks its contract), or None
+        self._client: PieceClient | None = None  # during a round of offers only
+        #: why the last round's connection failed (no answer, a hang-up, an answer that
+        #: breaks its contract, no socket), or None; the next round connects anew
         self.broken: str | None = None
+        self._referenced = False  # the arbiter may hold references of this kernel's
         self._lock = threading.Lock()  # guards the lists; offers are serialised by the caller
         self._mapped: list[_Mapped] = []  # read by the paused engine now
         self._retired: list[_Mapped] = []  # read no more: to let go
@@ -129,30 +130,35 @@ class PieceSharing:
 
         A refusal (sharing off on the node, the cap of the kernel's paused bytes, the
         node's most pieces) stops the round: the pieces not offered stay in their slabs.
-        A connection that fails (no answer in time, a hang-up) stops offers for good
-        (:attr:`broken`): an answer that came late would be read as the next offer's.
+        A connection that fails (no answer in time, a hang-up) stops the round too
+        (:attr:`broken` says why): an answer that came late would be read as the next
+        offer's. Each round has a connection of its own, closed when it ends: a kernel
+        is paused for minutes between two rounds, longer than the arbiter keeps a silent
+        client (:data:`jupyter_vgpu.node.piece_socket.IDLE_SECONDS`).
         """
         t0 = time.perf_counter()
-        if self.broken is not None:
-            return 0
         left: dict[int, int] = {}  # slab -> its pieces not moved yet
         for holder, i in pieces:
             left[holder[i].slab] = left.get(holder[i].slab, 0) + 1
         released = 0
-        for holder, i in pieces:
-            if not keep_going():
-                break
-            with lock:
-                piece = holder[i]
-                if not still_paused() or piece.slab < 0 or piece.slab not in left:
-                    break  # resumed, spilled or moved meanwhile: the round is over
-                mapped = self._offer(piece, arena)
-                if mapped is None:
+        self.broken = None
+        try:
+            for holder, i in pieces:
+                if not keep_going():
                     break
-                holder[i] = dataclasses.replace(piece, slab=arena.adopt(mapped.address), start=0)
-                left[piece.slab] -= 1
-                if left[piece.slab] == 0:
-                    released += arena.release(piece.slab)
+                with lock:
+                    piece = holder[i]
+                    if not still_paused() or piece.slab < 0 or piece.slab not in left:
+                        break  # resumed, spilled or moved meanwhile: the round is over
+                    mapped = self._offer(piece, arena)
+                    if mapped is None:
+                        break
+                    holder[i] = dataclasses.replace(piece, slab=arena.adopt(mapped.address), start=0)
+                    left[piece.slab] -= 1
+                    if left[piece.slab] == 0:
+                        released += arena.release(piece.slab)
+        finally:
+            self._hang_up()
         with self._lock:
             self._figures["slabs_released_bytes"] += released
             self._figures["seconds"] = round(time.perf_counter() - t0, 4)
@@ -172,11 +178,10 @@ class PieceSharing:
                 self._figures["refused"] = str(e)
             if not isinstance(e, Refused):  # a late answer would be read as the next one's
                 self.broken = str(e)
-                if self._client is not None:
-                    self._client.close()
-                    self._client = None
+                self._hang_up()
             log.info("jupyter-vgpu: paused pieces stay the kernel's own: %s", e)
             return None
+        self._referenced = True
         array = np.frombuffer(held.view, dtype=np.uint8)
         address = array.ctypes.data
         registered = self.pinning is not None and self.pinning.register(address, held.size)
@@ -214,12 +219,17 @@ class PieceSharing:
                 self.pinning.unregister(m.address)
 
     def let_go(self) -> int:
-        """Unregister and close the retired mappings and drop this kernel's references
-        at the arbiter (all of them: called only while no mapping is read, so before the
-        next round of offers); returns the bytes of mappings closed."""
+        """:meth:`close_retired`, then :meth:`drop_references`; returns the bytes of
+        mappings closed."""
+        closed = self.close_retired()
+        self.drop_references()
+        return closed
+
+    def close_retired(self) -> int:
+        """Unregister and close the retired mappings (no piece reads them: the caller
+        needs no engine lock, and a cell may run meanwhile); returns their bytes."""
         with self._lock:
             retired, self._retired = self._retired, []
-            mapped_now = bool(self._mapped)
         closed = 0
         for m in retired:
             if m.registered and self.pinning is not None:
@@ -227,14 +237,25 @@ class PieceSharing:
             m.array = None
             m.held.view.close()
             closed += m.held.size
-        if retired and not mapped_now and (self._client is not None or self.broken is not None):
-            try:
-                if self._client is None:  # a fresh connection, for this alone
-                    self._client = self._connect()
-                self._client.release()
-            except (PieceError, OSError) as e:  # the arbiter drops them when the kernel ends
-                log.info("jupyter-vgpu: the arbiter did not take back this kernel's pieces: %s", e)
         return closed
+
+    def drop_references(self) -> None:
+        """Drop this kernel's references at the arbiter (all of them, on a connection of
+        its own), when no mapping is read now; the caller holds the engine's lock, so
+        that no round of offers begins meanwhile (its references would go too)."""
+        with self._lock:
+            if self._mapped or self._retired or not self._referenced:
+                return
+        client = None
+        try:
+            client = self._connect()
+            client.release()
+            self._referenced = False
+        except (PieceError, OSError) as e:  # the arbiter drops them when the kernel ends
+            log.info("jupyter-vgpu: the arbiter did not take back this kernel's pieces: %s", e)
+        finally:
+            if client is not None:
+                client.close()
 
     @property
     def retired(self) -> bool:
@@ -255,6 +276,10 @@ class PieceSharing:
         """Let go of everything (the engine closes)."""
         self.retire()
         self.let_go()
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Close the round's connection, if one is open."""
         if self._client is not None:
             self._client.close()
             self._client = None
