@@ -68,7 +68,9 @@ import argparse
 import json
 import queue
 import random
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -218,7 +220,7 @@ class Session(Kernel):
     channel directory of its own, whose ``server.json`` :attr:`server` writes as its
     server would (the kernel reports its state there: :meth:`report`)."""
 
-    def __init__(self, index: int, runtime: Path, socket: str, gpu_uuid: str):
+    def __init__(self, index: int, runtime: Path, socket: str, gpu_uuid: str, log: Path | None = None):
         self.channel = runtime / f"channel-{index}"
         self.channel.mkdir(exist_ok=True)  # a second try at starting the kernel finds it
         self.server = ServerState(self.channel, None)  # the arbiter's slice wins over its None
@@ -228,7 +230,7 @@ class Session(Kernel):
             CUDA_VISIBLE_DEVICES=gpu_uuid,  # the slice's card only, as the spawner sets it
             SESSION=str(index),
         )
-        super().__init__(runtime, env, load_extension=True, ready_timeout=120)
+        super().__init__(runtime, env, load_extension=True, ready_timeout=120, log=log)
         self.index = index
 
     def report(self) -> dict:
@@ -369,9 +371,10 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 # Kernels started at once can pick the same free TCP port (jupyter_client
                 # finds one, the kernel binds it later): such a kernel dies before its
                 # kernel_info reply, and a new start picks new ports.
+                log = args.logs / f"kernel-{i}.log" if args.logs else None
                 for left in range(tries - 1, -1, -1):
                     try:
-                        started.put(Session(i, tmp, socket, slices[i % len(slices)].gpu_uuid))
+                        started.put(Session(i, tmp, socket, slices[i % len(slices)].gpu_uuid, log))
                         return
                     except RuntimeError as e:
                         if left == 0:
@@ -408,6 +411,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             ooms = sum(failures)
             cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
+            stalls: list[dict] = []
             cell = (
                 f"_t = time.perf_counter()\ntrain({solo_steps})\n"
                 "print('inner', time.perf_counter() - _t, 'steps', *step_seconds)"
@@ -432,7 +436,11 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                         time.sleep(edit)
                     before = state_of(s.pid)
                     start = time.time()
-                    seconds, out, failed = s.timed(cell)
+                    try:
+                        seconds, out, failed = s.timed(cell, timeout=STALL_SECONDS)
+                    except TimeoutError:  # its next cells would queue behind this one
+                        stalls.append(stall_of(s, cycle, start, arbiter, args.logs))
+                        return
                     if failed:
                         errors.append(out[-500:])
                     else:
@@ -476,6 +484,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "cells_by_state_before": {k: len(v) for k, v in outside.items()},
                 "ooms": ooms + sum("OutOfMemory" in e or "MemoryError" in e for e in errors),
                 "errors": errors[:5],
+                # cells with no reply in STALL_SECONDS: each session's first (it did no more)
+                "stalls": stalls,
                 "wall_s": time.time() - t0,
                 "pauses": counted["pauses"],
                 "suspends": counted["suspends"],
@@ -503,6 +513,55 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             for s in sessions:
                 s.shutdown()
             arbiter.stop()
+            if args.logs:
+                shutil.copy(arbiter.log_path, args.logs / f"arbiter-{n}.log")
+
+
+#: Seconds a run waits for a cell's reply before it counts a stall.
+STALL_SECONDS = 180.0
+
+
+def stall_of(s: Session, cycle: int, start: float, arbiter: ArbiterProcess, logs: Path | None) -> dict:
+    """What a stalled cell (no reply in :data:`STALL_SECONDS`) left to see: the session's
+    state by the arbiter's books and by its own report, whether its process lives, and
+    (with ``--logs``) the stacks of its threads and the arbiter's, in files there."""
+    entry = arbiter.kernel(s.pid) or {}
+    report = s.report()
+    stacks = None
+    if logs:
+        stacks = [dump_stacks(pid, logs / f"stacks-{who}.txt") for pid, who in
+                  ((s.pid, f"kernel-{s.index}"), (arbiter.process.pid, f"arbiter-at-{s.index}"))]  # fmt: skip
+    return {
+        "session": s.index,
+        "cycle": cycle,
+        "sent_at": start,
+        "arbiter_state": entry.get("state"),
+        "kernel_state": report.get("state"),
+        "alive": s.manager.is_alive(),
+        "stacks": stacks,
+    }
+
+
+def dump_stacks(pid: int, path: Path) -> str:
+    """Every thread's stack of process ``pid`` into ``path``: Python and native frames by
+    ``py-spy dump --native`` where it is installed, and each thread's name, state and
+    kernel wait channel from /proc (``man 5 proc``) in any case. Returns ``path``'s name."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            stat = (task / "stat").read_text()
+            wchan = (task / "wchan").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        lines.append(f"{task.name} {name!r} state {rest.split()[0]} wchan {wchan}")
+    spy = shutil.which("py-spy")
+    if spy:
+        done = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        lines += [done.stdout, done.stderr]
+    path.write_text("\n".join(lines))
+    return path.name
 
 
 def calibrate(args, gpu) -> dict:
@@ -625,7 +684,15 @@ def main() -> None:
     )
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        help="a directory for the arbiter's log, each kernel's output and, for a cell that "
+        "stalls, its threads' stacks (default: none kept)",
+    )
     args = parser.parse_args()
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
     if args.same_checkpoint and args.workload != "transformer":
         parser.error("--same-checkpoint is the transformer's: add --workload transformer")
     require_gpu(parser)

@@ -185,3 +185,26 @@ def test_sessions_report_each_kernel_processs_host_memory_from_the_arbiters_book
         if kernel is not None:
             kernel.shutdown()
         arbiter.stop()
+
+
+def test_a_stalled_cells_stacks_list_every_thread_of_the_process(tmp_path, monkeypatch):
+    """``sessions.dump_stacks``, what a run keeps of a kernel whose cell stalled: one line
+    per thread of the process (its name, state and wait channel, from /proc), whether or
+    not py-spy is installed."""
+    import os
+    import threading
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    done = threading.Event()
+    waiter = threading.Thread(target=done.wait, name="vgpu-waiter")
+    waiter.start()
+    try:
+        name = sessions.dump_stacks(os.getpid(), tmp_path / "stacks.txt")
+        tasks = {t.name for t in Path(f"/proc/{os.getpid()}/task").iterdir()}
+    finally:
+        done.set()
+        waiter.join()
+    lines = [line for line in (tmp_path / name).read_text().splitlines() if " state " in line]
+    assert {line.split()[0] for line in lines} >= {str(waiter.native_id)}, lines
+    assert len(lines) >= len(tasks) - 1, (lines, tasks)  # a thread may end between the looks
