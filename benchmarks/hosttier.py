@@ -22,6 +22,13 @@
 
     python benchmarks/hosttier.py --out benchmarks/results/hosttier-h100.json
     python benchmarks/hosttier.py --skip disk --kernels 8 --weights-gib 2
+    python benchmarks/hosttier.py --skip sharing --into benchmarks/results/hosttier-h100.json
+
+``--into FILE`` puts the parts run (or, with ``--merge PART``, those of an output written
+earlier) into an existing results file: each part replaced carries its own ``run`` (the
+commit, date, command and machine it was measured with), and the one it replaces moves
+to ``earlier`` in the file, with the ``run`` it had (the file's own, for a part measured
+with the rest of it).
 
 Medians are NumPy's (``numpy.median``).
 """
@@ -134,6 +141,28 @@ def sharing(tmp: Path, mode: str, n: int, weights_gib: int, own_mib: int) -> dic
         faults.shut(*kernels, arbiter)
 
 
+#: The parts of an output, each run on its own (``--skip``) and merged on its own (``--into``).
+PARTS = ("sharing", "sharing_summary", "disk")
+
+
+def merge(into: dict, part: dict) -> dict:
+    """``into`` (a results file's content) with the parts of ``part`` (another output)
+    in place of its own: each one moved gets ``part``'s record as its ``run``, and the
+    one it replaced goes to ``into["earlier"]`` with its own ``run`` (``into``'s record
+    when it had none). Returns ``into``, changed."""
+    record = {k: part.get(k) for k in ("commit", "dirty", "date", "command", "machine")}
+    own = {k: into.get(k) for k in record}
+    for name in PARTS:
+        if name not in part:
+            continue
+        if name in into:
+            was = dict(into[name])
+            was.setdefault("run", own)
+            into.setdefault("earlier", []).append({"part": name, **was})
+        into[name] = {**part[name], "run": record}
+    return into
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", type=int, default=4)
@@ -142,7 +171,15 @@ def main() -> None:
     ap.add_argument("--disk-gib", type=int, default=8)
     ap.add_argument("--skip", nargs="*", default=[], choices=("sharing", "disk"))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--into", type=Path, default=None, help="a results file the parts run go into")
+    ap.add_argument("--merge", type=Path, default=None, help="with --into: an output's parts, run nothing")
     args = ap.parse_args()
+    if args.merge:
+        if not args.into:
+            ap.error("--merge needs --into")
+        merged = merge(json.loads(args.into.read_text()), json.loads(args.merge.read_text()))
+        args.into.write_text(json.dumps(merged, indent=2) + "\n")
+        return
     result = provenance.stamped({"percentile_rule": "numpy.median"}, provenance.record())
 
     def tmp() -> Path:
@@ -175,6 +212,8 @@ def main() -> None:
         d["resume_vs_plain_read"] = round(d["plain_read_s"] / d["resume_s"], 3)
         result["disk"] = d
         save()
+    if args.into:
+        args.into.write_text(json.dumps(merge(json.loads(args.into.read_text()), result), indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

@@ -208,3 +208,22 @@ def test_a_stalled_cells_stacks_list_every_thread_of_the_process(tmp_path, monke
     lines = [line for line in (tmp_path / name).read_text().splitlines() if " state " in line]
     assert {line.split()[0] for line in lines} >= {str(waiter.native_id)}, lines
     assert len(lines) >= len(tasks) - 1, (lines, tasks)  # a thread may end between the looks
+
+
+def test_a_part_measured_again_goes_into_the_results_file_with_its_own_record(monkeypatch):
+    """``hosttier.merge``: the disk part measured at a later commit replaces the file's,
+    carrying its own commit and date; the part it replaced is kept under ``earlier``
+    with the file's record, and the parts not measured again stay as they were."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    hosttier = load("hosttier")
+    into = {"commit": "a" * 40, "date": "2026-11-27", "command": ["x"], "machine": {"gpu": "H100"},
+            "sharing": {"all": 1}, "disk": {"resume_s": 5.33}}  # fmt: skip
+    part = {"commit": "b" * 40, "date": "2026-11-28", "command": ["y"], "machine": {"gpu": "H100"},
+            "disk": {"resume_s": 4.19}}  # fmt: skip
+    merged = hosttier.merge(into, part)
+    assert merged["commit"] == "a" * 40
+    assert merged["sharing"] == {"all": 1}
+    assert merged["disk"]["resume_s"] == 4.19
+    assert (merged["disk"]["run"]["commit"], merged["disk"]["run"]["date"]) == ("b" * 40, "2026-11-28")
+    (earlier,) = merged["earlier"]
+    assert (earlier["part"], earlier["resume_s"], earlier["run"]["commit"]) == ("disk", 5.33, "a" * 40)

@@ -110,6 +110,7 @@ class PieceSharing:
         #: breaks its contract, no socket), or None; the next round connects anew
         self.broken: str | None = None
         self._referenced = False  # the arbiter may hold references of this kernel's
+        self._told: str | None = None  # the last reason logged for pieces kept
         self._lock = threading.Lock()  # guards the lists; offers are serialised by the caller
         self._mapped: list[_Mapped] = []  # read by the paused engine now
         self._retired: list[_Mapped] = []  # read no more: to let go
@@ -179,7 +180,9 @@ class PieceSharing:
             if not isinstance(e, Refused):  # a late answer would be read as the next one's
                 self.broken = str(e)
                 self._hang_up()
-            log.info("jupyter-vgpu: paused pieces stay the kernel's own: %s", e)
+            if str(e) != self._told:  # once per reason: a node that shares nothing says so each round
+                self._told = str(e)
+                log.info("jupyter-vgpu: paused pieces stay the kernel's own: %s", e)
             return None
         self._referenced = True
         array = np.frombuffer(held.view, dtype=np.uint8)
