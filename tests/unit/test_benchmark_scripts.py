@@ -227,3 +227,28 @@ def test_a_part_measured_again_goes_into_the_results_file_with_its_own_record(mo
     assert (merged["disk"]["run"]["commit"], merged["disk"]["run"]["date"]) == ("b" * 40, "2026-11-28")
     (earlier,) = merged["earlier"]
     assert (earlier["part"], earlier["resume_s"], earlier["run"]["commit"]) == ("disk", 5.33, "a" * 40)
+
+
+def test_the_disk_read_sweep_reads_every_byte_of_the_file_in_order(tmp_path, monkeypatch):
+    """``disk_reads.windowed_read`` reads as a resume reads its spill file (windows into
+    a few buffers, ahead of their use, each split into parallel reads): the bytes it
+    read, in file order, are the file's, for a file that ends inside a window; and a
+    sweep reports every setting, marking the reader's as shipped where it is among them."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    disk_reads = load("disk_reads")
+    from jupyter_vgpu.kernel.pause import parallel_read, spill
+
+    path = tmp_path / "file.bin"
+    crc = disk_reads.write_file(path, 9 * 2**20 + 12345)
+    for threads, task, window in ((1, 2**20, 2**20), (4, 2**20, 4 * 2**20), (3, 3 * 2**20, 8 * 2**20)):
+        seconds, _, got = disk_reads.windowed_read(path, threads, task, window, 3, check=True)
+        assert got == crc, (threads, task, window)
+        assert seconds > 0
+    found = disk_reads.sweep(path, [2, parallel_read.READ_THREADS], [parallel_read.TASK_BYTES],
+                             [spill.WINDOW], spill.BUFFERS, 1)  # fmt: skip
+    assert [(r["threads"], r["default"]) for r in found["settings"]] == [
+        (2, False),
+        (parallel_read.READ_THREADS, True),
+    ]
+    assert found["file_bytes"] == path.stat().st_size
+    assert found["best"] in found["settings"]
