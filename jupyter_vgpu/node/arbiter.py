@@ -184,11 +184,12 @@ class Arbiter(Registry):
 
     def shared_figures(self) -> dict:
         """The pieces held once (:meth:`.shared_pieces.SharedPieces.figures`), each
-        holder's share by PID: ``{"pieces", "held_bytes", "referenced_bytes",
-        "by_pid": {pid: bytes}}``."""
+        holder's share by PID: ``{"scope", "pieces", "held_bytes", "referenced_bytes",
+        "by_pid": {pid: bytes}}`` (``scope``: ``ArbiterApp.share_pieces``)."""
         f = self.pieces.store.figures()
         by_holder = f.pop("by_holder")
-        return {**f, "by_pid": {str(pid): v for (pid, _), v in by_holder.items()}}
+        by_pid = {str(pid): v for (pid, _), v in by_holder.items()}
+        return {"scope": self.pieces.store.scope, **f, "by_pid": by_pid}
 
     def allowed(self, pid: int) -> bool:
         """Whether a process of no server may use a managed card

@@ -8,6 +8,8 @@ slab whose pieces all moved goes back, and letting go drops the references."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jupyter_vgpu.kernel.codec.pinned_arena import PinnedArena
@@ -15,6 +17,7 @@ from jupyter_vgpu.kernel.pause.sharing import clean_copy
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.waiting import wait_for
+from jupyter_vgpu.units import format_bytes
 from tests.unit.test_arbiter import start_kernel
 
 MiB, GiB = 2**20, 2**30
@@ -63,6 +66,16 @@ def intact():
 """
 
 
+def hub_page_part(books: dict) -> str:
+    """The Hub page's sentence on pieces held once (``/hub/vgpu``), rendered from
+    ``books`` with the page's own template."""
+    import jinja2
+
+    templates = Path(__file__).resolve().parents[2] / "hub_spawner" / "templates"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), autoescape=True)
+    return env.get_template("vgpu_shared_pieces.html").render(arbiter=books, size=format_bytes)
+
+
 @pytest.fixture
 def arbiter(tmp_path):
     process = ArbiterProcess(tmp_path, "--ArbiterApp.share_pieces=all").start()
@@ -96,6 +109,12 @@ def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_
             int(spans),
             2 * int(spans),
         )
+        # the Hub's page says so, from these books
+        page = hub_page_part(arbiter.books())
+        assert 'data-scope="all"' in page
+        assert f'6 pieces, <span class="vgpu-shared-held">{format_bytes(int(spans))}</span> held for' in page
+        assert f"{format_bytes(2 * int(spans))} referenced by 2 kernels" in page
+        assert f'<span class="vgpu-shared-saved">{format_bytes(int(spans))}</span> saved' in page
         ada_f = eval(ada.run("print(sharing.figures())").strip())  # a dict the kernel printed
         bob_f = eval(bob.run("print(sharing.figures())").strip())
         assert (ada_f["kept_bytes"], ada_f["shared_bytes"]) == (int(spans), 0)
@@ -105,6 +124,7 @@ def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_
         assert bob.run("sharing.retire(); print(sharing.let_go())").strip() == spans
         figures = arbiter.books()["shared_pieces"]
         assert (figures["held_bytes"], figures["referenced_bytes"]) == (int(spans), int(spans))
+        assert "referenced by 1 kernel;" in hub_page_part(arbiter.books())
         assert ada.run("print(intact())").strip() == "True"
     finally:
         for k in kernels:
@@ -174,6 +194,7 @@ def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_off
     process = ArbiterProcess(tmp_path, "--ArbiterApp.share_pieces=off").start()  # no pieces socket
     k = start_kernel(tmp_path, process, "ada", ROOMY)
     try:
+        assert "not held once (share_pieces is off)" in hub_page_part(process.books())
         k.run(HOLD + SETUP)
         out = k.run(
             "first = sharing.share(todo, arena, lock, lambda: True)\n"
