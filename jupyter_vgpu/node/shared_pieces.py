@@ -195,6 +195,19 @@ class SharedPieces:
         with self._lock:
             return sum(self._offered.values()) - self._held
 
+    def accounting(self) -> tuple[int, dict[Hashable, int]]:
+        """``(saving, with_others)``, read together: :meth:`saving`, and by holder the
+        bytes of its pieces that other holders reference too (what its release would
+        leave held)."""
+        with self._lock:
+            with_others: dict[Hashable, int] = {}
+            for pieces in self._by_key.values():
+                for p in pieces:
+                    if len(p.holders) > 1:
+                        for h in p.holders:
+                            with_others[h] = with_others.get(h, 0) + p.size
+            return sum(self._offered.values()) - self._held, with_others
+
     def figures(self) -> dict:
         """``{"pieces": int, "held_bytes": int, "referenced_bytes": int, "by_holder":
         {holder: bytes}}``: distinct pieces and their bytes, what their references add

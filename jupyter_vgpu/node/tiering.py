@@ -103,10 +103,11 @@ class Tiering:
         spill_at = int(limit * getattr(config, "host_spill_fraction", 0.8))
         return tiers.HostBudget(limit, spill_at, reserve)
 
-    def _saving(self) -> int:
-        """Bytes of the node's shared pieces that kernels count more than once
-        (:meth:`.shared_pieces.SharedPieces.saving`)."""
-        return self.arbiter.pieces.store.saving()
+    def _shared(self) -> tiers.Sharing:
+        """The node's shared pieces as its accounting needs them
+        (:meth:`.shared_pieces.SharedPieces.accounting`)."""
+        saving, with_others = self.arbiter.pieces.store.accounting()
+        return tiers.Sharing(saving, {pid: n for (pid, _), n in with_others.items()})
 
     def node_figures(self) -> dict:
         """The node's tiers now: ``host_used`` (host bytes of paused and suspended kernels),
@@ -115,7 +116,7 @@ class Tiering:
         ``disk_problem``, and how many kernels are in each tier."""
         kernels = self.arbiter.kernels
         return {
-            "host_used": tiers.host_used(kernels, self._saving()),
+            "host_used": tiers.host_used(kernels, self._shared()),
             "host_limit": self.host_budget().limit,
             "host_available": meminfo().get("MemAvailable", 0),
             "disk_used": tiers.disk_used(kernels),
@@ -290,11 +291,11 @@ class Tiering:
         counted = books.cooperative(self.arbiter.kernels, but=victim)
         budget = self.host_budget()
         available = meminfo().get("MemAvailable", 0)
-        saving = self._saving()
-        over_budget, over_reserve = tiers.host_room(counted, budget, need, available, saving)
+        shared = self._shared()
+        over_budget, over_reserve = tiers.host_room(counted, budget, need, available, shared)
         if not over_budget and not over_reserve:
             return "fits", None, None
-        held = format_bytes(tiers.host_used(counted, saving))
+        held = format_bytes(tiers.host_used(counted, shared))
         why = (
             f"host memory for paused kernels is full ({held} of {format_bytes(budget.limit)} held, "
             f"{format_bytes(available)} available)"
@@ -364,7 +365,7 @@ class Tiering:
         now = time.monotonic()
         counted = books.cooperative(self.arbiter.kernels)
         available = meminfo().get("MemAvailable", 0)
-        for kernel in tiers.to_trim(counted, self.host_budget(), available, now, self._saving()):
+        for kernel in tiers.to_trim(counted, self.host_budget(), available, now, self._shared()):
             if not kernel.declined("trim", now, REFUSAL_SECONDS):
                 await self.trim(kernel)
         tried: list[Kernel] = []
@@ -374,7 +375,7 @@ class Tiering:
             todo = [
                 k
                 for k in tiers.to_spill(
-                    counted, self.host_budget(), meminfo().get("MemAvailable", 0), now, self._saving()
+                    counted, self.host_budget(), meminfo().get("MemAvailable", 0), now, self._shared()
                 )
                 if k not in tried and not k.declined("spill", now, REFUSAL_SECONDS)
             ]

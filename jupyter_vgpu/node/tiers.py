@@ -39,11 +39,34 @@ class HostBudget:
     reserve: int
 
 
-def host_used(kernels: list[Kernel], saving: int = 0) -> int:
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+    """The node's pieces held once (:mod:`.shared_pieces`), as its host accounting needs
+    them. Each kernel counts the pieces it reads whole in its host bytes.
+
+    Attributes:
+        saving: bytes counted more than once across kernels, subtracted from their sum
+            (:meth:`.shared_pieces.SharedPieces.saving`).
+        with_others: by kernel PID, bytes of its pieces that other kernels reference too:
+            moving it to disk gives none of them back, as the others still read them.
+    """
+
+    saving: int = 0
+    with_others: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def frees(self, kernel: Kernel) -> int:
+        """Host bytes moving ``kernel``'s paused data out of host memory gives back."""
+        return max(0, kernel.host_bytes - self.with_others.get(kernel.pid, 0))
+
+
+#: No piece held once: every kernel's host bytes are its own.
+NOTHING_SHARED = Sharing()
+
+
+def host_used(kernels: list[Kernel], shared: Sharing = NOTHING_SHARED) -> int:
     """Host bytes every kernel holds for its GPU memory (:attr:`.books.Kernel.host_held`),
-    less ``saving`` (bytes of the node's shared pieces counted by more than one kernel:
-    :meth:`.shared_pieces.SharedPieces.saving`)."""
-    return max(0, sum(k.host_held for k in kernels) - saving)
+    each shared piece counted once (:attr:`Sharing.saving`)."""
+    return max(0, sum(k.host_held for k in kernels) - shared.saving)
 
 
 def disk_used(kernels: list[Kernel]) -> int:
@@ -91,43 +114,49 @@ def paused_to_trim(kernels: list[Kernel], now: float, exclude: tuple = ()) -> li
     return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
 
 
-def to_trim(kernels: list[Kernel], budget: HostBudget, available: int, now: float, saving: int = 0) -> list:
+def to_trim(
+    kernels: list[Kernel], budget: HostBudget, available: int, now: float, shared: Sharing = NOTHING_SHARED
+) -> list:
     """Idle kernels to ask to let their warm slabs go now, coldest first: until the node's
     host bytes are under ``budget.spill_at`` and the host's available memory is back above
     ``budget.reserve``, as :func:`to_spill` counts (trimming comes first: it loses no data
     and costs only a slower next pause); then, while the available memory is under the
     reserve, :func:`paused_to_trim`."""
-    idle = _until_under(trimmable(kernels, now), kernels, budget, available, saving)
+    idle = _until_under(trimmable(kernels, now), kernels, budget, available, shared)
     return idle + (paused_to_trim(kernels, now) if available < budget.reserve else [])
 
 
-def _until_under(candidates: list, kernels: list, budget: HostBudget, available: int, saving: int) -> list:
-    used = host_used(kernels, saving)
+def _until_under(todo: list, kernels: list, budget: HostBudget, available: int, shared: Sharing) -> list:
+    used = host_used(kernels, shared)
     out = []
-    for k in candidates:
+    for k in todo:
         if used <= budget.spill_at and available >= budget.reserve:
             break
         out.append(k)
-        used -= k.host_bytes
-        available += k.host_bytes
+        used -= shared.frees(k)
+        available += shared.frees(k)
     return out
 
 
-def to_spill(kernels: list[Kernel], budget: HostBudget, available: int, now: float, saving: int = 0) -> list:
+def to_spill(
+    kernels: list[Kernel], budget: HostBudget, available: int, now: float, shared: Sharing = NOTHING_SHARED
+) -> list:
     """Paused kernels to move to the disk tier now, coldest first: until the node's host
     bytes are under ``budget.spill_at`` and the host's available memory (``available``,
     bytes, from ``MemAvailable``) is back above ``budget.reserve``, counting each spill as
-    giving back its host bytes."""
-    return _until_under(spillable(kernels, now), kernels, budget, available, saving)
+    giving back its host bytes less its pieces others still read (:meth:`Sharing.frees`:
+    as the node holds them now; a piece whose other readers are chosen too is counted as
+    staying, so that the list errs on the side of one spill more)."""
+    return _until_under(spillable(kernels, now), kernels, budget, available, shared)
 
 
 def host_room(
-    kernels: list[Kernel], budget: HostBudget, need: int, available: int, saving: int = 0
+    kernels: list[Kernel], budget: HostBudget, need: int, available: int, shared: Sharing = NOTHING_SHARED
 ) -> tuple[int, int]:
     """``(bytes over the budget, bytes into the reserve)`` were ``need`` more bytes put in
     host memory now (0, 0: it fits). The budget is the node's target, which spilling
     holds; the reserve (``available``, bytes, from ``MemAvailable``, against
     ``budget.reserve``) is what keeps the host's OOM killer away."""
-    over_budget = host_used(kernels, saving) + need - budget.limit
+    over_budget = host_used(kernels, shared) + need - budget.limit
     over_reserve = need - (available - budget.reserve)
     return max(0, over_budget), max(0, over_reserve)

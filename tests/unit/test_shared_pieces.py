@@ -149,10 +149,13 @@ def test_a_holder_that_ends_releases_only_its_references():
     os.close(shared.fd)
     store.offer(("ada", 1), "ada", b"o" * 32, sealed(own), cap=64 * MiB)
     assert store.saving() == len(base)  # both count the shared piece whole: once too many
+    # what each one's release would leave held: the piece the other reads too
+    assert store.accounting() == (len(base), {("ada", 1): len(base), ("bob", 2): len(base)})
     assert store.release(("ada", 1)) == len(own)  # her own piece goes, the shared one stays
     f = store.figures()
     assert (f["pieces"], f["held_bytes"], f["by_holder"]) == (1, len(base), {("bob", 2): len(base)})
     assert store.saving() == 0
+    assert store.accounting() == (0, {})  # bob alone reads it: his release frees it
     assert store.release(("bob", 2)) == len(base)
     assert (store.figures()["pieces"], store.saving()) == (0, 0)
 

@@ -71,10 +71,27 @@ def test_the_coldest_paused_kernels_spill_until_under_the_mark():
     assert tiers.to_spill([warm, cold, idle], budget, 10 * GiB, now) == [cold]
     assert tiers.to_spill([warm], budget, 10 * GiB, now) == []
     # 35 MiB of what they hold are shared pieces both count whole: held once, under the mark
-    assert tiers.host_used([cold, warm, idle], saving=35 * MiB) == 45 * MiB
-    assert tiers.to_spill([warm, cold, idle], budget, 10 * GiB, now, saving=35 * MiB) == []
+    shared = tiers.Sharing(35 * MiB, {1: 35 * MiB, 2: 35 * MiB})
+    assert tiers.host_used([cold, warm, idle], shared) == 45 * MiB
+    assert tiers.to_spill([warm, cold, idle], budget, 10 * GiB, now, shared) == []
     # short of available memory, everything paused goes, coldest first
     assert tiers.to_spill([warm, cold], budget, 0, now) == [cold, warm]
+
+
+def test_a_spill_counts_as_freeing_only_what_no_other_kernel_still_reads():
+    """Three paused kernels each read the same 30 MiB piece (held once) beside 10 MiB of
+    their own: 60 MiB held on the node, over a mark of 45 MiB. Moving one to disk gives
+    back its own 10 MiB only (the others still read the piece), so it takes two spills
+    to get under; counting each spill as its whole 40 MiB would have stopped after one
+    and left the node over its mark until the next look."""
+    now = time.monotonic()
+    paused = [kernel(pid, host=40 * MiB, idle=100 - pid) for pid in (1, 2, 3)]
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=45 * MiB, reserve=GiB)
+    shared = tiers.Sharing(saving=60 * MiB, with_others={1: 30 * MiB, 2: 30 * MiB, 3: 30 * MiB})
+    assert tiers.host_used(paused, shared) == 60 * MiB
+    assert [shared.frees(k) for k in paused] == [10 * MiB] * 3
+    assert tiers.to_spill(paused, budget, 10 * GiB, now, shared) == paused[:2]
+    assert tiers.to_spill(paused, budget, 10 * GiB, now, tiers.Sharing(saving=60 * MiB)) == paused[:1]
 
 
 def test_warm_slabs_count_in_every_state_and_idle_kernels_let_them_go_first():
