@@ -16,7 +16,8 @@ Each setting reads the same file of random bytes (incompressible), with the file
 pages dropped from the page cache before each read (``POSIX_FADV_DONTNEED``). Figures:
 ``seconds`` (median of ``--repeats``, NumPy's ``numpy.median``), ``bytes_per_s``,
 ``vs_plain`` (the plain read's seconds over the setting's: above 1, faster), ``direct``
-(whether every read bypassed the page cache); ``default`` marks the reader's settings
+(whether every read bypassed the page cache; with ``--page-cache`` each setting is read
+through it too, as a comparison); ``default`` marks the reader's settings
 as shipped (:data:`~jupyter_vgpu.kernel.pause.parallel_read.READ_THREADS`,
 :data:`~jupyter_vgpu.kernel.pause.parallel_read.TASK_BYTES`,
 :data:`~jupyter_vgpu.kernel.pause.spill.WINDOW`,
@@ -96,7 +97,9 @@ def buffer(nbytes: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 
-def windowed_read(path: Path, threads: int, task: int, window: int, buffers: int, check: bool = False):
+def windowed_read(
+    path: Path, threads: int, task: int, window: int, buffers: int, check: bool = False, direct: bool = True
+):
     """Read ``path`` as a resume reads its spill file (the module's doc), from a cold page
     cache. Returns ``(seconds, direct, crc)``: ``crc`` the CRC-32 of the bytes read, in
     file order, when ``check`` (computed after the clock stops), else None.
@@ -108,36 +111,37 @@ def windowed_read(path: Path, threads: int, task: int, window: int, buffers: int
     size = path.stat().st_size
     ranges = [(at, min(at + window, size)) for at in range(0, size, window)]
     bufs = [buffer(window + parallel_read.DIRECT_ALIGN) for _ in range(buffers)]
-    crc, direct = 0, True
+    crc, bypassed = 0, True
     drop_cache(path)
     t0 = time.perf_counter()
-    with parallel_read.Reader(path, threads=threads, task_bytes=task) as reader:
+    with parallel_read.Reader(path, threads=threads, task_bytes=task, direct=direct) as reader:
         ahead = [reader.start(*ranges[i], bufs[i % buffers]) for i in range(min(buffers - 1, len(ranges)))]
         for i, (first, end) in enumerate(ranges):
             pad = ahead.pop(0).wait()
-            direct = direct and bool(reader.direct)
+            bypassed = bypassed and bool(reader.direct)
             if check:  # for tests: inside the clock, so never in a sweep
                 crc = zlib.crc32(bufs[i % buffers][pad : pad + end - first], crc)
             nxt = i + buffers - 1
             if nxt < len(ranges):
                 ahead.append(reader.start(*ranges[nxt], bufs[nxt % buffers]))
-    return time.perf_counter() - t0, direct, (crc if check else None)
+    return time.perf_counter() - t0, bypassed, (crc if check else None)
 
 
-def sweep(path: Path, threads, tasks, windows, buffers: int, repeats: int) -> dict:
-    """Every setting of ``threads`` x ``tasks`` x ``windows`` (bytes) read ``repeats``
-    times, beside the plain read (the module's doc for the figures)."""
+def sweep(path: Path, threads, tasks, windows, buffers: int, repeats: int, directs=(True,)) -> dict:
+    """Every setting of ``threads`` x ``tasks`` x ``windows`` (bytes) x ``directs``
+    (``O_DIRECT`` asked for, or reads through the page cache) read ``repeats`` times,
+    beside the plain read (the module's doc for the figures)."""
     size = path.stat().st_size
     plain = float(np.median([plain_read(path) for _ in range(repeats)]))
     rows = []
-    for n, task, window in itertools.product(threads, tasks, windows):
-        runs = [windowed_read(path, n, task, window, buffers) for _ in range(repeats)]
+    for n, task, window, asked in itertools.product(threads, tasks, windows, directs):
+        runs = [windowed_read(path, n, task, window, buffers, direct=asked) for _ in range(repeats)]
         seconds = float(np.median([r[0] for r in runs]))
         rows.append({
             "threads": n, "task_bytes": task, "window_bytes": window, "buffers": buffers,
             "seconds": round(seconds, 4), "bytes_per_s": round(size / seconds),
             "vs_plain": round(plain / seconds, 3), "direct": all(r[1] for r in runs),
-            "default": (n, task, window, buffers) == (
+            "default": asked and (n, task, window, buffers) == (
                 parallel_read.READ_THREADS, parallel_read.TASK_BYTES, spill.WINDOW, spill.BUFFERS),
         })  # fmt: skip
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
@@ -160,6 +164,9 @@ def main() -> None:
     ap.add_argument("--windows-mib", default="64,256")
     ap.add_argument("--buffers", type=int, default=spill.BUFFERS)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--page-cache", action="store_true", help="also each setting through the page cache (no O_DIRECT)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     result = {**provenance.record(), "percentile_rule": "numpy.median", "directory": str(args.dir)}
@@ -174,6 +181,7 @@ def main() -> None:
                 [int(v) * MiB for v in args.windows_mib.split(",")],
                 args.buffers,
                 args.repeats,
+                (True, False) if args.page_cache else (True,),
             )
         )
     finally:

@@ -97,6 +97,9 @@ class Reader:
     most ``task_bytes`` run at once on ``threads`` threads of the reader's own pool.
     Close it (or use it as a context manager): that waits for the reads it started.
 
+    ``direct=False`` reads through the page cache even where ``O_DIRECT`` is taken (a
+    comparison, ``benchmarks/disk_reads.py``).
+
     Attributes:
         direct: whether every read of the last range waited for bypassed the page cache
             (None before one).
@@ -107,7 +110,9 @@ class Reader:
         OSError: the file cannot be opened.
     """
 
-    def __init__(self, path: str | Path, threads: int = READ_THREADS, task_bytes: int = TASK_BYTES):
+    def __init__(
+        self, path: str | Path, threads: int = READ_THREADS, task_bytes: int = TASK_BYTES, direct: bool = True
+    ):
         if task_bytes <= 0 or task_bytes % DIRECT_ALIGN:
             raise ValueError(f"a task of {task_bytes} bytes is not a multiple of {DIRECT_ALIGN}")
         self.path = Path(path)
@@ -121,7 +126,7 @@ class Reader:
         self._refused = False  # the file system refused an O_DIRECT read: none tried again
         self._plain = os.open(self.path, os.O_RDONLY)
         self._direct: int | None = None
-        if hasattr(os, "O_DIRECT"):
+        if direct and hasattr(os, "O_DIRECT"):
             try:
                 self._direct = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
             except OSError as e:
