@@ -110,6 +110,23 @@ def _share(s) -> str:
     return text if text[:1].isdigit() or s.isolation == "mig" else f"{s.compute_share}%, {text}"
 
 
+def _held_once(shared: dict | None) -> str | None:
+    """The row on paused pieces held once across the node's kernels, from
+    :meth:`.pause.sharing.PieceSharing.figures` (None: sharing is not used here, or
+    nothing was offered and nothing refused)."""
+    if not shared or not (shared.get("offered") or shared.get("refused")):
+        return None
+    text = (
+        f"{format_bytes(shared['mapped_bytes'])} of its paused data read from the node's copies now; "
+        f"since it started, {shared['offered']} pieces offered: {format_bytes(shared['shared_bytes'])} "
+        f"found identical to another kernel's (the node compared every byte), "
+        f"{format_bytes(shared['kept_bytes'])} kept by the node for others"
+    )
+    if shared.get("refused"):
+        text += f"; the last offer was refused: {shared['refused']}"
+    return text
+
+
 def _pause_rows(st: dict) -> list[tuple[str, str]]:
     rows = [("state", st["state"])]
     if st.get("stand_in") and st.get("codec_name"):
@@ -147,6 +164,9 @@ def _pause_rows(st: dict) -> list[tuple[str, str]]:
         )
     if st.get("unpausable_bytes"):
         rows.append(("stays on the GPU", f"{format_bytes(st['unpausable_bytes'])} a pause cannot release"))
+    held_once = _held_once(st.get("shared"))
+    if held_once:
+        rows.append(("held once", held_once))
     if st.get("last_pause_seconds") is not None or st.get("last_resume_seconds") is not None:
         rows.append(
             (

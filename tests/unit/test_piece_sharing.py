@@ -66,6 +66,10 @@ def intact():
 """
 
 
+#: The row ``%vgpu status`` shows on pieces held once, from the kernel's figures.
+STATUS_ROW = "from jupyter_vgpu.kernel.status import _held_once\nprint(_held_once(sharing.figures()))"
+
+
 def hub_page_part(books: dict) -> str:
     """The Hub page's sentence on pieces held once (``/hub/vgpu``), rendered from
     ``books`` with the page's own template."""
@@ -111,10 +115,16 @@ def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_
         )
         # the Hub's page says so, from these books
         page = hub_page_part(arbiter.books())
+        held = format_bytes(int(spans))
         assert 'data-scope="all"' in page
-        assert f'6 pieces, <span class="vgpu-shared-held">{format_bytes(int(spans))}</span> held for' in page
+        assert f'6 pieces, <span class="vgpu-shared-held">{held}</span> held for' in page
         assert f"{format_bytes(2 * int(spans))} referenced by 2 kernels" in page
-        assert f'<span class="vgpu-shared-saved">{format_bytes(int(spans))}</span> saved' in page
+        assert f'<span class="vgpu-shared-saved">{held}</span> saved' in page
+        # what %vgpu status says of it, from the kernel's own figures
+        row = bob.run(STATUS_ROW)
+        assert row.startswith(f"{held} of its paused data read from the node's copies now;"), row
+        assert f"6 pieces offered: {held} found identical to another kernel's" in row, row
+        assert row.rstrip().endswith("0 B kept by the node for others"), row
         ada_f = eval(ada.run("print(sharing.figures())").strip())  # a dict the kernel printed
         bob_f = eval(bob.run("print(sharing.figures())").strip())
         assert (ada_f["kept_bytes"], ada_f["shared_bytes"]) == (int(spans), 0)
@@ -204,6 +214,9 @@ def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_off
         # nothing moved, nothing lost; the second round tries anew, and fails the same way
         assert out.strip() == "0 True True True 0 0", out
         assert "cannot reach the arbiter's pieces socket" in k.run("print(sharing.broken)")
+        row = k.run(STATUS_ROW)  # what %vgpu status says: nothing held once, and why
+        assert "0 pieces offered" in row, row
+        assert "the last offer was refused: cannot reach the arbiter's pieces socket" in row, row
     finally:
         k.shutdown()
         process.stop()
