@@ -54,12 +54,20 @@ ahead (``VGPUKernel.prepare_pinned``; ``pinned_ahead_s``: from the cell's end un
 earlier output and appends the new runs to it (one call per N on a device with a time
 limit per call).
 
+A cell with no reply in 180 s (:data:`STALL_SECONDS`) is a stall: the run records it
+in the row's ``stalls`` (the session's state by the arbiter and by its own report,
+whether its process lives) and that session sends no more cells. ``--logs DIR`` keeps
+the arbiter's log, every kernel's output and, for each stall, the threads' stacks of
+the kernel and of the arbiter (:func:`dump_stacks`).
+
 Usage (GPU machine)::
 
     python benchmarks/sessions.py --out benchmarks/results/sessions-h100.json
     python benchmarks/sessions.py --workload transformer --think 30 --out sessions-transformer.json
     python benchmarks/sessions.py --calibration sessions-h100.json --sessions 20 --edit-before 2 \
         --out sessions-h100.json
+    python benchmarks/sessions.py --workload transformer --same-checkpoint --sessions 44 \
+        --calibration sessions-h100.json --share-pieces all --logs logs/ --out sessions-h100.json
 """
 
 from __future__ import annotations
