@@ -163,6 +163,11 @@ def merge(into: dict, part: dict) -> dict:
     return into
 
 
+def merge_into(path: Path, part: dict) -> None:
+    """:func:`merge` ``part`` into the results file at ``path``, written back."""
+    path.write_text(json.dumps(merge(json.loads(path.read_text()), part), indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", type=int, default=4)
@@ -177,8 +182,7 @@ def main() -> None:
     if args.merge:
         if not args.into:
             ap.error("--merge needs --into")
-        merged = merge(json.loads(args.into.read_text()), json.loads(args.merge.read_text()))
-        args.into.write_text(json.dumps(merged, indent=2) + "\n")
+        merge_into(args.into, json.loads(args.merge.read_text()))
         return
     result = provenance.stamped({"percentile_rule": "numpy.median"}, provenance.record())
 
@@ -213,7 +217,7 @@ def main() -> None:
         result["disk"] = d
         save()
     if args.into:
-        args.into.write_text(json.dumps(merge(json.loads(args.into.read_text()), result), indent=2) + "\n")
+        merge_into(args.into, result)
     print(json.dumps(result, indent=2))
 
 

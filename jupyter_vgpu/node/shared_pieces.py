@@ -193,7 +193,10 @@ class SharedPieces:
         """Host bytes sharing saves now: what every holder references (each counts its
         pieces whole in the host bytes it reports) less what is held."""
         with self._lock:
-            return sum(self._offered.values()) - self._held
+            return self._saving()
+
+    def _saving(self) -> int:  # under the lock
+        return sum(self._offered.values()) - self._held
 
     def accounting(self) -> tuple[int, dict[Hashable, int]]:
         """``(saving, with_others)``, read together: :meth:`saving`, and by holder the
@@ -206,7 +209,7 @@ class SharedPieces:
                     if len(p.holders) > 1:
                         for h in p.holders:
                             with_others[h] = with_others.get(h, 0) + p.size
-            return sum(self._offered.values()) - self._held, with_others
+            return self._saving(), with_others
 
     def figures(self) -> dict:
         """``{"pieces": int, "held_bytes": int, "referenced_bytes": int, "by_holder":

@@ -133,8 +133,9 @@ def _until_under(todo: list, kernels: list, budget: HostBudget, available: int, 
         if used <= budget.spill_at and available >= budget.reserve:
             break
         out.append(k)
-        used -= shared.frees(k)
-        available += shared.frees(k)
+        freed = shared.frees(k)
+        used -= freed
+        available += freed
     return out
 
 
