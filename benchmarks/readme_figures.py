@@ -371,7 +371,7 @@ UNSEEDED_EDIT = {
     "think_s": 180.0,
 }
 DEFAULT_BUDGET = {"sessions": 32, "workload": "mlp", "edit_before_s": 0.0, "host_memory_limit": None}
-TRANSFORMER = {"sessions": 44, "workload": "transformer", "seed": 7}
+TRANSFORMER = {"sessions": 44, "workload": "transformer", "seed": 7, "share_pieces": None}
 TRANSFORMER_EARLIER = {"sessions": 44, "workload": "transformer", "seed": None}
 
 
