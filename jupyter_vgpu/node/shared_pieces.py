@@ -153,11 +153,11 @@ class SharedPieces:
                         piece.holders[holder] = piece.holders.get(holder, 0) + 1
                         self._offered[holder] = self._offered.get(holder, 0) + size
                         return Offer(True, os.dup(piece.fd), size)
-                self._held += size
                 if self.max_pieces is not None and self._count >= self.max_pieces:
                     raise PieceRefused(
                         f"the node holds {self._count} distinct pieces, its most (one open file each)"
                     )
+                self._held += size
                 self._by_key.setdefault((scope, key), []).append(_Piece(key, scope, size, fd, {holder: 1}))
                 self._count += 1
                 self._offered[holder] = self._offered.get(holder, 0) + size

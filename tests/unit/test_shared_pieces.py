@@ -210,6 +210,7 @@ def test_past_its_most_pieces_the_node_refuses_new_bytes_but_still_shares_what_i
     store.offer(("ada", 1), "ada", KEY, sealed(base), cap=64 * MiB)
     with pytest.raises(PieceRefused, match="the node holds 1 distinct pieces, its most"):
         store.offer(("ada", 1), "ada", b"o" * 32, sealed(weights(9)), cap=64 * MiB)
+    assert store.saving() == 0  # the refused piece is held by nobody, and counted so
     shared = store.offer(("bob", 2), "bob", KEY, sealed(base), cap=64 * MiB)  # held already: shared
     os.close(shared.fd)
     assert shared.shared
