@@ -83,7 +83,6 @@ class ComingBack:
             progress.done(f"not brought back: {e}" if isinstance(e, Exception) else None)
             raise
         self._open_gate()
-        self.let_go_shared()
         progress.done("room granted" if purpose == "run" else "back on the GPU")
 
     def _room(self, purpose: str, progress: Progress, deadline: float, suspended: bool = False) -> bool:

@@ -106,19 +106,26 @@ class HostMemory:
         return getattr(self.engine, "sharing", None)
 
     def let_go_shared(self) -> threading.Thread | None:
-        """Once the kernel is back on the GPU: close, in a thread of its own, the mappings
-        of the node's shared pieces its resume read, and drop its references to them at
-        the arbiter (:meth:`.pause.engine.PauseEngine.let_go_shared`); the arbiter hears
-        of the host memory given back. Returns the thread, or None: nothing to let go."""
+        """After a cell, once the kernel is back on the GPU: close, in a thread of its own,
+        the mappings of the node's shared pieces its resume read, and drop its references
+        to them at the arbiter (:meth:`.pause.engine.PauseEngine.let_go_shared`); the
+        arbiter hears of the host memory given back. The thread stops at the next
+        mapping once a cell begins (the rest wait for the end of that cell): each close
+        unregisters pinned memory (``cudaHostUnregister``: it unpins the pages and takes
+        the driver's locks of the process). Closed right after the resume, beside the
+        cell, as until this change, the cells of 44 transformer sessions sharing one
+        checkpoint took 1.28 s of their own time (p50) where the same cells took 0.95 s
+        without sharing (``benchmarks/results/sessions-h100.json``; the let-go's part in
+        that was not measured apart). Returns the thread, or None: nothing to let go."""
         sharing = self._shared_pieces()
-        if sharing is None or not sharing.retired:
+        if sharing is None or not sharing.retired or self.gate.busy:
             return None
         return run_in_thread(self._let_go_shared, "let-go")
 
     def _let_go_shared(self) -> None:
         try:
             with self._plain():
-                closed = self.engine.let_go_shared()
+                closed = self.engine.let_go_shared(lambda: not self.gate.busy)
         except Exception as e:  # the arbiter drops the references when the kernel ends
             log.info("jupyter-vgpu: shared pieces not let go: %s", e)
             return

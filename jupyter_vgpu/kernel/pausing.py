@@ -245,6 +245,7 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         """Called once a handler is done (in its thread): chaos mode and ``%vgpu pause``."""
         if msg_type != "execute_request" or self.gate.busy:
             return
+        self.let_go_shared()  # what the cell's resume read from the node's shared pieces
         asked, self._pause_after_cell = self._pause_after_cell, False
         if not (asked or self.config.chaos):
             self.prepare_ahead()

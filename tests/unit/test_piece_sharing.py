@@ -130,8 +130,14 @@ def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_
         assert (ada_f["kept_bytes"], ada_f["shared_bytes"]) == (int(spans), 0)
         assert (bob_f["kept_bytes"], bob_f["shared_bytes"]) == (0, int(spans))
         assert (bob_f["mapped_bytes"], bob_f["unregistered"]) == (int(spans), 6)  # no driver here
-        # resumed: bob's mappings are read no more; letting go drops his references alone
-        assert bob.run("sharing.retire(); print(sharing.let_go())").strip() == spans
+        # resumed: bob's mappings are read no more. A cell begins before any is closed:
+        # they all wait, his references with them
+        out = bob.run("sharing.retire(); print(sharing.close_retired(lambda: False), sharing.retired)")
+        assert out.strip() == "0 True", out
+        sharing_now = arbiter.books()["shared_pieces"]
+        assert sharing_now["referenced_bytes"] == 2 * int(spans)
+        # between cells: letting go drops his references alone
+        assert bob.run("print(sharing.let_go(), sharing.retired)").strip() == f"{spans} False"
         figures = arbiter.books()["shared_pieces"]
         assert (figures["held_bytes"], figures["referenced_bytes"]) == (int(spans), int(spans))
         assert "referenced by 1 kernel;" in hub_page_part(arbiter.books())

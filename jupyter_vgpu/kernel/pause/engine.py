@@ -618,13 +618,13 @@ class PauseEngine:
                 empty_host_cache(self.torch)
         return released
 
-    def let_go_shared(self) -> int:
-        """After a resume, in the background: :meth:`.sharing.PieceSharing.let_go`; a
-        pause waits only for the references dropped, not for the mappings closed."""
+    def let_go_shared(self, keep_going=lambda: True) -> int:
+        """After a resume, between cells: :meth:`.sharing.PieceSharing.let_go` while
+        ``keep_going()``; a pause waits for the references dropped, not the mappings closed."""
         if self.sharing is None:
             return 0
         with self.vmm.machinery():
-            closed = self.sharing.close_retired()
+            closed = self.sharing.close_retired(keep_going)
         with self._lock, self.vmm.machinery():
             self.sharing.drop_references()
         return closed

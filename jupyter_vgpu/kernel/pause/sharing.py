@@ -228,13 +228,20 @@ class PieceSharing:
         self.drop_references()
         return closed
 
-    def close_retired(self) -> int:
+    def close_retired(self, keep_going: Callable[[], bool] = lambda: True) -> int:
         """Unregister and close the retired mappings (no piece reads them: the caller
-        needs no engine lock, and a cell may run meanwhile); returns their bytes."""
-        with self._lock:
-            retired, self._retired = self._retired, []
+        needs no engine lock), one at a time while ``keep_going()`` holds; those left
+        stay retired for the next call. Returns the bytes closed.
+
+        ``cudaHostUnregister`` unpins the pages and takes the driver's locks of the
+        process, so the kernel calls this between cells, never beside one
+        (:meth:`..host_memory.HostMemory.let_go_shared`)."""
         closed = 0
-        for m in retired:
+        while keep_going():
+            with self._lock:
+                if not self._retired:
+                    break
+                m = self._retired.pop()
             if m.registered and self.pinning is not None:
                 self.pinning.unregister(m.address)
             m.array = None
