@@ -138,6 +138,10 @@ class PieceSharing:
         client (:data:`jupyter_vgpu.node.piece_socket.IDLE_SECONDS`).
         """
         t0 = time.perf_counter()
+        # references of an earlier pause whose mappings are all closed, not yet dropped
+        # (a pause that came before the let-go after a cell ended): dropped first, or they
+        # would count against this round's cap at the arbiter
+        self.drop_references()
         left: dict[int, int] = {}  # slab -> its pieces not moved yet
         for holder, i in pieces:
             left[holder[i].slab] = left.get(holder[i].slab, 0) + 1
