@@ -20,6 +20,9 @@ SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_S
 MAX_PIECE_BYTES = 16 * 2**20
 #: The arbiter's socket for pieces, in the directory of its main socket.
 SOCKET_NAME = "pieces.sock"
+#: The arbiter's refusal where its ``share_pieces`` is ``off``: a kernel told so stops
+#: laying its pieces out for sharing (:attr:`jupyter_vgpu.kernel.pause.sharing.PieceSharing.may_share`).
+OFF = "sharing paused pieces is off on this node"
 
 
 def socket_beside(arbiter_socket: str | os.PathLike) -> Path:

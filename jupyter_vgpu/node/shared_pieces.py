@@ -47,7 +47,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from jupyter_vgpu.host.pieces import MAX_PIECE_BYTES, SEALS, piece_key
+from jupyter_vgpu.host.pieces import MAX_PIECE_BYTES, OFF, SEALS, piece_key
 
 __all__ = ["MAX_PIECE_BYTES", "SCOPES", "SEALS", "Offer", "PieceRefused", "SharedPieces", "piece_key"]
 
@@ -137,7 +137,7 @@ class SharedPieces:
         kept = False
         try:
             if self.scope == "off":
-                raise PieceRefused("sharing paused pieces is off on this node")
+                raise PieceRefused(OFF)
             if not isinstance(key, bytes) or len(key) != 32:
                 raise PieceRefused("a piece's key is 32 bytes")
             size = _sealed_size(fd)

@@ -196,6 +196,59 @@ def test_spans_join_live_ranges_of_units_side_by_side():
     ]
 
 
+def _pieces(joined, grid: int) -> set[tuple[int, int, int]]:
+    """The pieces the codec cuts ``joined`` into (each span from its start, ``grid`` bytes
+    at most), as ``(unit, offset, length)``, the offset from the unit they begin in."""
+    return {
+        (unit, off + at, min(grid, length - at))
+        for unit, off, length, _ in joined
+        for at in range(0, length, grid)
+    }
+
+
+def test_on_a_grid_the_same_bytes_give_the_same_pieces_whatever_lives_around_them():
+    base, grid = 1 << 40, 8 * MiB
+    u = base
+    # one block at 8-9 MiB is live in one kernel and free in the other
+    free_there = {u: [(0, 8 * MiB), (9 * MiB, 15 * MiB)]}
+    live_there = {u: [(0, 24 * MiB)]}
+    units = [(u, 24 * MiB, 0)]
+    without = _pieces(spans(units, free_there), grid) & _pieces(spans(units, live_there), grid)
+    assert without == {(u, 0, 8 * MiB)}  # spans cut from their starts: every later piece moved
+    on_grid = _pieces(spans(units, free_there, grid), grid) & _pieces(spans(units, live_there, grid), grid)
+    assert on_grid == {(u, 0, 8 * MiB), (u, 16 * MiB, 8 * MiB)}  # only the piece holding the block differs
+    assert spans(units, free_there, grid) == [
+        (u, 0, 8 * MiB, (u,)),
+        (u, 9 * MiB, 7 * MiB, (u,)),  # the head, up to the next point of the grid
+        (u, 16 * MiB, 8 * MiB, (u,)),
+    ]
+
+
+def test_on_a_grid_a_span_runs_into_the_next_unit_only_where_the_grid_does():
+    base, grid = 1 << 40, 4 * MiB
+    a, b, c = base, base + 6 * MiB, base + 12 * MiB  # side by side, 6 MiB each: off the grid
+    live = {a: [(0, 6 * MiB)], b: [(0, 6 * MiB)], c: [(MiB, 5 * MiB)]}
+    units = [(a, 6 * MiB, 0), (b, 6 * MiB, 0), (c, 6 * MiB, 0)]
+    assert spans(units, live) == [(a, 0, 12 * MiB, (a, b)), (c, MiB, 5 * MiB, (c,))]
+    assert spans(units, live, grid) == [
+        (a, 0, 6 * MiB, (a,)),
+        (b, 0, 6 * MiB, (b,)),
+        (c, MiB, 3 * MiB, (c,)),
+        (c, 4 * MiB, 2 * MiB, (c,)),
+    ]
+    # units of 8 MiB: the grid runs on, so does the span; a head that ends with its unit
+    # leaves the rest to the next
+    a, b, c = base, base + 8 * MiB, base + 16 * MiB
+    units = [(a, 8 * MiB, 0), (b, 8 * MiB, 0), (c, 8 * MiB, 0)]
+    live = {a: [(2 * MiB, 6 * MiB)], b: [(0, 8 * MiB)], c: [(0, MiB)]}
+    assert spans(units, live, grid) == [
+        (a, 2 * MiB, 2 * MiB, (a,)),
+        (a, 4 * MiB, 13 * MiB, (a, b, c)),
+    ]
+    live = {a: [(5 * MiB, 3 * MiB)], b: [(0, 8 * MiB)], c: []}
+    assert spans(units, live, 8 * MiB) == [(a, 5 * MiB, 3 * MiB, (a,)), (b, 0, 8 * MiB, (b,))]
+
+
 #: Units of the side-by-side tests: larger than any hole earlier tests leave (their
 #: segments are 6 MiB at most), so that mmap places them at its frontier, one below the
 #: other (Linux maps top-down), not in those holes.

@@ -203,6 +203,7 @@ def test_each_round_of_offers_has_a_connection_of_its_own(tmp_path, arbiter):
             "print(*first, sharing.figures()['offered'], sharing._client is None, sharing.broken, intact())"
         )
         assert out.strip() == "3 True 6 True None True", out
+        assert k.run("print(sharing.may_share)").strip() == "True"
         assert arbiter.books()["shared_pieces"]["pieces"] == 6
     finally:
         k.shutdown()
@@ -217,10 +218,12 @@ def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_off
         out = k.run(
             "first = sharing.share(todo, arena, lock, lambda: True)\n"
             "print(first, [p.slab for p in pieces] == slabs_before, intact(), sharing.broken is not None,"
-            " sharing.share(todo, arena, lock, lambda: True), sharing.figures()['offered'])"
+            " sharing.share(todo, arena, lock, lambda: True), sharing.figures()['offered'],"
+            " sharing.may_share)"
         )
-        # nothing moved, nothing lost; the second round tries anew, and fails the same way
-        assert out.strip() == "0 True True True 0 0", out
+        # nothing moved, nothing lost; the second round tries anew, and fails the same way;
+        # the engine stops laying its pieces out for sharing
+        assert out.strip() == "0 True True True 0 0 False", out
         assert "cannot reach the arbiter's pieces socket" in k.run("print(sharing.broken)")
         row = k.run(STATUS_ROW)  # what %vgpu status says: nothing held once, and why
         assert "0 pieces offered" in row, row

@@ -135,8 +135,7 @@ class PauseEngine:
         self._areas: dict[str, WorkArea] = {}
         self._spill: spill.SpillFile | None = None  # the GPU path's pieces, when on disk
         self.last_spill: Outcome | None = None
-        #: the node's shared pieces (:mod:`.sharing`), set by the kernel when its arbiter
-        #: shares them; None: the pieces stay in the engine's own slabs
+        #: the node's shared pieces (:mod:`.sharing`), set by the kernel; None: kept its own
         self.sharing: PieceSharing | None = None
         #: where the time of the last resume from the disk tier went (None before one)
         self.last_resume_disk: spill.DiskResume | None = None
@@ -314,14 +313,15 @@ class PauseEngine:
             )
 
     def _pause_batch(self, batch, live, on_device: bool, used: set[str], paused: list[_Paused]) -> None:
-        """Store the live bytes of ``batch`` and release each unit once every span that
-        covers it is stored; each unit released goes to ``paused``, with the spans it
-        keeps, whether or not this returns (what raises: the codec's, the allocator's
-        errors, an interrupt), so that the caller can undo exactly what was done. A span
-        runs across units that lie side by side (:func:`.ranges.spans`); it is kept with
-        the first of its units released, so that a pause undone halfway writes back every
-        unit it released."""
-        joined = spans(((seg.ptr, seg.size, seg.device) for seg in batch), live)
+        """Store the live bytes of ``batch``, releasing each unit once every span covering it
+        is stored; each unit released goes to ``paused`` with the spans it keeps, whether or
+        not this returns (the codec's, the allocator's errors, an interrupt), so that the
+        caller can undo exactly what was done. A span runs across units side by side (on
+        each unit's grid where pieces may be shared: :func:`.ranges.spans`) and is kept with
+        the first of its units released, so that an undone pause writes back all it released."""
+        shares = on_device and self.sharing is not None and self.sharing.may_share
+        grid = self.device_codec.piece_bytes if shares else None
+        joined = spans(((seg.ptr, seg.size, seg.device) for seg in batch), live, grid)
         ranges = [(self._view(ptr + off, length), length) for ptr, off, length, _ in joined]
         by_ptr = {seg.ptr: seg for seg in batch}
         pending = {seg.ptr: 0 for seg in batch}  # spans not yet stored, per unit they cover

@@ -40,7 +40,15 @@ class PieceError(RuntimeError):
 class Refused(PieceError):
     """The arbiter answered, and refused (sharing off, a cap reached): the connection
     stays good. Any other :class:`PieceError` leaves it unusable (an answer that comes
-    late would be taken for the next one's): close it."""
+    late would be taken for the next one's): close it.
+
+    Attributes:
+        why: the arbiter's reason, as it gave it.
+    """
+
+    def __init__(self, why: str):
+        super().__init__(f"the arbiter refused the piece: {why}")
+        self.why = why
 
 
 @dataclasses.dataclass
@@ -122,7 +130,7 @@ class PieceClient:
             for extra in fds:
                 os.close(extra)
             why = answer.get("message", f"it answered {answer['type']}")
-            raise Refused(f"the arbiter refused the piece: {why}")
+            raise Refused(why)
         size = int(answer["size"])
         if not answer.get("shared"):
             return Held(own, False, size)

@@ -80,7 +80,9 @@ def live_ranges(
 
 
 def spans(
-    units: Iterable[tuple[int, int, int]], live: Mapping[int, Sequence[tuple[int, int]]]
+    units: Iterable[tuple[int, int, int]],
+    live: Mapping[int, Sequence[tuple[int, int]]],
+    grid: int | None = None,
 ) -> list[tuple[int, int, int, tuple[int, ...]]]:
     """Live ranges joined across units that lie side by side in the address space.
 
@@ -89,9 +91,21 @@ def spans(
     last piece per page (slower than whole pieces: :mod:`..codec.device`). Joined, the
     codec sees the segment's live bytes as the caller does, whole.
 
+    With ``grid`` (the codec's piece bytes), pieces are laid out for sharing
+    (:mod:`.sharing`): the codec cuts a span into pieces from its start, so each span
+    starts on a point of its unit's grid (the unit's address plus a multiple of ``grid``;
+    a head before the first point is a span of its own), and a span runs on into the next
+    unit only where the grid does (its unit's size is a multiple of ``grid``). Every piece
+    is then the live bytes of one cell of one unit's grid, whatever lives around it: two
+    kernels holding the same tensor at the same offset of a unit store the same piece,
+    where span by span one block live in one kernel and free in the other (or two units
+    side by side in one and apart in the other) moved every piece after it.
+
     Args:
         units: ``(address, size, device)`` of the units paused together, bytes.
         live: :func:`live_ranges` of those units.
+        grid: bytes between two points of a unit's grid, or None (spans as long as the
+            live bytes run).
 
     Returns:
         ``(unit, offset, length, covered)`` in address order: the unit the span starts in,
@@ -100,11 +114,12 @@ def spans(
     """
     out: list[tuple[int, int, int, tuple[int, ...]]] = []
     end = device = None
-    for ptr, _size, dev in sorted(units):
+    joins = True  # whether a span may run on past the end of the unit before
+    for ptr, size, dev in sorted(units):
         for off, length in live[ptr]:
             if length <= 0:
                 continue
-            if end == ptr + off and device == dev:
+            if end == ptr + off and device == dev and joins:
                 first, first_off, total, covered = out[-1]
                 if covered[-1] != ptr:
                     covered = (*covered, ptr)
@@ -112,4 +127,22 @@ def spans(
             else:
                 out.append((ptr, off, length, (ptr,)))
             end, device = ptr + off + length, dev
-    return out
+        joins = grid is None or size % grid == 0
+    if grid is None:
+        return out
+    sizes = {ptr: size for ptr, size, _ in units}
+    return [part for span in out for part in _on_grid(span, grid, sizes)]
+
+
+def _on_grid(span, grid: int, sizes: Mapping[int, int]) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """``span`` cut at the first point of its unit's grid, where it starts off the grid
+    and runs past that point (:func:`spans`)."""
+    unit, off, length, covered = span
+    head = -off % grid
+    if head == 0 or head >= length:
+        return [span]
+    start = off + head  # where the rest begins, from ``unit``'s address
+    rest = list(covered)
+    while start >= sizes[rest[0]]:  # the point is the end of a unit: the rest is in the next
+        start -= sizes[rest.pop(0)]
+    return [(unit, off, head, (unit,)), (rest[0], start, length - head, tuple(rest))]

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jupyter_vgpu.host.pieces import piece_key
+from jupyter_vgpu.host.pieces import OFF, piece_key
 
 from .piece_client import Held, PieceClient, PieceError, Refused
 
@@ -110,6 +110,10 @@ class PieceSharing:
         #: breaks its contract, no socket), or None; the next round connects anew
         self.broken: str | None = None
         self._referenced = False  # the arbiter may hold references of this kernel's
+        #: whether the node took offers at the last look (True until a round could not
+        #: reach it or was told it shares nothing, ``share_pieces`` ``off``); the engine
+        #: lays its pieces out on each unit's grid only while it does (:func:`.ranges.spans`)
+        self.may_share = True
         self._told: str | None = None  # the last reason logged for pieces kept
         self._lock = threading.Lock()  # guards the lists; offers are serialised by the caller
         self._mapped: list[_Mapped] = []  # read by the paused engine now
@@ -181,14 +185,18 @@ class PieceSharing:
         except PieceError as e:
             with self._lock:
                 self._figures["refused"] = str(e)
-            if not isinstance(e, Refused):  # a late answer would be read as the next one's
+            if isinstance(e, Refused):
+                self.may_share = e.why != OFF  # or a cap was reached: the node shares
+            else:  # a late answer would be read as the next one's
                 self.broken = str(e)
+                self.may_share = False
                 self._hang_up()
             if str(e) != self._told:  # once per reason: a node that shares nothing says so each round
                 self._told = str(e)
                 log.info("jupyter-vgpu: paused pieces stay the kernel's own: %s", e)
             return None
         self._referenced = True
+        self.may_share = True
         array = np.frombuffer(held.view, dtype=np.uint8)
         address = array.ctypes.data
         registered = self.pinning is not None and self.pinning.register(address, held.size)
