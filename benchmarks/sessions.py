@@ -54,11 +54,12 @@ ahead (``VGPUKernel.prepare_pinned``; ``pinned_ahead_s``: from the cell's end un
 earlier output and appends the new runs to it (one call per N on a device with a time
 limit per call).
 
-A cell with no reply in 180 s (:data:`STALL_SECONDS`) is a stall: the run records it
-in the row's ``stalls`` (the session's state by the arbiter and by its own report,
-whether its process lives) and that session sends no more cells. ``--logs DIR`` keeps
-the arbiter's log, every kernel's output and, for each stall, the threads' stacks of
-the kernel and of the arbiter (:func:`dump_stacks`).
+A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
+stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
+and by its own report, whether its process lives, the last line the cell printed: a
+cell waiting for room says why) and that session sends no more cells. ``--logs DIR``
+keeps the arbiter's log, every kernel's output and, for each stall, the threads' stacks
+of the kernel and of the arbiter (:func:`dump_stacks`) and the arbiter's log so far.
 
 Usage (GPU machine)::
 
@@ -260,9 +261,21 @@ class Session(Kernel):
                 out.append(f"{c['ename']}: {c['evalue']}")
 
         t0 = time.perf_counter()
-        reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        try:
+            reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        except TimeoutError:
+            raise Stalled("".join(out)) from None
         failed = failed or reply["content"]["status"] != "ok"
         return time.perf_counter() - t0, "".join(out), failed
+
+
+class Stalled(TimeoutError):
+    """A cell gave no reply in time. ``said``: what it printed meanwhile (a cell that
+    waits before its code runs says why on one line, updated each second)."""
+
+    def __init__(self, said: str):
+        super().__init__("no reply in time")
+        self.said = said
 
 
 class HostMemory:
@@ -401,9 +414,14 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                     control.register(s.pid, f"user{s.index}", "", slices[s.index % len(slices)])
             setup = setup_code(args)
             failures: list[bool] = []
+            stalls: list[dict] = []
 
             def set_up(s: Session) -> None:
-                failures.append(s.timed(setup)[2])
+                start = time.time()
+                try:
+                    failures.append(s.timed(setup, timeout=STALL_SECONDS)[2])
+                except Stalled as e:  # no cells for it: they would queue behind this one
+                    stalls.append(stall_of(s, None, start, arbiter, args.logs, e.said))
 
             # as many at a time as fit beside every session's CUDA context: each setup is a
             # cell that asks for room (more at once would have the arbiter suspend kernels
@@ -419,7 +437,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             ooms = sum(failures)
             cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
-            stalls: list[dict] = []
+            set_up_stalled = {st["session"] for st in stalls}
             cell = (
                 f"_t = time.perf_counter()\ntrain({solo_steps})\n"
                 "print('inner', time.perf_counter() - _t, 'steps', *step_seconds)"
@@ -433,6 +451,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             first = {s.index: phases.uniform(0, args.think + args.cell_seconds) for s in sessions}
 
             def duty(s: Session) -> None:
+                if s.index in set_up_stalled:
+                    return
                 time.sleep(first[s.index])
                 for cycle in range(args.cycles):
                     if cycle:
@@ -446,8 +466,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                     start = time.time()
                     try:
                         seconds, out, failed = s.timed(cell, timeout=STALL_SECONDS)
-                    except TimeoutError:  # its next cells would queue behind this one
-                        stalls.append(stall_of(s, cycle, start, arbiter, args.logs))
+                    except Stalled as e:  # its next cells would queue behind this one
+                        stalls.append(stall_of(s, cycle, start, arbiter, args.logs, e.said))
                         return
                     if failed:
                         errors.append(out[-500:])
@@ -529,19 +549,26 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
 STALL_SECONDS = 180.0
 
 
-def stall_of(s: Session, cycle: int, start: float, arbiter: ArbiterProcess, logs: Path | None) -> dict:
-    """What a stalled cell (no reply in :data:`STALL_SECONDS`) left to see: the session's
-    state by the arbiter's books and by its own report, whether its process lives, and
-    (with ``--logs``) the stacks of its threads and the arbiter's, in files there."""
+def stall_of(
+    s: Session, cycle: int | None, start: float, arbiter: ArbiterProcess, logs: Path | None, said: str = ""
+) -> dict:
+    """What a stalled cell (no reply in :data:`STALL_SECONDS`) left to see: its cycle
+    (None: the session's setup), the session's state by the arbiter's books and by its own
+    report, whether its process lives, the last line the cell printed (why it waits, where
+    it waits for room), and (with ``--logs``) the stacks of its threads and the arbiter's
+    and the arbiter's log so far, in files there."""
     entry = arbiter.kernel(s.pid) or {}
     report = s.report()
     stacks = None
     if logs:
         stacks = [dump_stacks(pid, logs / f"stacks-{who}.txt") for pid, who in
                   ((s.pid, f"kernel-{s.index}"), (arbiter.process.pid, f"arbiter-at-{s.index}"))]  # fmt: skip
+        shutil.copy(arbiter.log_path, logs / f"arbiter-at-{s.index}.log")  # the run may never end
+    lines = [line for line in said.replace("\r", "\n").splitlines() if line.strip()]
     return {
         "session": s.index,
         "cycle": cycle,
+        "said": lines[-1][-500:] if lines else None,
         "sent_at": start,
         "arbiter_state": entry.get("state"),
         "kernel_state": report.get("state"),

@@ -210,6 +210,50 @@ def test_a_stalled_cells_stacks_list_every_thread_of_the_process(tmp_path, monke
     assert len(lines) >= len(tasks) - 1, (lines, tasks)  # a thread may end between the looks
 
 
+def test_a_stalled_cell_keeps_what_it_printed_while_it_waited(tmp_path, monkeypatch):
+    """``Session.timed`` on a cell that gives no reply in time: ``Stalled`` carries what the
+    cell printed meanwhile (a cell waiting for room prints why), and ``stall_of`` keeps its
+    last line beside what a real arbiter's books and the kernel's process say, and with
+    ``--logs`` the stacks and the arbiter's log so far."""
+    import argparse
+
+    from jupyter_vgpu.testing.kernel_runner import Kernel
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    ask = argparse.Namespace(watermark=0.6, suspend_after=3600.0, host_memory_limit="", share_pieces="off")
+    arbiter = sessions.start_arbiter(tmp_path, ask)
+    kernel = Kernel(tmp_path, {})
+    try:
+        code = (
+            "import time\n"
+            "print('waiting 1 s: queued', flush=True)\n"
+            "print('waiting 2 s: queued behind bob', flush=True)\n"
+            "time.sleep(30)"
+        )
+        with pytest.raises(sessions.Stalled) as stalled:
+            sessions.Session.timed(kernel, code, timeout=3)
+        assert "waiting 2 s: queued behind bob" in stalled.value.said
+        kernel.index, kernel.report = 3, dict  # what a Session adds to a kernel
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        entry = sessions.stall_of(kernel, None, 0.0, arbiter, logs, stalled.value.said)
+        assert (entry["session"], entry["cycle"], entry["said"]) == (
+            3,
+            None,
+            "waiting 2 s: queued behind bob",
+        )
+        assert (entry["arbiter_state"], entry["alive"]) == (None, True)  # never registered; alive
+        assert {p.name for p in logs.iterdir()} == {
+            "stacks-kernel-3.txt",
+            "stacks-arbiter-at-3.txt",
+            "arbiter-at-3.log",
+        }
+    finally:
+        kernel.shutdown()
+        arbiter.stop()
+
+
 def test_a_part_measured_again_goes_into_the_results_file_with_its_own_record(monkeypatch):
     """``hosttier.merge``: the disk part measured at a later commit replaces the file's,
     carrying its own commit and date; the part it replaced is kept under ``earlier``
