@@ -58,8 +58,10 @@ A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is 
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
 and by its own report, whether its process lives, the last line the cell printed: a
 cell waiting for room says why) and that session sends no more cells. ``--logs DIR``
-keeps the arbiter's log, every kernel's output and, for each stall, the threads' stacks
-of the kernel and of the arbiter (:func:`dump_stacks`) and the arbiter's log so far.
+keeps the arbiter's log, every kernel's output with the package's log (:data:`KERNEL_LOG`:
+each pause and resume, each round of offers of pieces and each piece) and, for each
+stall, the threads' stacks of the kernel and of the arbiter (:func:`dump_stacks`) and
+the arbiter's log so far.
 
 Usage (GPU machine)::
 
@@ -173,6 +175,18 @@ opt = torch.optim.AdamW(trained, lr=1e-4)
 TRANSFORMER_STEP = """\
         ids = torch.randint(0, config.vocab_size, (1, {tokens}), device="cuda")
         model(input_ids=ids, labels=ids).loss.backward()"""
+
+
+#: With ``--logs``: the package's log of each kernel, into its output (the kernel's log
+#: file): what its pauses and resumes did, each round of offers of pieces and each piece.
+KERNEL_LOG = """
+import logging as _logging, sys as _sys
+_heard = _logging.StreamHandler(_sys.__stderr__)
+_heard.setFormatter(_logging.Formatter("%(asctime)s %(name)s %(message)s"))
+_logging.getLogger("jupyter_vgpu").addHandler(_heard)
+_logging.getLogger("jupyter_vgpu").setLevel(_logging.INFO)
+_logging.getLogger("jupyter_vgpu.pieces").setLevel(_logging.DEBUG)
+"""
 
 
 def write_checkpoint(folder: Path) -> Path:
@@ -412,7 +426,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             with arbiter.control() as control:
                 for s in sessions:
                     control.register(s.pid, f"user{s.index}", "", slices[s.index % len(slices)])
-            setup = setup_code(args)
+            setup = (KERNEL_LOG if args.logs else "") + setup_code(args)
             failures: list[bool] = []
             stalls: list[dict] = []
 

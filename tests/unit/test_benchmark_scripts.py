@@ -254,6 +254,34 @@ def test_a_stalled_cell_keeps_what_it_printed_while_it_waited(tmp_path, monkeypa
         arbiter.stop()
 
 
+def test_with_logs_each_kernels_package_log_goes_to_its_log_file(tmp_path, monkeypatch):
+    """``sessions.KERNEL_LOG``, run first in each session's setup with ``--logs``: the
+    package's info lines and the pieces' debug lines reach the kernel's log file, not
+    the cell's output."""
+    from jupyter_vgpu.testing.kernel_runner import Kernel
+    from jupyter_vgpu.testing.waiting import wait_for
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    log = tmp_path / "kernel-0.log"
+    kernel = Kernel(tmp_path, {}, log=log)
+    try:
+        out = kernel.run(
+            sessions.KERNEL_LOG + "_logging.getLogger('jupyter_vgpu').info('paused in 0.1 s')\n"
+            "_logging.getLogger('jupyter_vgpu.pieces').debug('piece at +0 of its range: kept')\n"
+            "_logging.getLogger('jupyter_vgpu.other').debug('not this one')"
+        )
+        assert out.strip() == ""
+        wait_for(
+            lambda: "piece at +0 of its range: kept" in log.read_text(), 10, "the piece's line in the log"
+        )
+        text = log.read_text()
+        assert "jupyter_vgpu paused in 0.1 s" in text, text
+        assert "not this one" not in text, text
+    finally:
+        kernel.shutdown()
+
+
 def test_a_part_measured_again_goes_into_the_results_file_with_its_own_record(monkeypatch):
     """``hosttier.merge``: the disk part measured at a later commit replaces the file's,
     carrying its own commit and date; the part it replaced is kept under ``earlier``

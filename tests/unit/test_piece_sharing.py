@@ -196,6 +196,13 @@ def test_each_round_of_offers_has_a_connection_of_its_own(tmp_path, arbiter):
     try:
         k.run(HOLD + SETUP)
         out = k.run(
+            "import logging\n"
+            "said = []\n"
+            "heard = logging.Handler(logging.DEBUG)\n"
+            "heard.emit = lambda record: said.append((record.name, record.getMessage()))\n"
+            "for name in ('jupyter_vgpu', 'jupyter_vgpu.pieces'):\n"
+            "    logging.getLogger(name).setLevel(logging.DEBUG)\n"
+            "logging.getLogger('jupyter_vgpu').addHandler(heard)\n"
             "asked = iter([True, True, True, False])\n"
             "sharing.share(todo, arena, lock, lambda: True, lambda: next(asked))\n"
             "first = (sharing.figures()['offered'], sharing._client is None)\n"
@@ -203,6 +210,14 @@ def test_each_round_of_offers_has_a_connection_of_its_own(tmp_path, arbiter):
             "print(*first, sharing.figures()['offered'], sharing._client is None, sharing.broken, intact())"
         )
         assert out.strip() == "3 True 6 True None True", out
+        # each piece offered, then the round, in the kernel's log
+        said = eval(k.run("print(said)"))  # a list the kernel printed
+        assert [name for name, _ in said].count("jupyter_vgpu.pieces") == 6, said
+        assert all(m.endswith(": kept") and "key " in m for n, m in said if n == "jupyter_vgpu.pieces"), said
+        rounds = [m for n, m in said if n == "jupyter_vgpu"]
+        assert rounds[0].startswith("jupyter-vgpu: offered 3 of 6 paused pieces in "), rounds
+        assert rounds[1].startswith("jupyter-vgpu: offered 3 of 3 paused pieces in "), rounds
+        assert "0 B found identical to another kernel's" in rounds[0], rounds
         assert k.run("print(sharing.may_share)").strip() == "True"
         assert arbiter.books()["shared_pieces"]["pieces"] == 6
     finally:

@@ -40,10 +40,13 @@ from collections.abc import Callable
 import numpy as np
 
 from jupyter_vgpu.host.pieces import OFF, piece_key
+from jupyter_vgpu.units import format_bytes
 
 from .piece_client import Held, PieceClient, PieceError, Refused
 
 log = logging.getLogger("jupyter_vgpu")
+#: One line per piece offered (debug): where in its range, its key, what became of it.
+pieces_log = logging.getLogger("jupyter_vgpu.pieces")
 
 #: ``cudaHostRegisterReadOnly`` (CUDA runtime API, ``cudaHostRegister``'s flags): the
 #: device only reads the memory, so read-only pages may be registered.
@@ -151,6 +154,7 @@ class PieceSharing:
             left[holder[i].slab] = left.get(holder[i].slab, 0) + 1
         released = 0
         self.broken = None
+        before = self.figures()
         try:
             for holder, i in pieces:
                 if not keep_going():
@@ -171,6 +175,18 @@ class PieceSharing:
         with self._lock:
             self._figures["slabs_released_bytes"] += released
             self._figures["seconds"] = round(time.perf_counter() - t0, 4)
+            f = dict(self._figures)
+        log.info(
+            "jupyter-vgpu: offered %d of %d paused pieces in %.1f s: %s found identical to another "
+            "kernel's, %s kept by the node; %s of pinned slabs given back%s",
+            f["offered"] - before["offered"],
+            len(pieces),
+            f["seconds"],
+            format_bytes(f["shared_bytes"] - before["shared_bytes"]),
+            format_bytes(f["kept_bytes"] - before["kept_bytes"]),
+            format_bytes(released),
+            f"; stopped: {f['refused']}" if f["refused"] else "",
+        )
         return released
 
     def _offer(self, piece, arena) -> _Mapped | None:
@@ -179,9 +195,8 @@ class PieceSharing:
         try:
             if self._client is None:
                 self._client = self._connect()
-            held = self._client.offer(
-                piece_key(piece.length, piece.planes, piece.kinds, piece.sizes, piece.crcs, piece.fills), data
-            )
+            key = piece_key(piece.length, piece.planes, piece.kinds, piece.sizes, piece.crcs, piece.fills)
+            held = self._client.offer(key, data)
         except PieceError as e:
             with self._lock:
                 self._figures["refused"] = str(e)
@@ -197,6 +212,14 @@ class PieceSharing:
             return None
         self._referenced = True
         self.may_share = True
+        pieces_log.debug(
+            "piece at +%d of its range, %d bytes (%d stored), key %s: %s",
+            piece.offset,
+            piece.length,
+            held.size,
+            key[:8].hex(),
+            "shared" if held.shared else "kept",
+        )
         array = np.frombuffer(held.view, dtype=np.uint8)
         address = array.ctypes.data
         registered = self.pinning is not None and self.pinning.register(address, held.size)
