@@ -33,7 +33,7 @@ class ComingBack:
         """Bring this paused or suspended kernel back ahead of a cell its user is about to
         run (they opened, focused or edited its notebook: the server passes the word on
         through ``server.json``), if the card has room now: the node arbiter grants it
-        only without taking anyone off the card, and at most once per
+        taking off the card only kernels idle past their ``idle_seconds``, and at most once per
         ``prefetch_interval`` per user; without an arbiter, a paused kernel comes back
         where NVML shows room. Nothing is printed (no cell runs); a cell arriving
         meanwhile waits for it. True when the kernel came back; False when it was not

@@ -314,10 +314,11 @@ def prefetch_short(
 ) -> int:
     """Bytes missing before ``kernel`` (paused or suspended: its paused bytes and what the
     driver's checkpoint took) may come back ahead of its
-    next cell; 0 when it may. A prefetch takes nobody off the card: it fits in the free
-    memory beside what running kernels were promised, and leaves the card at or below
-    ``watermark`` (a fraction of ``total``), so that it never makes the background look
-    pause an idle kernel for it.
+    next cell; 0 when it may. It fits in the free memory beside what running kernels
+    were promised, and leaves the card at or below ``watermark`` (a fraction of
+    ``total``), so that it never makes the background look pause an idle kernel for it;
+    the caller pauses first only the kernels the background look would pause anyway
+    (:func:`ahead_of_time`, :meth:`.room.Rooms._pause_owed`).
 
     Args:
         kernel: the kernel to bring back.

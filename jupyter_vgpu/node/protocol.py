@@ -21,7 +21,8 @@ Kernels (any user) may send:
   once. (``disk_bytes`` may be left out: version 1.)
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch"}``: may I run?
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
-  at once, granted only where the card has room without taking anyone off it.) The
+  at once, granted only where the card has room once the kernels idle past their
+  ``idle_seconds`` are paused, nobody else taken off it.) The
   arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
   ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
   the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":

@@ -3,9 +3,13 @@ started working in a notebook (``POST /api/vgpu/kernels/<id>/prefetch``); the se
 passes the word to the kernel through its channel, and the kernel asks the node arbiter
 to come back ahead of the cell. Real server, kernels and arbiter, on a simulated card
 (1 GiB): a paused kernel comes back with no cell run, where the card has room; where it
-has none, nobody is taken off the card for it; requests are rate-limited."""
+has none, only kernels idle past their ``idle_seconds`` are taken off the card for it;
+requests are rate-limited."""
 
 from __future__ import annotations
+
+import dataclasses
+import threading
 
 import pytest
 
@@ -55,7 +59,7 @@ def test_a_paused_kernel_comes_back_before_its_cell_when_its_user_starts_working
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
 
 
-def test_a_prefetch_takes_nobody_off_the_card(node):
+def test_a_prefetch_takes_nobody_off_the_card_within_their_idle_seconds(node):
     arbiter, server, kid, ada, pid, bob = node
     assert scene.run(bob, scene.hold_code(2, 16 * MiB, simulated_mib=700)).error is None
     wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, "ada paused for bob's 700 MiB")
@@ -70,6 +74,50 @@ def test_a_prefetch_takes_nobody_off_the_card(node):
     # the cell still brings ada back, pausing bob as usual
     out = scene.run(ada, scene.BACK + scene.DIGEST)
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+
+
+def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_while_another_cell_runs(node, tmp_path):
+    # The background look pauses a kernel idle past its idle_seconds only on a card where
+    # no cell runs. Carol's long cell (a slice of 100 MiB) keeps this one busy: dave stays,
+    # idle past his 1 s, holding the card full, until ada's user starts working and the
+    # prefetch pauses him.
+    arbiter, server, kid, ada, pid, _ = node
+    carol = scene.start_kernel(
+        tmp_path,
+        arbiter,
+        "carol",
+        slice_=dataclasses.replace(scene.SLICE, memory_limit=100 * MiB, memory_request=100 * MiB),
+    )
+    dave = scene.start_kernel(
+        tmp_path, arbiter, "dave", slice_=dataclasses.replace(scene.SLICE, idle_seconds=1)
+    )
+    long_cell = threading.Thread(target=scene.run, args=(carol, "import time\ntime.sleep(30)"))
+    try:
+        long_cell.start()
+        wait_for(lambda: arbiter.kernel(carol.pid)["state"] == "active", 10, "carol's cell running")
+        assert scene.run(dave, scene.hold_code(2, 16 * MiB, simulated_mib=700)).error is None
+        wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, "ada paused for dave's 700 MiB")
+        wait_for(
+            lambda: (
+                arbiter.kernel(dave.pid)["state"] == "idle" and arbiter.kernel(dave.pid)["idle_seconds"] > 2
+            ),
+            10,
+            "dave idle past his idle_seconds",
+        )
+        assert arbiter.kernel(dave.pid)["tier"] == "gpu"  # a cell runs on the card: no background pause
+
+        assert server.request("POST", f"api/vgpu/kernels/{kid}/prefetch").status_code == 202
+        wait_for(lambda: decisions(arbiter, "prefetch", "ada/"), 15, "ada's prefetch granted")
+        assert arbiter.kernel(dave.pid)["tier"] == "host"
+        assert arbiter.kernel(carol.pid)["state"] == "active"  # running: never a candidate
+        wait_for(lambda: arbiter.kernel(pid)["tier"] == "gpu", 10, "ada back on the card")
+        out = scene.run(ada, scene.BACK + scene.DIGEST)
+        assert out.text.splitlines()[0] == "back", out.text
+        assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+    finally:
+        long_cell.join()
+        dave.shutdown()
+        carol.shutdown()
 
 
 def test_a_prefetch_for_a_kernel_the_server_does_not_run_is_a_404(node):
