@@ -145,9 +145,11 @@ class PieceSharing:
         client (:data:`jupyter_vgpu.node.piece_socket.IDLE_SECONDS`).
         """
         t0 = time.perf_counter()
-        # references of an earlier pause whose mappings are all closed, not yet dropped
-        # (a pause that came before the let-go after a cell ended): dropped first, or they
-        # would count against this round's cap at the arbiter
+        # what an earlier pause left: mappings not closed yet (the let-go waits for the end
+        # of a cell, and a prefetch brings a kernel back with none) and their references.
+        # A paused kernel runs no cell: both go now, or the references would count against
+        # this round's cap at the arbiter
+        self.close_retired()
         self.drop_references()
         left: dict[int, int] = {}  # slab -> its pieces not moved yet
         for holder, i in pieces:
