@@ -4,6 +4,7 @@ failures leave nothing half done."""
 
 import ctypes
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import pytest
 pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its CPU build)")
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jupyter_vgpu.kernel.pause import vmm
 from jupyter_vgpu.kernel.pause.engine import PauseEngine, PauseError, ResumeError
@@ -247,6 +250,65 @@ def test_on_a_grid_a_span_runs_into_the_next_unit_only_where_the_grid_does():
     ]
     live = {a: [(5 * MiB, 3 * MiB)], b: [(0, 8 * MiB)], c: []}
     assert spans(units, live, 8 * MiB) == [(a, 5 * MiB, 3 * MiB, (a,)), (b, 0, 8 * MiB, (b,))]
+
+
+@st.composite
+def _layouts(draw):
+    """Units of 2 MiB multiples, some side by side, on one or two devices, with live
+    ranges at 256 KiB granularity: ``(units, live)`` as :func:`spans` takes them."""
+    units, live, at = [], {}, 1 << 40
+    for _ in range(draw(st.integers(1, 6))):
+        at += draw(st.sampled_from([0, 0, 2 * MiB]))  # side by side, or a gap
+        size = draw(st.integers(1, 12)) * 2 * MiB
+        cells = size // (MiB // 4)
+        edges = draw(st.sampled_from([[], [0], [cells], [0, cells]]))  # live up to its ends
+        marks = sorted(set(draw(st.lists(st.integers(0, cells), max_size=6)) + edges))
+        runs = [(a, b) for a, b in zip(marks[::2], marks[1::2], strict=False) if b > a]
+        units.append((at, size, draw(st.sampled_from([0, 0, 1]))))
+        live[at] = [(a * MiB // 4, (b - a) * MiB // 4) for a, b in runs]
+        at += size
+    return units, live
+
+
+@settings(max_examples=300, deadline=None)
+@given(_layouts(), st.sampled_from([None, 4 * MiB, 8 * MiB]))
+def test_spans_cover_every_live_byte_once_and_keep_to_the_grid(layout, grid):
+    units, live = layout
+    size_of = {ptr: size for ptr, size, _ in units}
+    device_of = {ptr: dev for ptr, _, dev in units}
+    got = spans(units, live, grid)
+    covered_bytes = []
+    for unit, off, length, covered in got:
+        assert length > 0
+        assert covered[0] == unit
+        assert len({device_of[u] for u in covered}) == 1  # one device per span
+        for a, b in itertools.pairwise(covered):  # side by side, in order
+            assert a + size_of[a] == b
+        start = unit + off
+        assert unit <= start < unit + size_of[unit]
+        assert start + length <= covered[-1] + size_of[covered[-1]]
+        assert start + length > covered[-1]  # the last unit it names holds some of it
+        covered_bytes.append((start, start + length))
+        if grid is not None:
+            # on the grid of the unit it starts in, or a head up to the next point
+            assert off % grid == 0 or length <= grid - off % grid, (off, length)
+            for a in covered[:-1]:  # it runs on past a unit only where the grid does
+                assert size_of[a] % grid == 0
+    live_bytes = sorted((ptr + o, ptr + o + n) for ptr, runs in live.items() for o, n in runs if n > 0)
+    merged = []
+    for a, b in sorted(covered_bytes):
+        assert not merged or a >= merged[-1][1]  # no byte in two spans
+        merged.append((a, b))
+    flat = []  # adjacent ranges joined, on both sides, to compare as sets of bytes
+    for ranges in (merged, live_bytes):
+        out = []
+        for a, b in ranges:
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        flat.append(out)
+    assert flat[0] == flat[1]
 
 
 #: Units of the side-by-side tests: larger than any hole earlier tests leave (their
