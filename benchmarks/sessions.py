@@ -57,7 +57,9 @@ limit per call).
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
 and by its own report, whether its process lives, the last line the cell printed: a
-cell waiting for room says why) and that session sends no more cells. ``--logs DIR``
+cell waiting for room says why) and that session sends no more cells; once a setup has
+stalled, no more sessions are set up (each would wait as long: the run's
+``sessions_set_up`` says how many were). ``--logs DIR``
 keeps the arbiter's log, every kernel's output with the package's log (:data:`KERNEL_LOG`:
 each pause and resume, each round of offers of pieces and each piece) and, for each
 stall, the threads' stacks of the kernel and of the arbiter (:func:`dump_stacks`) and
@@ -440,7 +442,10 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             # as many at a time as fit beside every session's CUDA context: each setup is a
             # cell that asks for room (more at once would have the arbiter suspend kernels
             # to free contexts before the first cell)
+            done_setups: list[Session] = []
             for batch in range(0, n, together):
+                if stalls:  # the node made no room for a setup: later ones would wait as long
+                    break
                 setups = [
                     threading.Thread(target=set_up, args=(s,)) for s in sessions[batch : batch + together]
                 ]
@@ -448,10 +453,11 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                     t.start()
                 for t in setups:
                     t.join()
+                done_setups.extend(sessions[batch : batch + together])
             ooms = sum(failures)
             cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
-            set_up_stalled = {st["session"] for st in stalls}
+            working = {s.index for s in done_setups} - {st["session"] for st in stalls}
             cell = (
                 f"_t = time.perf_counter()\ntrain({solo_steps})\n"
                 "print('inner', time.perf_counter() - _t, 'steps', *step_seconds)"
@@ -465,7 +471,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             first = {s.index: phases.uniform(0, args.think + args.cell_seconds) for s in sessions}
 
             def duty(s: Session) -> None:
-                if s.index in set_up_stalled:
+                if s.index not in working:
                     return
                 time.sleep(first[s.index])
                 for cycle in range(args.cycles):
@@ -528,6 +534,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "errors": errors[:5],
                 # cells with no reply in STALL_SECONDS: each session's first (it did no more)
                 "stalls": stalls,
+                # sessions whose setup ended in time; once one stalls, no more are set up
+                "sessions_set_up": len(working),
                 "wall_s": time.time() - t0,
                 "pauses": counted["pauses"],
                 "suspends": counted["suspends"],
