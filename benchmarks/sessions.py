@@ -58,12 +58,11 @@ A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is 
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
 and by its own report, whether its process lives, the last line the cell printed: a
 cell waiting for room says why) and that session sends no more cells; once a setup has
-stalled, no more sessions are set up (each would wait as long: the run's
-``sessions_set_up`` says how many were). ``--logs DIR``
-keeps the arbiter's log, every kernel's output with the package's log (:data:`KERNEL_LOG`:
-each pause and resume, each round of offers of pieces and each piece) and, for each
-stall, the threads' stacks of the kernel and of the arbiter (:func:`dump_stacks`) and
-the arbiter's log so far.
+stalled, no more sessions are set up (each would wait as long: the row's
+``sessions_set_up`` says how many were). ``--logs DIR`` keeps the arbiter's log, every
+kernel's output with the package's log (:data:`KERNEL_LOG`: each pause and resume, each
+round of offers of pieces and each piece) and, for each stall, the threads' stacks of
+the kernel and of the arbiter (:func:`dump_stacks`) and the arbiter's log so far.
 
 Usage (GPU machine)::
 
