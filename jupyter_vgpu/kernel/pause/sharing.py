@@ -149,8 +149,7 @@ class PieceSharing:
         # of a cell, and a prefetch brings a kernel back with none) and their references.
         # A paused kernel runs no cell: both go now, or the references would count against
         # this round's cap at the arbiter
-        self.close_retired()
-        self.drop_references()
+        self.let_go()
         left: dict[int, int] = {}  # slab -> its pieces not moved yet
         for holder, i in pieces:
             left[holder[i].slab] = left.get(holder[i].slab, 0) + 1
