@@ -77,6 +77,7 @@ Usage (GPU machine)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import queue
 import random
@@ -559,6 +560,10 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 ],
             }
         finally:
+            if args.logs:  # where two kernels' own host memory goes, mapping by mapping
+                for s in sessions[:1] + sessions[len(sessions) // 2 :][:1]:
+                    with contextlib.suppress(OSError):
+                        shutil.copy(f"/proc/{s.pid}/smaps", args.logs / f"smaps-kernel-{s.index}.txt")
             for s in sessions:
                 s.shutdown()
             arbiter.stop()
