@@ -112,10 +112,11 @@ def spans(
         its offset there and its length in bytes (it may run past that unit's end into
         the next ones), and the address of every unit it covers, in order.
     """
+    units = sorted(units)  # read twice below: an iterator would be empty the second time
     out: list[tuple[int, int, int, tuple[int, ...]]] = []
     end = device = None
     joins = True  # whether a span may run on past the end of the unit before
-    for ptr, size, dev in sorted(units):
+    for ptr, size, dev in units:
         for off, length in live[ptr]:
             if length <= 0:
                 continue
