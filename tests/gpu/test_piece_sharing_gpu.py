@@ -58,13 +58,15 @@ def test_two_kernels_with_the_same_weights_hold_them_once_and_come_back_exact(tm
             return arbiter.books()["shared_pieces"]
 
         # ada's and bob's 1 GiB of weights are the same pieces: held once. Everything else
-        # (their own bytes, eve's other weights) is held by one kernel each, so sharing
-        # saves about 1 GiB (less the pieces a block of their own lies in)
+        # (their own 64 MiB and 71-92 MiB of blocks, eve's other weights) is held by one
+        # kernel each. All are random bytes of one entropy, stored compressed alike, so
+        # sharing saves about 1 GiB of the 3.4 GiB the three reference: 0.29 of it
+        def saved_share() -> float:
+            figures = shared()
+            return 1 - figures["held_bytes"] / max(1, figures["referenced_bytes"])
+
         wait_for(
-            lambda: (
-                len(shared()["by_pid"]) == 3
-                and shared()["referenced_bytes"] - shared()["held_bytes"] > 0.95 * GiB
-            ),
+            lambda: len(shared()["by_pid"]) == 3 and saved_share() > 0.25,
             180,
             "ada's and bob's weights held once",
         )
