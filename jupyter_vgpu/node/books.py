@@ -309,16 +309,34 @@ def paused_on(kernel: Kernel, card: str | None = None) -> int:
     return kernel.paused_bytes * seen.get(card, 0) // total
 
 
+def prefetch_need(kernel: Kernel, card: str | None = None) -> int:
+    """Bytes a prefetch of ``kernel`` brings back to ``card``: its paused bytes there
+    (:func:`paused_on`) and what its restore from the driver's checkpoint takes there
+    (:attr:`Kernel.checkpoint_need`; its whole ``checkpoint_bytes`` where that is unknown
+    or ``card`` is None)."""
+    if card is None or not kernel.checkpoint_need:
+        restore = kernel.checkpoint_bytes
+    else:
+        restore = kernel.checkpoint_need.get(card, 0)
+    return paused_on(kernel, card) + restore
+
+
+def promised(others: list[Kernel], card: str | None = None) -> int:
+    """Bytes the running kernels of ``others`` were granted on ``card`` and do not hold yet
+    (each running cell's room, :func:`growth`, less :func:`held`)."""
+    return sum(max(0, k.granted - held(k, card)) for k in others if k.state == ACTIVE)
+
+
 def prefetch_short(
     kernel: Kernel, free: int, total: int, others: list[Kernel], watermark: float, card: str | None = None
 ) -> int:
     """Bytes missing before ``kernel`` (paused or suspended: its paused bytes and what the
-    driver's checkpoint took) may come back ahead of its
-    next cell; 0 when it may. It fits in the free memory beside what running kernels
-    were promised, and leaves the card at or below ``watermark`` (a fraction of
-    ``total``), so that it never makes the background look pause an idle kernel for it;
-    the caller pauses first only the kernels the background look would pause anyway
-    (:func:`ahead_of_time`, :meth:`.room.Rooms._pause_owed`).
+    driver's checkpoint took, :func:`prefetch_need`) may come back ahead of its next
+    cell; 0 when it may. It fits in the free memory beside what running kernels were
+    promised (:func:`promised`), and leaves the card at or below ``watermark`` (a fraction
+    of ``total``), so that it never makes the background look pause an idle kernel for
+    it; the caller first pauses kernels idle past their ``idle_seconds`` for it
+    (:func:`prefetch_owed`).
 
     Args:
         kernel: the kernel to bring back.
@@ -326,20 +344,48 @@ def prefetch_short(
         total: the card's memory, bytes.
         others: the card's other kernels.
         watermark: the arbiter's watermark, a fraction of ``total``.
-        card: the card (NVML UUID), for a kernel of several cards: what its resume and
-            its restore bring back to that card alone (:func:`paused_on`,
-            :attr:`Kernel.checkpoint_need`), the others' holdings there (:func:`held`);
-            None: the kernel's whole figures.
+        card: the card (NVML UUID), for a kernel of several cards: what it brings back to
+            that card alone and the others' holdings there; None: the kernels' whole figures.
     """
-    if card is None or not kernel.checkpoint_need:
-        restore = kernel.checkpoint_bytes
-    else:
-        restore = kernel.checkpoint_need.get(card, 0)
-    need = paused_on(kernel, card) + restore  # what its resume and its restore take
-    promised = sum(max(0, k.granted - held(k, card)) for k in others if k.state == ACTIVE)
-    over_free = need + promised - free
+    need = prefetch_need(kernel, card)
+    over_free = need + promised(others, card) - free
     over_mark = (total - free) + need - int(watermark * total)
     return max(0, over_free, over_mark)
+
+
+def prefetch_owed(
+    kernel: Kernel,
+    used: int,
+    total: int,
+    others: list[Kernel],
+    watermark: float,
+    now: float,
+    card: str | None = None,
+) -> list:
+    """The pauses that make room for a prefetch of ``kernel`` (:func:`prefetch_short`)
+    among the kernels the background look may pause (:func:`ahead_of_time`: idle past
+    their slice's ``idle_seconds``, longest idle first), ``[(kernel, "pause")]``: until the
+    card, counting in use what ``kernel`` brings back and what the running kernels were
+    promised, is at or below ``watermark``. Under that, the prefetch fits in the free
+    memory beside the promises and under the watermark.
+
+    The promises count: a running cell is granted its budget (:func:`growth`), so on a
+    card where cells of several gigabytes run, the prefetch of a small working set was
+    refused while idle kernels past their ``idle_seconds`` held the card: 47 of 48 MLP
+    sessions' prefetches were refused, 1.1 to 51 GiB short
+    (``benchmarks/results/sessions-mlp-h200.json``, 48 sessions, seed 7).
+
+    Args:
+        kernel: the kernel to bring back.
+        used: bytes in use on its card now (NVML).
+        total: the card's memory, bytes.
+        others: the card's other kernels.
+        watermark: the arbiter's watermark, a fraction of ``total``.
+        now: ``time.monotonic()``.
+        card: the card (NVML UUID), as for :func:`prefetch_short`.
+    """
+    counted = used + prefetch_need(kernel, card) + promised(others, card)
+    return ahead_of_time(others, counted, total, watermark, now, card)
 
 
 def victims(

@@ -166,23 +166,21 @@ class Rooms:
         await a.sessions.send(conn, {"type": "grant", "id": rid})
 
     async def _pause_owed(self, kernel: Kernel, card: str, reading: Reading) -> bool:
-        """For a prefetch of ``kernel`` short of room on ``card`` (its lock held): the
-        background pauses the card owes, made now. They are the kernels idle past their
-        slice's ``idle_seconds`` that the background step pauses on a card above its
-        watermark (:func:`books.ahead_of_time`, counting what ``kernel`` brings back as in
-        use), which it defers while any cell runs on the card (:func:`books.quiet`); where
-        many users share a card one always does, and those kernels kept the card full. A
-        prefetch runs seconds before its cell, which would take them off itself
-        (:meth:`make_room`), and its user waits in the meantime: 28 of 44 transformer
-        sessions' cells found their kernel paused, their prefetch refused for room such
-        kernels held (``benchmarks/results/sessions-h100.json``). Pauses only, never a
-        suspend; a kernel whose pause waits for host memory to be made stays. Returns
-        whether any left the card."""
+        """For a prefetch of ``kernel`` short of room on ``card`` (its lock held): pause the
+        kernels idle past their slice's ``idle_seconds`` that make room for it
+        (:func:`books.prefetch_owed`). The background look pauses those only while no
+        cell runs on the card (:func:`books.quiet`); where many users share a card one
+        always does, and those kernels kept the card full. A prefetch runs seconds before
+        its cell, which would take them off itself (:meth:`make_room`), and its user waits
+        in the meantime: 28 of 44 transformer sessions' cells found their kernel paused,
+        their prefetch refused for room such kernels held
+        (``benchmarks/results/sessions-h100.json``). Pauses only, never a suspend, and
+        nobody within their ``idle_seconds``; a kernel whose pause waits for host memory
+        to be made stays. Returns whether any left the card."""
         a = self.arbiter
         others = [k for k in a.on_card(card) if k is not kernel]
-        bringing = books.paused_on(kernel, card)
-        owed = books.ahead_of_time(
-            others, reading.used + bringing, reading.total, a.config.watermark, time.monotonic(), card
+        owed = books.prefetch_owed(
+            kernel, reading.used, reading.total, others, a.config.watermark, time.monotonic(), card
         )
         moved = False
         for victim, action in owed:

@@ -76,27 +76,44 @@ def test_a_prefetch_takes_nobody_off_the_card_within_their_idle_seconds(node):
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
 
 
-def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_while_another_cell_runs(node, tmp_path):
+@pytest.mark.parametrize(
+    ("carol_mib", "dave_limit_mib", "dave_mib"),
+    [(100, 800, 700), (200, 300, 150)],
+    ids=["the card above its watermark", "room promised to the running cell"],
+)
+def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_while_another_cell_runs(
+    node, tmp_path, carol_mib, dave_limit_mib, dave_mib
+):
     # The background look pauses a kernel idle past its idle_seconds only on a card where
-    # no cell runs. Carol's long cell (a slice of 100 MiB) keeps this one busy: dave stays,
-    # idle past his 1 s, holding the card full, until ada's user starts working and the
-    # prefetch pauses him.
+    # no cell runs. Carol's long cell (a slice of ``carol_mib``) keeps this one busy: dave
+    # stays, idle past his 1 s, holding ``dave_mib``, until ada's user starts working and
+    # the prefetch pauses him. With 700 MiB: the card (1 GiB, watermark 0.9) would be past
+    # its watermark with ada's 700 MiB back. With 150 MiB: it would not, but 874 MiB free
+    # cannot hold ada's 700 beside the 200 promised to carol's running cell.
     arbiter, server, kid, ada, pid, _ = node
     carol = scene.start_kernel(
         tmp_path,
         arbiter,
         "carol",
-        slice_=dataclasses.replace(scene.SLICE, memory_limit=100 * MiB, memory_request=100 * MiB),
+        slice_=dataclasses.replace(scene.SLICE, memory_limit=carol_mib * MiB, memory_request=carol_mib * MiB),
     )
     dave = scene.start_kernel(
-        tmp_path, arbiter, "dave", slice_=dataclasses.replace(scene.SLICE, idle_seconds=1)
+        tmp_path,
+        arbiter,
+        "dave",
+        slice_=dataclasses.replace(
+            scene.SLICE,
+            idle_seconds=1,
+            memory_limit=dave_limit_mib * MiB,
+            memory_request=dave_limit_mib * MiB,
+        ),
     )
     long_cell = threading.Thread(target=scene.run, args=(carol, "import time\ntime.sleep(30)"))
     try:
         long_cell.start()
         wait_for(lambda: arbiter.kernel(carol.pid)["state"] == "active", 10, "carol's cell running")
-        assert scene.run(dave, scene.hold_code(2, 16 * MiB, simulated_mib=700)).error is None
-        wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, "ada paused for dave's 700 MiB")
+        assert scene.run(dave, scene.hold_code(2, 16 * MiB, simulated_mib=dave_mib)).error is None
+        wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, f"ada paused for dave's {dave_mib} MiB")
         wait_for(
             lambda: (
                 arbiter.kernel(dave.pid)["state"] == "idle" and arbiter.kernel(dave.pid)["idle_seconds"] > 2

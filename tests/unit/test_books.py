@@ -65,6 +65,33 @@ def test_a_prefetch_fits_in_free_memory_below_the_watermark_or_waits_for_the_cel
     assert books.prefetch_short(suspended, free, total, [], watermark=1.0) == GiB
 
 
+def test_a_prefetch_pauses_idle_kernels_past_their_idle_seconds_for_its_bytes_and_the_promises():
+    # 80 GiB card, watermark 0.9 (72 GiB). A running cell holds 4 GiB and was promised 20;
+    # four kernels idle past their 5 s hold 10 GiB each; one idle 2 s holds 10 GiB more
+    now, total, watermark = 1000.0, 80 * GiB, 0.9
+    running = kernel(1, 20 * GiB, state=books.ACTIVE, resident=4 * GiB, granted=20 * GiB)
+    idle = [kernel(10 + i, 20 * GiB, resident=10 * GiB, since=now - 60 + i) for i in range(4)]
+    recent = kernel(20, 20 * GiB, resident=10 * GiB, since=now - 2)
+    for k in (*idle, recent):
+        k.server.slice = k.server.slice.replace(idle_seconds=5)
+    back = kernel(7, 20 * GiB, state=books.PAUSED, paused_bytes=3 * GiB)
+    others = [running, *idle, recent]
+    used = 62 * GiB  # 8 GiB of it the driver's and the kernels' contexts
+    free = total - used
+    # 62 GiB in use and 3 coming back are under the mark: the background look owes nothing,
+    # yet beside the running cell's 16 GiB still to come, 18 GiB free are 1 short of room
+    assert books.ahead_of_time(others, used + 3 * GiB, total, watermark, now) == []
+    assert books.prefetch_short(back, free, total, others, watermark) == GiB
+    # counted with the promises (81 GiB), the longest idle kernel goes, and the 3 fit
+    owed = books.prefetch_owed(back, used, total, others, watermark, now)
+    assert [(k.pid, action) for k, action in owed] == [(10, "pause")]
+    assert books.prefetch_short(back, free + 10 * GiB, total, others[2:], watermark) == 0
+    # more to bring back: longest idle first, and never the kernel within its idle_seconds
+    back.paused_bytes = 30 * GiB
+    owed = books.prefetch_owed(back, used, total, others, watermark, now)
+    assert [k.pid for k, _ in owed] == [10, 11, 12, 13]
+
+
 def test_a_kernel_of_several_cards_is_counted_on_each_card_by_what_it_holds_there():
     pair_slice = Slice(
         "GPU-0", 0, "test card", 80 * GiB, 30 * GiB, 100, more_gpus=(Card("GPU-1", 1, 80 * GiB),)
