@@ -52,7 +52,9 @@ ahead (``VGPUKernel.prepare_pinned``; ``pinned_ahead_s``: from the cell's end un
 
 ``--calibration FILE`` takes the solo cell, the static count and the slice from an
 earlier output and appends the new runs to it (one call per N on a device with a time
-limit per call).
+limit per call). A calibration of a smaller card than this one's (an H100's, run on an
+H200) keeps the difference out of the arbiter's reach (``ArbiterApp.card_reserve``,
+``card_reserve_bytes`` in the row), so that it decides as on the calibration's card.
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
@@ -363,6 +365,8 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     ]
     if args.host_memory_limit:
         settings.append(f"--ArbiterApp.host_memory_limit={args.host_memory_limit}")
+    if getattr(args, "card_reserve", 0):
+        settings.append(f"--ArbiterApp.card_reserve={args.card_reserve}")
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
     arbiter = ArbiterProcess(directory, *settings).start()
     arbiter.metrics_port = port
@@ -783,7 +787,12 @@ def main() -> None:
         args.think = 90.0 if args.think is None else args.think
         result = {**record, **calibrate(args, gpu), "think_s": args.think, "runs": []}
     result["percentiles"] = RULE
+    # a calibration of a smaller card (an H100's on an H200): the arbiter keeps the rest of
+    # each card out of its reach (ArbiterApp.card_reserve), so that it decides as on the
+    # card the calibration's static count and slices were measured on
+    args.card_reserve = max(0, gpu.memory_total - result["card_bytes"])
     result["arbiter"] = {
+        "card_reserve_bytes": args.card_reserve or None,
         "idle_seconds": args.idle_seconds,
         "watermark": args.watermark,
         "suspend_after": args.suspend_after,
@@ -837,6 +846,7 @@ def main() -> None:
         row["gpus"] = len(gpus)
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
+        row["card_reserve_bytes"] = args.card_reserve or None  # of each card, out of the arbiter's reach
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         row["seed"] = args.seed
         row["same_checkpoint"] = args.same_checkpoint

@@ -158,6 +158,17 @@ class ArbiterApp(Application):
         "slice's idle_seconds are paused in the background, while no kernel on that card runs code.",
     ).tag(config=True)
 
+    card_reserve = ByteSize(
+        None,
+        allow_none=True,
+        help="""Memory of each card kept out of the arbiter's reach, bytes or a size like
+        '60G': it decides as if every card had that much less (its free memory too), so
+        that what a process of no server needs there (a display, a monitoring agent) is
+        never counted as room. The watermark is a fraction of what remains. Also how a
+        benchmark runs a larger card as a smaller one (benchmarks/sessions.py: an H200 as
+        the H100 its calibration was measured on). Default: none.""",
+    ).tag(config=True)
+
     prefetch_interval = Float(
         5.0,
         help="Seconds between two prefetches of one user's kernels (a paused kernel brought back "

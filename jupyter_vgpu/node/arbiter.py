@@ -152,7 +152,8 @@ class Arbiter(Registry):
         index = next((k.slice.gpu_index for k in kernels), None)
         loop = asyncio.get_running_loop()
         try:
-            reading = await loop.run_in_executor(None, cards.read, uuid, total, reported, index)
+            reserve = getattr(self.config, "card_reserve", 0) or 0
+            reading = await loop.run_in_executor(None, cards.read, uuid, total, reported, index, reserve)
         except NVMLUnavailable as e:
             self.card_down(uuid, str(e))
             raise

@@ -31,9 +31,13 @@ class Reading:
 
 
 def read(
-    uuid: str, simulated_total: int | None, reported: dict[int, int], index: int | None = None
+    uuid: str,
+    simulated_total: int | None,
+    reported: dict[int, int],
+    index: int | None = None,
+    reserve: int = 0,
 ) -> Reading:
-    """The card ``uuid`` now.
+    """The card ``uuid`` now, less ``reserve``.
 
     Args:
         uuid: the card's NVML UUID.
@@ -41,6 +45,9 @@ def read(
         reported: bytes per PID as the kernels report them; the whole truth on a
             simulated card, ignored on a real one.
         index: its NVML index (a simulated card's, from its slices).
+        reserve: bytes of the card kept out of the arbiter's reach
+            (``ArbiterApp.card_reserve``): taken off its ``total``, so off its free
+            memory too; what is in use counts whole.
 
     Raises:
         jupyter_vgpu.nvml.NVMLUnavailable: the driver does not answer for the card (a
@@ -52,7 +59,7 @@ def read(
         why = nvml.injected_failure(uuid, index)  # a simulated card fails only when named
         if why is not None:
             raise nvml.NVMLUnavailable(f"GPU {uuid!r}: {why}")
-        return Reading(simulated_total, sum(reported.values()), dict(reported))
+        return Reading(max(0, simulated_total - reserve), sum(reported.values()), dict(reported))
 
     used, total, _ = nvml.device_usage(uuid)
-    return Reading(total, used, nvml.process_memory(uuid))
+    return Reading(max(0, total - reserve), used, nvml.process_memory(uuid))
