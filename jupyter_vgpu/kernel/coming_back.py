@@ -83,7 +83,10 @@ class ComingBack:
             progress.done(f"not brought back: {e}" if isinstance(e, Exception) else None)
             raise
         self._open_gate()
-        progress.done("room granted" if purpose == "run" else "back on the GPU")
+        if purpose != "run":
+            progress.done("back on the GPU")
+        else:  # a line up after a wait the arbiter never answered says so, not "granted"
+            progress.done(progress.what if alone else "room granted")
 
     def _room(self, purpose: str, progress: Progress, deadline: float, suspended: bool = False) -> bool:
         """Room for the kernel: from the arbiter (False), or, with none to ask, decided here
@@ -101,8 +104,9 @@ class ComingBack:
                 self.ask_room(purpose, progress)
                 return False
             except ArbiterUnavailable as e:
-                if purpose == "run":
-                    return True  # its memory is on the card already: it runs without the arbiter
+                if purpose == "run":  # its memory is on the card already: it runs without the arbiter
+                    progress.update(f"{e}: running without it")
+                    return True
                 if purpose == "prefetch":
                     if suspended:  # its own look at the card would wait for its restore
                         raise MemoryError(f"{e}: a suspended kernel comes back when its cell runs") from None

@@ -149,6 +149,9 @@ def test_an_arbiter_that_hangs_is_given_up_on(people):
     out = scene.run(bob, "print('bob ran')", timeout=60)
     assert out.text.rstrip().endswith("bob ran"), out.text
     assert out.longest_silence <= scene.SILENCE, (out.longest_silence, out.text)
+    # the wait's last line says why he runs, never that room was granted
+    assert "has not answered for 3 s: running without it (after" in out.text, out.text
+    assert "room granted" not in out.text, out.text
     assert scene.process_state(arbiter.process.pid) in ("t", "T")
     scene.kill(arbiter.process.pid, "kill")
     arbiter.process.wait(30)
