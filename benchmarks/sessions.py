@@ -64,7 +64,10 @@ stalled, no more sessions are set up (each would wait as long: the row's
 ``sessions_set_up`` says how many were). ``--logs DIR`` keeps the arbiter's log, every
 kernel's output with the package's log (:data:`KERNEL_LOG`: each pause and resume, each
 round of offers of pieces and each piece) and, for each stall, the threads' stacks of
-the kernel and of the arbiter (:func:`dump_stacks`) and the arbiter's log so far.
+the kernel and of the arbiter (:func:`dump_stacks`) and the arbiter's log so far, and
+two kernels' ``/proc/<pid>/smaps`` at the end. Once the first setups are done, the first
+session is paused and, with sharing on, must offer its pieces (:func:`first_pause`): a
+run whose pauses fail stops there, in a minute, with why.
 
 Usage (GPU machine)::
 
@@ -458,6 +461,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 for t in setups:
                     t.join()
                 done_setups.extend(sessions[batch : batch + together])
+                if batch == 0 and not stalls:
+                    first_pause(sessions[0], arbiter, args.share_pieces)
             ooms = sum(failures)
             cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
@@ -573,6 +578,40 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
             arbiter.stop()
             if args.logs:
                 shutil.copy(arbiter.log_path, args.logs / f"arbiter-{n}.log")
+
+
+class PauseBroken(RuntimeError):
+    """The first session set up could not be paused, or offered none of its pieces with
+    sharing on: every later figure of the run would measure that, not the node."""
+
+
+def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:
+    """Pause session ``s`` (the first set up) by ``%vgpu pause`` before the run goes on,
+    and, with ``share_pieces`` not ``off``, wait for its pieces to be offered to the node;
+    its first cell brings it back as any paused session's does. A run of 44 sessions once
+    spent 9 minutes of a GPU on pauses that all failed (`KeyError`, undone) and offered no
+    piece; this finds that in a minute.
+
+    Raises:
+        PauseBroken: not paused in 60 s (with the arbiter's and the kernel's last word on
+            it), or, sharing on, no piece offered in 120 s (with the kernel's figures).
+    """
+    s.timed("%vgpu pause")
+    try:
+        wait_for(lambda: s.report().get("state") == "paused", 60, f"session {s.index} paused by %vgpu pause")
+    except AssertionError as e:
+        said = [d for d in arbiter.books()["decisions"] if d.get("pid") == s.pid and "refused" in d["what"]]
+        raise PauseBroken(f"{e}; the arbiter: {said[-1:]}; the kernel: {s.report().get('pause')}") from None
+    if share_pieces == "off":
+        return
+    try:
+        wait_for(
+            lambda: s.report().get("pause", {}).get("shared", {}).get("offered", 0) > 0,
+            120,
+            f"session {s.index}'s paused pieces offered to the node",
+        )
+    except AssertionError as e:
+        raise PauseBroken(f"{e}; the kernel: {s.report().get('pause', {}).get('shared')}") from None
 
 
 #: Seconds a run waits for a cell's reply before it counts a stall.
