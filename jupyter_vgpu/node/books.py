@@ -290,8 +290,7 @@ def shortfall(kernel: Kernel, free: int, others: list[Kernel], card: str | None 
         card: the card (:func:`held`).
     """
     need = max(0, growth(kernel, free, others, card) - held(kernel, card))
-    promised = sum(max(0, k.granted - held(k, card)) for k in others if k.state == ACTIVE)
-    return max(0, need + promised - free)
+    return max(0, need + promised(others, card) - free)
 
 
 def paused_on(kernel: Kernel, card: str | None = None) -> int:
