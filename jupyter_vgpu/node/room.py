@@ -7,8 +7,8 @@ Under its card's lock the arbiter reads the card, and while the kernel is short
 queues it with a message the cell shows until room appears or ``queue_timeout``
 passes. A suspended kernel is restored outside the lock, its room held for it. A
 ``prefetch`` (the user is about to run a cell) is answered at once, granted only where
-the card has room once the background pauses it owes are made (kernels idle past their
-``idle_seconds``), nobody else taken off it. Every wait is told to the cell as it
+the card has room once kernels idle past their ``idle_seconds`` are paused for it,
+nobody else taken off it. Every wait is told to the cell as it
 goes, at least once a second (:func:`said_while`).
 
 A kernel has at most one request decided and one waiting; a newer one replaces the
@@ -97,10 +97,10 @@ class Rooms:
     async def prefetch(self, conn: Connection, rid: int) -> None:
         """Bring a paused or suspended kernel back ahead of a cell its user is about to run
         (they opened, focused or edited its notebook): at once, or not at all. Granted only
-        where the card has room and stays at or below its watermark
-        (:func:`books.prefetch_short`) once the background pauses it owes are made
-        (:meth:`_pause_owed`: kernels idle past their ``idle_seconds``; nobody else is
-        taken off it), and once per ``prefetch_interval`` per user (all their servers);
+        where the card has room beside what running cells were promised and stays at or
+        below its watermark (:func:`books.prefetch_short`) once kernels idle past their
+        ``idle_seconds`` are paused for it (:meth:`_pause_owed`; nobody else is taken off
+        it), and once per ``prefetch_interval`` per user (all their servers);
         otherwise denied, and the cell asks for its room when it runs."""
         a = self.arbiter
         kernel = conn.kernel
