@@ -368,7 +368,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     ]
     if args.host_memory_limit:
         settings.append(f"--ArbiterApp.host_memory_limit={args.host_memory_limit}")
-    if getattr(args, "card_reserve", 0):
+    if args.card_reserve:
         settings.append(f"--ArbiterApp.card_reserve={args.card_reserve}")
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
     arbiter = ArbiterProcess(directory, *settings).start()
@@ -811,6 +811,7 @@ def main() -> None:
     if len(gpus) < args.gpus:
         parser.error(f"--gpus {args.gpus}: this machine has {len(gpus)}")
     gpu = gpus[0]  # the calibration's card (the cards of one host are alike)
+    args.card_reserve = 0  # a calibration measures the whole card
     if args.calibration:
         result = json.loads(Path(args.calibration).read_text())
         model = result["model"]
