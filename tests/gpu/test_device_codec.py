@@ -115,6 +115,47 @@ print(json.dumps(dict(results=results, kinds=sorted(kinds_seen), graph_reason=gr
     assert by["bf16", "graph"]["whole"] >= 8
 
 
+def test_what_a_piece_stores_depends_on_its_bytes_alone_not_on_what_the_scratch_held():
+    # Piece sharing finds equal pieces of two kernels by their keys (CRC-32s and sizes):
+    # two kernels' scratch holds different bytes, after other pieces or other work.
+    got = run(
+        SETUP
+        + """
+from jupyter_vgpu.host.pieces import piece_key
+c, scratch = codec(True)
+t = data("bf16", 4 * 8 * MiB + 300 * 1024)  # whole pieces (graphs) and a tail (direct calls)
+other = data("fp32", 6 * 8 * MiB)
+
+def chunks(arena, pieces):
+    return [bytes(arena.slabs[p.slab][p.start + int(o) : p.start + int(o) + int(n)].numpy())
+            for ps in pieces for p in ps for o, n in zip(p.offsets, p.sizes)]
+
+def pack(before):
+    before()
+    torch.cuda.synchronize()
+    arena = PinnedArena(torch)
+    pieces = c.pack([(t, t.numel())], arena)
+    keys = [piece_key(p.length, p.planes, p.kinds, p.sizes, p.crcs, p.fills).hex()
+            for ps in pieces for p in ps]
+    return keys, chunks(arena, pieces)
+
+got = {
+    "zeros": pack(scratch.zero_),
+    "random": pack(lambda: scratch.random_(0, 256)),
+    "ones": pack(lambda: scratch.fill_(0xFF)),
+    "after other data": pack(lambda: c.pack([(other, other.numel())], PinnedArena(torch))),
+}
+base_keys, base_chunks = got["zeros"]
+print(json.dumps({name: dict(keys_equal=sum(a == b for a, b in zip(keys, base_keys)), pieces=len(keys),
+                             bytes_equal=chunks_ == base_chunks)
+                  for name, (keys, chunks_) in got.items()}))
+"""
+    )
+    for name, row in got.items():
+        assert row["keys_equal"] == row["pieces"] == 5, (name, row)
+        assert row["bytes_equal"], name
+
+
 def test_a_damaged_chunk_fails_its_crc_and_names_the_chunk():
     got = run(
         SETUP

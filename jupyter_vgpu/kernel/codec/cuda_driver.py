@@ -54,6 +54,11 @@ class Driver:
         if nbytes:
             self._check(self._cu.cuMemcpyAsync(dst, src, nbytes, stream), "cuMemcpyAsync")
 
+    def zero(self, dst: int, nbytes: int, stream) -> None:
+        """Set ``nbytes`` of device memory at ``dst`` to zero on ``stream``."""
+        if nbytes:
+            self._check(self._cu.cuMemsetD8Async(dst, 0, nbytes, stream), "cuMemsetD8Async")
+
     def device_pointer(self, host: int) -> int:
         """The device's address of pinned host memory at ``host`` (the same number where
         the driver maps pinned memory at its host address, as on every 64-bit system)."""

@@ -28,6 +28,10 @@ Layout of what it writes (the "device" layout; the host layout is ``codec.zstd``
   bus in one copy either way: the host issues one ``cuMemcpyAsync`` per piece, where a
   batched copy of its 64 chunks (``cuMemcpyBatchAsync``) cost 52 µs of host time per
   piece on the H100 box, half of what the bus needs to move the piece.
+- What a piece stores is a function of its bytes alone: the compressor's output slots
+  are zeroed before each piece, since nvCOMP's ANS leaves a few bytes of a chunk's
+  output unwritten. Equal pieces of two kernels thus store equal bytes under equal keys,
+  which piece sharing relies on (``kernel.pause.sharing``).
 - Every stored chunk carries its CRC-32 (zlib's polynomial, so ``zlib.crc32`` checks
   it too), computed by nvCOMP on the GPU from the stored bytes before the copy out.
   Resume recomputes it on the GPU after the copy in and refuses a piece whose checksum,
@@ -394,6 +398,11 @@ class DeviceCodec:
         else:
             cu.copy(planar, src, length, self._cu_streams[0])
         k.uniform_async(planar, c, length, row(slot, FLAGS), s)
+        # nvCOMP's ANS leaves a few dozen bytes inside a chunk's output unwritten (43 of a
+        # 128 KiB chunk of bf16 weights, on the H200); left as they were, they hold what
+        # the slot held before, and equal pieces of two kernels, or of two pauses, would
+        # store different bytes: CRC-32s and keys that never meet (piece sharing).
+        cu.zero(slot.comp, n * self.ans.max_compressed_bytes, self._cu_streams[0])
         self.ans.compress(
             n, row(slot, IN_PTRS), row(slot, IN_SIZES), row(slot, OUT_PTRS), row(slot, OUT_SIZES),
             row(slot, STATUS_CRC), 0, s,
