@@ -280,18 +280,33 @@ class Tiering:
     def host_step(
         self, victim: Kernel, need: int, asked: list[Kernel] = (), tried: list[Kernel] = ()
     ) -> tuple[str, Kernel | None, str | None]:
-        """What :meth:`host_room` does next for ``need`` bytes of ``victim``'s pause, decided
-        from the books and ``MemAvailable`` now and changing nothing: ``("fits", None,
-        None)``; ``("trim", kernel, why)`` or ``("spill", kernel, why)`` (the host is short,
-        ``why``, and that kernel's warm slabs or paused data go first; those in ``asked`` and
-        ``tried`` were already); ``("past budget", None, note)`` (nothing else to move: the
-        pause may pass the budget, the victim going to disk next); ``("refuse", None,
-        why)``."""
+        """What :meth:`host_room` does next for ``need`` bytes of ``victim``'s pause (or of
+        its suspend, a paused victim), decided from the books and ``MemAvailable`` now and
+        changing nothing: ``("fits", None, None)``; ``("trim", kernel, why)`` or
+        ``("spill", kernel, why)`` (the host is short, ``why``, and that kernel's warm
+        slabs or paused data go first; those in ``asked`` and ``tried`` were already; a
+        paused victim's own data first where its suspend would keep it out of the disk
+        tier's reach, :func:`.tiers.strands`); ``("past budget", None, note)`` (nothing else
+        to move: the pause may pass the budget, the victim going to disk next);
+        ``("refuse", None, why)``."""
         now = time.monotonic()
         counted = books.cooperative(self.arbiter.kernels, but=victim)
         budget = self.host_budget()
         available = meminfo().get("MemAvailable", 0)
         shared = self._shared()
+        first = (  # a suspend that would keep the victim's paused data out of the disk tier's reach
+            victim not in tried
+            and not victim.declined("spill", now, REFUSAL_SECONDS)
+            and tiers.strands(victim, counted, budget, need, available, shared)
+            and self.disk_usable(victim.host_bytes) is None
+        )
+        if first:
+            held = format_bytes(tiers.host_used(counted, shared))
+            why = (
+                f"its paused data goes to disk before its suspend: the host is past its mark ({held} "
+                f"held, {format_bytes(available)} available), and a suspended kernel cannot move it there"
+            )
+            return "spill", victim, why
         over_budget, over_reserve = tiers.host_room(counted, budget, need, available, shared)
         if not over_budget and not over_reserve:
             return "fits", None, None

@@ -151,6 +151,32 @@ def to_spill(
     return _until_under(spillable(kernels, now), kernels, budget, available, shared)
 
 
+def strands(
+    victim: Kernel,
+    kernels: list[Kernel],
+    budget: HostBudget,
+    need: int,
+    available: int,
+    shared: Sharing = NOTHING_SHARED,
+) -> bool:
+    """Whether suspending ``victim`` now would keep in host memory paused data the disk
+    tier should take: ``victim`` is paused with data in host memory that spilling would
+    give back (:meth:`Sharing.frees`), and the node, the suspend's ``need`` bytes (its
+    checkpoint) counted, is past its spill mark: host bytes over ``budget.spill_at``, or
+    ``available`` (bytes, ``MemAvailable``) under ``budget.reserve``.
+
+    A suspended kernel cannot move its paused data: its CUDA calls, the release of its
+    pinned slabs among them, wait for its restore. Suspended first, it holds that memory
+    until it runs again, out of reach of every spill. Measured on an H200 standing in
+    for the H100 (``benchmarks/results/sessions-h100.json``, 48 MLP sessions at 17863d2):
+    the arbiter suspended 45 paused kernels to give their CUDA contexts back to the card;
+    the host was then past its reserve with 41 GiB of paused data no spill could reach,
+    and five cells waited three minutes for pauses the host had no room for."""
+    if victim.state != PAUSED or shared.frees(victim) <= 0:
+        return False
+    return host_used(kernels, shared) + need > budget.spill_at or available - need < budget.reserve
+
+
 def host_room(
     kernels: list[Kernel], budget: HostBudget, need: int, available: int, shared: Sharing = NOTHING_SHARED
 ) -> tuple[int, int]:

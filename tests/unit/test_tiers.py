@@ -122,6 +122,63 @@ def test_warm_slabs_count_in_every_state_and_idle_kernels_let_them_go_first():
     assert tiers.host_need(paused) == 600 * MiB
 
 
+def test_a_suspend_would_strand_paused_data_in_host_memory_only_past_the_mark():
+    """A suspended kernel's CUDA calls wait for its restore, the release of its pinned
+    slabs among them: its paused data cannot move to disk until it runs again. Past the
+    spill mark (its checkpoint's bytes counted) or under the reserve, that data goes to
+    disk first; under both, or with nothing of its own in host memory, it need not."""
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=50 * MiB, reserve=GiB)
+    victim = kernel(1, PAUSED, host=30 * MiB, idle=600)
+    other = kernel(2, PAUSED, host=15 * MiB, idle=10)
+    everyone = [victim, other]
+    plenty = 10 * GiB
+    assert not tiers.strands(victim, everyone, budget, 0, plenty)  # 45 MiB: under the mark
+    assert tiers.strands(victim, everyone, budget, 10 * MiB, plenty)  # its checkpoint passes it
+    # 50 MiB with its checkpoint: at the mark, not past it; the reserve decides
+    assert tiers.strands(victim, everyone, budget, 5 * MiB, GiB + 5 * MiB - 1)
+    assert not tiers.strands(victim, everyone, budget, 5 * MiB, GiB + 5 * MiB)
+    on_disk = kernel(3, PAUSED, disk_bytes=30 * MiB, idle=600)
+    assert not tiers.strands(on_disk, [on_disk, other], budget, 100 * MiB, 0)  # nothing left to move
+    idle = kernel(4, IDLE, host=30 * MiB)  # warm slabs: a pause comes before any suspend
+    assert not tiers.strands(idle, [idle, other], budget, 100 * MiB, 0)
+    read_by_others = tiers.Sharing(saving=0, with_others={1: 30 * MiB})  # a spill would free nothing
+    assert not tiers.strands(victim, everyone, budget, 100 * MiB, 0, read_by_others)
+    assert tiers.strands(victim, everyone, budget, 100 * MiB, 0, tiers.Sharing(0, {1: 29 * MiB}))
+
+
+def test_a_paused_kernel_past_the_mark_goes_to_disk_before_its_suspend(tmp_path):
+    """The arbiter's host step for a suspend of a paused kernel, with the node past its
+    mark: the kernel's own data is spilled first (and once: tried, or declined, the
+    suspend goes on as before); under the mark, the suspend fits as it is."""
+    import asyncio
+
+    from jupyter_vgpu.node.app import ArbiterApp
+    from jupyter_vgpu.node.arbiter import Arbiter
+
+    class Conn:  # the arbiter's books read each connection's kernel
+        def __init__(self, k):
+            self.kernel = k
+
+    app = ArbiterApp(
+        host_memory_limit="100M", host_spill_fraction=0.5, host_reserve="1", disk_dir=str(tmp_path / "disk")
+    )
+    arbiter = Arbiter(app, checkpoint=None)
+    asyncio.run(arbiter.tiering.open())
+    victim = kernel(1, PAUSED, host=30 * 10**6, idle=600)
+    other = kernel(2, PAUSED, host=15 * 10**6, idle=10)
+    arbiter.conns = {k.pid: Conn(k) for k in (victim, other)}
+    step, who, why = arbiter.tiering.host_step(victim, 10 * 10**6)  # 55 MB past the 50 MB mark
+    assert (step, who) == ("spill", victim), why
+    assert "goes to disk before its suspend" in why
+    assert arbiter.tiering.host_step(victim, 10 * 10**6, tried=[victim])[0] == "fits"  # 55 MB under 100 MB
+    victim.refused["spill"] = time.monotonic()
+    assert arbiter.tiering.host_step(victim, 10 * 10**6)[0] == "fits"
+    victim.refused.clear()
+    assert arbiter.tiering.host_step(victim, 0)[0] == "fits"  # 45 MB: under the mark
+    victim.host_bytes, victim.disk_bytes = 0, 30 * 10**6  # spilled: nothing of it left to strand
+    assert arbiter.tiering.host_step(victim, 10 * 10**6)[0] == "fits"
+
+
 def test_host_room_tells_the_budget_from_the_reserve():
     budget = tiers.HostBudget(limit=100 * MiB, spill_at=80 * MiB, reserve=GiB)
     held = [kernel(1, host=60 * MiB)]
