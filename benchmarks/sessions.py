@@ -55,6 +55,9 @@ earlier output and appends the new runs to it (one call per N on a device with a
 limit per call). A calibration of a smaller card than this one's (an H100's, run on an
 H200) keeps the difference out of the arbiter's reach (``ArbiterApp.card_reserve``,
 ``card_reserve_bytes`` in the row), so that it decides as on the calibration's card.
+``--solo-here`` times five solo cells on this machine's card too (the row's
+``solo_here``): the runs are judged against the calibration's solo cell, and this says
+how far this card's own differs.
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
@@ -668,9 +671,10 @@ def dump_stacks(pid: int, path: Path) -> str:
     return path.name
 
 
-def calibrate(args, gpu) -> dict:
-    """The solo cell on the empty card: steps for about ``--cell-seconds``, its latency,
-    the session's peak and working set, and the static count they give."""
+@contextlib.contextmanager
+def solo_session(args, gpu):
+    """One session alone on ``gpu``, its slice the whole card, its working set built
+    (``--workload``): yields the session; its arbiter and kernel end after."""
     card = gpu.memory_total
     probe = Slice(gpu.uuid, gpu.index, gpu.name, card, card, 100, placement="binpack")
     with tempfile.TemporaryDirectory() as tmp:
@@ -681,29 +685,48 @@ def calibrate(args, gpu) -> dict:
             with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
             s.timed(setup_code(args))
-            seconds, _, _ = s.timed("train(4)")
-            steps = max(1, round(4 * args.cell_seconds / seconds))
-            s.timed(f"train({steps})")
-            solo = sorted(s.timed(f"train({steps})")[0] for _ in range(5))
-            peak = nvml.process_memory(gpu.uuid).get(s.pid, 0)
-            code = "c = torch.cuda\nprint(c.max_memory_reserved(), c.memory_reserved(), c.memory_allocated())"
-            _, out, _ = s.timed(code)
-            max_reserved, idle_reserved, allocated = (int(v) for v in out.split())
-            # the first pause, once the idle kernel has pinned its host memory ahead
-            # (VGPUKernel.prepare_pinned, after prepare_after seconds idle)
-            t = time.perf_counter()
-            wait_for(
-                lambda: s.report().get("pause", {}).get("pinned_bytes", 0) >= allocated,
-                300,
-                "the idle session to pin its working set's host memory ahead",
-            )
-            ahead = time.perf_counter() - t
-            cold = pause_seconds(s)
-            s.timed("train(1)")  # back
-            warm = pause_seconds(s)
+            yield s
         finally:
             s.shutdown()
             arbiter.stop()
+
+
+def solo_here(args, gpu, steps: int) -> dict:
+    """Five solo cells of ``steps`` steps on this machine's card, with a calibration made
+    on another (an H200 standing in for the H100): what a cell takes alone here, beside
+    the calibration's figure the runs are judged against. Returns ``gpu`` (its name),
+    ``solo_cells_s`` (sorted, seconds) and ``solo_p50_cell_s``."""
+    with solo_session(args, gpu) as s:
+        s.timed(f"train({steps})")  # warm, as the calibration's
+        cells = sorted(s.timed(f"train({steps})")[0] for _ in range(5))
+    return {"gpu": gpu.name, "solo_cells_s": cells, "solo_p50_cell_s": percentile(cells, 50)}
+
+
+def calibrate(args, gpu) -> dict:
+    """The solo cell on the empty card: steps for about ``--cell-seconds``, its latency,
+    the session's peak and working set, and the static count they give."""
+    card = gpu.memory_total
+    with solo_session(args, gpu) as s:
+        seconds, _, _ = s.timed("train(4)")
+        steps = max(1, round(4 * args.cell_seconds / seconds))
+        s.timed(f"train({steps})")
+        solo = sorted(s.timed(f"train({steps})")[0] for _ in range(5))
+        peak = nvml.process_memory(gpu.uuid).get(s.pid, 0)
+        code = "c = torch.cuda\nprint(c.max_memory_reserved(), c.memory_reserved(), c.memory_allocated())"
+        _, out, _ = s.timed(code)
+        max_reserved, idle_reserved, allocated = (int(v) for v in out.split())
+        # the first pause, once the idle kernel has pinned its host memory ahead
+        # (VGPUKernel.prepare_pinned, after prepare_after seconds idle)
+        t = time.perf_counter()
+        wait_for(
+            lambda: s.report().get("pause", {}).get("pinned_bytes", 0) >= allocated,
+            300,
+            "the idle session to pin its working set's host memory ahead",
+        )
+        ahead = time.perf_counter() - t
+        cold = pause_seconds(s)
+        s.timed("train(1)")  # back
+        warm = pause_seconds(s)
     context = peak - idle_reserved  # CUDA context, cuBLAS workspaces: outside PyTorch's pools
     session_peak = max_reserved + context
     return {
@@ -787,6 +810,12 @@ def main() -> None:
         help="seed of the sessions' first send times: runs compared replay one schedule (default: random)",
     )
     parser.add_argument("--calibration", help="an earlier output: reuse its calibration, append to its runs")
+    parser.add_argument(
+        "--solo-here",
+        action="store_true",
+        help="with --calibration: measure five solo cells on this machine's card too, each run's "
+        "`solo_here` (the runs are still judged against the calibration's solo cell)",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument(
         "--logs",
@@ -799,6 +828,8 @@ def main() -> None:
         args.logs.mkdir(parents=True, exist_ok=True)
     if args.same_checkpoint and args.workload != "transformer":
         parser.error("--same-checkpoint is the transformer's: add --workload transformer")
+    if args.solo_here and not args.calibration:
+        parser.error("--solo-here times this card beside a --calibration made on another")
     require_gpu(parser)
     record = provenance.record()
     if args.seed is None:
@@ -823,9 +854,11 @@ def main() -> None:
             args.width, args.layers, args.batch = (model[k] for k in ("width", "layers", "batch"))
         args.think = result["think_s"] if args.think is None else args.think
         result = provenance.stamped(result, record)  # the calibration's record moves to its history
+        here = solo_here(args, gpu, result["steps_per_cell"]) if args.solo_here else None
     else:
         args.think = 90.0 if args.think is None else args.think
         result = {**record, **calibrate(args, gpu), "think_s": args.think, "runs": []}
+        here = None
     result["percentiles"] = RULE
     # a calibration of a smaller card (an H100's on an H200): the arbiter keeps the rest of
     # each card out of its reach (ArbiterApp.card_reserve), so that it decides as on the
@@ -888,6 +921,8 @@ def main() -> None:
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["card_reserve_bytes"] = args.card_reserve or None  # of each card, out of the arbiter's reach
         row["solo_p50_cell_s"] = result["solo_cell_s"]
+        if here is not None:
+            row["solo_here"] = here
         row["seed"] = args.seed
         row["same_checkpoint"] = args.same_checkpoint
         row["share_pieces"] = args.share_pieces
