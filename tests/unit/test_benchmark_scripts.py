@@ -105,22 +105,18 @@ def test_same_checkpoint_sessions_load_one_checkpoint_and_only_the_adapters_diff
     # the adapters are drawn after the session's seed in both
     assert shared.index('manual_seed(int(os.environ.get("SESSION"') < shared.index("class LoRA")
     assert sessions.model_of(argparse.Namespace(**vars(ask), same_checkpoint=True))["same_checkpoint"] is True
-    refused = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "sessions.py"), "--same-checkpoint", "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert refused.returncode == 2
-    assert "--same-checkpoint is the transformer's" in refused.stderr
-    refused = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "sessions.py"), "--solo-here", "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert refused.returncode == 2
-    assert "--solo-here times this card beside a --calibration" in refused.stderr
+    for flag, said in (
+        ("--same-checkpoint", "--same-checkpoint is the transformer's"),
+        ("--solo-here", "--solo-here times this card beside a --calibration"),
+    ):
+        refused = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "sessions.py"), flag, "--out", str(tmp_path / "o")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2
+        assert said in refused.stderr
 
 
 def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_decisions(tmp_path, monkeypatch):
