@@ -83,9 +83,11 @@ class Moves:
     ) -> bool:
         """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
         Host memory for it is made first (:meth:`.tiering.Tiering.host_room`); where none
-        can be, it stays. ``reason`` labels the pauses metric and the decision. With
-        ``host_first`` (a caller holding its card's lock), host memory that needs a trim
-        or a spill first is not made here: ``(kernel, bytes)`` is added to it, the kernel
+        can be, it stays. A paused kernel's suspend, the host past its mark, first moves
+        its paused data to disk (:func:`.tiers.strands`: suspended, it could not).
+        ``reason`` labels the pauses metric and the decision. With ``host_first`` (a
+        caller holding its card's lock), host memory that needs a trim or a spill first
+        is not made here: ``(kernel, bytes)`` is added to it, the kernel
         stays for now, and the caller makes that room once it has let go of the lock (a
         spill of gigabytes must hold up no other kernel's room on the card). That is
         decided on one look at the host (:meth:`.tiering.Tiering.host_step`), acted on as
