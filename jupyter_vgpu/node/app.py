@@ -166,7 +166,8 @@ class ArbiterApp(Application):
         that what a process of no server needs there (a display, a monitoring agent) is
         never counted as room. The watermark is a fraction of what remains. Also how a
         benchmark runs a larger card as a smaller one (benchmarks/sessions.py: an H200 as
-        the H100 its calibration was measured on). Default: none.""",
+        the H100 its calibration was measured on). One as large as a card leaves it no room
+        at all: the decision 'card reserved whole' says so, once per card. Default: none.""",
     ).tag(config=True)
 
     prefetch_interval = Float(

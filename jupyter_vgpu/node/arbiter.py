@@ -49,6 +49,7 @@ from pathlib import Path
 
 from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.nvml import NVMLUnavailable
+from jupyter_vgpu.units import format_bytes
 
 from . import books, cards, handoff, mps, namespaces, piece_socket, protocol, safe_dirs, slurm
 from .books import PAUSED, SUSPENDED, Kernel, Reason
@@ -100,6 +101,8 @@ class Arbiter(Registry):
         self.decide = self.decisions.add
         #: Cards that did not answer at the last look, and why (:meth:`card_down`).
         self.cards_down: dict[str, str] = {}
+        #: Cards ``ArbiterApp.card_reserve`` leaves no memory of (said once each: :meth:`read`).
+        self.cards_reserved_whole: set[str] = set()
         self.locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)  # by card
         self._changed: asyncio.Condition | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -158,6 +161,14 @@ class Arbiter(Registry):
             self.card_down(uuid, str(e))
             raise
         self.card_down(uuid, None)
+        if reserve and reading.total == 0 and uuid not in self.cards_reserved_whole:
+            self.cards_reserved_whole.add(uuid)  # an admin's setting: said once, as the card is first read
+            self.decide(
+                "card reserved whole", gpu=uuid,
+                message=f"ArbiterApp.card_reserve ({format_bytes(reserve)}) is as large as the card: "
+                "no cell will ever find room on it",
+            )  # fmt: skip
+            log.warning("GPU %s: ArbiterApp.card_reserve leaves nothing of it to share", uuid)
         if total is None:
             for k in kernels:  # this card's bytes, and the sum over the slice's cards
                 k.on_cards[uuid] = reading.processes.get(k.pid, 0)

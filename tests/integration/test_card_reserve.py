@@ -1,7 +1,8 @@
 """``ArbiterApp.card_reserve``: memory of each card the arbiter never counts as room. Real
 arbiter and kernels on a simulated card (1 GiB): ada holds 400 MiB and goes idle; bob's
 cell may grow to 500 MiB. The card has 624 MiB free, so bob runs beside ada; with 300 MiB
-reserved, 324 MiB are free to the arbiter, and ada is paused for bob."""
+reserved, 324 MiB are free to the arbiter, and ada is paused for bob. A reserve as large
+as the card is said once, as a decision."""
 
 from __future__ import annotations
 
@@ -43,4 +44,20 @@ def test_reserved_memory_of_a_card_is_never_counted_as_room(tmp_path, reserve, a
     finally:
         for k in kernels:
             k.shutdown()
+        arbiter.stop()
+
+
+def test_a_reserve_as_large_as_the_card_is_said_once(tmp_path):
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.card_reserve=2G").start()
+    try:
+        ada = scene.start_kernel(tmp_path, arbiter, "ada")
+        try:
+            for _ in range(2):  # each cell's room reads the card again
+                assert scene.run(ada, "print('ran')").text.strip().splitlines()[-1] == "ran"
+            said = [d for d in arbiter.books()["decisions"] if d["what"] == "card reserved whole"]
+            assert len(said) == 1, arbiter.books()["decisions"]
+            assert "ArbiterApp.card_reserve (2.00 GiB) is as large as the card" in said[0]["message"]
+        finally:
+            ada.shutdown()
+    finally:
         arbiter.stop()
