@@ -10,7 +10,10 @@
   its next line: the signal is sent to that thread) until someone sends it SIGCONT,
   SIGKILL or SIGTERM (then SIGCONT). A test waits for the process to be stopped
   (``/proc/<pid>/stat`` state ``T``), then kills it the way it wants: the failure is at
-  the named step, never a matter of sleeping and hoping.
+  the named step, never a matter of sleeping and hoping;
+- ``raise``: the thread that reached the step raises :class:`FailpointRaised` there, as a
+  fault in the code at that step would: what is tested is how the process handles an
+  error it did not foresee.
 
 Steps are named ``<process>.<step>``: ``kernel.*`` in kernels, ``arbiter.*`` in the node
 arbiter, ``checkpoint.*`` in the checkpoint helper (``python -m
@@ -18,13 +21,13 @@ jupyter_vgpu.host.checkpoint``). :data:`STEPS` lists them all; a name not there 
 refused when the variable is read, so a misspelt step fails a test instead of passing it.
 
 Why this cannot be abused: an action only ever signals the process that reached the
-step (the thread that reached it); it never changes a figure, skips a check or touches another
-process. A user may set the variable in their own kernel (and in what it starts, such
-as the checkpoint helper of chaos mode), which can end only processes the user may end
-anyway (``os._exit``), and the node arbiter survives any of its kernels dying at any
-step (``tests/faults/`` proves it). The arbiter reads its own environment, which only
-the admin (or the Hub that runs it) sets. Without the variable, :func:`hit` is one
-dictionary lookup.
+step (the thread that reached it), or raises in that thread; it never changes a figure,
+skips a check or touches another process. A user may set the variable in their own
+kernel (and in what it starts, such as the checkpoint helper of chaos mode), which can
+end or fail only processes the user may end anyway (``os._exit``), and the node arbiter
+survives any of its kernels dying at any step (``tests/faults/`` proves it). The arbiter
+reads its own environment, which only the admin (or the Hub that runs it) sets. Without
+the variable, :func:`hit` is one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ STEPS = {
     "kernel.spill.write": "a spill to disk has written its first part; others are still to write",
     "kernel.spill.written": "a spilled file is complete, before its host memory is let go",
     "kernel.suspend.prepared": "the kernel is ready to be checkpointed, before it tells the arbiter",
+    "arbiter.room": "the arbiter begins to decide a kernel's request for room",
     "arbiter.pause": "the arbiter has asked a kernel to pause, before the answer",
     "arbiter.suspend": "the arbiter has the kernel's answer, before the driver's checkpoint",
     "arbiter.spill": "the arbiter has asked a kernel to spill to disk, before the answer",
@@ -57,10 +61,15 @@ STEPS = {
     "checkpoint.held": "the checkpoint helper holds a suspended process",
     "checkpoint.restored": "the checkpoint helper has restored the process, before it unlocks it",
 }
-ACTIONS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
+#: Each action's signal (``raise`` raises instead: :class:`FailpointRaised`).
+ACTIONS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP, "raise": None}
 
 _lock = threading.Lock()
 _armed: dict[str, str] | None = None
+
+
+class FailpointRaised(RuntimeError):
+    """What a step armed with ``raise`` raises."""
 
 
 class FailpointError(ValueError):
@@ -96,6 +105,8 @@ def hit(step: str) -> None:
         return
     with _lock:
         action = _armed.pop(step, None)
+    if action == "raise":
+        raise FailpointRaised(f"failpoint {step} (raise)")
     if action is not None:
         # directed at this thread: it stops (or ends) right here, before its next line; a
         # signal sent to the process would let this thread run on until its next system call

@@ -170,8 +170,9 @@ class ArbiterClient:
         Raises:
             MemoryError: the arbiter refused (no room before its timeout); the message
                 is the arbiter's.
-            ArbiterUnavailable: there is no arbiter for this kernel now, or it went away
-                while the request waited.
+            ArbiterUnavailable: there is no arbiter for this kernel now, it went away
+                while the request waited, or it could not decide (``failed``: a fault of
+                its own, which the message names).
         """
         why = self.unavailable()
         if why:
@@ -198,7 +199,7 @@ class ArbiterClient:
                     raise ArbiterUnavailable(f"the node arbiter has not answered for {self.patience:.0f} s")
                 seen = answer["seq"]
                 kind = answer.get("type")
-                if kind in ("grant", "deny", "gone"):
+                if kind in ("grant", "deny", "gone", "failed"):
                     break
                 if progress is not None:
                     if kind == "wait":
@@ -211,12 +212,16 @@ class ArbiterClient:
             raise MemoryError(answer.get("message") or "no room on the GPU")
         if kind == "gone":
             raise ArbiterUnavailable("the node arbiter went away while this cell waited for room")
+        if kind == "failed":  # a fault of the arbiter's own, named: as without an arbiter, at once
+            why = str(answer.get("message") or "the node arbiter could not decide")[:1000]
+            self.say(f"jupyter-vgpu: {why}; going on without it")  # said even when it came at once
+            raise ArbiterUnavailable(why)
 
     def _answer(self, msg: dict) -> None:
         with self._room_cond:
             was = self._rooms.get(msg.get("id"))
             if was is not None:
-                if was.get("type") not in ("grant", "deny", "gone"):  # an answer is final
+                if was.get("type") not in ("grant", "deny", "gone", "failed"):  # an answer is final
                     self._rooms[msg["id"]] = {**msg, "seq": was["seq"] + 1}
                     self._room_cond.notify_all()
                 return
@@ -304,7 +309,7 @@ class ArbiterClient:
             self.send_state()
         elif kind == "slice":
             self.adopt_slice(msg["slice"])
-        elif kind in ("grant", "wait", "deny"):
+        elif kind in ("grant", "wait", "deny", "failed"):
             self._answer(msg)
         elif kind in ("pause", "suspend", "spill", "trim"):
             threading.Thread(target=self._obey, args=(msg,), name="jupyter-vgpu-pause", daemon=True).start()

@@ -26,7 +26,9 @@ Kernels (any user) may send:
   arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
   ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
   the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":
-  int, "message": str}`` after its queue timeout.
+  int, "message": str}`` after its queue timeout, or ``{"type": "failed", "id": int,
+  "message": str}`` where deciding failed on a fault of the arbiter's own (the message
+  names it): the kernel goes on as it does without an arbiter, at once.
 - ``{"type": "reply", "id": int, "ok": bool, "message": str, "released": int | null}``:
   the answer to a request; ``released`` is the device memory a pause gave back, or the
   host memory a trim gave back (bytes; null for a suspend or a spill), a figure only: 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .sessions import Connection
 
 T = TypeVar("T")
+log = logging.getLogger("jupyter_vgpu.node")
 
 
 async def said_while(
@@ -89,10 +91,25 @@ class Rooms:
         time; one asked while another is decided waits its turn, and at most one waits)."""
         while conn.room_next is not None:
             (rid, purpose), conn.room_next = conn.room_next, None
-            if purpose == "prefetch":
-                await self.prefetch(conn, rid)
-            else:
-                await self.room(conn, rid, purpose)
+            try:
+                if purpose == "prefetch":
+                    await self.prefetch(conn, rid)
+                else:
+                    await self.room(conn, rid, purpose)
+            except Exception as e:  # a fault of the arbiter's own: said at once, not left to patience
+                await self._failed(conn, rid, purpose, e)
+
+    async def _failed(self, conn: Connection, rid: int, purpose: str, error: Exception) -> None:
+        """Answer request ``rid`` whose decision raised ``error``: ``failed``, naming it
+        (the kernel goes on as without an arbiter, at once: before, it heard nothing and
+        waited out its patience, 60 s), as a decision and in the log with its traceback."""
+        a = self.arbiter
+        why = f"{type(error).__name__}: {error}"
+        log.error("deciding room (%s) for pid %d failed: %s", purpose, conn.pid, why, exc_info=error)
+        key = conn.kernel.server.key if conn.kernel is not None else None
+        a.decide("room failed", server=key, pid=conn.pid, message=why)
+        message = f"the node arbiter could not decide this request ({why})"
+        await a.sessions.send(conn, {"type": "failed", "id": rid, "message": message[:4000]})
 
     async def prefetch(self, conn: Connection, rid: int) -> None:
         """Bring a paused or suspended kernel back ahead of a cell its user is about to run
@@ -194,6 +211,7 @@ class Rooms:
         ``resume`` or ``restore``): grant it once the card has room for the kernel, making
         it (:meth:`make_room`) and restoring the kernel from the driver's checkpoint where
         the driver holds it; deny it after ``queue_timeout`` seconds."""
+        failpoints.hit("arbiter.room")
         a = self.arbiter
         kernel = conn.kernel
         uuid = kernel.slice.gpu_uuid

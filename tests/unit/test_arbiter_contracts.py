@@ -57,6 +57,7 @@ FROM_ARBITER = [
     {"type": "grant", "id": 1},
     {"type": "wait", "id": 1, "message": "making room on GPU 0"},
     {"type": "deny", "id": 1, "message": "no room on the GPU after 60 s"},
+    {"type": "failed", "id": 1, "message": "the node arbiter could not decide this request (KeyError: 3)"},
     {"type": "pause", "id": 3},
     {"type": "suspend", "id": 3},
     {"type": "trim", "id": 3},

@@ -378,6 +378,7 @@ def test_failpoints_name_known_steps_and_actions_only():
         failpoints.parse("kernel.pause.cpoy=stop")
     with pytest.raises(failpoints.FailpointError, match="action must be"):
         failpoints.parse("kernel.pause.copy=raise_limit")
+    assert failpoints.parse("arbiter.room=raise") == {"arbiter.room": "raise"}
 
 
 def test_a_failpoint_ends_the_process_that_reaches_it_and_no_other(tmp_path):
