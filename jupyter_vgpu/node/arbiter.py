@@ -166,7 +166,7 @@ class Arbiter(Registry):
             self.decide(
                 "card reserved whole", gpu=uuid,
                 message=f"ArbiterApp.card_reserve ({format_bytes(reserve)}) is as large as the card: "
-                "no cell will ever find room on it",
+                "the arbiter counts none of it as room, and a cell that needs memory there waits in vain",
             )  # fmt: skip
             log.warning("GPU %s: ArbiterApp.card_reserve leaves nothing of it to share", uuid)
         if total is None:
