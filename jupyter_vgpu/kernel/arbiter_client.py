@@ -48,6 +48,9 @@ _STATES.update(suspending="paused", suspended="suspended", resuming="active")
 MAX_BACKOFF = 1.0
 #: Protocol version of the hello this client sends first.
 HELLO_VERSION = 2
+#: Answers that end a request for room (``gone``: this client's own, the link dropped);
+#: an answer after one of them is not taken.
+FINAL_ANSWERS = ("grant", "deny", "gone", "failed")
 
 
 class ArbiterUnavailable(RuntimeError):
@@ -199,7 +202,7 @@ class ArbiterClient:
                     raise ArbiterUnavailable(f"the node arbiter has not answered for {self.patience:.0f} s")
                 seen = answer["seq"]
                 kind = answer.get("type")
-                if kind in ("grant", "deny", "gone", "failed"):
+                if kind in FINAL_ANSWERS:
                     break
                 if progress is not None:
                     if kind == "wait":
@@ -221,7 +224,7 @@ class ArbiterClient:
         with self._room_cond:
             was = self._rooms.get(msg.get("id"))
             if was is not None:
-                if was.get("type") not in ("grant", "deny", "gone", "failed"):  # an answer is final
+                if was.get("type") not in FINAL_ANSWERS:
                     self._rooms[msg["id"]] = {**msg, "seq": was["seq"] + 1}
                     self._room_cond.notify_all()
                 return
