@@ -126,11 +126,17 @@ def to_trim(
     return idle + (paused_to_trim(kernels, now) if available < budget.reserve else [])
 
 
+def past_mark(used: int, available: int, budget: HostBudget) -> bool:
+    """Whether the node is past its spill mark: ``used`` host bytes (its kernels') over
+    ``budget.spill_at``, or ``available`` (bytes, ``MemAvailable``) under ``budget.reserve``."""
+    return used > budget.spill_at or available < budget.reserve
+
+
 def _until_under(todo: list, kernels: list, budget: HostBudget, available: int, shared: Sharing) -> list:
     used = host_used(kernels, shared)
     out = []
     for k in todo:
-        if used <= budget.spill_at and available >= budget.reserve:
+        if not past_mark(used, available, budget):
             break
         out.append(k)
         freed = shared.frees(k)
@@ -162,8 +168,7 @@ def strands(
     """Whether suspending ``victim`` now would keep in host memory paused data the disk
     tier should take: ``victim`` is paused with data in host memory that spilling would
     give back (:meth:`Sharing.frees`), and the node, the suspend's ``need`` bytes (its
-    checkpoint) counted, is past its spill mark: host bytes over ``budget.spill_at``, or
-    ``available`` (bytes, ``MemAvailable``) under ``budget.reserve``.
+    checkpoint) counted, is past its spill mark (:func:`past_mark`).
 
     A suspended kernel cannot move its paused data: its CUDA calls, the release of its
     pinned slabs among them, wait for its restore. Suspended first, it holds that memory
@@ -174,7 +179,7 @@ def strands(
     and five cells waited three minutes for pauses the host had no room for."""
     if victim.state != PAUSED or shared.frees(victim) <= 0:
         return False
-    return host_used(kernels, shared) + need > budget.spill_at or available - need < budget.reserve
+    return past_mark(host_used(kernels, shared) + need, available - need, budget)
 
 
 def host_room(
