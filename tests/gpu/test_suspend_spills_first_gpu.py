@@ -68,17 +68,16 @@ def test_a_paused_kernel_goes_to_disk_before_its_suspend_past_the_host_mark(tmp_
             for k, user in kernels:
                 c.register(k.pid, user, "", slice_)
 
-        def suspended() -> bool:
-            return all((arbiter.kernel(k.pid) or {}).get("state") == "suspended" for k, _ in kernels)
-
-        wait_for(suspended, 120, "both paused kernels suspended")
-        decisions = arbiter.books()["decisions"]
-
         def steps(pid: int) -> list[str]:
+            decisions = arbiter.books()["decisions"]
             return [d["what"] for d in decisions if d.get("pid") == pid and d["what"] in ("spill", "suspend")]
 
+        def suspended() -> bool:  # the decision, written once the move has settled (the books' state comes first)
+            return all("suspend" in steps(k.pid) for k, _ in kernels)
+
+        wait_for(suspended, 120, "a suspend decision for both paused kernels")
         done = sorted(steps(k.pid) for k, _ in kernels)
-        assert done == [["spill", "suspend"], ["suspend"]], decisions
+        assert done == [["spill", "suspend"], ["suspend"]], arbiter.books()["decisions"]
         for k, _ in kernels:  # back, one from disk and one from host memory, bit-exact
             out = k.run(CHECK, timeout=300)
             assert out.strip().splitlines()[-1] == "True", out[-2000:]
