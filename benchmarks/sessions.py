@@ -796,7 +796,8 @@ def main() -> None:
         "--share-pieces",
         choices=("off", "same-user", "all"),
         default="off",
-        help="the arbiter's share_pieces: paused pieces held once across kernels (default off)",
+        help="the arbiter's share_pieces: paused pieces held once across kernels (default off "
+        "here, as in the rows before the arbiter's default became all, so they compare)",
     )
     parser.add_argument(
         "--host-memory-limit",

@@ -187,13 +187,12 @@ class ArbiterApp(Application):
 
     share_pieces = Enum(
         list(SHARE_SCOPES),
-        default_value="off",
+        default_value="all",
         help="""Who may share identical paused pieces (a class's frozen base weights held once
-        in host memory): 'all' users, 'same-user' (within one user's kernels), or 'off'
-        (the default until a run of many kernels at once has passed with it on: see
-        docs/design.md, "Identical paused pieces held once").
-        Sharing reveals to a kernel that another in its scope holds the same bytes; never
-        the bytes of another (the arbiter compares them first). See docs/security.md.""",
+        in host memory): 'all' users (the default), 'same-user' (within one user's kernels),
+        or 'off'. Sharing reveals to a kernel that another in its scope holds the same
+        bytes; never the bytes of another (the arbiter compares them first). See
+        docs/security.md and docs/design.md, "Identical paused pieces held once".""",
     ).tag(config=True)
 
     checkpoint_timeout = Float(
