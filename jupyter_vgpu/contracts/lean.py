@@ -9,7 +9,7 @@ reads the same schema files and checks a document against them itself, for the p
 JSON Schema 2020-12 those contracts use: ``type`` (one or a list), ``const``, ``enum``,
 ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum``,
 ``minLength``/``maxLength``, ``required``, ``properties``, ``additionalProperties:
-false``, ``allOf``, ``if``/``then``/``else`` and local ``$ref``; annotations
+false``, ``items`` and ``maxItems``, ``allOf``, ``if``/``then``/``else`` and local ``$ref``; annotations
 (``title``, ``description``...) are read past. A schema with any other keyword is
 refused when it is first used (:class:`UnsupportedSchema`), so a contract can never be
 checked less than it says in silence. Types are the contracts' own (``integer`` without
@@ -18,8 +18,9 @@ errors are the same :class:`~jupyter_vgpu.contracts.ContractError` in the same w
 
 Where a document breaks several rules, the first found is named: the document's type,
 then its value, then missing fields, unknown fields, each field in the schema's order,
-and the schema's conditions. ``tests/unit/test_arbiter_contracts.py`` holds it to
-jsonschema on every message of both contracts and on their broken variants.
+an array's length, each item in turn, and the schema's conditions.
+``tests/unit/test_arbiter_contracts.py`` holds it to jsonschema on every message of both
+contracts and on their broken variants.
 
 Pure Python; imports neither jsonschema, torch nor jupyterhub.
 """
@@ -41,7 +42,7 @@ KEYWORDS = frozenset(
         "$schema", "$id", "$defs", "$ref", "version", "title", "description",
         "type", "const", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
         "minLength", "maxLength", "required", "properties", "additionalProperties",
-        "allOf", "if", "then", "else",
+        "items", "maxItems", "allOf", "if", "then", "else",
     }
 )  # fmt: skip
 
@@ -152,7 +153,7 @@ def _refuse_unknown(node: Any, where: str) -> None:
         *((f"{where}.$defs.{k}", v) for k, v in node.get("$defs", {}).items()),
         *((f"{where}.properties.{k}", v) for k, v in node.get("properties", {}).items()),
         *((f"{where}.allOf[{i}]", v) for i, v in enumerate(node.get("allOf", ()))),
-        *((f"{where}.{k}", node[k]) for k in ("if", "then", "else") if k in node),
+        *((f"{where}.{k}", node[k]) for k in ("if", "then", "else", "items") if k in node),
     ]
     for child_where, child in children:
         _refuse_unknown(child, child_where)
@@ -221,6 +222,8 @@ class _Compiler:
             checks.append(self._length(node.get("minLength", 0), node.get("maxLength")))
         if {"required", "properties", "additionalProperties"} & set(node):
             checks.append(self._object(node))
+        if "items" in node or "maxItems" in node:
+            checks.append(self._array(node))
         subs = node.get("allOf", ())
         chosen = self._by_field(subs) if subs else None
         checks += [chosen] if chosen is not None else [self.compile(sub) for sub in subs]
@@ -311,6 +314,23 @@ class _Compiler:
                     broken = c(v[k])
                     if broken is not None:
                         return ((k, *broken[0]), *broken[1:])
+            return None
+
+        return check
+
+    def _array(self, node: dict[str, Any]) -> Check:
+        item = self.compile(node["items"]) if "items" in node else None
+        most = node.get("maxItems")
+
+        def check(v):
+            if not isinstance(v, list):
+                return None
+            if most is not None and len(v) > most:
+                return (), "maxItems", most, v, ()
+            for i, x in enumerate(v if item is not None else ()):
+                broken = item(x)
+                if broken is not None:
+                    return ((i, *broken[0]), *broken[1:])
             return None
 
         return check
