@@ -18,6 +18,9 @@ SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_S
 #: A piece's stored bytes at most (the device codec's pieces are 8 MiB before compression;
 #: a stored piece is never larger than its raw bytes plus its chunks' alignment).
 MAX_PIECE_BYTES = 16 * 2**20
+#: Keys one message on the pieces socket names at most (``others``, ``release``): 48 keys
+#: of 64 hex digits keep a message under the socket's 4096 bytes.
+KEYS_PER_MESSAGE = 48
 #: The arbiter's socket for pieces, in the directory of its main socket.
 SOCKET_NAME = "pieces.sock"
 #: The arbiter's refusal where its ``share_pieces`` is ``off``: a kernel told so stops

@@ -9,8 +9,15 @@ JSON object of at most :data:`MAX_MESSAGE` bytes:
 - ``{"type": "offer", "key": "<64 hex digits>"}`` with exactly one descriptor, a sealed
   memfd of the piece's stored bytes. Answer: ``{"type": "outcome", "shared": bool,
   "size": int}``, with the shared piece's descriptor attached when ``shared``.
+- ``{"type": "others", "keys": [<key>, ...]}`` (at most
+  :data:`~jupyter_vgpu.host.pieces.KEYS_PER_MESSAGE`): which of the pieces of those keys
+  this kernel references another kernel references too (asked before the kernel moves
+  its paused data to disk: it keeps reading those from the node's copy). Answer:
+  ``{"type": "others", "held": [bool, ...]}``, one per key, in order.
 - ``{"type": "release"}``: drop every reference this kernel holds (its pieces came back
-  to its own memory). Answer: ``{"type": "released", "bytes": <no longer held by anyone>}``.
+  to its own memory); ``{"type": "release", "keys": [...]}``: one reference for each key
+  (pieces it wrote to its own file). Answer: ``{"type": "released", "bytes": <no longer
+  held by anyone>}``.
 
 Any message may be answered ``{"type": "refused", "message": "<why>"}``. Both directions
 are contracts (``to-pieces``, ``from-pieces`` in :mod:`jupyter_vgpu.contracts`), checked
@@ -162,6 +169,17 @@ class PieceSocket:
             except (ValueError, RecursionError) as e:  # ContractError is a ValueError
                 return _refused(str(e) if isinstance(e, ContractError) else "not a JSON object"), None
             loop = asyncio.get_running_loop()
+            if msg["type"] in ("others", "release") and "keys" in msg:
+                try:
+                    keys = [bytes.fromhex(k) for k in msg["keys"]]
+                except ValueError:
+                    return _refused(f"{msg['type']}.keys: each is 64 hexadecimal digits"), None
+                holder, user = _holder(kernel), kernel.server.user
+                if msg["type"] == "others":
+                    held = await loop.run_in_executor(self._worker, self.store.others, holder, user, keys)
+                    return {"type": "others", "held": held}, None
+                freed = await loop.run_in_executor(self._worker, self.store.release, holder, keys, user)
+                return {"type": "released", "bytes": freed}, None
             if msg["type"] == "release":
                 freed = await loop.run_in_executor(self._worker, self.store.release, _holder(kernel))
                 return {"type": "released", "bytes": freed}, None

@@ -167,27 +167,65 @@ class SharedPieces:
             if not kept:
                 os.close(fd)
 
-    def release(self, holder: Hashable) -> int:
-        """Drop every reference ``holder`` holds (a kernel that ended, resumed for good or
-        was spilled to disk); a piece without holders goes.
+    def others(self, holder: Hashable, user: str, keys: list[bytes]) -> list[bool]:
+        """For each of ``keys``: whether a piece of that key that ``holder`` references is
+        referenced by another holder too (False where ``holder`` references none of that
+        key). A kernel asks before it moves its paused data to disk: those pieces stay in
+        host memory for the others anyway, so it keeps reading them from there, and writes
+        only the rest to its own file (then :meth:`release` of their keys)."""
+        scope = user if self.scope == "same-user" else None
+        with self._lock:
+            return [
+                any(holder in p.holders and len(p.holders) > 1 for p in self._by_key.get((scope, key), ()))
+                for key in keys
+            ]
+
+    def release(self, holder: Hashable, keys: list[bytes] | None = None, user: str = "") -> int:
+        """Drop ``holder``'s references: every one (a kernel that ended or resumed), or one
+        for each of ``keys`` (pieces it wrote to its own file in the disk tier; ``user``
+        names the scope under ``same-user``; a key it references none of is passed over).
+        A piece without holders goes.
 
         Returns:
             Bytes no longer held by anyone.
         """
         freed = 0
         with self._lock:
-            self._offered.pop(holder, None)
-            for where, pieces in list(self._by_key.items()):
-                for piece in list(pieces):
-                    if piece.holders.pop(holder, None) is not None and not piece.holders:
-                        os.close(piece.fd)
-                        pieces.remove(piece)
-                        freed += piece.size
-                        self._held -= piece.size
-                        self._count -= 1
-                if not pieces:
-                    del self._by_key[where]
+            if keys is None:
+                self._offered.pop(holder, None)
+                for where, pieces in list(self._by_key.items()):
+                    for piece in list(pieces):
+                        if piece.holders.pop(holder, None) is not None:
+                            freed += self._forget_if_unheld(where, piece)
+                return freed
+            scope = user if self.scope == "same-user" else None
+            for key in keys:
+                piece = next((p for p in self._by_key.get((scope, key), ()) if holder in p.holders), None)
+                if piece is None:
+                    continue
+                piece.holders[holder] -= 1
+                if not piece.holders[holder]:
+                    del piece.holders[holder]
+                left = self._offered.get(holder, 0) - piece.size
+                if left > 0:
+                    self._offered[holder] = left
+                else:
+                    self._offered.pop(holder, None)
+                freed += self._forget_if_unheld((scope, key), piece)
         return freed
+
+    def _forget_if_unheld(self, where: tuple, piece: _Piece) -> int:  # under the lock
+        """Close ``piece`` if nobody holds it any more; its bytes, or 0."""
+        if piece.holders:
+            return 0
+        os.close(piece.fd)
+        pieces = self._by_key[where]
+        pieces.remove(piece)
+        if not pieces:
+            del self._by_key[where]
+        self._held -= piece.size
+        self._count -= 1
+        return piece.size
 
     def saving(self) -> int:
         """Host bytes sharing saves now: what every holder references (each counts its
