@@ -323,7 +323,7 @@ class Tiering:
             return "trim", warm[0], why  # losing no data comes before moving any to disk
         candidates = [
             k
-            for k in tiers.spillable(counted, now, exclude=(victim, *tried))
+            for k in tiers.spillable(counted, now, exclude=(victim, *tried), shared=shared)
             if not k.declined("spill", now, REFUSAL_SECONDS)
         ]
         if not candidates:

@@ -81,10 +81,15 @@ def _coldest_holding(kernels: list[Kernel], state: str, now: float, exclude: tup
     return sorted(found, key=lambda k: (-k.idle_for(now), k.priority, -k.host_bytes))
 
 
-def spillable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:
-    """Paused kernels holding host bytes, coldest first (longest idle, then lowest
-    priority, then most bytes): those the disk tier takes first."""
-    return _coldest_holding(kernels, PAUSED, now, exclude)
+def spillable(
+    kernels: list[Kernel], now: float, exclude: tuple = (), shared: Sharing = NOTHING_SHARED
+) -> list[Kernel]:
+    """Paused kernels whose move to disk would give host bytes back (:meth:`Sharing.frees`),
+    coldest first (longest idle, then lowest priority, then most bytes): those the disk
+    tier takes first. A kernel whose host bytes are all pieces others read too is left
+    out: its spill leaves them in the node's copies (the kernel writes only what is its
+    own, :meth:`jupyter_vgpu.kernel.pause.engine.PauseEngine.spill`)."""
+    return [k for k in _coldest_holding(kernels, PAUSED, now, exclude) if shared.frees(k) > 0]
 
 
 def host_need(kernel: Kernel) -> int:
@@ -154,7 +159,7 @@ def to_spill(
     giving back its host bytes less its pieces others still read (:meth:`Sharing.frees`:
     as the node holds them now; a piece whose other readers are chosen too is counted as
     staying, so that the list errs on the side of one spill more)."""
-    return _until_under(spillable(kernels, now), kernels, budget, available, shared)
+    return _until_under(spillable(kernels, now, shared=shared), kernels, budget, available, shared)
 
 
 def strands(
