@@ -4,7 +4,9 @@ pieces once; a third kernel with other weights shares nothing; every kernel come
 bit-exact from the shared pieces, and once back, the references go. Beside the weights,
 each kernel holds blocks of odd sizes with gaps between them, so that spans start and end
 off the grid the pieces are laid out on. A kernel whose
-pieces are shared is moved to the disk tier and comes back from disk bit-exact."""
+pieces are shared is moved to the disk tier and comes back from disk bit-exact; two
+kernels that shared their weights before their move write only their own bytes to disk,
+the weights staying once in the node's copies, and come back bit-exact from both."""
 
 import pytest
 
@@ -103,6 +105,67 @@ def test_a_kernel_whose_pieces_are_shared_moves_to_disk_and_comes_back_exact(tmp
             out = k.run(CHECK)
             assert out.strip().splitlines()[-1] == "True", out[-2000:]
         wait_for(lambda: arbiter.books()["shared_pieces"]["pieces"] == 0, 60, "every shared piece let go")
+    finally:
+        for k in kernels:
+            k.shutdown()
+        arbiter.stop()
+
+
+#: Bytes of random uint8 that do not compress: the kernel whose pause passes the spill mark.
+BULK = (
+    "import hashlib, torch\n"
+    "g = torch.Generator(device='cuda').manual_seed(3)\n"
+    "bulk = torch.randint(0, 256, (6 * 2**30,), dtype=torch.uint8, device='cuda', generator=g)\n"
+    "def digest():\n"
+    "    return [hashlib.sha256(bulk.cpu().numpy()).hexdigest()]\n"
+    "sums = digest()\n"
+    "print('held')"
+)
+
+
+def test_kernels_that_shared_their_weights_write_only_their_own_bytes_to_disk(tmp_path):
+    # the mark (4 GB) sits above what ada and bob hold, their pinned-ahead slabs included
+    # (about 2.5 GB), and below what eve's 6 GiB of random bytes hold once paused
+    slice_ = Slice.on_card(nvml.list_gpus()[0], 8 * GiB, 100, overcommit_ratio=2.0)
+    arbiter = ArbiterProcess(
+        tmp_path, "--ArbiterApp.share_pieces=all", "--ArbiterApp.suspend_after=3600",
+        "--ArbiterApp.host_memory_limit=8G", "--ArbiterApp.host_spill_fraction=0.5",
+    ).start()  # fmt: skip
+    kernels = []
+    try:
+        for user, own in (("ada", 10), ("bob", 11)):
+            k = arbiter.start_kernel(tmp_path, user, slice_)
+            kernels.append(k)
+            assert "held" in k.run(HOLD.format(base=0, own=own))
+            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        ada, bob = kernels
+
+        def shared() -> dict:
+            return arbiter.books()["shared_pieces"]
+
+        def weights_held_once() -> bool:
+            figures = shared()
+            saved = figures["referenced_bytes"] - figures["held_bytes"]
+            return len(figures["by_pid"]) == 2 and saved > 128 * MiB
+
+        wait_for(weights_held_once, 180, "ada's and bob's weights held once")
+        eve = arbiter.start_kernel(tmp_path, "eve", slice_)
+        kernels.append(eve)
+        assert "held" in eve.run(BULK)
+        assert "paused as soon as the cell ends" in eve.run("%vgpu pause")
+        for k in kernels:  # past the mark: each goes to disk, coldest first
+            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("tier") == "disk", 300, f"{k.pid} on disk")
+        figures = shared()
+        written = {k.pid: arbiter.kernel(k.pid)["disk_bytes"] for k in (ada, bob)}
+        print("shared held", figures["held_bytes"], "for", figures["referenced_bytes"], "; on disk", written)
+        # the weights stay once in the node's copies, both still reading them: neither
+        # kernel wrote them to its own file
+        assert figures["referenced_bytes"] - figures["held_bytes"] > 128 * MiB, figures
+        assert sum(written.values()) < figures["held_bytes"], (written, figures)
+        for k in kernels:  # back from disk and from the node's copies, bit-exact
+            out = k.run(CHECK)
+            assert out.strip().splitlines()[-1] == "True", out[-2000:]
+        wait_for(lambda: shared()["pieces"] == 0, 60, "every shared piece let go")
     finally:
         for k in kernels:
             k.shutdown()

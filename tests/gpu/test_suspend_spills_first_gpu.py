@@ -72,7 +72,8 @@ def test_a_paused_kernel_goes_to_disk_before_its_suspend_past_the_host_mark(tmp_
             decisions = arbiter.books()["decisions"]
             return [d["what"] for d in decisions if d.get("pid") == pid and d["what"] in ("spill", "suspend")]
 
-        def suspended() -> bool:  # the decision, written once the move has settled (the books' state comes first)
+        # the decision is written once the move has settled; the books' state comes first
+        def suspended() -> bool:
             return all("suspend" in steps(k.pid) for k, _ in kernels)
 
         wait_for(suspended, 120, "a suspend decision for both paused kernels")

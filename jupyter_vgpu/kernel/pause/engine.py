@@ -464,7 +464,12 @@ class PauseEngine:
                 before = time.perf_counter() - t0
                 self.last_resume_disk = spill.DiskResume(before_s=before)  # kept, a failed one's too
                 spill.unpack(
-                    self.device_codec, on_device, self._spill, self._pinned, figures=self.last_resume_disk
+                    self.device_codec,
+                    on_device,
+                    self._spill,
+                    self._pinned,
+                    figures=self.last_resume_disk,
+                    arena=self.arena,  # pieces the spill left in the node's shared copies
                 )
             elif on_device:
                 used.add(self.device_codec.name)
@@ -536,6 +541,12 @@ class PauseEngine:
                 for i, piece in enumerate(r.pieces)
                 if piece.slab >= 0
             ]
+            keep: frozenset[int] = frozenset()  # pieces others read from the node's copies too
+            if device and self._spill is not None:
+                device = []  # on disk already: what stays are such pieces (one file a pause)
+            if device and self.sharing is not None:
+                keep = self.sharing.read_by_others(self.arena.address(p.slab, p.start) for _, _, p in device)
+                device = [d for d in device if self.arena.address(d[2].slab, d[2].start) not in keep]
             if device:
                 records = [
                     (self.arena.address(piece.slab, piece.start), piece.span, piece.crcs)
@@ -547,13 +558,15 @@ class PauseEngine:
                 for (r, i, piece), offset in zip(device, offsets, strict=True):
                     r.pieces[i] = dataclasses.replace(piece, slab=spill.DISK, start=offset)
                     moved += piece.stored_bytes
-                if self._spill is not None:
-                    self._spill.remove()
                 self._spill = written
-                self.arena.clear()
+                if keep:  # the kept pieces' slabs (mappings) stay; every slab of its own goes
+                    for slab in range(len(self.arena.slabs)):
+                        self.arena.release(slab)
+                else:
+                    self.arena.clear()
                 self.arena.trim()  # the host needs the memory: nothing kept warm
-                if self.sharing is not None:  # on disk now, whole: the shared pieces go too
-                    self.sharing.retire()
+                if self.sharing is not None:  # the written pieces' mappings and references go
+                    self.sharing.retire(keep)
                     self.sharing.let_go()
                 empty_host_cache(self.torch)
             moved += self.store.spill(directory)

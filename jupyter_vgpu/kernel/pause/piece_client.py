@@ -26,7 +26,7 @@ import socket
 from pathlib import Path
 
 from jupyter_vgpu.contracts import ContractError, lean
-from jupyter_vgpu.host.pieces import SEALS
+from jupyter_vgpu.host.pieces import KEYS_PER_MESSAGE, SEALS
 
 #: Bytes of one answer at most.
 MAX_ANSWER = 4096
@@ -143,20 +143,59 @@ class PieceClient:
             os.close(fds[0])
         return Held(shared, True, size)
 
-    def release(self) -> int:
-        """Drop every reference this kernel holds (its pieces are back in its own
-        memory); returns bytes no longer held by anyone.
+    def others(self, keys: list[bytes]) -> list[bool]:
+        """For each of ``keys`` (32 bytes each), whether another kernel references the
+        piece of that key this kernel references (False where it references none), asked
+        :data:`~jupyter_vgpu.host.pieces.KEYS_PER_MESSAGE` keys at a time.
 
         Raises:
-            PieceError: no answer.
+            PieceError: refused, or no answer, or an answer of another length.
         """
-        self.sock.sendall(json.dumps({"type": "release"}).encode())
+        held: list[bool] = []
+        for at in range(0, len(keys), KEYS_PER_MESSAGE):
+            batch = [k.hex() for k in keys[at : at + KEYS_PER_MESSAGE]]
+            answer = self._ask({"type": "others", "keys": batch})
+            if answer["type"] != "others" or len(answer["held"]) != len(batch):
+                why = answer.get("message", answer)
+                raise PieceError(f"the arbiter did not say which pieces others read: {why}")
+            held += answer["held"]
+        return held
+
+    def release(self, keys: list[bytes] | None = None) -> int:
+        """Drop this kernel's references: every one (its pieces are back in its own
+        memory), or one for each of ``keys`` (pieces it wrote to its own file), sent
+        :data:`~jupyter_vgpu.host.pieces.KEYS_PER_MESSAGE` at a time. Returns bytes no
+        longer held by anyone.
+
+        Raises:
+            PieceError: refused, or no answer.
+        """
+        messages = (
+            [{"type": "release"}]
+            if keys is None
+            else [
+                {"type": "release", "keys": [k.hex() for k in keys[at : at + KEYS_PER_MESSAGE]]}
+                for at in range(0, len(keys), KEYS_PER_MESSAGE)
+            ]
+        )
+        freed = 0
+        for message in messages:
+            answer = self._ask(message)
+            if answer["type"] != "released":
+                raise PieceError(f"the arbiter refused the release: {answer.get('message')}")
+            freed += answer["bytes"]
+        return freed
+
+    def _ask(self, message: dict) -> dict:
+        """Send one message that carries no descriptor; its answer (descriptors closed)."""
+        try:
+            self.sock.sendall(json.dumps(message).encode())
+        except ConnectionError:
+            raise PieceError("the arbiter hung up") from None
         answer, fds = self._answer()
         for extra in fds:
             os.close(extra)
-        if answer["type"] != "released":
-            raise PieceError(f"the arbiter refused the release: {answer.get('message')}")
-        return answer["bytes"]
+        return answer
 
     def close(self) -> None:
         self.sock.close()

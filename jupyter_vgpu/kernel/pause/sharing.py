@@ -55,6 +55,7 @@ HOST_REGISTER_READ_ONLY = 0x08
 
 @dataclasses.dataclass
 class _Mapped:
+    key: bytes  # the piece's key, as offered: a release by key names it
     held: Held
     array: np.ndarray | None  # a view of held.view (its address); dropped before closing it
     address: int
@@ -121,6 +122,7 @@ class PieceSharing:
         self._lock = threading.Lock()  # guards the lists; offers are serialised by the caller
         self._mapped: list[_Mapped] = []  # read by the paused engine now
         self._retired: list[_Mapped] = []  # read no more: to let go
+        self._closed: list[bytes] = []  # keys of mappings closed, references not dropped yet
         counts = ("offered", "offered_bytes", "shared_bytes", "kept_bytes", "unregistered")
         self._figures: dict = {**dict.fromkeys(counts, 0), "slabs_released_bytes": 0}
         self._figures.update(refused=None, seconds=None)
@@ -224,7 +226,7 @@ class PieceSharing:
         array = np.frombuffer(held.view, dtype=np.uint8)
         address = array.ctypes.data
         registered = self.pinning is not None and self.pinning.register(address, held.size)
-        mapped = _Mapped(held, array, address, registered)
+        mapped = _Mapped(key, held, array, address, registered)
         with self._lock:
             self._mapped.append(mapped)
             f = self._figures
@@ -237,12 +239,37 @@ class PieceSharing:
 
     # -- letting go --------------------------------------------------------------------
 
-    def retire(self) -> None:
+    def retire(self, keep: frozenset[int] = frozenset()) -> None:
         """The engine reads its mappings no more (resumed: the bytes are on the device;
-        or spilled: they are on disk): set them aside for :meth:`let_go`. No call is made."""
+        or spilled: they are on disk), but for those at the addresses in ``keep`` (pieces
+        a spill left in the node's copies, :meth:`read_by_others`): set them aside for
+        :meth:`let_go`. No call is made."""
         with self._lock:
-            self._retired.extend(self._mapped)
-            self._mapped = []
+            self._retired.extend(m for m in self._mapped if m.address not in keep)
+            self._mapped = [m for m in self._mapped if m.address in keep]
+
+    def read_by_others(self, addresses) -> frozenset[int]:
+        """Of the pieces the engine reads from mappings at ``addresses``, those another
+        kernel references too, as the node arbiter says (``others`` on its pieces
+        socket): a spill leaves them where they are, since the others' references keep
+        the node's copy in host memory anyway, and writes the rest to the kernel's own
+        file. Nothing (everything is written) where the node cannot be asked; the message
+        is logged. Addresses that are no mapping are passed over."""
+        with self._lock:
+            asked = [m for m in self._mapped if m.address in set(addresses)]
+        if not asked:
+            return frozenset()
+        client = None
+        try:
+            client = self._connect()
+            held = client.others([m.key for m in asked])
+        except (PieceError, OSError) as e:
+            log.info("jupyter-vgpu: every paused piece goes to this kernel's own file: %s", e)
+            return frozenset()
+        finally:
+            if client is not None:
+                client.close()
+        return frozenset(m.address for m, others in zip(asked, held, strict=True) if others)
 
     def unpin(self) -> None:
         """Unregister the mappings still read (before the driver's checkpoint takes the
@@ -283,20 +310,32 @@ class PieceSharing:
             m.array = None
             m.held.view.close()
             closed += m.held.size
+            with self._lock:
+                self._closed.append(m.key)
         return closed
 
     def drop_references(self) -> None:
-        """Drop this kernel's references at the arbiter (all of them, on a connection of
-        its own), when no mapping is read now; the caller holds the engine's lock, so
-        that no round of offers begins meanwhile (its references would go too)."""
+        """Drop this kernel's references at the arbiter, on a connection of its own, once
+        no retired mapping waits to be closed: all of them when no mapping is read now,
+        else one for each mapping closed since (a spill that left pieces others read in
+        the node's copies). The caller holds the engine's lock, so that no round of
+        offers begins meanwhile (its references would go too)."""
         with self._lock:
-            if self._mapped or self._retired or not self._referenced:
+            if self._retired or not self._referenced:
                 return
+            keys = None if not self._mapped else list(self._closed)
+        if keys == []:
+            return
         client = None
         try:
             client = self._connect()
-            client.release()
-            self._referenced = False
+            client.release(keys)
+            with self._lock:
+                if keys is None:
+                    self._referenced = False
+                    self._closed.clear()
+                else:
+                    del self._closed[: len(keys)]
         except (PieceError, OSError) as e:  # the arbiter drops them when the kernel ends
             log.info("jupyter-vgpu: the arbiter did not take back this kernel's pieces: %s", e)
         finally:

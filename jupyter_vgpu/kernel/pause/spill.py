@@ -55,6 +55,8 @@ from .parallel_read import DIRECT_ALIGN, READ_THREADS, TASK_BYTES, Reader, Short
 
 #: :attr:`Piece.slab` of a piece whose stored bytes are in the spill file.
 DISK = -2
+#: :attr:`Piece.slab` of a piece read from a window of the file during :func:`unpack`.
+IN_WINDOW = -3
 MAGIC = b"VGPR"
 _HEADER = struct.Struct("<4sHHIIQII")
 #: Bytes of a window: what one pinned buffer of a resume from disk holds. Large enough
@@ -231,13 +233,19 @@ def check(buffer: np.ndarray, at: int, index: int, piece, path) -> None:
 
 
 class _Window:
-    """An arena for :meth:`DeviceCodec.unpack` over one pinned buffer of file bytes."""
+    """An arena for :meth:`DeviceCodec.unpack` over one pinned buffer of file bytes
+    (pieces of slab :data:`IN_WINDOW`); the pieces a spill left in host memory are read
+    where ``arena`` has them."""
 
-    def __init__(self, base: int):
-        self.base = base
+    def __init__(self, base: int, arena=None):
+        self.base, self.arena = base, arena
 
     def address(self, slab: int, start: int) -> int:
-        return self.base + start
+        if slab == IN_WINDOW:
+            return self.base + start
+        if self.arena is None:
+            raise CodecError(f"a piece of slab {slab} is in host memory, and the resume was given no arena")
+        return self.arena.address(slab, start)
 
 
 @dataclasses.dataclass
@@ -287,11 +295,13 @@ def unpack(
     threads: int = READ_THREADS,
     task_bytes: int = TASK_BYTES,
     figures: DiskResume | None = None,
+    arena=None,
 ) -> DiskResume:
     """Write every range back from the spill file, streaming: ``(device uint8 tensor of
     the range, its pieces)`` pairs, pieces as :meth:`SpillFile.write` left them (``slab``
     :data:`DISK`, ``start`` the payload's offset in the file; pieces that stored nothing
-    need no bytes). Returns where the time went.
+    need no bytes; pieces the spill left in host memory, read from the node's shared
+    copies, are read from ``arena`` where they are). Returns where the time went.
 
     The pieces go in windows of at most ``window`` bytes of records, in file order, each
     read into one of ``buffers`` pinned buffers by one reader (``threads`` reads of at
@@ -311,6 +321,8 @@ def unpack(
         threads: reads in flight at once.
         task_bytes: most bytes of one read, a multiple of :data:`DIRECT_ALIGN`.
         figures: filled as the resume goes (a failed one's figures stay in it).
+        arena: the engine's :class:`~..codec.pinned_arena.PinnedArena`, for the pieces
+            not in the file (None: every piece that stored bytes is in the file).
 
     Raises:
         CodecError: a record's header does not match its piece, or the file is short
@@ -382,9 +394,9 @@ def unpack(
                 if p.slab == DISK:
                     p = _at(p, p.start - first)
                 grouped.setdefault(r, []).append(p)
-            arena = _Window(buffer.data_ptr() + pad if buffer is not None else 0)
+            source = _Window(buffer.data_ptr() + pad if buffer is not None else 0, arena)
             t = time.perf_counter()
-            codec.unpack([(items[r][0], pieces) for r, pieces in grouped.items()], arena)
+            codec.unpack([(items[r][0], pieces) for r, pieces in grouped.items()], source)
             out.unpack_s += time.perf_counter() - t
             failpoints.hit("kernel.resume.copy")
             if k + buffers < len(batches):
@@ -414,5 +426,5 @@ def _short(e: ShortFile, batch: list, spill: SpillFile) -> CodecError:
 
 
 def _at(piece, start: int):
-    """``piece`` read from a window at ``start`` (slab 0 of :class:`_Window`)."""
-    return dataclasses.replace(piece, slab=0, start=start)
+    """``piece`` read from a window at ``start`` (slab :data:`IN_WINDOW` of :class:`_Window`)."""
+    return dataclasses.replace(piece, slab=IN_WINDOW, start=start)
