@@ -255,8 +255,9 @@ class PieceSharing:
         the node's copy in host memory anyway, and writes the rest to the kernel's own
         file. Nothing (everything is written) where the node cannot be asked; the message
         is logged. Addresses that are no mapping are passed over."""
+        wanted = set(addresses)  # an iterable, read once
         with self._lock:
-            asked = [m for m in self._mapped if m.address in set(addresses)]
+            asked = [m for m in self._mapped if m.address in wanted]
         if not asked:
             return frozenset()
         client = None
