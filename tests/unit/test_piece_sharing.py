@@ -55,8 +55,8 @@ held_before, slabs_before = arena.held_bytes, [p.slab for p in pieces]
 todo = [(pieces, i) for i in range(6)]  # every piece, as the engine lists them
 sharing = PieceSharing(lambda: PieceClient(socket_beside(os.environ["JUPYTER_VGPU_ARBITER"])))
 lock = threading.Lock()
-def intact():
-    for p, data in zip(pieces, chunks):
+def intact(n=6):  # the first n pieces
+    for p, data in zip(pieces[:n], chunks[:n]):
         at = arena.address(p.slab, p.start)
         span = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * p.span).from_address(at))
         for at, d in zip(p.offsets, data):
@@ -144,6 +144,47 @@ def test_the_same_weights_in_two_kernels_are_held_once_and_read_back_intact(tmp_
         assert (figures["held_bytes"], figures["referenced_bytes"]) == (int(spans), int(spans))
         assert "referenced by 1 kernel;" in hub_page_part(arbiter.books())
         assert ada.run("print(intact())").strip() == "True"
+    finally:
+        for k in kernels:
+            k.shutdown()
+
+
+def test_a_kernel_moving_to_disk_keeps_reading_what_others_read_and_lets_go_of_the_rest(tmp_path, arbiter):
+    """Before a spill the kernel asks the node which of its mapped pieces other kernels
+    read too; those it keeps reading from the node's copies (they stay in host memory
+    for the others anyway), the rest it lets go of, its references with them, by key."""
+    kernels = [start_kernel(tmp_path, arbiter, u, ROOMY) for u in ("ada", "bob")]
+    try:
+        for k in kernels:
+            k.run(HOLD + SETUP)
+        ada, bob = kernels
+        ada.run("sharing.share(todo, arena, lock, lambda: True)")
+        bob.run("sharing.share(todo[:3], arena, lock, lambda: True)")  # bob offers half
+        spans = [int(x) for x in ada.run("print(*[p.span for p in pieces])").split()]
+        # the node's answer: bob reads the first three too; the last three are ada's alone
+        ask = "at = [arena.address(p.slab, p.start) for p in pieces]\n"
+        ask += "keep = sharing.read_by_others(iter(at))\n"
+        assert ada.run(ask + "print([a in keep for a in at])").strip() == str([True] * 3 + [False] * 3)
+        # her spill writes the last three to her file: their mappings and references go
+        spill = "sharing.retire(keep)\nsharing.let_go()\n"
+        out = ada.run(spill + "print(sharing.mapped_bytes(), sharing.retired)")
+        assert out.strip() == f"{sum(spans[:3])} False", out
+        figures = arbiter.books()["shared_pieces"]
+        assert (figures["pieces"], figures["held_bytes"], figures["referenced_bytes"]) == (
+            3,
+            sum(spans[:3]),
+            2 * sum(spans[:3]),
+        )
+        assert ada.run("print(intact(3))").strip() == "True"  # the first three, still read
+        # bob goes: the node drops his references, and nobody else reads hers now
+        bob.shutdown()
+        kernels.remove(bob)
+        left = sum(spans[:3])
+        wait_for(lambda: arbiter.books()["shared_pieces"]["referenced_bytes"] == left, 30, "bob's gone")
+        assert ada.run(ask + "print(len(keep))").strip() == "0"
+        # back: she lets go of the rest, every reference with it
+        ada.run("sharing.retire()\nsharing.let_go()")
+        assert arbiter.books()["shared_pieces"]["pieces"] == 0
     finally:
         for k in kernels:
             k.shutdown()

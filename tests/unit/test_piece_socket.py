@@ -104,9 +104,15 @@ def test_with_sharing_off_there_is_no_pieces_socket(tmp_path):
 
 
 #: Valid messages both ways, and a broken variant of each with what the checker says.
-TO_PIECES = [{"type": "offer", "key": "ab" * 32}, {"type": "release"}]
+TO_PIECES = [
+    {"type": "offer", "key": "ab" * 32},
+    {"type": "others", "keys": ["ab" * 32, "cd" * 32]},
+    {"type": "release"},
+    {"type": "release", "keys": ["ab" * 32]},
+]
 FROM_PIECES = [
     {"type": "outcome", "shared": True, "size": 3 * MiB},
+    {"type": "others", "held": [True, False]},
     {"type": "released", "bytes": 0},
     {"type": "refused", "message": "sharing paused pieces is off on this node"},
 ]
@@ -114,6 +120,10 @@ BROKEN = [
     ("to-pieces", {"type": "offer", "key": "ab"}, "offer.key: must be at least 64 character(s) long"),
     ("to-pieces", {"type": "offer", "key": "ab" * 32, "size": 1}, 'offer: unknown field(s): "size"'),
     ("to-pieces", {"type": "take"}, "type: must be one of"),
+    ("to-pieces", {"type": "others"}, "others: missing field(s): keys"),
+    ("to-pieces", {"type": "others", "keys": ["ab" * 32] * 49}, "others.keys: must have at most 48 items"),
+    ("to-pieces", {"type": "release", "keys": ["ab" * 32, "ab"]}, "release.keys[1]: must be at least 64"),
+    ("from-pieces", {"type": "others", "held": [True, 1]}, "others.held[1]: must be true or false"),
     ("from-pieces", {"type": "outcome", "shared": True}, "outcome: missing field(s): size"),
     ("from-pieces", {"type": "released", "bytes": -1}, "released.bytes: must be at least 0; got -1"),
     ("from-pieces", {}, "missing field(s): type"),
@@ -158,8 +168,12 @@ def test_the_arbiter_refuses_a_message_that_breaks_the_contract_and_names_the_fi
             "print(s.recv(4096).decode())\n"
             "s.send(json.dumps({'type': 'offer', 'key': 'zz' * 32}).encode())\n"
             "print(s.recv(4096).decode())\n"
+            "s.send(json.dumps({'type': 'others', 'keys': ['ab' * 32, 'zz' * 32]}).encode())\n"
+            "print(s.recv(4096).decode())\n"
+            "s.send(json.dumps({'type': 'others', 'keys': ['ab' * 32]}).encode())\n"
+            "print(s.recv(4096).decode())\n"
         )
-        first, second = (json.loads(line) for line in out.strip().splitlines())
+        first, second, third, fourth = (json.loads(line) for line in out.strip().splitlines())
         assert first == {
             "type": "refused",
             "message": "offer.key: must be at least 64 character(s) long; got 'zz'",
@@ -168,5 +182,7 @@ def test_the_arbiter_refuses_a_message_that_breaks_the_contract_and_names_the_fi
             "type": "refused",
             "message": "an offer comes with one descriptor, the piece's memfd",
         }
+        assert third == {"type": "refused", "message": "others.keys: each is 64 hexadecimal digits"}
+        assert fourth == {"type": "others", "held": [False]}  # she references no piece of it
     finally:
         kernel.shutdown()

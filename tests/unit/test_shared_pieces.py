@@ -160,6 +160,48 @@ def test_a_holder_that_ends_releases_only_its_references():
     assert (store.figures()["pieces"], store.saving()) == (0, 0)
 
 
+def test_a_holder_moving_to_disk_learns_which_pieces_others_read_and_releases_the_rest_by_key():
+    """Before its spill a kernel asks which of its pieces others reference too (those stay
+    in host memory for them anyway: it keeps reading them), writes the rest to its own
+    file and releases those by key; the pieces others read stay, its own go."""
+    store = SharedPieces()
+    base, own, twice = weights(8), weights(9), weights(10)
+    store.offer(("ada", 1), "ada", KEY, sealed(base), cap=64 * MiB)
+    shared = store.offer(("bob", 2), "bob", KEY, sealed(base), cap=64 * MiB)
+    os.close(shared.fd)
+    store.offer(("ada", 1), "ada", b"o" * 32, sealed(own), cap=64 * MiB)
+    store.offer(("ada", 1), "ada", b"t" * 32, sealed(twice), cap=64 * MiB)  # two pieces of her
+    again = store.offer(("ada", 1), "ada", b"t" * 32, sealed(twice), cap=64 * MiB)  # own, equal
+    os.close(again.fd)
+    keys = [KEY, b"o" * 32, b"t" * 32, b"n" * 32]  # the last: none of hers
+    assert store.others(("ada", 1), "ada", keys) == [True, False, False, False]
+    assert store.others(("eve", 3), "eve", keys) == [False] * 4  # references none of them
+    # she writes her own pieces to disk and lets them go; one reference a key named
+    assert store.release(("ada", 1), [b"o" * 32, b"t" * 32, b"n" * 32], "ada") == len(own)
+    assert store.release(("ada", 1), [b"t" * 32], "ada") == len(twice)  # its second reference
+    f = store.figures()
+    assert (f["pieces"], f["held_bytes"], f["referenced_bytes"]) == (1, len(base), 2 * len(base))
+    assert store.accounting() == (len(base), {("ada", 1): len(base), ("bob", 2): len(base)})
+    # what she may still offer counts only what she still references
+    more = store.offer(("ada", 1), "ada", b"p" * 32, sealed(weights(11)), cap=len(base) + len(own))
+    assert more.shared is False
+    # bob leaves: she reads the base alone now, and her release of it frees it
+    store.release(("bob", 2))
+    assert store.others(("ada", 1), "ada", [KEY]) == [False]
+    assert store.release(("ada", 1), [KEY], "ada") == len(base)
+
+
+def test_under_same_user_others_and_release_look_in_the_holders_scope():
+    store = SharedPieces("same-user")
+    base = weights(12)
+    store.offer(("ada", 1), "ada", KEY, sealed(base), cap=64 * MiB)
+    store.offer(("bob", 2), "bob", KEY, sealed(base), cap=64 * MiB)  # bob's own copy
+    assert store.others(("ada", 1), "ada", [KEY]) == [False]
+    assert store.release(("ada", 1), [KEY], "bob") == 0  # not in her scope: nothing named
+    assert store.release(("ada", 1), [KEY], "ada") == len(base)
+    assert store.figures()["pieces"] == 1  # bob's
+
+
 def _kernel(conn: socket.socket, data: bytes) -> None:
     """Another process, as a kernel: makes and seals its piece and sends the descriptor."""
     fd = sealed(data)

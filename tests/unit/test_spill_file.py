@@ -196,6 +196,39 @@ def test_a_resume_streams_every_window_back_in_place(tmp_path, unaligned):
         assert np.array_equal(r.numpy(), d)
 
 
+def test_pieces_a_spill_left_in_host_memory_come_back_from_there_beside_the_file(tmp_path):
+    """A spill leaves the pieces other kernels read too in the node's copies (mapped in
+    the kernel, slabs its arena adopted); the resume from disk reads those where the
+    arena has them, every other piece from the file, each back at its place."""
+    import torch
+
+    from jupyter_vgpu.kernel.codec.pinned_arena import PinnedArena
+
+    data, crcs = records(6)
+    on_disk = [0, 2, 3, 5]
+    written, offsets = spill.SpillFile.write(
+        tmp_path, "p.vgpu", [(data[i].ctypes.data, data[i].size, crcs[i]) for i in on_disk]
+    )
+    arena = PinnedArena(torch, pin=lambda n: torch.empty(n, dtype=torch.uint8))
+    where = dict(zip(on_disk, offsets, strict=True))
+    at = np.cumsum([0] + [d.size for d in data])[:-1]
+    whole = torch.zeros(sum(d.size for d in data), dtype=torch.uint8)
+    pieces = [
+        RawPiece(crcs[i], d.size, spill.DISK, where[i], int(at[i]), d.size)
+        if i in where
+        else RawPiece(crcs[i], d.size, arena.adopt(d.ctypes.data), 0, int(at[i]), d.size)
+        for i, d in enumerate(data)
+    ]
+
+    def pinned(n):
+        return torch.empty(n, dtype=torch.uint8)
+
+    spill.unpack(CopyCodec(), [(whole, pieces)], written, pinned, arena=arena)
+    assert np.array_equal(whole.numpy(), np.concatenate(data))
+    with pytest.raises(CodecError, match="in host memory, and the resume was given no arena"):
+        spill.unpack(CopyCodec(), [(whole, pieces)], written, pinned)
+
+
 class RecordingCodec:
     """Stands in for the GPU codec as :class:`CopyCodec` does, and records what it was
     given: each piece's bytes in the order they came, and whether

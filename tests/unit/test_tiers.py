@@ -94,6 +94,20 @@ def test_a_spill_counts_as_freeing_only_what_no_other_kernel_still_reads():
     assert tiers.to_spill(paused, budget, 10 * GiB, now, tiers.Sharing(saving=60 * MiB)) == paused[:1]
 
 
+def test_a_kernel_whose_host_bytes_others_all_read_is_no_spill_candidate():
+    """A kernel on disk already, still reading a 30 MiB piece others read too (its spill
+    left it in the node's copies), gives nothing back by spilling again: it is left out,
+    or the arbiter would ask it on every look; a kernel of its own bytes is taken."""
+    now = time.monotonic()
+    reader = kernel(1, host=30 * MiB, disk_bytes=10 * MiB, idle=200)
+    own = kernel(2, host=40 * MiB, idle=100)
+    budget = tiers.HostBudget(limit=100 * MiB, spill_at=10 * MiB, reserve=GiB)
+    shared = tiers.Sharing(saving=0, with_others={1: 30 * MiB})
+    assert tiers.spillable([reader, own], now, shared=shared) == [own]
+    assert tiers.to_spill([reader, own], budget, 10 * GiB, now, shared) == [own]
+    assert tiers.spillable([reader, own], now) == [reader, own]  # nothing shared: both
+
+
 def test_warm_slabs_count_in_every_state_and_idle_kernels_let_them_go_first():
     now = time.monotonic()
     budget = tiers.HostBudget(limit=100 * MiB, spill_at=50 * MiB, reserve=GiB)
