@@ -25,7 +25,9 @@ cap in bytes the caller gives (its paused bytes), so a kernel's word cannot grow
 arbiter's memory beyond what the kernel itself paused.
 
 References are counted per holder: a kernel that ends releases only its own
-(:meth:`SharedPieces.release`), and a piece goes when its last holder does. The pages of
+(:meth:`SharedPieces.release`), and a piece goes when its last holder does. A kernel
+moving to disk asks which of its pieces others reference too (:meth:`SharedPieces.others`),
+keeps reading those, and releases the rest by key. The pages of
 a memfd are charged to the memory cgroup of the process that first wrote them (the
 first holder's); the arbiter's books attribute a shared piece's bytes to each holder in
 equal parts (:meth:`SharedPieces.figures`).

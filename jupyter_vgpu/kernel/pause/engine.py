@@ -518,8 +518,12 @@ class PauseEngine:
     def spill(self, directory) -> Outcome:
         """Move the paused data held in host memory to files in ``directory`` (made,
         mode 0700): the GPU path's pinned slabs to one file, the host path's store
-        entries to files of their own; the host memory is let go. A resume reads them
-        back, streaming. Nothing is done for a kernel that is not paused.
+        entries to files of their own; the host memory is let go. Pieces read from the
+        node's shared copies that other kernels reference too stay there, mapped
+        (:meth:`.sharing.PieceSharing.read_by_others`): writing them would give back no
+        host memory and put another copy on disk. A resume reads everything back,
+        streaming. A kernel writes one file a pause: once on disk, a second call moves
+        only the host path's entries. Nothing is done for a kernel that is not paused.
 
         Raises:
             PauseError: the kernel is not paused.

@@ -18,10 +18,13 @@ whose pieces all moved goes back to the system (:meth:`~..codec.pinned_arena.Pin
 Nothing here runs inside a pause or a resume. The thread takes the engine's lock one
 piece at a time and stops at the next piece when the kernel is wanted back (a resume
 waits for at most one piece's offer); a piece is only ever moved while the engine is
-paused and still holds it where it was. After a resume (or a spill to the disk tier) the
-mappings are no longer read: :meth:`PieceSharing.retire` sets them aside at no cost, and
-:meth:`PieceSharing.let_go` unregisters and closes them and drops the kernel's
-references at the arbiter, in the background.
+paused and still holds it where it was. After a resume the mappings are no longer read:
+:meth:`PieceSharing.retire` sets them aside at no cost, and :meth:`PieceSharing.let_go`
+unregisters and closes them and drops the kernel's references at the arbiter, in the
+background. A spill to the disk tier first asks the arbiter which mapped pieces other
+kernels reference too (:meth:`PieceSharing.read_by_others`): those stay mapped, read
+from the node's copy on the way back (the others' references keep it in host memory
+anyway), and only the rest are written to the kernel's file, retired and released by key.
 
 Where the driver cannot register a read-only mapping, the piece is read from the
 mapping as it is (pageable memory: the copy to the device is slower, the bytes the

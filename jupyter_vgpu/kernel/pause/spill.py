@@ -12,7 +12,9 @@ per piece, back to back::
             to 16 bytes
     stored  the piece's span, as it lay in its slab (its chunks at their 16-byte offsets)
 
-so the file keeps every chunk's CRC-32 beside its bytes. Resume (:func:`unpack`) streams
+so the file keeps every chunk's CRC-32 beside its bytes. Pieces other kernels read too
+from the node's shared copies are not written: they stay mapped, and a resume reads
+them from there (:func:`unpack`'s ``arena``). Resume (:func:`unpack`) streams
 the file back to the GPU in windows of :data:`WINDOW` bytes, each read into one of
 :data:`BUFFERS` pinned buffers while the codec writes an earlier window back to the
 device: reads run up to ``BUFFERS - 1`` windows ahead of the GPU, and each window is read
