@@ -122,7 +122,7 @@ class Arbiter(Registry):
         self.tiering = Tiering(self)
         self.process_memory = ProcessMemory(self)
         self.enforcement = Enforcement(self)
-        self.pieces = PieceSocket(self, SharedPieces(getattr(config, "share_pieces", "off"), pieces_within()))
+        self.pieces = PieceSocket(self, SharedPieces(getattr(config, "share_pieces", "all"), pieces_within()))
 
     # -- the books -------------------------------------------------------------------
 

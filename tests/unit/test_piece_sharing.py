@@ -280,10 +280,12 @@ def test_a_kernel_that_cannot_reach_the_nodes_pieces_keeps_its_own_and_stops_off
         # nothing moved, nothing lost; the second round tries anew, and fails the same way;
         # the engine stops laying its pieces out for sharing
         assert out.strip() == "0 True True True 0 0 False", out
-        assert "cannot reach the arbiter's pieces socket" in k.run("print(sharing.broken)")
+        assert "the node arbiter takes no paused pieces: there is no pieces socket" in k.run(
+            "print(sharing.broken)"
+        )
         row = k.run(STATUS_ROW)  # what %vgpu status says: nothing held once, and why
         assert "0 pieces offered" in row, row
-        assert "the last offer was refused: cannot reach the arbiter's pieces socket" in row, row
+        assert "the last offer was refused: the node arbiter takes no paused pieces" in row, row
     finally:
         k.shutdown()
         process.stop()

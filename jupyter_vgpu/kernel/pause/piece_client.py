@@ -83,6 +83,12 @@ class PieceClient:
         self.sock.settimeout(timeout)
         try:
             self.sock.connect(str(Path(path)))
+        except FileNotFoundError:  # an arbiter whose share_pieces is off listens on none
+            self.sock.close()
+            raise PieceError(
+                f"the node arbiter takes no paused pieces: there is no pieces socket {path} "
+                "(its share_pieces is off, or it is not running)"
+            ) from None
         except OSError as e:
             self.sock.close()
             raise PieceError(f"cannot reach the arbiter's pieces socket {path}: {e.strerror or e}") from None
