@@ -245,6 +245,7 @@ class Arbiter(Registry):
                     "paused_bytes": k.paused_bytes,
                     "host_bytes": k.host_bytes,
                     "disk_bytes": k.disk_bytes,
+                    "pausable_bytes": k.pausable,  # what it says its pause would store (None: not said)
                     "process_bytes": procs.resident_bytes(k.pid),
                     "process_private_bytes": procs.private_bytes(k.pid),
                     # RSS, PSS, anonymous, shared: read in the background (process_memory)

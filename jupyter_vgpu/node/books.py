@@ -115,6 +115,10 @@ class Kernel:
         paused_bytes: bytes released by its pause (what a resume needs back).
         host_bytes: bytes its paused memory takes in host memory.
         disk_bytes: bytes of its paused memory in the disk tier.
+        pausable: what a pause of it as it is now would store at most, before
+            compression, as it last said (``pausable_bytes``, version 3; never past its
+            budget), or None where it did not say: :func:`.tiers.host_need` takes it
+            for its estimate of a pause's host memory.
         checkpoint_bytes: bytes the driver's checkpoint took off the card when it was
             suspended (its resident bytes then; held in host memory while suspended).
         checkpoint_need: those bytes per card (NVML UUID), for a restore to check each
@@ -160,6 +164,7 @@ class Kernel:
     paused_bytes: int = 0
     host_bytes: int = 0
     disk_bytes: int = 0
+    pausable: int | None = None
     checkpoint_bytes: int = 0
     checkpoint_need: dict[str, int] = dataclasses.field(default_factory=dict)
     granted: int = 0

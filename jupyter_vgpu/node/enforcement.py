@@ -101,6 +101,8 @@ class Enforcement:
                     message=f"it says {key} {format_bytes(value)}; the books hold {format_bytes(bound)}",
                 )  # fmt: skip
             setattr(kernel, key, min(value, bound))
+        if "pausable_bytes" in msg:  # an estimate's figure: a kernel's word lowers only its own bound
+            kernel.pausable = min(msg["pausable_bytes"], budget)
 
     def heard(self, kernel: Kernel, action: str, answer: dict) -> None:
         """Note a kernel's answer to ``action``: a refusal stands a while

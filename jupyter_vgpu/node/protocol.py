@@ -1,24 +1,30 @@
-"""The arbiter's socket protocol: one JSON object per line, both ways, version 2.
+"""The arbiter's socket protocol: one JSON object per line, both ways, version 3.
 
 Kernels (any user) may send:
 
-- ``{"type": "hello", "version": 2, "kernel_id": str, "state": <state>, "resident": int,
-  "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "budget": int | null,
-  "idle_seconds": number}`` once, first: who it is and where its memory is, so that an
+- ``{"type": "hello", "version": 3, "kernel_id": str, "state": <state>, "resident": int,
+  "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "pausable_bytes": int,
+  "budget": int | null, "idle_seconds": number}`` once, first: who it is and where its memory is, so that an
   arbiter started after the kernel (a restart, an upgrade) rebuilds its books from the
   kernels themselves. Figures only, like ``state``; ``budget`` is the budget the kernel
-  applies (the slice's is the arbiter's). Version 1 (``{"type": "hello", "version": 1,
+  applies (the slice's is the arbiter's). Version 2 is the same without
+  ``pausable_bytes``; a kernel whose hello an older arbiter refuses speaks the version
+  below. Version 1 (``{"type": "hello", "version": 1,
   "kernel_id": str}``, kernels started before an upgrade) is still accepted. The arbiter
   answers ``{"type": "welcome", "slice": <slice> | null, "server": "user/name" | null,
   "disk_dir": str | null}`` (``disk_dir``: where the kernel's disk tier lives).
 - ``{"type": "state", "state": "active"|"idle"|"paused"|"suspended", "resident": int,
-  "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "resume_seconds": number |
-  null}``: figures only; ``resident`` (bytes on the card) counts only on a simulated GPU,
-  where NVML has nothing to say, and while suspended (what the driver's checkpoint took
-  off the card, NVML's figure just before it: what the restore needs back);
+  "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "pausable_bytes": int,
+  "resume_seconds": number | null}``: figures only; ``resident`` (bytes on the card)
+  counts only on a simulated GPU, where NVML has nothing to say, and while suspended
+  (what the driver's checkpoint took off the card, NVML's figure just before it: what
+  the restore needs back);
   ``host_bytes`` is the host memory the kernel holds for its paused data, ``disk_bytes``
-  what it keeps in the disk tier; ``resume_seconds`` is the last resume's duration,
-  once. (``disk_bytes`` may be left out: version 1.)
+  what it keeps in the disk tier; ``pausable_bytes`` (version 3, a resident kernel on
+  the GPU path) what a pause of it as it is now would store at most, before compression
+  (:func:`.tiers.host_need` estimates a pause's host memory from it); ``resume_seconds``
+  is the last resume's duration, once. (``disk_bytes`` may be left out: version 1;
+  ``pausable_bytes`` where the kernel cannot tell, and before version 3.)
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch"}``: may I run?
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
   at once, granted only where the card has room once the kernels idle past their

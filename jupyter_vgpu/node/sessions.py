@@ -371,6 +371,7 @@ class Sessions:
                 # figure before it) as resident: the books' figure may already be 0
                 said = min(msg["resident"], kernel.slice.gpu_memory or kernel.budget)
                 kernel.checkpoint_bytes = max(kernel.resident, said)
+        kernel.pausable = None  # said anew with each state, or not known
         a.enforcement.take_figures(kernel, {"disk_bytes": 0, **msg})
         if msg["resume_seconds"] is not None:
             tier = {"disk": "disk", "suspended": "suspend"}.get(before, "pause")

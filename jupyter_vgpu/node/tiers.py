@@ -92,13 +92,35 @@ def spillable(
     return [k for k in _coldest_holding(kernels, PAUSED, now, exclude) if shared.frees(k) > 0]
 
 
+#: A pause's stored bytes past what the kernel said it would store (``pausable_bytes``):
+#: a margin well above the device codec's chunk alignment (16 bytes a chunk) and what
+#: an idle kernel's figure may have missed since it was sent. A fraction of the figure,
+#: plus this many bytes.
+PAUSE_MARGIN_BYTES = 64 * 2**20
+PAUSE_MARGIN_FRACTION = 1 / 64
+
+
 def host_need(kernel: Kernel) -> int:
     """Host bytes taking ``kernel`` off the card may add, at most: a pause's compressed copy,
     or the checkpoint of what a paused kernel has left, is at most its resident bytes; a
-    resident kernel's pause takes its own warm slabs (its host bytes, counted already)
-    first."""
+    resident kernel that said what its pause would store (:attr:`.books.Kernel.pausable`:
+    its live bytes, PyTorch's cached free blocks left out) stores no more than that and
+    :data:`PAUSE_MARGIN_BYTES` and :data:`PAUSE_MARGIN_FRACTION` of it. Its pause takes its
+    own warm slabs (its host bytes, counted already) first.
+
+    Resident bytes alone overestimated a kernel that had run a cell several times over
+    (15.5 GiB for an MLP kernel whose pause stored 1.5 GiB: PyTorch's cache kept its
+    activations' blocks), and near the reserve every such pause was refused: 680 "pause
+    skipped" in the 48-session MLP run at 17863d2 (``sessions-h100.json``). The figure is
+    the kernel's word: one that says too little passes the node's budget with its own
+    memory, which its process could take with ``malloc`` as well; the reserve, read from
+    ``MemAvailable``, still counts whatever it takes."""
     warm = kernel.host_bytes if kernel.state in (IDLE, ACTIVE) else 0
-    return max(0, kernel.resident - warm)
+    bound = kernel.resident
+    if kernel.state in (IDLE, ACTIVE) and kernel.pausable is not None:
+        said = kernel.pausable + int(kernel.pausable * PAUSE_MARGIN_FRACTION) + PAUSE_MARGIN_BYTES
+        bound = min(bound, said)
+    return max(0, bound - warm)
 
 
 def trimmable(kernels: list[Kernel], now: float, exclude: tuple = ()) -> list[Kernel]:

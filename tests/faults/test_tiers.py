@@ -6,6 +6,7 @@ by idle kernels go before any paused data moves; a spill made for one kernel's r
 up no other kernel's; ``%vgpu status`` and Prometheus say where everything is."""
 
 import dataclasses
+import json
 import os
 import select
 import subprocess
@@ -284,4 +285,49 @@ def test_a_spill_made_for_one_kernels_room_holds_up_no_other_kernels(tmp_path):
         scene.reap(sam)
         for k in kernels[1:]:
             k.shutdown()
+        arbiter.stop()
+
+
+#: A version-3 kernel over the arbiter's socket: its hello says what its pause would store
+#: (``pausable_bytes``, argv[2]); each line on its stdin is sent as a state message.
+SAYING_KERNEL = """
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(sys.argv[1])
+def send(msg):
+    sock.sendall(json.dumps(msg).encode() + b"\\n")
+send({"type": "hello", "version": 3, "kernel_id": "saying", "state": "idle", "resident": 0,
+      "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0, "pausable_bytes": int(sys.argv[2]),
+      "budget": None, "idle_seconds": 600.0})
+for line in sys.stdin:
+    send({"type": "state", "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0,
+          "disk_bytes": 0, "resume_seconds": None, **json.loads(line)})
+"""
+
+
+def test_what_a_kernel_says_its_pause_stores_is_taken_within_its_budget_and_forgotten_unsaid(tmp_path):
+    """The arbiter takes ``pausable_bytes`` from a version-3 hello or state into its
+    books, never past the kernel's budget; a state that leaves it out leaves it unknown
+    (the estimate of a pause falls back on the resident bytes, :func:`.tiers.host_need`)."""
+    arbiter = ArbiterProcess(tmp_path).start()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SAYING_KERNEL, str(arbiter.socket), str(300 * MiB)],
+        stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with arbiter.control() as c:
+            c.register(process.pid, "eve", "", scene.SLICE)
+
+        def said() -> int | None:
+            return (arbiter.kernel(process.pid) or {"pausable_bytes": -1})["pausable_bytes"]
+
+        wait_for(lambda: said() == 300 * MiB, 10, "the hello's figure in the books")
+        budget = arbiter.kernel(process.pid)["budget"]
+        for line, books in ((json.dumps({"pausable_bytes": 64 * scene.GiB}), budget), ("{}", None)):
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            wait_for(lambda books=books: said() == books, 10, f"{books} in the books")
+    finally:
+        process.kill()
+        process.wait()
         arbiter.stop()

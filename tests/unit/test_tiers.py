@@ -108,6 +108,26 @@ def test_a_kernel_whose_host_bytes_others_all_read_is_no_spill_candidate():
     assert tiers.spillable([reader, own], now) == [reader, own]  # nothing shared: both
 
 
+def test_a_pause_is_estimated_from_what_the_kernel_says_it_stores_never_past_its_resident_bytes():
+    """An MLP kernel after a cell holds 16 GiB on the card, most of it PyTorch's cached
+    blocks of its activations; its pause stores its 2.5 GiB of live bytes at most. Where it
+    says so (``pausable_bytes``), the estimate of its pause's host memory is that and a
+    margin, not its resident bytes; its warm slabs, counted already, come off either way."""
+    k = kernel(1, state=IDLE)
+    k.resident = 16 * GiB
+    assert tiers.host_need(k) == 16 * GiB  # said nothing: its resident bytes
+    k.pausable = 2560 * MiB
+    margin = int(k.pausable * tiers.PAUSE_MARGIN_FRACTION) + tiers.PAUSE_MARGIN_BYTES
+    assert tiers.host_need(k) == 2560 * MiB + margin
+    k.host_bytes = 2 * GiB  # warm slabs pinned ahead for this pause
+    assert tiers.host_need(k) == 512 * MiB + margin
+    k.pausable = 64 * GiB  # more than it holds: its resident bytes bound it
+    assert tiers.host_need(k) == 14 * GiB
+    k.state, k.pausable = PAUSED, 0  # a paused kernel's suspend: what is left on the card
+    k.resident = GiB
+    assert tiers.host_need(k) == GiB
+
+
 def test_warm_slabs_count_in_every_state_and_idle_kernels_let_them_go_first():
     now = time.monotonic()
     budget = tiers.HostBudget(limit=100 * MiB, spill_at=50 * MiB, reserve=GiB)
@@ -368,11 +388,14 @@ def test_a_version_2_hello_carries_where_the_memory_is():
     }  # fmt: skip
     assert decode(json.dumps(hello).encode()) == hello
     assert decode(b'{"type": "hello", "version": 1, "kernel_id": "k"}')["version"] == 1
+    three = {**hello, "version": 3, "pausable_bytes": 7}  # version 3 adds what a pause would store
+    assert decode(json.dumps(three).encode()) == three
     for bad, says in (
         ({**hello, "state": "asleep"}, "hello.state: must be one of"),
         ({**hello, "idle_seconds": -1}, "hello.idle_seconds: must be at least 0"),
-        ({**hello, "version": 3}, "hello.version: must be one of 1, 2; got 3"),
-        ({**hello, "version": True}, "hello.version: must be one of 1, 2; got true"),
+        ({**hello, "version": 4}, "hello.version: must be one of 1, 2, 3; got 4"),
+        ({**hello, "version": True}, "hello.version: must be one of 1, 2, 3; got true"),
+        ({**three, "pausable_bytes": -1}, "hello.pausable_bytes: must be at least 0"),
         ({k: v for k, v in hello.items() if k != "disk_bytes"}, r"hello: missing field\(s\): disk_bytes"),
     ):
         with pytest.raises(ProtocolError, match=says):
