@@ -28,6 +28,7 @@ it; one that breaks it is logged and dropped, and the link stays up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -46,8 +47,9 @@ _STATES.update(suspending="paused", suspended="suspended", resuming="active")
 #: The longest wait between two attempts to connect, seconds: a restarted arbiter has
 #: every kernel back within about this long after it listens.
 MAX_BACKOFF = 1.0
-#: Protocol version of the hello this client sends first.
-HELLO_VERSION = 2
+#: Protocol version of the hello this client sends first (an arbiter that refuses it is
+#: spoken to in the version below, and so on down to 1).
+HELLO_VERSION = 3
 #: Answers that end a request for room (``gone``: this client's own, the link dropped);
 #: an answer after one of them is not taken.
 FINAL_ANSWERS = ("grant", "deny", "gone", "failed")
@@ -109,8 +111,16 @@ class ArbiterClient:
 
     def stop(self) -> None:
         self._stop.set()
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        """End the session now: its reader sees the end of the stream and returns (a
+        ``close`` alone leaves the descriptor open under the reader's file object, and the
+        reader waiting for the arbiter's next line)."""
         sock = self._sock
         if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def unavailable(self) -> str | None:
@@ -146,6 +156,8 @@ class ArbiterClient:
         f = self.figures()
         msg = {"type": "state", "state": f["state"]}
         msg.update({k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes", "disk_bytes")})
+        if f.get("pausable_bytes") is not None and self._hello_version >= 3:
+            msg["pausable_bytes"] = int(f["pausable_bytes"])
         msg["resume_seconds"] = f["resume_seconds"]
         if self._hello_version < 2:
             del msg["disk_bytes"]
@@ -155,8 +167,11 @@ class ArbiterClient:
         if self._hello_version < 2:
             return {"type": "hello", "version": 1, "kernel_id": self.kernel_id}
         f = self.figures()
-        msg = {"type": "hello", "version": 2, "kernel_id": self.kernel_id, "state": f["state"]}
+        msg = {"type": "hello", "version": self._hello_version, "kernel_id": self.kernel_id}
+        msg["state"] = f["state"]
         msg.update({k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes", "disk_bytes")})
+        if f.get("pausable_bytes") is not None and self._hello_version >= 3:
+            msg["pausable_bytes"] = int(f["pausable_bytes"])
         msg.update(budget=f["budget"], idle_seconds=round(max(0.0, f["idle_seconds"]), 3))
         return msg
 
@@ -325,10 +340,8 @@ class ArbiterClient:
             self.last_error = msg["message"][:1000]
             log.debug("jupyter-vgpu: the arbiter refused a message: %s", self.last_error)
             if self._hello_version > 1 and "hello" in self.last_error and "version" in self.last_error:
-                self._hello_version = 1  # an arbiter older than this kernel: speak its version
-                sock = self._sock
-                if sock is not None:
-                    sock.close()
+                self._hello_version -= 1  # an arbiter older than this kernel: a version down
+                self._hang_up()
 
     def _obey(self, msg: dict) -> None:
         with self.pausing.own_calls():

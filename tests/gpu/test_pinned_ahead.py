@@ -75,3 +75,35 @@ def test_an_idle_kernel_pins_ahead_and_its_first_pause_pins_nothing_more(tmp_pat
     finally:
         kernel.shutdown()
         arbiter.stop()
+
+
+def test_a_kernel_says_what_its_pause_would_store_its_cached_blocks_left_out(tmp_path):
+    """After a cell whose activations were freed, PyTorch keeps their blocks cached: the
+    card holds them, a pause stores none of them. The kernel says what its pause would
+    store (``pausable_bytes``, protocol version 3), and the arbiter's books hold it beside
+    the resident bytes NVML reads, for its estimate of the pause's host memory
+    (:func:`jupyter_vgpu.node.tiers.host_need`)."""
+    arbiter = ArbiterProcess(tmp_path).start()
+    kernel = gpu_kernel(tmp_path, arbiter, "ada", 8 * GiB, args=("--VGPUKernel.prepare_pinned=False",))
+    try:
+        kernel.run(
+            "import torch\n"
+            "x = torch.ones(1 << 30, dtype=torch.uint8, device='cuda')\n"  # 1 GiB live
+            "t = torch.empty(6 << 30, dtype=torch.uint8, device='cuda')\n"
+            "del t\n"  # 6 GiB freed, cached
+        )
+
+        def entry() -> dict:
+            return arbiter.kernel(kernel.pid) or {}
+
+        wait_for(
+            lambda: entry().get("resident", 0) >= 7 * GiB and entry().get("pausable_bytes") is not None,
+            60,
+            "the books to hold the kernel's 7 GiB on the card and what its pause would store",
+        )
+        said = entry()["pausable_bytes"]
+        print("resident", entry()["resident"], "pausable", said)
+        assert GiB <= said < 1.25 * GiB, entry()
+    finally:
+        kernel.shutdown()
+        arbiter.stop()

@@ -246,3 +246,54 @@ def test_a_kernel_drops_what_breaks_the_contract_and_keeps_its_link(arbiter_sock
     assert "node.host_used: must be at least 0" in text
     assert "pause: missing field(s): id" in text
     assert "notice.message: must be a string" in text
+
+
+@pytest.mark.parametrize("speaks", [3, 2, 1])
+def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time(tmp_path, speaks):
+    """A version-3 kernel says what its pause would store (``pausable_bytes``); an arbiter
+    that refuses its hello's version is spoken to in the version below, down to its own,
+    and is never sent a field of a later version."""
+    path = str(tmp_path / "arbiter.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(4)
+    hellos: list[int] = []
+    states: list[dict] = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            reader = conn.makefile("rb")
+            hello = json.loads(reader.readline())
+            hellos.append(hello["version"])
+            if hello["version"] > speaks:
+                known = ", ".join(map(str, range(1, speaks + 1)))
+                refusal = {"type": "error", "message": f"hello.version: must be one of {known}; got 3"}
+                conn.sendall(json.dumps(refusal).encode() + b"\n")
+                reader.read()  # until the kernel hangs up
+                conn.close()
+                continue
+            if speaks >= 2:
+                assert ("pausable_bytes" in hello) == (speaks >= 3)
+            conn.sendall(b'{"type": "welcome", "slice": null, "server": null}\n')
+            states.extend(json.loads(line) for line in reader)
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+    figures = {
+        "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
+        "pausable_bytes": 5, "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
+    }  # fmt: skip
+    client = ArbiterClient(path, "k", lambda _: None, lambda: figures, Pausing(), lambda *a, **k: None)
+    client.start()
+    try:
+        wait_for(lambda: client.connected.is_set() and states, 20, f"the kernel welcomed in version {speaks}")
+    finally:
+        client.stop()
+        server.close()
+    assert hellos == list(range(3, speaks - 1, -1))
+    assert ("pausable_bytes" in states[0]) == (speaks >= 3)
+    assert ("disk_bytes" in states[0]) == (speaks >= 2)
