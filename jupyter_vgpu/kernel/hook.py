@@ -195,8 +195,8 @@ class KernelHook:
         """What the arbiter is told (``ArbiterClient``'s ``figures``): ``state``,
         ``resident``, ``paused_bytes``, ``host_bytes`` (host memory held for paused data:
         pinned slabs and the store's entries), ``disk_bytes``, ``pausable_bytes`` (what a
-        pause would store at most, before compression, on the GPU path while resident:
-        :meth:`.pause.engine.PauseEngine.pinned_ahead_target`; else None), ``budget``,
+        pause would store at most, before compression, while resident on a real card:
+        :meth:`.memory_path.MemoryPath.pausable_bytes`; else None), ``budget``,
         ``idle_seconds`` and ``resume_seconds`` (the last resume's, once)."""
         st = self.pausing.stats()
         away = st["state"] in OFF_THE_CARD
@@ -214,9 +214,7 @@ class KernelHook:
                 # what the driver took off the card (NVML's figure before the checkpoint):
                 # what its restore needs back, for an arbiter that meets it suspended
                 resident = sum(self.pausing.suspend_need.values())
-        pausable = None
-        if engine is not None and engine.device is not None and engine.device_codec is not None and not away:
-            pausable = engine.pinned_ahead_target()
+        pausable = None if away or self.simulated else self.pausing.pausable_bytes()
         seconds = st.get("last_resume_seconds")
         fresh = seconds if seconds is not None and seconds != self._resume_sent else None
         self._resume_sent = seconds

@@ -20,11 +20,14 @@ paused here). It owns:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
 
 from jupyter_vgpu.host.socket_path import SOCKET_ENV
+
+log = logging.getLogger("jupyter_vgpu")
 
 
 class MemoryPath:
@@ -73,6 +76,31 @@ class MemoryPath:
             return True
         allocator = self._allocator()
         return allocator is not None and allocator.backend == 1  # vmm.CUDA
+
+    def pausable_bytes(self) -> int | None:
+        """What a pause of the kernel as it is now would store at most, before compression
+        (bytes): the pausable allocator's mapped pausable bytes (:meth:`.pause.vmm.VMM.figures`,
+        ``own`` and ``others``) less PyTorch's cached free bytes on every device it
+        initialized (``memory_reserved - memory_allocated``), which a pause releases
+        unstored; a codec never stores more than the bytes it is given, but for its chunks'
+        alignment. None where that is unknown: no pausable allocator on CUDA (a simulated
+        card, the stand-in), or a figure that could not be read (logged). Needs no engine
+        (one is made at the first pause or pin-ahead, after the state this figure goes
+        with), and makes no CUDA call."""
+        allocator = self._allocator()
+        if allocator is None or allocator.backend != 1:  # vmm.CUDA
+            return None
+        try:
+            figures = allocator.figures()
+            cached = 0
+            torch = self._torch()
+            if torch is not None and torch.cuda.is_initialized():
+                for d in range(torch.cuda.device_count()):
+                    cached += torch.cuda.memory_reserved(d) - torch.cuda.memory_allocated(d)
+            return max(0, figures.own + figures.others - cached)
+        except Exception as e:  # a figure, never a failure of what sends it
+            log.debug("jupyter-vgpu: what a pause would store is not known: %s", e)
+            return None
 
     def _engine(self):
         """The engine, made on first use; None while the GPU holds nothing of this kernel.

@@ -160,3 +160,41 @@ def test_a_kernel_about_to_be_suspended_gives_back_the_free_pages_of_its_heap(tm
         assert k.run("print(len(kept))").strip() == "1563"
     finally:
         k.shutdown()
+
+
+def test_what_a_pause_would_store_is_the_pausable_bytes_less_pytorchs_cached_blocks():
+    """``pausable_bytes`` (what the kernel tells the arbiter its pause would store): the
+    allocator's pausable mapped bytes less PyTorch's cached free bytes on every device;
+    unknown without the allocator on CUDA, and where a figure cannot be read. The figures
+    here are stood in for: on a GPU, ``tests/gpu/test_pinned_ahead.py`` reads real ones."""
+    from types import SimpleNamespace
+
+    from jupyter_vgpu.kernel.memory_path import MemoryPath
+
+    reserved, allocated = {0: 10 * GiB, 1: 4 * GiB}, {0: 3 * GiB, 1: 4 * GiB}
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        device_count=lambda: 2,
+        memory_reserved=reserved.__getitem__,
+        memory_allocated=allocated.__getitem__,
+    )
+
+    class Path(MemoryPath):
+        backend = 1  # vmm.CUDA
+
+        def _allocator(self):
+            return SimpleNamespace(backend=self.backend, figures=self.figures)
+
+        def figures(self):
+            return SimpleNamespace(own=12 * GiB, others=GiB)
+
+        def _torch(self):
+            return SimpleNamespace(cuda=cuda)
+
+    path = Path()
+    assert path.pausable_bytes() == 13 * GiB - 7 * GiB
+    path.backend = 2  # the allocator's host backend: no card
+    assert path.pausable_bytes() is None
+    path.backend = 1
+    path.figures = lambda: 1 / 0
+    assert path.pausable_bytes() is None
