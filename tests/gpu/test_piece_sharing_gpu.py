@@ -86,6 +86,16 @@ def test_two_kernels_with_the_same_weights_hold_them_once_and_come_back_exact(tm
         arbiter.stop()
 
 
+def pause_two(tmp_path, arbiter, slice_, kernels: list) -> None:
+    """ada and bob, each holding the class's weights and bits of their own, paused (each
+    added to ``kernels`` as it starts, for the caller to shut down)."""
+    for user, own in (("ada", 10), ("bob", 11)):
+        k = arbiter.start_kernel(tmp_path, user, slice_)
+        kernels.append(k)
+        assert "held" in k.run(HOLD.format(base=0, own=own))
+        assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+
+
 def test_a_kernel_whose_pieces_are_shared_moves_to_disk_and_comes_back_exact(tmp_path):
     slice_ = Slice.on_card(nvml.list_gpus()[0], 8 * GiB, 100, overcommit_ratio=2.0)
     arbiter = ArbiterProcess(
@@ -94,11 +104,7 @@ def test_a_kernel_whose_pieces_are_shared_moves_to_disk_and_comes_back_exact(tmp
     ).start()  # fmt: skip
     kernels = []
     try:
-        for user, own in (("ada", 10), ("bob", 11)):
-            k = arbiter.start_kernel(tmp_path, user, slice_)
-            kernels.append(k)
-            assert "held" in k.run(HOLD.format(base=0, own=own))
-            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        pause_two(tmp_path, arbiter, slice_, kernels)
         for k in kernels:  # past the spill mark: both go to disk, whether or not they shared first
             wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("tier") == "disk", 300, f"{k.pid} on disk")
         for k in kernels:
@@ -133,11 +139,7 @@ def test_kernels_that_shared_their_weights_write_only_their_own_bytes_to_disk(tm
     ).start()  # fmt: skip
     kernels = []
     try:
-        for user, own in (("ada", 10), ("bob", 11)):
-            k = arbiter.start_kernel(tmp_path, user, slice_)
-            kernels.append(k)
-            assert "held" in k.run(HOLD.format(base=0, own=own))
-            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        pause_two(tmp_path, arbiter, slice_, kernels)
         ada, bob = kernels
 
         def shared() -> dict:
