@@ -86,6 +86,15 @@ def test_two_kernels_with_the_same_weights_hold_them_once_and_come_back_exact(tm
         arbiter.stop()
 
 
+def spilling_arbiter(tmp_path, limit: str, fraction: float) -> ArbiterProcess:
+    """An arbiter sharing pieces across users and suspending nobody, its host budget
+    ``limit`` and its spill mark at ``fraction`` of it."""
+    return ArbiterProcess(
+        tmp_path, "--ArbiterApp.share_pieces=all", "--ArbiterApp.suspend_after=3600",
+        f"--ArbiterApp.host_memory_limit={limit}", f"--ArbiterApp.host_spill_fraction={fraction}",
+    ).start()  # fmt: skip
+
+
 def pause_two(tmp_path, arbiter, slice_, kernels: list) -> None:
     """ada and bob, each holding the class's weights and bits of their own, paused (each
     added to ``kernels`` as it starts, for the caller to shut down)."""
@@ -98,10 +107,7 @@ def pause_two(tmp_path, arbiter, slice_, kernels: list) -> None:
 
 def test_a_kernel_whose_pieces_are_shared_moves_to_disk_and_comes_back_exact(tmp_path):
     slice_ = Slice.on_card(nvml.list_gpus()[0], 8 * GiB, 100, overcommit_ratio=2.0)
-    arbiter = ArbiterProcess(
-        tmp_path, "--ArbiterApp.share_pieces=all", "--ArbiterApp.suspend_after=3600",
-        "--ArbiterApp.host_memory_limit=64G", "--ArbiterApp.host_spill_fraction=0.0001",
-    ).start()  # fmt: skip
+    arbiter = spilling_arbiter(tmp_path, "64G", 0.0001)
     kernels = []
     try:
         pause_two(tmp_path, arbiter, slice_, kernels)
@@ -133,10 +139,7 @@ def test_kernels_that_shared_their_weights_write_only_their_own_bytes_to_disk(tm
     # the mark (4 GB) sits above what ada and bob hold, their pinned-ahead slabs included
     # (about 2.5 GB), and below what eve's 6 GiB of random bytes hold once paused
     slice_ = Slice.on_card(nvml.list_gpus()[0], 8 * GiB, 100, overcommit_ratio=2.0)
-    arbiter = ArbiterProcess(
-        tmp_path, "--ArbiterApp.share_pieces=all", "--ArbiterApp.suspend_after=3600",
-        "--ArbiterApp.host_memory_limit=8G", "--ArbiterApp.host_spill_fraction=0.5",
-    ).start()  # fmt: skip
+    arbiter = spilling_arbiter(tmp_path, "8G", 0.5)
     kernels = []
     try:
         pause_two(tmp_path, arbiter, slice_, kernels)
