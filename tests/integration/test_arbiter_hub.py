@@ -97,7 +97,7 @@ def test_the_idle_user_is_paused_so_that_the_other_gets_room(small_hub, two):
     page = hub.login("admin").get(f"{hub.url}/hub/vgpu").text
     assert '<tr class="vgpu-kernel" data-tier="host">' in page
     assert "Host memory held by kernels (paused data" in page
-    assert '<p class="mb-2 small vgpu-shared-pieces" data-scope="off"' in page  # the default
+    assert '<p class="mb-2 small vgpu-shared-pieces" data-scope="all"' in page  # the default
     # each kernel process's own host memory: its PSS, the breakdown on hover
     assert ">Host (process)</th>" in page
     assert 'class="text-end vgpu-process-bytes" title="PSS ' in page
