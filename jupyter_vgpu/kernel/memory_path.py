@@ -90,13 +90,14 @@ class MemoryPath:
         allocator = self._allocator()
         if allocator is None or allocator.backend != 1:  # vmm.CUDA
             return None
+        from .pause.torch_calls import cached_free_bytes  # no torch import of its own
+
         try:
             figures = allocator.figures()
-            cached = 0
             torch = self._torch()
-            if torch is not None and torch.cuda.is_initialized():
-                for d in range(torch.cuda.device_count()):
-                    cached += torch.cuda.memory_reserved(d) - torch.cuda.memory_allocated(d)
+            cached = 0
+            if torch is not None and torch.cuda.is_initialized():  # else no device to count
+                cached = cached_free_bytes(torch, range(torch.cuda.device_count()))
             return max(0, figures.own + figures.others - cached)
         except Exception as e:  # a figure, never a failure of what sends it
             log.debug("jupyter-vgpu: what a pause would store is not known: %s", e)

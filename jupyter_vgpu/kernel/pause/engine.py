@@ -52,7 +52,7 @@ from .ranges import live_ranges, spans
 from .sharing import PieceSharing
 from .states import PauseState
 from .store import HostStore
-from .torch_calls import empty_host_cache, plain_torch
+from .torch_calls import cached_free_bytes, empty_host_cache, plain_torch
 from .workarea import WorkArea
 
 log = logging.getLogger("jupyter_vgpu")
@@ -592,10 +592,7 @@ class PauseEngine:
         else:
             figures = self.vmm.figures()
             mapped = figures.own + figures.others
-        cuda, cached = self.torch.cuda, 0
-        if cuda.is_initialized():
-            cached = cuda.memory_reserved(self.device) - cuda.memory_allocated(self.device)
-        return max(0, mapped - cached)
+        return max(0, mapped - cached_free_bytes(self.torch, [self.device]))
 
     def prepare(self, keep_going=lambda: True) -> int:
         """Pin ahead the host memory the next pause stores into

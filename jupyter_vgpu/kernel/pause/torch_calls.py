@@ -1,4 +1,5 @@
-"""PyTorch calls of the pause path: made as plain ones, and its pinned-memory cache emptied."""
+"""PyTorch calls of the pause path: made as plain ones, its pinned-memory cache emptied, and
+the device memory its caching allocator keeps free."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ def empty_host_cache(torch) -> None:
     empty = empty or getattr(torch._C, "_host_emptyCache", None)
     if empty is not None:
         empty()
+
+
+def cached_free_bytes(torch, devices) -> int:
+    """Bytes PyTorch's caching allocator keeps reserved and unallocated on ``devices`` (CUDA
+    ordinals): ``memory_reserved - memory_allocated``, which a pause releases unstored. 0
+    before PyTorch initialized CUDA. Reads the allocator's statistics; no driver call."""
+    cuda = torch.cuda
+    if not cuda.is_initialized():
+        return 0
+    return sum(cuda.memory_reserved(d) - cuda.memory_allocated(d) for d in devices)
 
 
 @contextlib.contextmanager
