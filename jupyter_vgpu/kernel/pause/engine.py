@@ -537,29 +537,26 @@ class PauseEngine:
                 raise PauseError(f"the kernel is {self.state}, not paused: nothing to move to disk")
             t0 = time.perf_counter()
             moved = 0
+            # (its range, its index there, the piece, its address); none once on disk
+            # already: what stays then is pieces others read too (one file a pause)
             device = [
-                (r, i, piece)
-                for p in self._paused
+                (r, i, piece, self.arena.address(piece.slab, piece.start))
+                for p in (self._paused if self._spill is None else ())
                 for r in p.ranges
                 if r.path == "device"
                 for i, piece in enumerate(r.pieces)
                 if piece.slab >= 0
             ]
             keep: frozenset[int] = frozenset()  # pieces others read from the node's copies too
-            if device and self._spill is not None:
-                device = []  # on disk already: what stays are such pieces (one file a pause)
             if device and self.sharing is not None:
-                keep = self.sharing.read_by_others(self.arena.address(p.slab, p.start) for _, _, p in device)
-                device = [d for d in device if self.arena.address(d[2].slab, d[2].start) not in keep]
+                keep = self.sharing.read_by_others(at for *_, at in device)
+                device = [d for d in device if d[3] not in keep]
             if device:
-                records = [
-                    (self.arena.address(piece.slab, piece.start), piece.span, piece.crcs)
-                    for _, _, piece in device
-                ]
+                records = [(at, piece.span, piece.crcs) for _, _, piece, at in device]
                 name = f"pause-{id(self):x}-{time.monotonic_ns()}.vgpu"
                 written, offsets = spill.SpillFile.write(directory, name, records)
                 failpoints.hit("kernel.spill.written")
-                for (r, i, piece), offset in zip(device, offsets, strict=True):
+                for (r, i, piece, _), offset in zip(device, offsets, strict=True):
                     r.pieces[i] = dataclasses.replace(piece, slab=spill.DISK, start=offset)
                     moved += piece.stored_bytes
                 self._spill = written
