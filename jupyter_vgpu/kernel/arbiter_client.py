@@ -154,25 +154,26 @@ class ArbiterClient:
         if not self.connected.is_set():
             return
         f = self.figures()
-        msg = {"type": "state", "state": f["state"]}
-        msg.update({k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes", "disk_bytes")})
-        if f.get("pausable_bytes") is not None and self._hello_version >= 3:
-            msg["pausable_bytes"] = int(f["pausable_bytes"])
-        msg["resume_seconds"] = f["resume_seconds"]
-        if self._hello_version < 2:
-            del msg["disk_bytes"]
+        msg = {"type": "state", "state": f["state"], **self._bytes(f), "resume_seconds": f["resume_seconds"]}
         self._send(msg)
+
+    def _bytes(self, f: dict) -> dict:
+        """The byte figures of a hello or state, as far as the version spoken has them
+        (``disk_bytes`` from version 2, ``pausable_bytes`` from 3, where known)."""
+        out = {k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes")}
+        if self._hello_version >= 2:
+            out["disk_bytes"] = int(f["disk_bytes"])
+        if self._hello_version >= 3 and f.get("pausable_bytes") is not None:
+            out["pausable_bytes"] = int(f["pausable_bytes"])
+        return out
 
     def _hello(self) -> dict:
         if self._hello_version < 2:
             return {"type": "hello", "version": 1, "kernel_id": self.kernel_id}
         f = self.figures()
         msg = {"type": "hello", "version": self._hello_version, "kernel_id": self.kernel_id}
-        msg["state"] = f["state"]
-        msg.update({k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes", "disk_bytes")})
-        if f.get("pausable_bytes") is not None and self._hello_version >= 3:
-            msg["pausable_bytes"] = int(f["pausable_bytes"])
-        msg.update(budget=f["budget"], idle_seconds=round(max(0.0, f["idle_seconds"]), 3))
+        msg.update(state=f["state"], **self._bytes(f), budget=f["budget"])
+        msg["idle_seconds"] = round(max(0.0, f["idle_seconds"]), 3)
         return msg
 
     # -- room --------------------------------------------------------------------------
