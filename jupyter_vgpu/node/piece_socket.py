@@ -169,19 +169,18 @@ class PieceSocket:
             except (ValueError, RecursionError) as e:  # ContractError is a ValueError
                 return _refused(str(e) if isinstance(e, ContractError) else "not a JSON object"), None
             loop = asyncio.get_running_loop()
-            if msg["type"] in ("others", "release") and "keys" in msg:
-                try:
-                    keys = [bytes.fromhex(k) for k in msg["keys"]]
-                except ValueError:
-                    return _refused(f"{msg['type']}.keys: each is 64 hexadecimal digits"), None
+            if msg["type"] in ("others", "release"):
+                keys = None  # a release of every reference (``others`` always names keys)
+                if "keys" in msg:
+                    try:
+                        keys = [bytes.fromhex(k) for k in msg["keys"]]
+                    except ValueError:
+                        return _refused(f"{msg['type']}.keys: each is 64 hexadecimal digits"), None
                 holder, user = _holder(kernel), kernel.server.user
                 if msg["type"] == "others":
                     held = await loop.run_in_executor(self._worker, self.store.others, holder, user, keys)
                     return {"type": "others", "held": held}, None
                 freed = await loop.run_in_executor(self._worker, self.store.release, holder, keys, user)
-                return {"type": "released", "bytes": freed}, None
-            if msg["type"] == "release":
-                freed = await loop.run_in_executor(self._worker, self.store.release, _holder(kernel))
                 return {"type": "released", "bytes": freed}, None
             if len(fds) != 1:
                 return _refused("an offer comes with one descriptor, the piece's memfd"), None

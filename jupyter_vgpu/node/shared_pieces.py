@@ -143,7 +143,7 @@ class SharedPieces:
             if not isinstance(key, bytes) or len(key) != 32:
                 raise PieceRefused("a piece's key is 32 bytes")
             size = _sealed_size(fd)
-            scope = user if self.scope == "same-user" else None
+            scope = self._scope_of(user)
             with self._lock:
                 if self._offered.get(holder, 0) + size > cap:
                     raise PieceRefused(
@@ -175,7 +175,7 @@ class SharedPieces:
         key). A kernel asks before it moves its paused data to disk: those pieces stay in
         host memory for the others anyway, so it keeps reading them from there, and writes
         only the rest to its own file (then :meth:`release` of their keys)."""
-        scope = user if self.scope == "same-user" else None
+        scope = self._scope_of(user)
         with self._lock:
             return [
                 any(holder in p.holders and len(p.holders) > 1 for p in self._by_key.get((scope, key), ()))
@@ -200,7 +200,7 @@ class SharedPieces:
                         if piece.holders.pop(holder, None) is not None:
                             freed += self._forget_if_unheld(where, piece)
                 return freed
-            scope = user if self.scope == "same-user" else None
+            scope = self._scope_of(user)
             for key in keys:
                 piece = next((p for p in self._by_key.get((scope, key), ()) if holder in p.holders), None)
                 if piece is None:
@@ -215,6 +215,11 @@ class SharedPieces:
                     self._offered.pop(holder, None)
                 freed += self._forget_if_unheld((scope, key), piece)
         return freed
+
+    def _scope_of(self, user: str) -> str | None:
+        """Where ``user``'s pieces are looked for: their own under ``same-user``, else
+        everyone's (None)."""
+        return user if self.scope == "same-user" else None
 
     def _forget_if_unheld(self, where: tuple, piece: _Piece) -> int:  # under the lock
         """Close ``piece`` if nobody holds it any more; its bytes, or 0."""
