@@ -113,12 +113,12 @@ class Rooms:
 
     async def prefetch(self, conn: Connection, rid: int) -> None:
         """Bring a paused or suspended kernel back ahead of a cell its user is about to run
-        (they opened, focused or edited its notebook): at once, or not at all. Granted only
-        where the card has room beside what running cells were promised and stays at or
-        below its watermark (:func:`books.prefetch_short`) once kernels idle past their
-        ``idle_seconds`` are paused for it (:meth:`_pause_owed`; nobody else is taken off
-        it), and once per ``prefetch_interval`` per user (all their servers);
-        otherwise denied, and the cell asks for its room when it runs."""
+        (they opened, focused or edited its notebook): at once, or not at all. Kernels idle
+        past their ``idle_seconds`` are paused first, down to the watermark
+        (:meth:`_pause_owed`; nobody else is taken off the card); then it is granted where
+        it fits beside what running cells were promised (:func:`books.prefetch_short`),
+        once per ``prefetch_interval`` per user (all their servers); otherwise denied, and
+        the cell asks for its room when it runs."""
         a = self.arbiter
         kernel = conn.kernel
         uuid = kernel.slice.gpu_uuid
@@ -149,16 +149,12 @@ class Rooms:
                 except NVMLUnavailable as e:
                     await deny("card unreadable", f"GPU {index} does not answer: {e}")
                     return
-                others = [k for k in a.on_card(card) if k is not kernel]
-                short = books.prefetch_short(
-                    kernel, reading.free, reading.total, others, a.config.watermark, card
-                )
-                if short > 0 and await self._pause_owed(kernel, card, reading):
+                # kernels idle past their idle_seconds go first, down to the watermark: the
+                # cell that follows asks for its growth too, seconds later
+                if await self._pause_owed(kernel, card, reading):
                     reading = await a.read(card)
-                    others = [k for k in a.on_card(card) if k is not kernel]
-                    short = books.prefetch_short(
-                        kernel, reading.free, reading.total, others, a.config.watermark, card
-                    )
+                others = [k for k in a.on_card(card) if k is not kernel]
+                short = books.prefetch_short(kernel, reading.free, others, card)
                 if short > 0:
                     where = f" on GPU {index}" if kernel.slice.more_gpus else ""
                     await deny(
@@ -183,17 +179,18 @@ class Rooms:
         await a.sessions.send(conn, {"type": "grant", "id": rid})
 
     async def _pause_owed(self, kernel: Kernel, card: str, reading: Reading) -> bool:
-        """For a prefetch of ``kernel`` short of room on ``card`` (its lock held): pause the
-        kernels idle past their slice's ``idle_seconds`` that make room for it
-        (:func:`books.prefetch_owed`). The background look pauses those only while no
-        cell runs on the card (:func:`books.quiet`); where many users share a card one
-        always does, and those kernels kept the card full. A prefetch runs seconds before
-        its cell, which would take them off itself (:meth:`make_room`), and its user waits
-        in the meantime: 28 of 44 transformer sessions' cells found their kernel paused,
-        their prefetch refused for room such kernels held
-        (``benchmarks/results/sessions-h100.json``). Pauses only, never a suspend, and
-        nobody within their ``idle_seconds``; a kernel whose pause waits for host memory
-        to be made stays. Returns whether any left the card."""
+        """For a prefetch of ``kernel`` to ``card`` (its lock held): pause the kernels idle
+        past their slice's ``idle_seconds`` until the card, counting the prefetch and the
+        running cells' promises, is at its watermark (:func:`books.prefetch_owed`). The
+        background look pauses those only while no cell runs on the card
+        (:func:`books.quiet`); where many users share a card one always does, and those
+        kernels kept the card full. A prefetch runs seconds before its cell, which would
+        take them off itself (:meth:`make_room`), and its user waits in the meantime: 28
+        of 44 transformer sessions' cells found their kernel paused, their prefetch
+        refused for room such kernels held (``benchmarks/results/sessions-h100.json``).
+        Pauses only, never a suspend, and nobody within their ``idle_seconds``; a kernel
+        whose pause waits for host memory to be made stays. Returns whether any left the
+        card."""
         a = self.arbiter
         others = [k for k in a.on_card(card) if k is not kernel]
         owed = books.prefetch_owed(

@@ -47,22 +47,21 @@ def test_victims_suspend_long_paused_kernels_first_and_never_when_suspending_is_
     assert order == [(4, "pause"), (5, "pause")]
 
 
-def test_a_prefetch_fits_in_free_memory_below_the_watermark_or_waits_for_the_cell():
-    total = 80 * GiB
+def test_a_prefetch_fits_in_free_memory_beside_the_promises_or_waits_for_the_cell():
     paused = kernel(7, 40 * GiB, state=books.PAUSED, paused_bytes=10 * GiB)
     # running, it may grow by 10 GiB more: promised
     running = kernel(8, 40 * GiB, state=books.ACTIVE, resident=20 * GiB, granted=30 * GiB)
     free = 40 * GiB
-    assert books.prefetch_short(paused, free, total, [running], watermark=0.9) == 0
+    assert books.prefetch_short(paused, free, [running]) == 0
     # the running kernel's promise leaves 30 GiB; 35 GiB paused do not fit
     paused.paused_bytes = 35 * GiB
-    assert books.prefetch_short(paused, free, total, [running], watermark=1.0) == 5 * GiB
-    # fits in free memory, but would push the card past its watermark (40 used + 10 back, 44 at the mark)
-    paused.paused_bytes = 10 * GiB
-    assert books.prefetch_short(paused, free, total, [], watermark=0.55) == 6 * GiB
+    assert books.prefetch_short(paused, free, [running]) == 5 * GiB
+    # an idle kernel's bytes are no promise: what it holds is counted in use already
+    idle = kernel(10, 40 * GiB, resident=20 * GiB)
+    assert books.prefetch_short(paused, free, [idle]) == 0
     # a suspended kernel needs what the driver's checkpoint took, too
     suspended = kernel(9, 40 * GiB, state=books.SUSPENDED, checkpoint_bytes=41 * GiB)
-    assert books.prefetch_short(suspended, free, total, [], watermark=1.0) == GiB
+    assert books.prefetch_short(suspended, free, []) == GiB
 
 
 def test_a_prefetch_pauses_idle_kernels_past_their_idle_seconds_for_its_bytes_and_the_promises():
@@ -81,11 +80,11 @@ def test_a_prefetch_pauses_idle_kernels_past_their_idle_seconds_for_its_bytes_an
     # 62 GiB in use and 3 coming back are under the mark: the background look owes nothing,
     # yet beside the running cell's 16 GiB still to come, 18 GiB free are 1 short of room
     assert books.ahead_of_time(others, used + 3 * GiB, total, watermark, now) == []
-    assert books.prefetch_short(back, free, total, others, watermark) == GiB
+    assert books.prefetch_short(back, free, others) == GiB
     # counted with the promises (81 GiB), the longest idle kernel goes, and the 3 fit
     owed = books.prefetch_owed(back, used, total, others, watermark, now)
     assert [(k.pid, action) for k, action in owed] == [(10, "pause")]
-    assert books.prefetch_short(back, free + 10 * GiB, total, others[2:], watermark) == 0
+    assert books.prefetch_short(back, free + 10 * GiB, others[2:]) == 0
     # more to bring back: longest idle first, and never the kernel within its idle_seconds
     back.paused_bytes = 30 * GiB
     owed = books.prefetch_owed(back, used, total, others, watermark, now)
@@ -123,13 +122,13 @@ def test_a_prefetch_of_a_kernel_of_several_cards_is_judged_on_each_card():
     assert books.paused_on(pair, "GPU-1") == 6 * GiB
     assert books.paused_on(pair) == 24 * GiB
     # 10 GiB free on each card: GPU-1 takes its 6 GiB back, GPU-0 is 8 GiB short of its 18
-    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0, card="GPU-1") == 0
-    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0, card="GPU-0") == 8 * GiB
+    assert books.prefetch_short(pair, 10 * GiB, [], card="GPU-1") == 0
+    assert books.prefetch_short(pair, 10 * GiB, [], card="GPU-0") == 8 * GiB
     # counted whole on each card, it would have seemed 14 GiB short on both
-    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0) == 14 * GiB
+    assert books.prefetch_short(pair, 10 * GiB, []) == 14 * GiB
     # suspended: what the driver's checkpoint took off each card, on that card
     pair.checkpoint_need = {"GPU-0": GiB, "GPU-1": 5 * GiB}
-    assert books.prefetch_short(pair, 10 * GiB, 80 * GiB, [], watermark=1.0, card="GPU-1") == GiB
+    assert books.prefetch_short(pair, 10 * GiB, [], card="GPU-1") == GiB
     # nothing known of how it held its memory: all of it counts on its first card
     pair.peak_on_cards, pair.checkpoint_need = {}, {}
     assert books.paused_on(pair, "GPU-0") == 24 * GiB
