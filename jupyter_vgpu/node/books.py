@@ -392,6 +392,32 @@ def prefetch_owed(
     return ahead_of_time(others, counted, total, watermark, now, card)
 
 
+#: The most suspends made at once for one kernel's room: the checkpoint pool's workers
+#: (:class:`.checkpoint_pool.CheckpointPool`, 8), so none of them waits for a worker.
+SUSPENDS_AT_ONCE = 8
+
+
+def suspends_together(order: list, short: int, card: str | None = None) -> list[Kernel]:
+    """The kernels at the head of ``order`` (:func:`victims`' list, or what is left of it)
+    to suspend at once for a shortfall of ``short`` bytes: those whose action is
+    ``suspend``, in order, until what they hold on ``card`` (:func:`held`: a paused
+    kernel's CUDA context and what its pause left) covers ``short``, at most
+    :data:`SUSPENDS_AT_ONCE`; ``[]`` when the head is a pause.
+
+    A paused kernel's suspend frees its context alone (0.73 GiB of an MLP kernel), so a
+    cell's room can take many; one after another, they kept a cell waiting 10.7 s for 8
+    suspends of 0.53 to 2.78 s each (48 MLP sessions, seed 7, at 4558c36,
+    ``benchmarks/results/sessions-h100.json``). The driver's checkpoint of one process
+    does not wait for another's."""
+    out, freed = [], 0
+    for kernel, action in order:
+        if action != "suspend" or len(out) == SUSPENDS_AT_ONCE or freed >= short:
+            break
+        out.append(kernel)
+        freed += held(kernel, card)
+    return out
+
+
 def victims(
     card_kernels: list[Kernel], asking: Kernel, suspend_after: float, now: float | None = None
 ) -> list:

@@ -28,7 +28,7 @@ from jupyter_vgpu import failpoints
 from jupyter_vgpu.nvml import NVMLUnavailable
 from jupyter_vgpu.units import format_bytes
 
-from . import books
+from . import books, tiers
 from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Reason
 from .cards import Reading
 from .enforcement import REFUSAL_SECONDS
@@ -321,32 +321,90 @@ class Rooms:
         short = books.shortfall(kernel, reading.free, others, uuid)
         if short <= 0:
             return short, reading
-        for victim, action in books.victims(others, kernel, a.config.suspend_after):
-            if action == "suspend" and a.checkpoint is None:
-                continue
-            if victim.declined(action, time.monotonic(), REFUSAL_SECONDS):
+        order = [
+            (victim, action)
+            for victim, action in books.victims(others, kernel, a.config.suspend_after)
+            if action == "pause" or a.checkpoint is not None
+        ]
+        while order:
+            if order[0][0].declined(order[0][1], time.monotonic(), REFUSAL_SECONDS):
+                victim, action = order.pop(0)
                 if notes is not None:  # asking again would get the same answer, or none
                     notes.append(f"{victim.server.key} stays: it declined to {action} a moment ago")
                 continue
-            taking = a.moves.take_off(
-                victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes,
-                host_first=host_first,
-            )  # fmt: skip
-            if tell is None:
-                ok = await taking
-            else:  # a word each second: a suspend of tens of GiB takes tens of seconds
-                verb = "pausing" if action == "pause" else "suspending"
-                ok = await said_while(
-                    taking,
-                    tell,
-                    f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
-                    f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
-                )
-            if not ok:
-                continue
+            together = self._suspends_together(order, short, uuid)
+            if together:
+                del order[: len(together)]
+                await self._suspend_all(kernel, together, short, tell, notes, host_first)
+            else:
+                victim, action = order.pop(0)
+                taking = a.moves.take_off(
+                    victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes,
+                    host_first=host_first,
+                )  # fmt: skip
+                if tell is None:
+                    ok = await taking
+                else:  # a word each second: a suspend of tens of GiB takes tens of seconds
+                    verb = "pausing" if action == "pause" else "suspending"
+                    ok = await said_while(
+                        taking,
+                        tell,
+                        f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
+                        f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
+                    )
+                if not ok:
+                    continue
             reading = await a.read(uuid)
             others = [k for k in a.on_card(uuid) if k is not kernel]
             short = books.shortfall(kernel, reading.free, others, uuid)
             if short <= 0:
                 break
         return short, reading
+
+    def _suspends_together(self, order: list, short: int, uuid: str) -> list[Kernel]:
+        """The suspends at the head of ``order`` to make at once
+        (:func:`books.suspends_together`), none that declined a moment ago, where there are
+        two or more and the host has memory for all their checkpoints now
+        (:meth:`.tiering.Tiering.host_step` for their sum: each one's own look would count
+        the same free memory); else ``[]``, and they go one at a time, each making its host
+        memory as it does alone."""
+        now = time.monotonic()
+        fresh = []
+        for victim, action in order:
+            if action != "suspend" or victim.declined(action, now, REFUSAL_SECONDS):
+                break
+            fresh.append((victim, action))
+        together = books.suspends_together(fresh, short, uuid)
+        if len(together) < 2:
+            return []
+        need = sum(tiers.host_need(k) for k in together)
+        step, _, _ = self.arbiter.tiering.host_step(together[0], need)
+        return together if step == "fits" else []
+
+    async def _suspend_all(self, kernel: Kernel, together: list[Kernel], short: int, tell, notes, host_first):
+        """Suspend ``together`` for ``kernel``'s room at once, each as
+        :meth:`.moves.Moves.take_off` does alone, telling the cell once a second."""
+        a = self.arbiter
+        taking = asyncio.gather(
+            *(
+                a.moves.take_off(
+                    victim,
+                    "suspend",
+                    Reason.ROOM,
+                    for_whom=kernel.server.key,
+                    notes=notes,
+                    host_first=host_first,
+                )
+                for victim in together
+            )
+        )
+        if tell is None:
+            await taking
+            return
+        names = ", ".join(v.server.key for v in together)
+        await said_while(
+            taking,
+            tell,
+            f"making room on GPU {kernel.slice.gpu_index}: suspending {len(together)} idle kernels at once "
+            f"({names}), {format_bytes(short)} still to free",
+        )

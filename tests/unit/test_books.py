@@ -47,6 +47,22 @@ def test_victims_suspend_long_paused_kernels_first_and_never_when_suspending_is_
     assert order == [(4, "pause"), (5, "pause")]
 
 
+def test_suspends_for_one_room_are_made_together_until_their_contexts_cover_it():
+    now = 1000.0
+    context = 700 * 2**20
+    paused = [kernel(10 + i, 8 * GiB, resident=context, state=books.PAUSED, since=now - 9) for i in range(12)]
+    idle = kernel(4, 8 * GiB, resident=GiB, since=now - 300)
+    order = [(k, "suspend") for k in paused[:3]] + [(idle, "pause")] + [(k, "suspend") for k in paused[3:]]
+    # 2 GiB short: three contexts of 700 MiB cover it; the pause behind them is not reached
+    assert books.suspends_together(order, 2 * GiB) == paused[:3]
+    assert books.suspends_together(order, GiB) == paused[:2]
+    # the head a pause: none together (the pause goes alone, then the card is read again)
+    assert books.suspends_together(order[3:], 2 * GiB) == []
+    # many short: at most one checkpoint worker's worth each
+    many = [(k, "suspend") for k in paused]
+    assert len(books.suspends_together(many, 100 * GiB)) == books.SUSPENDS_AT_ONCE
+
+
 def test_a_prefetch_fits_in_free_memory_beside_the_promises_or_waits_for_the_cell():
     paused = kernel(7, 40 * GiB, state=books.PAUSED, paused_bytes=10 * GiB)
     # running, it may grow by 10 GiB more: promised
