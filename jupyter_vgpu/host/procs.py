@@ -315,6 +315,14 @@ class Identity:
             pidfd = _pidfd_open(pid)
         return pid, uid, cls._checked(pid, uid, pidfd)
 
+    def ended(self) -> bool:
+        """Whether the process has ended (a zombie included), as its pidfd says; where
+        there is none, whether ``/proc`` shows another start time or nothing at its PID
+        (a PID handed on within one clock tick then reads as the same process)."""
+        if self.pidfd is not None:
+            return _ended(self.pidfd)
+        return start_time(self.pid) != self.start
+
     def current(self) -> bool:
         """Whether the process is still the one first seen: not ended, same start time,
         same effective uid. False when ``/proc`` cannot say."""

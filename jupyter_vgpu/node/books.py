@@ -66,6 +66,10 @@ class Server:
             slice. None for a server known by its pod or job.
         uid: the uid of the account the server runs as, where the Hub says (None: not
             checked); a process of another uid is never admitted as its kernel.
+        process: the process ``pid`` as the arbiter first saw it with that start time
+            (its pidfd): once it has ended, its tree is nobody's, even where another
+            process took the PID within the same clock tick and so reads the same start
+            time. None where it was gone before it was registered, or for a pod or job.
     """
 
     pid: int
@@ -78,6 +82,7 @@ class Server:
     cgroup_hierarchy: str = "cgroup2"
     start: int | None = None
     uid: int | None = None
+    process: procs.Identity | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> str:

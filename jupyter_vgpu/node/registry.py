@@ -104,9 +104,22 @@ class Registry:
             return None
         for p in peers.ancestors(pid):
             server = roots.get(p)
-            if server is not None and (server.start is None or procs.start_time(p) == server.start):
+            if server is not None and self._still_started(server):
                 return server.root
         return None
+
+    @staticmethod
+    def _still_started(server: Server) -> bool:
+        """Whether process ``server.pid`` is still the one the Hub started: not ended, where
+        the arbiter holds a pidfd of it (:attr:`.books.Server.process`), and of the same
+        start time. The start time alone, in clock ticks (10 ms), took a process started
+        on the PID within the tick of the server's end for the server: one run in about
+        eight of the ``server-pid-reuse`` attack gave the attacker the victim's slice."""
+        if server.start is None:
+            return True
+        if server.process is not None and server.process.ended():
+            return False
+        return procs.start_time(server.pid) == server.start
 
     def register(
         self,
@@ -145,9 +158,18 @@ class Registry:
                 "%s/%s: process %d is no longer the server's (it ended; the PID may name another "
                 "process now): no process gets its slice through it", user, name, pid,
             )  # fmt: skip
+        process = None  # that very process, by a pidfd: a PID handed on within one tick reads the same start
+        if pid and start is not None and not pod_uid and not job_id:
+            if old is not None and old.pid == pid and old.start == start:
+                process = old.process  # the Hub registers again every few seconds: the first one seen holds
+            else:
+                process = procs.Identity.of(pid)
+                if process is not None and process.start != start:
+                    process.close()
+                    process = None
         server = Server(
             pid, user, name, slice_, pod_uid, job_id=job_id, cgroup=cgroup, cgroup_hierarchy=cgroup_hierarchy,
-            start=start, uid=uid,
+            start=start, uid=uid, process=process,
         )  # fmt: skip
         self.servers[root] = server
         for kernel in self.kernels:
