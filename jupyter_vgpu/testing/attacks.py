@@ -23,7 +23,16 @@ from pathlib import Path
 
 from jupyter_vgpu.node import allowlist
 
-from .security_scene import SLICE, SYSTEM_PYTHON, GiB, MiB, SecurityScene, python_sleeping, take_pid
+from .security_scene import (
+    SCENE_TRIES,
+    SLICE,
+    SYSTEM_PYTHON,
+    GiB,
+    MiB,
+    SecurityScene,
+    python_sleeping,
+    take_pid,
+)
 from .waiting import wait_for
 
 
@@ -197,9 +206,12 @@ def pid_reuse_hello(scene: SecurityScene) -> Outcome:
     """A connection kept after its process ended says hello once a victim's kernel has
     its PID: it must not join as that kernel, and the victim's own connection stays."""
     scene.start()
-    stale, freed = _stale_connection(scene, {"hello": None})
-    victim = take_pid(freed, lambda: scene.peer("victim", hello=None))
-    if victim is None:
+    for _ in range(SCENE_TRIES):  # a freed PID another process took first: set it again
+        stale, freed = _stale_connection(scene, {"hello": None})
+        victim = take_pid(freed, lambda: scene.peer("victim", hello=None))
+        if victim is not None:
+            break
+    else:
         return Outcome(False, f"PID {freed} could not be given to the victim (the scene is wrong)")
     scene.register(victim.pid, "victim", uid=scene.victim.pw_uid)
     victim.command({"send": {"type": "hello", "version": 2, **hello()}})
@@ -221,16 +233,19 @@ def pid_reuse_suspend(scene: SecurityScene) -> Outcome:
     scene.args.append("--ArbiterApp.suspend_after=1")
     scene.start()
     answers = {"pause": {"do": "ok"}, "suspend": {"do": "ok", "after": state("suspended")}}
-    peer = scene.peer("attacker", hello=None, answers=answers)
-    scene.register(peer.pid, "attacker", uid=scene.attacker.pw_uid)
-    peer.command({"send": {"type": "hello", "version": 2, **hello("idle", resident=100 * MiB)}})
-    peer.received("welcome", where=lambda m: m.get("slice") is not None)
-    freed = peer.pid
-    peer.command({"hand_over": True})
-    peer.expect("handed")
-    peer.process.wait(10)
-    victim = take_pid(freed, lambda: scene.run_as("victim", *python_sleeping()))
-    if victim is None:
+    for _ in range(SCENE_TRIES):  # a freed PID another process took first: set it again
+        peer = scene.peer("attacker", hello=None, answers=answers)
+        scene.register(peer.pid, "attacker", uid=scene.attacker.pw_uid)
+        peer.command({"send": {"type": "hello", "version": 2, **hello("idle", resident=100 * MiB)}})
+        peer.received("welcome", where=lambda m: m.get("slice") is not None)
+        freed = peer.pid
+        peer.command({"hand_over": True})
+        peer.expect("handed")
+        peer.process.wait(10)
+        victim = take_pid(freed, lambda: scene.run_as("victim", *python_sleeping()))
+        if victim is not None:
+            break
+    else:
         return Outcome(False, f"PID {freed} could not be given to the victim (the scene is wrong)")
     # now a paused kernel, idle past suspend_after in a second: the arbiter suspends "it"
     peer.command({"send": {"type": "state", "resume_seconds": None, **state("paused", resident=100 * MiB)}})
@@ -249,12 +264,15 @@ def server_pid_reuse(scene: SecurityScene) -> Outcome:
     """A victim's server (known by its process tree) ends while the Hub still lists it;
     an attacker's process takes its PID and connects as a kernel: no slice."""
     scene.start()
-    server = scene.run_as("victim", *python_sleeping())
-    scene.register(server.pid, "victim")  # no uid: the start time alone must hold
-    server.kill()
-    server.wait(10)
-    attacker = take_pid(server.pid, lambda: scene.peer("attacker", hello=None))
-    if attacker is None:
+    for _ in range(SCENE_TRIES):  # a freed PID another process took first: set it again
+        server = scene.run_as("victim", *python_sleeping())
+        scene.register(server.pid, "victim")  # no uid: the start time alone must hold
+        server.kill()
+        server.wait(10)
+        attacker = take_pid(server.pid, lambda: scene.peer("attacker", hello=None))
+        if attacker is not None:
+            break
+    else:
         return Outcome(False, f"PID {server.pid} could not be given to the attacker (the scene is wrong)")
     attacker.command({"send": {"type": "hello", "version": 2, **hello()}})
     welcome = attacker.received("welcome")
