@@ -45,6 +45,9 @@ from .shared_pieces import SCOPES as SHARE_SCOPES
 NODE_ENV = "JUPYTER_VGPU_NODE"
 #: The ``gpu_uuid`` of a slice whose GPU the Hub does not know yet (``hub_spawner.kube``).
 PENDING = "pending"
+#: Seconds a stopping arbiter gives its tasks, cancelled, to end (a connection's task ends
+#: at once; one that does not is left, and the loop closes all the same).
+STOP_SECONDS = 5.0
 
 
 def _count(value) -> bool:
@@ -466,7 +469,16 @@ class ArbiterApp(Application):
         try:
             loop.run_until_complete(self.serve())
         finally:
-            # threads stuck in a driver call must not keep a stopping arbiter alive
+            # its clients' connections, and whatever else still waits, end before the loop
+            # closes (each one left wrote "Task was destroyed but it is pending!" and a
+            # traceback); not the executor's threads, unlike asyncio.run: threads stuck in a
+            # driver call must not keep a stopping arbiter alive, and a task awaiting one
+            # ends at its cancellation
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=STOP_SECONDS))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 

@@ -384,7 +384,7 @@ class Arbiter(Registry):
             task.cancel()
         if self._server is not None:
             self._server.close()
-        self.sessions.close_all()
+        await self.sessions.close_all()
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), 5)

@@ -120,6 +120,8 @@ class Sessions:
     def __init__(self, arbiter: Arbiter):
         self.arbiter = arbiter
         self.per_uid: collections.Counter[int] = collections.Counter()  # open connections by uid
+        self.open: dict[Connection, asyncio.Task] = {}  # every open connection, and its task
+        self.closing = False  # the arbiter stops: its hang-ups are no kernel's leaving
 
     async def send(self, conn: Connection, msg: dict) -> None:
         """Send ``msg`` to ``conn``; a client that hung up or does not read is not waited for."""
@@ -163,6 +165,7 @@ class Sessions:
                 identity.close()
             return
         self.per_uid[uid] += 1
+        self.open[conn] = asyncio.current_task()
         first = True
         try:
             while True:
@@ -188,6 +191,7 @@ class Sessions:
         except ConnectionError:
             pass
         finally:
+            self.open.pop(conn, None)
             self.per_uid[uid] -= 1
             if self.per_uid[uid] <= 0:
                 del self.per_uid[uid]
@@ -197,7 +201,8 @@ class Sessions:
                 del a.unknown[conn.pid]
             if conn.kernel is not None and a.conns.get(conn.pid) is conn:
                 del a.conns[conn.pid]
-                a.decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
+                if not self.closing:
+                    a.decide("kernel left", server=conn.kernel.server.key, pid=conn.pid)
                 a.pieces.release(conn.kernel)  # its references to pieces held once
                 if conn.kernel.disk_dir and not identity.current():
                     a.tiering.forget(uid, pid, identity.start)  # it ended: its disk tier goes too
@@ -379,8 +384,13 @@ class Sessions:
                 msg["resume_seconds"]
             )
 
-    def close_all(self) -> None:
-        """Hang up on every client (the arbiter stops; kernels reconnect to the next one)."""
-        a = self.arbiter
-        for conn in [*a.conns.values(), *(c for c, _ in a.unknown.values())]:
+    async def close_all(self, timeout: float = 5.0) -> None:
+        """Hang up on every client (the arbiter stops; kernels reconnect to the next one),
+        and wait, at most ``timeout`` seconds, for each connection's task to end as at any
+        hang-up: one left to the closing loop wrote "Task was destroyed but it is
+        pending!" and a traceback, those of clients that had not said hello among them."""
+        self.closing = True
+        for conn in self.open:
             conn.writer.close()
+        if self.open:
+            await asyncio.wait(list(self.open.values()), timeout=timeout)

@@ -324,3 +324,27 @@ def test_a_kernel_of_two_cards_gets_room_on_each(tmp_path, arbiter):
     finally:
         ada.shutdown()
         cleo.shutdown()
+
+
+def test_an_arbiter_stopped_with_clients_connected_ends_without_a_traceback(tmp_path):
+    # its connections' tasks are cancelled before its loop closes: before, each one still
+    # open at the end wrote "Task was destroyed but it is pending!" and a RuntimeError
+    arbiter = ArbiterProcess(tmp_path).start()
+    clients = []
+    try:
+        for _ in range(3):
+            client = socket.socket(socket.AF_UNIX)
+            client.settimeout(10)
+            client.connect(str(arbiter.socket))
+            clients.append(client)
+            client.sendall(b"{}\n")  # answered (an error, and the client may go on): its task runs
+            assert b"error" in client.recv(4096)
+        arbiter.stop()
+        assert arbiter.process.returncode == 0, arbiter.log_path.read_text()[-2000:]
+        log = arbiter.log_path.read_text()
+        assert "Task was destroyed" not in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    finally:
+        for client in clients:
+            client.close()
+        arbiter.stop()
