@@ -149,8 +149,8 @@ class Rooms:
                 except NVMLUnavailable as e:
                     await deny("card unreadable", f"GPU {index} does not answer: {e}")
                     return
-                # kernels idle past their idle_seconds go first, down to the watermark: the
-                # cell that follows asks for its growth too, seconds later
+                # kernels idle past their idle_seconds go first, down to the watermark, even
+                # where the prefetch fits: the background look leaves them while a cell runs
                 if await self._pause_owed(kernel, card, reading):
                     reading = await a.read(card)
                 others = [k for k in a.on_card(card) if k is not kernel]
