@@ -346,9 +346,9 @@ def prefetch_short(kernel: Kernel, free: int, others: list[Kernel], card: str | 
     The watermark is the target of those pauses, not a condition of the grant: a card
     whose CUDA contexts alone fill most of it stays above any watermark that pauses can
     reach (48 MLP sessions: 48 contexts of 0.73 GiB, 44% of the card, against a watermark
-    of 0.6), and a prefetch held to it was refused while the memory was free: 39 and 44
-    of 48 prefetches refused, 1.7 to 33 GiB "short", and as many cells then waited for
-    their kernel's resume (seeds 7 and 11 at 4558c36,
+    of 0.6), and a prefetch held to it was refused whenever a cell ran: 39 and 44 of 48
+    prefetches refused, 0.9 to 34 GiB "short", and as many cells then waited for their
+    kernel's resume (seeds 7 and 11 at 4558c36,
     ``benchmarks/results/sessions-h100.json``). A kernel brought back above the watermark
     is the last the background look would pause (the most recently idle).
 
