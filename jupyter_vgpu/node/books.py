@@ -69,7 +69,7 @@ class Server:
         process: the process ``pid`` as the arbiter first saw it with that start time
             (its pidfd): once it has ended, its tree is nobody's, even where another
             process took the PID within the same clock tick and so reads the same start
-            time. None where it was gone before it was registered, or for a pod or job.
+            time. None where it was gone before it was registered, or for a pod or job (``pid`` 0).
     """
 
     pid: int

@@ -148,18 +148,8 @@ class Registry:
         old = self.servers.get(root)
         if pid and start is None:
             start = old.start if old is not None and old.pid == pid else procs.start_time(pid)
-        if (
-            pid
-            and start is not None
-            and (old is None or old.start != start)
-            and procs.start_time(pid) != start
-        ):
-            log.warning(
-                "%s/%s: process %d is no longer the server's (it ended; the PID may name another "
-                "process now): no process gets its slice through it", user, name, pid,
-            )  # fmt: skip
         process = None  # that very process, by a pidfd: a PID handed on within one tick reads the same start
-        if pid and start is not None and not pod_uid and not job_id:
+        if pid and start is not None:
             if old is not None and old.pid == pid and old.start == start:
                 process = old.process  # the Hub registers again every few seconds: the first one seen holds
             else:
@@ -167,6 +157,11 @@ class Registry:
                 if process is not None and process.start != start:
                     process.close()
                     process = None
+                if process is None and (old is None or old.start != start):
+                    log.warning(
+                        "%s/%s: process %d is no longer the server's (it ended; the PID may name another "
+                        "process now): no process gets its slice through it", user, name, pid,
+                    )  # fmt: skip
         server = Server(
             pid, user, name, slice_, pod_uid, job_id=job_id, cgroup=cgroup, cgroup_hierarchy=cgroup_hierarchy,
             start=start, uid=uid, process=process,
