@@ -45,6 +45,9 @@ the card when the cell was sent.
 
 ``--gpus N`` shares the host's first N cards: session i is on card i mod N (its slice
 there, ``CUDA_VISIBLE_DEVICES`` its card), and static partitioning fills every card.
+``--first-gpu F`` starts at card F, so that runs of several seeds go side by side on one
+host, each with its own arbiter managing its own cards; they share the host's memory and
+cores (``host_used_peak_bytes`` is the host's, all runs together).
 
 The calibration also times the working set's first pause (``cold_pause``: ``cold_s``) beside
 a second one (``warm_s``); the first comes once the idle kernel has pinned its host memory
@@ -374,6 +377,8 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     if args.card_reserve:
         settings.append(f"--ArbiterApp.card_reserve={args.card_reserve}")
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
+    # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
+    settings += [f"--ArbiterApp.managed_gpus={uuid}" for uuid in args.gpu_uuids]
     arbiter = ArbiterProcess(directory, *settings).start()
     arbiter.metrics_port = port
     return arbiter
@@ -756,6 +761,13 @@ def pause_seconds(s: Session) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1, help="cards of this host to share (sessions spread)")
+    parser.add_argument(
+        "--first-gpu",
+        type=int,
+        default=0,
+        help="the first of them, by NVML index (runs side by side on one host, each on its own cards: "
+        "its arbiter manages only these; the host's memory and cores are shared)",
+    )
     parser.add_argument("--workload", choices=("mlp", "transformer"), default="mlp")
     parser.add_argument("--tune", choices=("lora", "full"), default="lora", help="the transformer's steps")
     parser.add_argument("--tokens", type=int, default=2048, help="the transformer's tokens per step")
@@ -839,9 +851,12 @@ def main() -> None:
     checkpoint = tempfile.TemporaryDirectory(prefix="vgpu-checkpoint-") if args.same_checkpoint else None
     args.checkpoint = write_checkpoint(Path(checkpoint.name)) if checkpoint else None
 
-    gpus = nvml.list_gpus()[: args.gpus]
+    gpus = nvml.list_gpus()[args.first_gpu : args.first_gpu + args.gpus]
     if len(gpus) < args.gpus:
-        parser.error(f"--gpus {args.gpus}: this machine has {len(gpus)}")
+        parser.error(
+            f"--first-gpu {args.first_gpu} --gpus {args.gpus}: this machine has {len(nvml.list_gpus())}"
+        )
+    args.gpu_uuids = [g.uuid for g in gpus]
     gpu = gpus[0]  # the calibration's card (the cards of one host are alike)
     args.card_reserve = 0  # a calibration measures the whole card
     if args.calibration:
@@ -918,6 +933,7 @@ def main() -> None:
         row = run_sessions(n, args, slices, result["steps_per_cell"], together)
         row.update(began)
         row["gpus"] = len(gpus)
+        row["first_gpu"] = args.first_gpu
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["card_reserve_bytes"] = args.card_reserve or None  # of each card, out of the arbiter's reach
