@@ -29,6 +29,7 @@ class Reason(str, enum.Enum):
     the decision's ``reason``."""
 
     ROOM = "room"  # another kernel asked for room (the decision names whom for)
+    AHEAD = "room ahead"  # a prefetch: the room of the cell its user is about to run
     IDLE = "idle"  # in the background: a full card, or idle past ``suspend_after``
     OVER_BUDGET = "over budget"  # the watchdog, under ``over_budget = "pause"``
     WRONG_GPU = "wrong GPU"  # the watchdog: a process of it holds memory on another card
@@ -450,6 +451,38 @@ def victims(
     due.sort(key=lambda k: -k.idle_for(now))
     rest.sort(key=lambda k: -k.idle_for(now))
     return [(k, "suspend") for k in due] + [(k, "pause") for k in idle] + [(k, "suspend") for k in rest]
+
+
+def room_ahead(
+    kernel: Kernel, free: int, others: list[Kernel], suspend_after: float, now: float, card: str | None = None
+) -> tuple[int, list]:
+    """What a prefetch of ``kernel`` takes off the card for the cell its user is about to
+    run, decided before the kernel comes back: ``(short, [(victim, action)])``, where
+    ``short`` is the kernel's :func:`shortfall` (its paused bytes back and its growth to
+    its budget, beside the running cells' promises; bytes) and the victims are
+    :func:`victims`' order less the idle kernels within their slice's ``idle_seconds``
+    (a user who ran a cell a moment ago is not paused for a cell that has not started),
+    until what they hold on ``card`` (:func:`held`) covers ``short``.
+
+    A prefetch that brought back only the paused bytes left the cell to make the rest of
+    its room when it ran: on a card of 48 MLP sessions (48 CUDA contexts of 0.73 GiB
+    beside 17 GiB budgets) a prefetched kernel's cell waited 11.8 s for 11 suspends of
+    paused kernels (seed 7 at 09f6060, ``benchmarks/results/sessions-h100.json``), where
+    the edit before it gave 2 s to make them. A pause frees less than :func:`held` (the
+    context stays), so the list may fall short; the cell's own request makes the rest.
+    """
+    short = shortfall(kernel, free, others, card)
+    if short <= 0:
+        return 0, []
+    out, freed = [], 0
+    for victim, action in victims(others, kernel, suspend_after, now):
+        if action == "pause" and victim.idle_for(now) < victim.slice.idle_seconds:
+            continue
+        out.append((victim, action))
+        freed += held(victim, card)
+        if freed >= short:
+            break
+    return short, out
 
 
 def quiet(card_kernels: list[Kernel]) -> bool:

@@ -1,8 +1,8 @@
 """The arbiter's Prometheus metrics (prometheus-client), in a registry of its own.
 
 ``jupyter_vgpu_pauses_total{gpu, reason}`` (reason, :class:`.books.Reason`: ``room``
-for another kernel, ``idle`` in the background, ``over budget`` or ``wrong GPU`` by the
-watchdog), ``jupyter_vgpu_suspends_total{gpu}``,
+for another kernel, ``room ahead`` for a prefetched kernel's cell, ``idle`` in the
+background, ``over budget`` or ``wrong GPU`` by the watchdog), ``jupyter_vgpu_suspends_total{gpu}``,
 ``jupyter_vgpu_resume_seconds{gpu, tier}`` (tier: ``pause`` or ``suspend``),
 ``jupyter_vgpu_queue_wait_seconds{gpu}`` (how long a cell waited for room),
 ``jupyter_vgpu_enforcement_actions_total{gpu, action}`` (servers over their budget),

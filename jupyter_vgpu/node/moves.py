@@ -182,7 +182,7 @@ class Moves:
         fields = {"released": released} if released is not None else {}
         if action == "suspend" and len(kernel.group) > 1:
             fields["with"] = ",".join(map(str, kernel.group[:-1]))
-        said = f"room for {for_whom}" if reason is Reason.ROOM else reason.value
+        said = f"{reason.value} for {for_whom}" if reason in (Reason.ROOM, Reason.AHEAD) else reason.value
         a.decide(
             action, server=kernel.server.key, pid=kernel.pid, reason=said, seconds=round(took, 3), **fields
         )

@@ -115,10 +115,12 @@ class Rooms:
         """Bring a paused or suspended kernel back ahead of a cell its user is about to run
         (they opened, focused or edited its notebook): at once, or not at all. Kernels idle
         past their ``idle_seconds`` are paused first, down to the watermark
-        (:meth:`_pause_owed`; nobody else is taken off the card); then it is granted where
-        it fits beside what running cells were promised (:func:`books.prefetch_short`),
-        once per ``prefetch_interval`` per user (all their servers); otherwise denied, and
-        the cell asks for its room when it runs."""
+        (:meth:`_pause_owed`); then it is granted where it fits beside what running cells
+        were promised (:func:`books.prefetch_short`), once per ``prefetch_interval`` per
+        user (all their servers); otherwise denied, and the cell asks for its room when it
+        runs. Once granted, the room its cell will need is made while it comes back
+        (:func:`books.room_ahead`, :meth:`_take_ahead`): what the cell would otherwise
+        wait for after its user pressed run."""
         a = self.arbiter
         kernel = conn.kernel
         uuid = kernel.slice.gpu_uuid
@@ -143,6 +145,7 @@ class Rooms:
                 await deny("not away", "nothing to bring back: the kernel is on the GPU")
                 return
             # each card by what the kernel brings back to it (a slice of several: its share)
+            free: dict[str, int] = {}
             for card, index in zip(kernel.slice.gpu_uuids, kernel.slice.gpu_indices, strict=True):
                 try:
                     reading = await a.read(card)
@@ -153,6 +156,7 @@ class Rooms:
                 # where the prefetch fits: the background look leaves them while a cell runs
                 if await self._pause_owed(kernel, card, reading):
                     reading = await a.read(card)
+                free[card] = reading.free
                 others = [k for k in a.on_card(card) if k is not kernel]
                 short = books.prefetch_short(kernel, reading.free, others, card)
                 if short > 0:
@@ -163,20 +167,68 @@ class Rooms:
                     )
                     return
             self._prefetched[kernel.server.user] = now
+            # the cell's room, decided on the card as it is before the kernel comes back
+            # (each card of a slice of several: the cell's own request makes theirs)
+            others = [k for k in a.on_card(uuid) if k is not kernel]
+            short, ahead = books.room_ahead(
+                kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
+            )
+            if a.checkpoint is None:
+                ahead = [(victim, action) for victim, action in ahead if action == "pause"]
             # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state
             kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
             kernel.state, kernel.since = ACTIVE, time.monotonic()
-        if held and a.checkpoint is not None:  # outside the card's lock, its room held
-            ok, why = await a.moves.restore(kernel)
-            if not ok:
-                kernel.state, kernel.granted = was, 0
-                await a.notify()
-                await deny("no room", why or "the restore failed")
+            if not (held and a.checkpoint is not None):
+                await self._grant_prefetch(conn, rid)  # it comes back from host memory itself, now
+                await self._take_ahead(kernel, uuid, ahead, short)  # meanwhile, under the lock
                 return
+        # outside the card's lock, its room held
+        ok, why = await a.moves.restore(kernel)
+        if not ok:
+            kernel.state, kernel.granted = was, 0
+            await a.notify()
+            await deny("no room", why or "the restore failed")
+            return
+        await self._grant_prefetch(conn, rid)
+        if ahead:
+            async with a.locks[uuid]:
+                await self._take_ahead(kernel, uuid, ahead, short)
+
+    async def _grant_prefetch(self, conn: Connection, rid: int) -> None:
+        a, kernel = self.arbiter, conn.kernel
         a.decide("prefetch", server=kernel.server.key, pid=kernel.pid, bytes=kernel.paused_bytes)
-        a.metrics.prefetches.labels(gpu=uuid, outcome="granted").inc()
+        a.metrics.prefetches.labels(gpu=kernel.slice.gpu_uuid, outcome="granted").inc()
         await a.sessions.send(conn, {"type": "grant", "id": rid})
+
+    async def _take_ahead(self, kernel: Kernel, uuid: str, ahead: list, short: int) -> None:
+        """Take ``ahead`` (:func:`books.room_ahead`) off card ``uuid`` (its lock held) for
+        the cell of the prefetched ``kernel``: suspends together where two or more come
+        in a row (:meth:`_suspends_together`), pauses one at a time; a victim whose state
+        changed since (it ran, or was taken off for another), or that declined a moment
+        ago, stays, and so does one whose pause waits for host memory (no trim or spill
+        under the lock, nor for a cell that has not started). ``short``: the bytes the
+        cell's room lacked, bytes."""
+        a = self.arbiter
+        now = time.monotonic()
+        wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
+        order = [
+            (victim, action)
+            for victim, action in ahead
+            if victim.state == wanted[action] and not victim.declined(action, now, REFUSAL_SECONDS)
+            and a.conns.get(victim.pid) is not None
+        ]  # fmt: skip
+        left = short
+        while order and left > 0 and a.conns.get(kernel.pid) is not None:
+            together = self._suspends_together(order, left, uuid)
+            if together:
+                del order[: len(together)]
+                left -= sum(books.held(v, uuid) for v in together)
+                await self._suspend_all(kernel, together, left, None, None, [], Reason.AHEAD)
+                continue
+            victim, action = order.pop(0)
+            left -= books.held(victim, uuid)
+            await a.moves.take_off(victim, action, Reason.AHEAD, for_whom=kernel.server.key, host_first=[])
 
     async def _pause_owed(self, kernel: Kernel, card: str, reading: Reading) -> bool:
         """For a prefetch of ``kernel`` to ``card`` (its lock held): pause the kernels idle
@@ -363,11 +415,16 @@ class Rooms:
 
     def _suspends_together(self, order: list, short: int, uuid: str) -> list[Kernel]:
         """The suspends at the head of ``order`` to make at once
-        (:func:`books.suspends_together`), none that declined a moment ago, where there are
-        two or more and the host has memory for all their checkpoints now
+        (:func:`books.suspends_together`), none that declined a moment ago: the most of
+        them, two or more, whose checkpoints the host has memory for now
         (:meth:`.tiering.Tiering.host_step` for their sum: each one's own look would count
         the same free memory); else ``[]``, and they go one at a time, each making its host
-        memory as it does alone."""
+        memory as it does alone.
+
+        All or none sent them one at a time whenever the host tier was near its mark: a
+        cell waited for six suspends one after another (0.6 to 1.2 s each) before five went
+        at once (48 MLP sessions, seeds 7 and 23 at 09f6060,
+        ``benchmarks/results/sessions-h100.json``)."""
         now = time.monotonic()
         fresh = []
         for victim, action in order:
@@ -375,13 +432,16 @@ class Rooms:
                 break
             fresh.append((victim, action))
         together = books.suspends_together(fresh, short, uuid)
-        if len(together) < 2:
-            return []
-        need = sum(tiers.host_need(k) for k in together)
-        step, _, _ = self.arbiter.tiering.host_step(together[0], need)
-        return together if step == "fits" else []
+        for n in range(len(together), 1, -1):
+            need = sum(tiers.host_need(k) for k in together[:n])
+            step, _, _ = self.arbiter.tiering.host_step(together[0], need)
+            if step == "fits":
+                return together[:n]
+        return []
 
-    async def _suspend_all(self, kernel: Kernel, together: list[Kernel], short: int, tell, notes, host_first):
+    async def _suspend_all(
+        self, kernel: Kernel, together: list[Kernel], short: int, tell, notes, host_first, reason=Reason.ROOM
+    ):
         """Suspend ``together`` for ``kernel``'s room at once, each as
         :meth:`.moves.Moves.take_off` does alone, telling the cell once a second."""
         a = self.arbiter
@@ -390,7 +450,7 @@ class Rooms:
                 a.moves.take_off(
                     victim,
                     "suspend",
-                    Reason.ROOM,
+                    reason,
                     for_whom=kernel.server.key,
                     notes=notes,
                     host_first=host_first,

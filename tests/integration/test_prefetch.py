@@ -147,6 +147,51 @@ def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_while_another_ce
         carol.shutdown()
 
 
+# At 0.95 the card is under its watermark with ada back (her 716 MiB beside dave's 250):
+# no pause is owed to the watermark, and what moves dave is her cell's room alone
+@pytest.mark.parametrize("node", [0.95], indirect=True)
+def test_a_prefetch_makes_the_room_its_cell_will_need_while_the_kernel_comes_back(node, tmp_path):
+    # Ada's budget is 800 MiB; back, she holds 716 of it, and dave's 250 MiB leave her cell
+    # short of its room. The prefetch grants her return (716 MiB fit) and, meanwhile, pauses
+    # dave (idle past his 1 s) for her cell, which then finds its room made. Bob, within his
+    # idle_seconds, stays.
+    arbiter, server, kid, ada, pid, bob = node
+    dave = scene.start_kernel(
+        tmp_path,
+        arbiter,
+        "dave",
+        slice_=dataclasses.replace(
+            scene.SLICE, idle_seconds=1, memory_limit=300 * MiB, memory_request=300 * MiB
+        ),
+    )
+    try:
+        assert "paused" in scene.run(ada, "%vgpu pause").text
+        wait_for(lambda: arbiter.kernel(pid)["tier"] == "host", 10, "ada paused by %vgpu pause")
+        assert scene.run(dave, scene.hold_code(2, 16 * MiB, simulated_mib=250)).error is None
+        wait_for(
+            lambda: (
+                arbiter.kernel(dave.pid)["state"] == "idle" and arbiter.kernel(dave.pid)["idle_seconds"] > 1.5
+            ),
+            10,
+            "dave idle past his idle_seconds",
+        )
+        assert arbiter.kernel(dave.pid)["tier"] == "gpu"
+
+        assert server.request("POST", f"api/vgpu/kernels/{kid}/prefetch").status_code == 202
+        wait_for(lambda: decisions(arbiter, "prefetch", "ada/"), 15, "ada's prefetch granted")
+        paused = wait_for(lambda: decisions(arbiter, "pause", "dave/"), 15, "dave paused ahead of ada's cell")
+        assert paused[-1]["reason"] == "room ahead for ada/", paused
+        assert arbiter.kernel(bob.pid)["tier"] == "gpu"  # within his idle_seconds: left where he is
+        wait_for(lambda: arbiter.kernel(pid)["tier"] == "gpu", 10, "ada back on the card")
+        out = scene.run(ada, scene.BACK + scene.DIGEST)
+        assert out.text.splitlines()[0] == "back", out.text
+        assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+        made = [d for d in arbiter.books()["decisions"] if d.get("reason") == "room for ada/"]
+        assert not made, made  # her cell found its room made
+    finally:
+        dave.shutdown()
+
+
 def test_a_prefetch_for_a_kernel_the_server_does_not_run_is_a_404(node):
     server = node[1]
     answer = server.request("POST", "api/vgpu/kernels/00000000-0000-0000-0000-000000000000/prefetch")

@@ -163,3 +163,28 @@ def test_background_pauses_count_a_kernel_of_several_cards_by_what_it_frees_on_t
     # GPU-1 holds 70 of 80 GiB, watermark 0.6 (48 GiB): the pair frees 2 GiB there, not 26
     todo = books.ahead_of_time([pair, other], 70 * GiB, 80 * GiB, 0.6, now=100.0, card="GPU-1")
     assert [(k.pid, action) for k, action in todo] == [(9, "pause"), (2, "pause")]
+
+
+def test_a_prefetch_makes_its_cells_room_from_kernels_past_their_idle_seconds_and_paused_ones():
+    now = 1000.0
+    context = 700 * 2**20
+    asking = kernel(1, budget=20 * GiB, state=books.PAUSED, paused_bytes=2 * GiB, resident=context)
+    paused = [kernel(10 + i, 8 * GiB, resident=context, state=books.PAUSED, since=now - 9) for i in range(12)]
+    just_ran = kernel(4, 30 * GiB, resident=20 * GiB, since=now - 1)  # within its slice's idle_seconds
+    running = kernel(6, 40 * GiB, resident=10 * GiB, state=books.ACTIVE, granted=40 * GiB)
+    others = [just_ran, running, *paused]
+    free = 80 * GiB - (context + 20 * GiB + 10 * GiB + 12 * context)
+    # the cell's room: its budget less its context, beside the 30 GiB promised to the
+    # running cell: twelve contexts short
+    short, ahead = books.room_ahead(asking, free, others, suspend_after=3600, now=now)
+    assert short == books.shortfall(asking, free, others) == 12 * context
+    # the paused kernels' contexts, as many as cover it; never the one that ran a moment ago
+    assert [(k.pid, action) for k, action in ahead] == [(10 + i, "suspend") for i in range(12)]
+    _, ahead = books.room_ahead(asking, free + 5 * context, others, suspend_after=3600, now=now)
+    assert len(ahead) == 7
+    # idle past its idle_seconds (the slice's 300 s by default): its pause comes first, and covers it
+    just_ran.since = now - 400
+    _, ahead = books.room_ahead(asking, free, others, suspend_after=3600, now=now)
+    assert ahead == [(just_ran, "pause")]
+    # room enough: nobody
+    assert books.room_ahead(asking, free + short, others, suspend_after=3600, now=now) == (0, [])

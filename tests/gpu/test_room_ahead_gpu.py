@@ -1,0 +1,125 @@
+"""A prefetch makes its cell's room while the kernel comes back, on the real card and the
+driver's checkpoint.
+
+A prefetch that brought back only a kernel's paused bytes left its cell to make the rest
+of its room after the user pressed run: 11.8 s of suspends for one cell (48 MLP
+sessions, seed 7 at 09f6060, ``sessions-h100.json``), where the edit before it gave 2 s.
+Four kernels hold 256 MiB of random bytes each and pause, keeping their CUDA contexts on
+the card; a fifth (4 GiB budget) pauses too. The arbiter is started again with a card
+reserve set from what NVML shows, so that the fifth kernel comes back in the free memory
+but its cell is about three and a half contexts short of its room. Its prefetch (the
+server's word through the kernel's channel, as JupyterLab's extension sends it) suspends
+the four at once, named ``room ahead`` in the decisions; the cell then runs with no room
+left to make, and the four come back bit-exact."""
+
+import pytest
+
+from jupyter_vgpu import nvml
+from jupyter_vgpu.server.state import ServerState
+from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
+from jupyter_vgpu.testing.kernel_runner import Kernel
+from jupyter_vgpu.testing.preloaded import environment
+from jupyter_vgpu.testing.waiting import wait_for
+
+pytestmark = pytest.mark.gpu
+GiB, MiB = 2**30, 2**20
+
+HOLD = (
+    "import hashlib, torch\n"
+    "g = torch.Generator(device='cuda').manual_seed({seed})\n"
+    "data = torch.randint(0, 256, (256 * 2**20,), dtype=torch.uint8, device='cuda', generator=g)\n"
+    "digest = hashlib.sha256(data.cpu().numpy()).hexdigest()\n"
+    "print('held')"
+)
+CHECK = "print(hashlib.sha256(data.cpu().numpy()).hexdigest() == digest)"
+GROW = (
+    "import torch\n"
+    "x = torch.ones(2 * 2**30, dtype=torch.uint8, device='cuda')\n"
+    "print('grew', int(x[::4096].sum()))"
+)
+
+
+def suspends_ahead(arbiter: ArbiterProcess) -> list[dict]:
+    return [
+        d
+        for d in arbiter.books()["decisions"]
+        if d["what"] == "suspend" and d.get("reason") == "room ahead for grower/"
+    ]
+
+
+def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(tmp_path):
+    gpu = nvml.list_gpus()[0]
+    small = Slice.on_card(gpu, 2 * GiB, 100, overcommit_ratio=8.0)
+    budget = 4 * GiB
+    large = Slice.on_card(gpu, budget, 100, overcommit_ratio=8.0)
+    arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=3600").start()
+    paused, kernels = [], []
+    channel = tmp_path / "channel"
+    channel.mkdir()
+    try:
+        for i in range(4):
+            k = arbiter.start_kernel(tmp_path, f"user{i}", small)
+            kernels.append((k, f"user{i}", small))
+            paused.append(k)
+            assert "held" in k.run(HOLD.format(seed=i), timeout=300)
+        # the grower's server writes its channel, as a real one does: prefetches go through it
+        env = environment(
+            JUPYTER_VGPU_ARBITER=str(arbiter.socket), JUPYTER_VGPU_CHANNEL=str(channel), **large.environment()
+        )
+        grower = Kernel(tmp_path, env, load_extension=True)
+        kernels.append((grower, "grower", large))
+        with arbiter.control() as c:
+            c.register(grower.pid, "grower", "", large)
+        assert "ok" in grower.run("import torch\ntorch.zeros(1, device='cuda')\nprint('ok')", timeout=300)
+        for k in (*paused, grower):
+            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
+        for k in (*paused, grower):
+            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("tier") == "host", 120, f"{k.pid} paused")
+        context = min(arbiter.kernel(k.pid)["resident"] for k in paused)  # left on the card, each
+        assert context > 0
+        held = arbiter.kernel(grower.pid)["resident"]
+        back = arbiter.kernel(grower.pid)["paused_bytes"]
+        arbiter.stop()
+        # the grower comes back in the free memory, and its cell is short by about three and
+        # a half contexts: the room it needs beyond what it holds, less what is left free
+        free_then = budget - held - (7 * context) // 2
+        assert back < free_then
+        reserve = nvml.free_memory(gpu.uuid) - free_then
+        arbiter = ArbiterProcess(
+            tmp_path,
+            "--ArbiterApp.suspend_after=3600",
+            "--ArbiterApp.watermark=0.99",  # no pause owed to the watermark: the cell's room alone
+            f"--ArbiterApp.card_reserve={reserve}",
+        ).start()
+        with arbiter.control() as c:  # standalone, the harness registers again
+            for k, user, slice_ in kernels:
+                c.register(k.pid, user, "", slice_)
+        for k in (*paused, grower):
+            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("state") == "paused", 60, f"{k.pid} known")
+
+        ServerState(channel, None).prefetch(grower.id)
+        wait_for(lambda: suspends_ahead(arbiter)[3:], 120, "four suspends ahead of the grower's cell")
+        wait_for(lambda: (arbiter.kernel(grower.pid) or {}).get("tier") == "gpu", 60, "the grower back")
+        suspends = suspends_ahead(arbiter)
+        assert len(suspends) == 4, arbiter.books()["decisions"]
+        spans = [(d["time"] - d["seconds"], d["time"]) for d in suspends]
+        assert max(a for a, _ in spans) < min(b for _, b in spans), f"one after another: {spans}"
+        print(
+            "suspends ahead:",
+            [round(b - a, 3) for a, b in spans],
+            "wall",
+            round(max(b for _, b in spans) - min(a for a, _ in spans), 3),
+        )
+
+        out = grower.run(GROW, timeout=300)
+        assert "grew" in out, out[-2000:]
+        made = [d for d in arbiter.books()["decisions"] if d.get("reason") == "room for grower/"]
+        assert not made, made  # its room was made before it ran
+        for k in paused:  # back from the driver's checkpoint and from host memory, bit-exact
+            out = k.run(CHECK, timeout=300)
+            assert out.strip().splitlines()[-1] == "True", out[-2000:]
+    finally:
+        for k, _, _ in kernels:
+            k.shutdown()
+        arbiter.stop()
