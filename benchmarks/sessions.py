@@ -89,10 +89,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import queue
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -759,6 +761,9 @@ def pause_seconds(s: Session) -> tuple[float, int]:
 
 
 def main() -> None:
+    # ``kill -USR1`` prints every thread's stack to stderr: a run that hangs says where
+    # (seed 11 beside two others on one host once stopped with its 48 kernels started)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1, help="cards of this host to share (sessions spread)")
     parser.add_argument(
