@@ -145,7 +145,12 @@ def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_deci
     assert sessions.counts_from_metrics(page) == {"pauses": 251, "suspends": 81, "spills": 1, "prefetches": 1}
 
     ask = argparse.Namespace(
-        watermark=0.6, suspend_after=3600.0, host_memory_limit="", card_reserve=0, share_pieces="off"
+        watermark=0.6,
+        suspend_after=3600.0,
+        host_memory_limit="",
+        card_reserve=0,
+        share_pieces="off",
+        gpu_uuids=[],
     )
     arbiter = sessions.start_arbiter(tmp_path, ask)
     try:
@@ -166,7 +171,12 @@ def test_sessions_report_each_kernel_processs_host_memory_from_the_arbiters_book
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sessions = load("sessions")
     ask = argparse.Namespace(
-        watermark=0.6, suspend_after=3600.0, host_memory_limit="", card_reserve=0, share_pieces="off"
+        watermark=0.6,
+        suspend_after=3600.0,
+        host_memory_limit="",
+        card_reserve=0,
+        share_pieces="off",
+        gpu_uuids=[],
     )
     arbiter = sessions.start_arbiter(tmp_path, ask)
     env = {"JUPYTER_VGPU_ARBITER": str(arbiter.socket), "JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": ""}
@@ -230,7 +240,12 @@ def test_a_stalled_cell_keeps_what_it_printed_while_it_waited(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sessions = load("sessions")
     ask = argparse.Namespace(
-        watermark=0.6, suspend_after=3600.0, host_memory_limit="", card_reserve=0, share_pieces="off"
+        watermark=0.6,
+        suspend_after=3600.0,
+        host_memory_limit="",
+        card_reserve=0,
+        share_pieces="off",
+        gpu_uuids=[],
     )
     arbiter = sessions.start_arbiter(tmp_path, ask)
     kernel = Kernel(tmp_path, {})
