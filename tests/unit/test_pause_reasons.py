@@ -105,4 +105,5 @@ def test_every_reason_is_its_own_label(kernel_process, reason):
     assert asyncio.run(arbiter.moves.take_off(kernel, "pause", reason, for_whom="bob/"))
     assert {r: pauses(arbiter, r.value) for r in Reason} == {r: float(r is reason) for r in Reason}
     [paused] = [d for d in arbiter.decisions if d["what"] == "pause"]
-    assert paused["reason"] == ("room for bob/" if reason is Reason.ROOM else reason.value)
+    named = {Reason.ROOM: "room for bob/", Reason.AHEAD: "room ahead for bob/"}  # whom for
+    assert paused["reason"] == named.get(reason, reason.value)
