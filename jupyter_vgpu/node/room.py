@@ -208,7 +208,21 @@ class Rooms:
         changed since (it ran, or was taken off for another), or that declined a moment
         ago, stays, and so does one whose pause waits for host memory (no trim or spill
         under the lock, nor for a cell that has not started). ``short``: the bytes the
-        cell's room lacked, bytes."""
+        cell's room lacked, bytes. A fault here is a decision (``room ahead failed``),
+        never the prefetch's: the kernel was granted its return already, and its cell asks
+        for whatever room is still missing."""
+        try:
+            await self._take_ahead_of(kernel, uuid, ahead, short)
+        except Exception as e:
+            log.error("making room ahead of %s's cell failed", kernel.server.key, exc_info=e)
+            self.arbiter.decide(
+                "room ahead failed",
+                server=kernel.server.key,
+                pid=kernel.pid,
+                message=f"{type(e).__name__}: {e}",
+            )
+
+    async def _take_ahead_of(self, kernel: Kernel, uuid: str, ahead: list, short: int) -> None:
         a = self.arbiter
         now = time.monotonic()
         wanted = {"pause": books.IDLE, "suspend": books.PAUSED}

@@ -1,0 +1,178 @@
+"""A prefetch makes the room its cell will need (:meth:`.room.Rooms.prefetch`), through the
+arbiter's own path: its books, its rooms and its moves, the kernels' connections
+answering as kernels that paused, with NVML's reading and the driver's checkpoint stood
+in by a model of one card (what each process holds on it; a suspend takes a process's
+bytes off it). The same on the real card and driver: ``tests/gpu/test_room_ahead_gpu.py``."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jupyter_vgpu.host import procs
+from jupyter_vgpu.node import books
+from jupyter_vgpu.node.app import ArbiterApp
+from jupyter_vgpu.node.arbiter import Arbiter
+from jupyter_vgpu.node.cards import Reading
+from jupyter_vgpu.slice import Slice
+
+GiB, MiB = 2**30, 2**20
+CONTEXT = 700 * MiB
+CARD = "GPU-0"
+
+
+class Card:
+    """What each process holds on the card, and the bytes out of every kernel's reach."""
+
+    def __init__(self, total: int, reserve: int):
+        self.total, self.reserve, self.held = total, reserve, {}
+
+    async def read(self, uuid: str) -> Reading:
+        return Reading(self.total, self.reserve + sum(self.held.values()), dict(self.held))
+
+
+class Checkpoint:
+    """The driver's checkpoint of the card model: a suspend takes its processes off it."""
+
+    Timeout = TimeoutError
+
+    def __init__(self, card: Card):
+        self.card, self.calls = card, []
+
+    def suspend(self, pids: list[int], nbytes: int) -> None:
+        start = time.monotonic()
+        time.sleep(0.2)  # the driver's time: a second suspend started meanwhile overlaps it
+        for pid in pids:
+            self.card.held.pop(pid, None)
+        self.calls.append((pids, start, time.monotonic()))
+
+
+class Answering:
+    """A kernel's connection that answers every request at once, as a kernel that paused."""
+
+    def __init__(self, kernel: books.Kernel):
+        self.kernel, self.pid, self.asked, self.told = kernel, kernel.pid, [], []
+        self.room_task = self.room_next = None
+
+    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
+        self.asked.append(msg["type"])
+        return {"ok": True, "message": "done"}
+
+    async def send(self, msg: dict) -> None:
+        self.told.append(msg)
+
+
+@pytest.fixture
+def processes():
+    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(6)]
+    yield [p.pid for p in started]
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def node(
+    pids: list[int], short_contexts: float, idle_pid_seconds: float = 0.0, host_limit: int | None = None
+):
+    """An arbiter and its kernels: ``pids[0]`` the grower (8 GiB budget, paused, 100 MiB to
+    bring back, its context on the card), ``pids[1:5]`` paused kernels keeping a context
+    each, ``pids[5]`` an idle kernel holding 3 GiB, idle for ``idle_pid_seconds`` (its
+    slice's idle_seconds: 300). The card's reserve leaves the grower's cell
+    ``short_contexts`` contexts short of its room; ``host_limit``: the node's
+    ``host_memory_limit``, bytes (default: the arbiter's)."""
+    budget = 8 * GiB
+    free = budget - CONTEXT - int(short_contexts * CONTEXT)
+    held = {pid: CONTEXT for pid in pids[:5]} | {pids[5]: 3 * GiB}
+    card = Card(80 * GiB, 0)
+    card.reserve = card.total - free - sum(held.values())
+    card.held = held
+    config = ArbiterApp(registrars="none", host_reserve=1, suspend_after=3600.0, watermark=0.99)
+    if host_limit is not None:
+        config.host_memory_limit = host_limit
+    arbiter = Arbiter(config, checkpoint=Checkpoint(card))
+    arbiter.read = card.read
+    now = time.monotonic()
+    kernels = []
+    for i, pid in enumerate(pids):
+        size = budget if i == 0 else 4 * GiB
+        server = arbiter.register(pid, f"user{i}", "", Slice(CARD, 0, "H100", 80 * GiB, size, 50))
+        kernel = books.Kernel(pid, server, f"k{i}", uid=os.getuid(), identity=procs.Identity.of(pid))
+        kernel.resident = held[pid]
+        if i < 5:
+            kernel.state, kernel.since = books.PAUSED, now - 60
+            kernel.paused_bytes = 100 * MiB if i == 0 else GiB
+        else:
+            kernel.state, kernel.since = books.IDLE, now - idle_pid_seconds
+        arbiter.conns[pid] = Answering(kernel)
+        kernels.append(kernel)
+    return arbiter, card, kernels
+
+
+def decided(arbiter: Arbiter, what: str) -> list[dict]:
+    return [d for d in arbiter.decisions if d["what"] == what]
+
+
+def test_a_prefetch_suspends_what_its_cell_will_need_together_and_grants_first(processes):
+    arbiter, card, kernels = node(processes, short_contexts=3.5)
+    grower = arbiter.conns[processes[0]]
+    asyncio.run(arbiter.rooms.prefetch(grower, 7))
+    assert grower.told[0] == {"type": "grant", "id": 7}  # before the room is made: it comes back meanwhile
+    suspends = decided(arbiter, "suspend")
+    assert [d["server"] for d in suspends] == ["user1/", "user2/", "user3/", "user4/"]
+    assert {d["reason"] for d in suspends} == {"room ahead for user0/"}
+    spans = [(start, end) for _, start, end in arbiter.checkpoint.calls]
+    assert max(s for s, _ in spans) < min(e for _, e in spans), f"one after another: {spans}"
+    assert kernels[5].state == books.IDLE  # within its idle_seconds: it stays
+    # back on the card, its cell finds its room made: nothing left to free for it
+    kernels[0].state, kernels[0].resident = books.IDLE, CONTEXT + 100 * MiB
+    card.held[processes[0]] = CONTEXT + 100 * MiB
+    reading = asyncio.run(card.read(CARD))
+    assert books.shortfall(kernels[0], reading.free, kernels[1:], CARD) == 0
+
+
+def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_before_suspending(processes):
+    arbiter, _, _ = node(processes, short_contexts=3.5, idle_pid_seconds=400)
+    asyncio.run(arbiter.rooms.prefetch(arbiter.conns[processes[0]], 1))
+    assert [d["server"] for d in decided(arbiter, "pause")] == ["user5/"]
+    assert decided(arbiter, "suspend") == []  # its 3 GiB covered the room
+    assert decided(arbiter, "pause")[0]["reason"] == "room ahead for user0/"
+
+
+def test_a_prefetch_with_room_enough_takes_nobody_off(processes):
+    arbiter, _, kernels = node(processes, short_contexts=0)
+    grower = arbiter.conns[processes[0]]
+    asyncio.run(arbiter.rooms.prefetch(grower, 1))
+    assert grower.told == [{"type": "grant", "id": 1}]
+    assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
+    assert [k.state for k in kernels[1:]] == [books.PAUSED] * 4 + [books.IDLE]
+
+
+def test_a_fault_making_room_ahead_is_a_decision_and_the_prefetch_stands(processes):
+    arbiter, _, _ = node(processes, short_contexts=3.5)
+    grower = arbiter.conns[processes[0]]
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("the card went away")
+
+    arbiter.moves.take_off = broken
+    asyncio.run(arbiter.rooms.prefetch(grower, 3))
+    assert grower.told == [{"type": "grant", "id": 3}]  # granted, and nothing said after it
+    [failed] = decided(arbiter, "room ahead failed")
+    assert failed["message"] == "RuntimeError: the card went away"
+    assert decided(arbiter, "prefetch")
+
+
+def test_suspends_go_together_as_far_as_the_host_holds_their_checkpoints(processes):
+    # room in the node's host budget for two checkpoints of a context, not three: two go
+    # at once, where all or none sent all four one at a time; the others stay, said why
+    arbiter, _, _ = node(processes, short_contexts=3.5, host_limit=int(2.5 * CONTEXT))
+    asyncio.run(arbiter.rooms.prefetch(arbiter.conns[processes[0]], 1))
+    assert [d["server"] for d in decided(arbiter, "suspend")] == ["user1/", "user2/"]
+    [(_, start1, end1), (_, start2, end2)] = arbiter.checkpoint.calls
+    assert max(start1, start2) < min(end1, end2), "one after another"
+    skipped = decided(arbiter, "suspend skipped")
+    assert [d["server"] for d in skipped] == ["user3/", "user4/"]
+    assert all("host memory for paused kernels is full" in d["message"] for d in skipped), skipped
