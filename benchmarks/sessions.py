@@ -434,11 +434,20 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                         if left == 0:
                             failed.put(f"session {i}: {e}")
 
-            starters = [threading.Thread(target=start, args=(i,)) for i in range(n)]
+            starters = [threading.Thread(target=start, args=(i,), daemon=True) for i in range(n)]
             for t in starters:
                 t.start()
+            # each start is bounded (three tries of 120 s for its kernel_info reply): one
+            # still going well past that is stuck, and says where before the run gives up
+            deadline = time.monotonic() + START_SECONDS
             for t in starters:
-                t.join()
+                t.join(max(0.0, deadline - time.monotonic()))
+            stuck = [t for t in starters if t.is_alive()]
+            if stuck:
+                faulthandler.dump_traceback(all_threads=True)
+                raise RuntimeError(
+                    f"{len(stuck)} of {n} kernel starts still going after {START_SECONDS:.0f} s"
+                )
             sessions = sorted(started.queue, key=lambda s: s.index)
             if len(sessions) < n:
                 raise RuntimeError(f"{n - len(sessions)} of {n} kernels did not start: {list(failed.queue)}")
@@ -626,6 +635,8 @@ def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:
 
 #: Seconds a run waits for a cell's reply before it counts a stall.
 STALL_SECONDS = 180.0
+#: Seconds the sessions' kernels may take to start, all of them at once.
+START_SECONDS = 600.0
 
 
 def stall_of(
