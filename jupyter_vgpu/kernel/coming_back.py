@@ -33,12 +33,12 @@ class ComingBack:
         """Bring this paused or suspended kernel back ahead of a cell its user is about to
         run (they opened, focused or edited its notebook: the server passes the word on
         through ``server.json``), if the card has room now: the node arbiter grants it
-        taking off the card only kernels idle past their ``idle_seconds``, and at most once per
-        ``prefetch_interval`` per user; without an arbiter, a paused kernel comes back
-        where NVML shows room. Nothing is printed (no cell runs); a cell arriving
-        meanwhile waits for it. True when the kernel came back; False when it was not
-        away, or the prefetch was refused or failed (the kernel stays as it was, and its
-        next cell brings it back as usual)."""
+        taking off the card only kernels idle past their ``idle_seconds``, at most once per
+        ``prefetch_interval`` per user, and then makes the room its cell will need;
+        without an arbiter, a paused kernel comes back where NVML shows room. Nothing is
+        printed (no cell runs); a cell arriving meanwhile waits for it. True when the
+        kernel came back; False when it was not away, or the prefetch was refused or
+        failed (the kernel stays as it was, and its next cell brings it back as usual)."""
         try:
             return self.gate.back(lambda prior: self._come_back(prior, prefetch=True))
         except Exception as e:

@@ -7,9 +7,10 @@ Under its card's lock the arbiter reads the card, and while the kernel is short
 queues it with a message the cell shows until room appears or ``queue_timeout``
 passes. A suspended kernel is restored outside the lock, its room held for it. A
 ``prefetch`` (the user is about to run a cell) is answered at once, granted only where
-the card has room once kernels idle past their ``idle_seconds`` are paused for it,
-nobody else taken off it. Every wait is told to the cell as it
-goes, at least once a second (:func:`said_while`).
+the card has room once kernels idle past their ``idle_seconds`` are paused for it; once
+granted, the room its cell will need is made while the kernel comes back
+(:func:`.books.room_ahead`). Every wait is told to the cell as it goes, at least once a
+second (:func:`said_while`).
 
 A kernel has at most one request decided and one waiting; a newer one replaces the
 waiting one (:meth:`Rooms.request`).
