@@ -15,22 +15,10 @@ from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.waiting import wait_for
 
+from .paused_contexts import CHECK, GROW, HOLD
+
 pytestmark = pytest.mark.gpu
 GiB, MiB = 2**30, 2**20
-
-HOLD = (
-    "import hashlib, torch\n"
-    "g = torch.Generator(device='cuda').manual_seed({seed})\n"
-    "data = torch.randint(0, 256, (256 * 2**20,), dtype=torch.uint8, device='cuda', generator=g)\n"
-    "digest = hashlib.sha256(data.cpu().numpy()).hexdigest()\n"
-    "print('held')"
-)
-CHECK = "print(hashlib.sha256(data.cpu().numpy()).hexdigest() == digest)"
-GROW = (
-    "import torch\n"
-    "x = torch.ones(2 * 2**30, dtype=torch.uint8, device='cuda')\n"
-    "print('grew', int(x[::4096].sum()))"
-)
 
 
 def test_the_suspends_for_one_cells_room_are_made_together_and_come_back_exact(tmp_path):

@@ -3,6 +3,7 @@ from (``benchmarks/provenance.py``)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import subprocess
@@ -16,6 +17,17 @@ BENCHMARKS = ROOT / "benchmarks"
 #: Modules the scripts share, not scripts themselves.
 SHARED = {"gpu_common.py", "provenance.py"}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in SHARED)
+
+#: ``sessions.start_arbiter``'s arguments as its command line gives them: no card of its
+#: own to manage (``gpu_uuids`` empty), so the arbiter's default
+ARBITER_ARGS = argparse.Namespace(
+    watermark=0.6,
+    suspend_after=3600.0,
+    host_memory_limit="",
+    card_reserve=0,
+    share_pieces="off",
+    gpu_uuids=[],
+)
 
 
 def load(name: str):
@@ -124,7 +136,6 @@ def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_deci
     reported no suspends while 81 cells came back from one. The counts come from the
     arbiter's Prometheus counters instead: the real registry's page parses to what was
     counted, and a real arbiter serves its page to the harness."""
-    import argparse
 
     from prometheus_client import generate_latest
 
@@ -144,15 +155,7 @@ def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_deci
     page = generate_latest(metrics.registry).decode()
     assert sessions.counts_from_metrics(page) == {"pauses": 251, "suspends": 81, "spills": 1, "prefetches": 1}
 
-    ask = argparse.Namespace(
-        watermark=0.6,
-        suspend_after=3600.0,
-        host_memory_limit="",
-        card_reserve=0,
-        share_pieces="off",
-        gpu_uuids=[],
-    )
-    arbiter = sessions.start_arbiter(tmp_path, ask)
+    arbiter = sessions.start_arbiter(tmp_path, ARBITER_ARGS)
     try:
         assert sessions.arbiter_counts(arbiter) == {"pauses": 0, "suspends": 0, "spills": 0, "prefetches": 0}
     finally:
@@ -162,7 +165,6 @@ def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_deci
 def test_sessions_report_each_kernel_processs_host_memory_from_the_arbiters_books(tmp_path, monkeypatch):
     """The run's output carries the kernels' own host memory at its end (PSS, anonymous,
     RSS: mean, max, sum), from a real arbiter's books about a real kernel."""
-    import argparse
 
     from jupyter_vgpu.slice import Slice
     from jupyter_vgpu.testing.kernel_runner import Kernel
@@ -170,15 +172,7 @@ def test_sessions_report_each_kernel_processs_host_memory_from_the_arbiters_book
 
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sessions = load("sessions")
-    ask = argparse.Namespace(
-        watermark=0.6,
-        suspend_after=3600.0,
-        host_memory_limit="",
-        card_reserve=0,
-        share_pieces="off",
-        gpu_uuids=[],
-    )
-    arbiter = sessions.start_arbiter(tmp_path, ask)
+    arbiter = sessions.start_arbiter(tmp_path, ARBITER_ARGS)
     env = {"JUPYTER_VGPU_ARBITER": str(arbiter.socket), "JUPYTER_VGPU_CHANNEL": "", "JUPYTER_VGPU_SLICE": ""}
     kernel = None
     try:
@@ -233,21 +227,12 @@ def test_a_stalled_cell_keeps_what_it_printed_while_it_waited(tmp_path, monkeypa
     cell printed meanwhile (a cell waiting for room prints why), and ``stall_of`` keeps its
     last line beside what a real arbiter's books and the kernel's process say, and with
     ``--logs`` the stacks and the arbiter's log so far."""
-    import argparse
 
     from jupyter_vgpu.testing.kernel_runner import Kernel
 
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sessions = load("sessions")
-    ask = argparse.Namespace(
-        watermark=0.6,
-        suspend_after=3600.0,
-        host_memory_limit="",
-        card_reserve=0,
-        share_pieces="off",
-        gpu_uuids=[],
-    )
-    arbiter = sessions.start_arbiter(tmp_path, ask)
+    arbiter = sessions.start_arbiter(tmp_path, ARBITER_ARGS)
     kernel = Kernel(tmp_path, {})
     try:
         code = (
