@@ -379,6 +379,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     if args.card_reserve:
         settings.append(f"--ArbiterApp.card_reserve={args.card_reserve}")
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
+    settings.append(f"--ArbiterApp.room_ahead={args.room_ahead == 'on'}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
     settings += [f"--ArbiterApp.managed_gpus={uuid}" for uuid in args.gpu_uuids]
     arbiter = ArbiterProcess(directory, *settings).start()
@@ -809,6 +810,12 @@ def main() -> None:
         "--watermark", type=float, default=0.6, help="the arbiter's background-pause watermark"
     )
     parser.add_argument(
+        "--room-ahead",
+        choices=("on", "off"),
+        default="on",
+        help="the arbiter's room_ahead: a prefetch makes its cell's room too (on, its default)",
+    )
+    parser.add_argument(
         "--suspend-after",
         type=float,
         default=3600.0,
@@ -901,6 +908,7 @@ def main() -> None:
         "idle_seconds": args.idle_seconds,
         "watermark": args.watermark,
         "suspend_after": args.suspend_after,
+        "room_ahead": args.room_ahead == "on",
         "poll_seconds": 0.25,
     }
     card = result["card_bytes"]

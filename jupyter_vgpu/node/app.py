@@ -180,6 +180,16 @@ class ArbiterApp(Application):
         "per user.",
     ).tag(config=True)
 
+    room_ahead = Bool(
+        True,
+        help="""Whether a granted prefetch also makes the room its cell will need, while the
+        kernel comes back: kernels idle past their idle_seconds are paused and paused
+        kernels suspended until the cell's budget fits beside the running cells' promises,
+        instead of when the cell runs (its user waiting). A prefetch whose cell never comes
+        has then taken them off the card for nothing. False: a prefetch brings back the
+        kernel's own bytes alone.""",
+    ).tag(config=True)
+
     suspend_after = Float(
         1800.0,
         help="Paused kernels idle longer than this (seconds) are suspended (the driver's checkpoint: "

@@ -174,7 +174,9 @@ class Rooms:
             short, ahead = books.room_ahead(
                 kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
             )
-            if a.checkpoint is None:
+            if not a.config.room_ahead:
+                ahead = []
+            elif a.checkpoint is None:
                 ahead = [(victim, action) for victim, action in ahead if action == "pause"]
             # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state

@@ -26,6 +26,7 @@ ARBITER_ARGS = argparse.Namespace(
     host_memory_limit="",
     card_reserve=0,
     share_pieces="off",
+    room_ahead="on",
     gpu_uuids=[],
 )
 

@@ -176,3 +176,13 @@ def test_suspends_go_together_as_far_as_the_host_holds_their_checkpoints(process
     skipped = decided(arbiter, "suspend skipped")
     assert [d["server"] for d in skipped] == ["user3/", "user4/"]
     assert all("host memory for paused kernels is full" in d["message"] for d in skipped), skipped
+
+
+def test_room_ahead_off_brings_back_the_kernels_own_bytes_alone(processes):
+    arbiter, _, kernels = node(processes, short_contexts=3.5)
+    arbiter.config.room_ahead = False  # ArbiterApp.room_ahead, the admin's setting
+    grower = arbiter.conns[processes[0]]
+    asyncio.run(arbiter.rooms.prefetch(grower, 1))
+    assert grower.told == [{"type": "grant", "id": 1}]
+    assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
+    assert [k.state for k in kernels[1:5]] == [books.PAUSED] * 4
