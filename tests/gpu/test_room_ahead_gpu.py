@@ -90,7 +90,11 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
         try:  # the paused kernels' contexts vary a little: three or four cover the room
             wait_for(lambda: suspends_ahead(arbiter)[2:], 120, "suspends ahead of the grower's cell")
         except AssertionError as e:
-            raise AssertionError(f"{e}; the decisions: {arbiter.books()['decisions']}") from None
+            said = arbiter.log_path.read_text()[-4000:]
+            raise AssertionError(
+                f"{e}; the decisions: {arbiter.books()['decisions']}; the grower's report: "
+                f"{arbiter.kernel(grower.pid)}; the arbiter's log ends: {said}"
+            ) from None
         wait_for(lambda: (arbiter.kernel(grower.pid) or {}).get("tier") == "gpu", 60, "the grower back")
         suspends = suspends_ahead(arbiter)
         spans = [(d["time"] - d["seconds"], d["time"]) for d in suspends]
