@@ -170,14 +170,14 @@ class Rooms:
             self._prefetched[kernel.server.user] = now
             # the cell's room, decided on the card as it is before the kernel comes back
             # (each card of a slice of several: the cell's own request makes theirs)
-            others = [k for k in a.on_card(uuid) if k is not kernel]
-            short, ahead = books.room_ahead(
-                kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
-            )
-            if not a.config.room_ahead:
-                ahead = []
-            elif a.checkpoint is None:
-                ahead = [(victim, action) for victim, action in ahead if action == "pause"]
+            short, ahead = 0, []
+            if a.config.room_ahead:
+                others = [k for k in a.on_card(uuid) if k is not kernel]
+                short, ahead = books.room_ahead(
+                    kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
+                )
+                if a.checkpoint is None:
+                    ahead = [(victim, action) for victim, action in ahead if action == "pause"]
             # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state
             kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
@@ -237,15 +237,8 @@ class Rooms:
         ]  # fmt: skip
         left = short
         while order and left > 0 and a.conns.get(kernel.pid) is not None:
-            together = self._suspends_together(order, left, uuid)
-            if together:
-                del order[: len(together)]
-                left -= sum(books.held(v, uuid) for v in together)
-                await self._suspend_all(kernel, together, left, None, None, [], Reason.AHEAD)
-                continue
-            victim, action = order.pop(0)
-            left -= books.held(victim, uuid)
-            await a.moves.take_off(victim, action, Reason.AHEAD, for_whom=kernel.server.key, host_first=[])
+            freed, _ = await self._take_head(kernel, uuid, order, left, Reason.AHEAD, host_first=[])
+            left -= freed
 
     async def _pause_owed(self, kernel: Kernel, card: str, reading: Reading) -> bool:
         """For a prefetch of ``kernel`` to ``card`` (its lock held): pause the kernels idle
@@ -401,34 +394,57 @@ class Rooms:
                 if notes is not None:  # asking again would get the same answer, or none
                     notes.append(f"{victim.server.key} stays: it declined to {action} a moment ago")
                 continue
-            together = self._suspends_together(order, short, uuid)
-            if together:
-                del order[: len(together)]
-                await self._suspend_all(kernel, together, short, tell, notes, host_first)
-            else:
-                victim, action = order.pop(0)
-                taking = a.moves.take_off(
-                    victim, action, Reason.ROOM, for_whom=kernel.server.key, tell=tell, notes=notes,
-                    host_first=host_first,
-                )  # fmt: skip
-                if tell is None:
-                    ok = await taking
-                else:  # a word each second: a suspend of tens of GiB takes tens of seconds
-                    verb = "pausing" if action == "pause" else "suspending"
-                    ok = await said_while(
-                        taking,
-                        tell,
-                        f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
-                        f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
-                    )
-                if not ok:
-                    continue
+            _, moved = await self._take_head(kernel, uuid, order, short, Reason.ROOM, tell, notes, host_first)
+            if not moved:
+                continue
             reading = await a.read(uuid)
             others = [k for k in a.on_card(uuid) if k is not kernel]
             short = books.shortfall(kernel, reading.free, others, uuid)
             if short <= 0:
                 break
         return short, reading
+
+    async def _take_head(
+        self,
+        kernel: Kernel,
+        uuid: str,
+        order: list,
+        short: int,
+        reason: Reason,
+        tell=None,
+        notes=None,
+        host_first=None,
+    ) -> tuple[int, bool]:
+        """Take the head of ``order`` (``[(victim, action)]``, consumed) off card ``uuid`` for
+        ``kernel``'s room, ``short`` bytes missing: the suspends at its head at once
+        (:meth:`_suspends_together`), else its first victim alone, as
+        :meth:`.moves.Moves.take_off` does (``tell``, ``notes``, ``host_first`` as there; a
+        word each second to ``tell``). Returns what the victims taken held on the card
+        (:func:`books.held`, read before they moved; bytes) and whether a lone victim left
+        the card (True for suspends made together, each said for itself)."""
+        a = self.arbiter
+        together = self._suspends_together(order, short, uuid)
+        if together:
+            del order[: len(together)]
+            freed = sum(books.held(v, uuid) for v in together)
+            await self._suspend_all(kernel, together, short, tell, notes, host_first, reason)
+            return freed, True
+        victim, action = order.pop(0)
+        freed = books.held(victim, uuid)
+        taking = a.moves.take_off(
+            victim, action, reason, for_whom=kernel.server.key, tell=tell, notes=notes, host_first=host_first
+        )
+        if tell is None:
+            return freed, await taking
+        # a word each second: a suspend of tens of GiB takes tens of seconds
+        verb = "pausing" if action == "pause" else "suspending"
+        moved = await said_while(
+            taking,
+            tell,
+            f"making room on GPU {kernel.slice.gpu_index}: {verb} {victim.server.key} "
+            f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
+        )
+        return freed, moved
 
     def _suspends_together(self, order: list, short: int, uuid: str) -> list[Kernel]:
         """The suspends at the head of ``order`` to make at once
