@@ -22,7 +22,7 @@ from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
 
-from .paused_contexts import CHECK, GROW, HOLD
+from .paused_contexts import CHECK, GROW, assert_made_together, pause_all, restart, start_holders
 
 pytestmark = pytest.mark.gpu
 GiB, MiB = 2**30, 2**20
@@ -42,15 +42,11 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
     budget = 4 * GiB
     large = Slice.on_card(gpu, budget, 100, overcommit_ratio=8.0)
     arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=3600").start()
-    paused, kernels = [], []
+    kernels = []
     channel = tmp_path / "channel"
     channel.mkdir()
     try:
-        for i in range(4):
-            k = arbiter.start_kernel(tmp_path, f"user{i}", small)
-            kernels.append((k, f"user{i}", small))
-            paused.append(k)
-            assert "held" in k.run(HOLD.format(seed=i), timeout=300)
+        paused = start_holders(arbiter, tmp_path, small, kernels)
         # the grower's server writes its channel, as a real one does: prefetches go through it
         env = environment(
             JUPYTER_VGPU_ARBITER=str(arbiter.socket), JUPYTER_VGPU_CHANNEL=str(channel), **large.environment()
@@ -60,10 +56,7 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
         with arbiter.control() as c:
             c.register(grower.pid, "grower", "", large)
         assert "ok" in grower.run("import torch\ntorch.zeros(1, device='cuda')\nprint('ok')", timeout=300)
-        for k in (*paused, grower):
-            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
-        for k in (*paused, grower):
-            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("tier") == "host", 120, f"{k.pid} paused")
+        pause_all(arbiter, [*paused, grower])
         context = min(arbiter.kernel(k.pid)["resident"] for k in paused)  # left on the card, each
         assert context > 0
         held = arbiter.kernel(grower.pid)["resident"]
@@ -74,17 +67,14 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
         free_then = budget - held - (7 * context) // 2
         assert back < free_then
         reserve = nvml.free_memory(gpu.uuid) - free_then
-        arbiter = ArbiterProcess(
+        arbiter = restart(
             tmp_path,
+            kernels,
+            [*paused, grower],
             "--ArbiterApp.suspend_after=3600",
             "--ArbiterApp.watermark=0.99",  # no pause owed to the watermark: the cell's room alone
             f"--ArbiterApp.card_reserve={reserve}",
-        ).start()
-        with arbiter.control() as c:  # standalone, the harness registers again
-            for k, user, slice_ in kernels:
-                c.register(k.pid, user, "", slice_)
-        for k in (*paused, grower):
-            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("state") == "paused", 60, f"{k.pid} known")
+        )
 
         ServerState(channel, None).prefetch(grower.id)
         try:  # the paused kernels' contexts vary a little: three or four cover the room
@@ -97,14 +87,7 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
             ) from None
         wait_for(lambda: (arbiter.kernel(grower.pid) or {}).get("tier") == "gpu", 60, "the grower back")
         suspends = suspends_ahead(arbiter)
-        spans = [(d["time"] - d["seconds"], d["time"]) for d in suspends]
-        assert max(a for a, _ in spans) < min(b for _, b in spans), f"one after another: {spans}"
-        print(
-            "suspends ahead:",
-            [round(b - a, 3) for a, b in spans],
-            "wall",
-            round(max(b for _, b in spans) - min(a for a, _ in spans), 3),
-        )
+        assert_made_together(suspends, "suspends ahead:")
 
         out = grower.run(GROW, timeout=300)
         assert "grew" in out, out[-2000:]

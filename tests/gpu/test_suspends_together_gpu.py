@@ -13,9 +13,8 @@ import pytest
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
-from jupyter_vgpu.testing.waiting import wait_for
 
-from .paused_contexts import CHECK, GROW, HOLD
+from .paused_contexts import CHECK, GROW, assert_made_together, pause_all, restart, start_holders
 
 pytestmark = pytest.mark.gpu
 GiB, MiB = 2**30, 2**20
@@ -27,20 +26,13 @@ def test_the_suspends_for_one_cells_room_are_made_together_and_come_back_exact(t
     budget = 4 * GiB
     large = Slice.on_card(gpu, budget, 100, overcommit_ratio=8.0)
     arbiter = ArbiterProcess(tmp_path, "--ArbiterApp.suspend_after=3600").start()
-    paused, kernels = [], []
+    kernels = []
     try:
-        for i in range(4):
-            k = arbiter.start_kernel(tmp_path, f"user{i}", small)
-            kernels.append((k, f"user{i}", small))
-            paused.append(k)
-            assert "held" in k.run(HOLD.format(seed=i), timeout=300)
+        paused = start_holders(arbiter, tmp_path, small, kernels)
         grower = arbiter.start_kernel(tmp_path, "grower", large)
         kernels.append((grower, "grower", large))
         assert "ok" in grower.run("import torch\ntorch.zeros(1, device='cuda')\nprint('ok')", timeout=300)
-        for k in paused:
-            assert "paused as soon as the cell ends" in k.run("%vgpu pause")
-        for k in paused:
-            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("tier") == "host", 120, f"{k.pid} paused")
+        pause_all(arbiter, paused)
         context = min(arbiter.kernel(k.pid)["resident"] for k in paused)  # left on the card, each
         assert context > 0
         held = arbiter.kernel(grower.pid)["resident"]
@@ -49,31 +41,21 @@ def test_the_suspends_for_one_cells_room_are_made_together_and_come_back_exact(t
         # beyond what it holds, less what the reserve leaves free
         free_then = budget - held - (7 * context) // 2
         reserve = nvml.free_memory(gpu.uuid) - free_then
-        arbiter = ArbiterProcess(
+        arbiter = restart(
             tmp_path,
+            kernels,
+            paused,
             "--ArbiterApp.suspend_after=3600",
             "--ArbiterApp.watermark=0.99",  # no background pause of the grower, idle meanwhile
             f"--ArbiterApp.card_reserve={reserve}",
-        ).start()
-        with arbiter.control() as c:  # standalone, the harness registers again
-            for k, user, slice_ in kernels:
-                c.register(k.pid, user, "", slice_)
-        for k in paused:
-            wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("state") == "paused", 60, f"{k.pid} known")
+        )
 
         out = grower.run(GROW, timeout=300)
         assert "grew" in out, out[-2000:]
         decisions = arbiter.books()["decisions"]
         suspends = [d for d in decisions if d["what"] == "suspend" and d.get("reason") == "room for grower/"]
         assert len(suspends) >= 3, decisions
-        spans = [(d["time"] - d["seconds"], d["time"]) for d in suspends]
-        assert max(a for a, _ in spans) < min(b for _, b in spans), f"one after another: {spans}"
-        print(
-            "suspends together:",
-            [round(b - a, 3) for a, b in spans],
-            "wall",
-            round(max(b for _, b in spans) - min(a for a, _ in spans), 3),
-        )
+        assert_made_together(suspends, "suspends together:")
         for k in paused:  # back from the driver's checkpoint and from host memory, bit-exact
             out = k.run(CHECK, timeout=300)
             assert out.strip().splitlines()[-1] == "True", out[-2000:]
