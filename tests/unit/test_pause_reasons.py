@@ -21,21 +21,9 @@ from jupyter_vgpu.node.books import Reason
 from jupyter_vgpu.node.cards import Reading
 from jupyter_vgpu.slice import Slice
 
+from .answering import Answering
+
 GiB = 2**30
-
-
-class Answering:
-    """A kernel's connection that answers every request at once, as a kernel that paused."""
-
-    def __init__(self, kernel: books.Kernel):
-        self.kernel, self.pid, self.asked, self.told = kernel, kernel.pid, [], []
-
-    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
-        self.asked.append(msg["type"])
-        return {"ok": True, "message": "done", "released": 0}
-
-    async def send(self, msg: dict) -> None:
-        self.told.append(msg)
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.cards import Reading
 from jupyter_vgpu.slice import Slice
 
+from .answering import Answering
+
 GiB, MiB = 2**30, 2**20
 CONTEXT = 700 * MiB
 CARD = "GPU-0"
@@ -48,21 +50,6 @@ class Checkpoint:
         for pid in pids:
             self.card.held.pop(pid, None)
         self.calls.append((pids, start, time.monotonic()))
-
-
-class Answering:
-    """A kernel's connection that answers every request at once, as a kernel that paused."""
-
-    def __init__(self, kernel: books.Kernel):
-        self.kernel, self.pid, self.asked, self.told = kernel, kernel.pid, [], []
-        self.room_task = self.room_next = None
-
-    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
-        self.asked.append(msg["type"])
-        return {"ok": True, "message": "done"}
-
-    async def send(self, msg: dict) -> None:
-        self.told.append(msg)
 
 
 @pytest.fixture

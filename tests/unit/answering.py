@@ -1,0 +1,22 @@
+"""A kernel's connection for tests of the arbiter's own path: it answers every request at
+once, as a kernel that paused (nothing left to release on the card), and keeps what it
+was asked and told."""
+
+from jupyter_vgpu.node import books
+
+
+class Answering:
+    """Stands where :class:`jupyter_vgpu.node.sessions.Connection` stands: ``kernel``,
+    ``pid``, ``ask`` and ``send``, and the room requests' bookkeeping (``room_task``,
+    ``room_next``). ``asked``: the requests' types, in order; ``told``: the messages sent."""
+
+    def __init__(self, kernel: books.Kernel):
+        self.kernel, self.pid, self.asked, self.told = kernel, kernel.pid, [], []
+        self.room_task = self.room_next = None
+
+    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
+        self.asked.append(msg["type"])
+        return {"ok": True, "message": "done", "released": 0}
+
+    async def send(self, msg: dict) -> None:
+        self.told.append(msg)
