@@ -84,6 +84,8 @@ class Rooms:
             why = "a newer request for room from this kernel replaced this one"
             await self.arbiter.sessions.send(conn, {"type": "deny", "id": conn.room_next[0], "message": why})
         conn.room_next = (rid, purpose)
+        if purpose != "prefetch":  # its cell makes its own room from here (:meth:`_take_ahead`)
+            conn.ahead_stop = True
         if conn.room_task is None or conn.room_task.done():
             conn.room_task = asyncio.ensure_future(self._run(conn))
 
@@ -143,7 +145,7 @@ class Rooms:
             # its state may read active already: a kernel reports so as it starts coming back
             held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
             if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
-                await deny("not away", "nothing to bring back: the kernel is on the GPU")
+                await deny("not away", "nothing to bring back: none of the kernel's memory is off the GPU")
                 return
             # each card by what the kernel brings back to it (a slice of several: its share)
             free: dict[str, int] = {}
@@ -184,7 +186,7 @@ class Rooms:
             kernel.state, kernel.since = ACTIVE, time.monotonic()
             if not (held and a.checkpoint is not None):
                 await self._grant_prefetch(conn, rid)  # it comes back from host memory itself, now
-                await self._take_ahead(kernel, uuid, ahead, short)  # meanwhile, under the lock
+                self._ahead(conn, uuid, ahead, short)  # meanwhile
                 return
         # outside the card's lock, its room held
         ok, why = await a.moves.restore(kernel)
@@ -194,9 +196,15 @@ class Rooms:
             await deny("no room", why or "the restore failed")
             return
         await self._grant_prefetch(conn, rid)
+        self._ahead(conn, uuid, ahead, short)
+
+    def _ahead(self, conn: Connection, uuid: str, ahead: list, short: int) -> None:
+        """Start making the room ahead of ``conn``'s next cell (:meth:`_take_ahead`) as its
+        own task (``conn.ahead_task``), so that the kernel's next request, its cell's, is
+        taken at once rather than after it."""
+        conn.ahead_stop = False
         if ahead:
-            async with a.locks[uuid]:
-                await self._take_ahead(kernel, uuid, ahead, short)
+            conn.ahead_task = asyncio.ensure_future(self._take_ahead(conn, uuid, ahead, short))
 
     async def _grant_prefetch(self, conn: Connection, rid: int) -> None:
         a, kernel = self.arbiter, conn.kernel
@@ -204,41 +212,53 @@ class Rooms:
         a.metrics.prefetches.labels(gpu=kernel.slice.gpu_uuid, outcome="granted").inc()
         await a.sessions.send(conn, {"type": "grant", "id": rid})
 
-    async def _take_ahead(self, kernel: Kernel, uuid: str, ahead: list, short: int) -> None:
-        """Take ``ahead`` (:func:`books.room_ahead`) off card ``uuid`` (its lock held) for
-        the cell of the prefetched ``kernel``: suspends together where two or more come
-        in a row (:meth:`_suspends_together`), pauses one at a time; a victim whose state
-        changed since (it ran, or was taken off for another), or that declined a moment
-        ago, stays, and so does one whose pause waits for host memory (no trim or spill
-        under the lock, nor for a cell that has not started). ``short``: the bytes the
-        cell's room lacked, bytes. A fault here is a decision (``room ahead failed``),
-        never the prefetch's: the kernel was granted its return already, and its cell asks
-        for whatever room is still missing."""
+    async def _take_ahead(self, conn: Connection, uuid: str, ahead: list, short: int) -> None:
+        """Take ``ahead`` (:func:`books.room_ahead`) off card ``uuid`` for the cell of the
+        prefetched kernel on ``conn``: one step at a time (the suspends at the head of what
+        is left, together, or one victim alone: :meth:`_take_head`), each under the card's
+        lock, taken again for each step. A cell that asks for room meanwhile (another
+        kernel's, or this kernel's own) gets the card between two steps: a room made for a
+        cell that has not started never keeps one that has waiting. The room ahead stops
+        once the kernel's own cell has asked for room (``conn.ahead_stop``: that request
+        makes whatever is still missing) or the kernel left. A victim whose state changed
+        since (it ran, or was taken off for another), or that declined a moment ago, stays,
+        and so does one whose pause waits for host memory (no trim or spill for a cell that
+        has not started). ``short``: the bytes the cell's room lacked, bytes. A fault here
+        is a decision (``room ahead failed``), never the prefetch's: the kernel was granted
+        its return already, and its cell asks for whatever room is still missing.
+
+        Made in the prefetch's own request, under the lock, the room ahead kept every other
+        cell of the card waiting: on 48 MLP sessions, a prefetched kernel's cell waited
+        4.2 s behind the three suspends made ahead of a cell of another user that had not
+        started (seed 11 at 76fac3b, ``benchmarks/results/sessions-h100.json``)."""
+        a, kernel = self.arbiter, conn.kernel
+        wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
+        order, left = list(ahead), short
         try:
-            await self._take_ahead_of(kernel, uuid, ahead, short)
+            while left > 0 and not conn.ahead_stop and a.conns.get(kernel.pid) is conn:
+                async with a.locks[uuid]:
+                    if conn.ahead_stop:  # its cell asked while this step waited for the card
+                        return
+                    now = time.monotonic()
+                    order = [
+                        (victim, action)
+                        for victim, action in order
+                        if victim.state == wanted[action]
+                        and not victim.declined(action, now, REFUSAL_SECONDS)
+                        and a.conns.get(victim.pid) is not None
+                    ]
+                    if not order:
+                        return
+                    freed, _ = await self._take_head(kernel, uuid, order, left, Reason.AHEAD, host_first=[])
+                    left -= freed
         except Exception as e:
             log.error("making room ahead of %s's cell failed", kernel.server.key, exc_info=e)
-            self.arbiter.decide(
+            a.decide(
                 "room ahead failed",
                 server=kernel.server.key,
                 pid=kernel.pid,
                 message=f"{type(e).__name__}: {e}",
             )
-
-    async def _take_ahead_of(self, kernel: Kernel, uuid: str, ahead: list, short: int) -> None:
-        a = self.arbiter
-        now = time.monotonic()
-        wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
-        order = [
-            (victim, action)
-            for victim, action in ahead
-            if victim.state == wanted[action] and not victim.declined(action, now, REFUSAL_SECONDS)
-            and a.conns.get(victim.pid) is not None
-        ]  # fmt: skip
-        left = short
-        while order and left > 0 and a.conns.get(kernel.pid) is not None:
-            freed, _ = await self._take_head(kernel, uuid, order, left, Reason.AHEAD, host_first=[])
-            left -= freed
 
     async def _pause_owed(self, kernel: Kernel, card: str, reading: Reading) -> bool:
         """For a prefetch of ``kernel`` to ``card`` (its lock held): pause the kernels idle

@@ -63,6 +63,8 @@ class Connection:
         self.node_sent: tuple | None = None  # the node figures it was last told
         self.room_task: asyncio.Task | None = None  # its requests for room, one at a time
         self.room_next: tuple[int, str] | None = None  # (id, purpose) of the one waiting its turn
+        self.ahead_task: asyncio.Task | None = None  # the room made ahead of its next cell
+        self.ahead_stop = False  # its cell asked for room itself: the room ahead stops
         self._tokens = float(MESSAGE_BURST)
         self._filled = time.monotonic()
 
@@ -195,8 +197,9 @@ class Sessions:
             self.per_uid[uid] -= 1
             if self.per_uid[uid] <= 0:
                 del self.per_uid[uid]
-            if conn.room_task is not None:
-                conn.room_task.cancel()
+            for task in (conn.room_task, conn.ahead_task):
+                if task is not None:
+                    task.cancel()
             if a.unknown.get(conn.pid, (None,))[0] is conn:
                 del a.unknown[conn.pid]
             if conn.kernel is not None and a.conns.get(conn.pid) is conn:

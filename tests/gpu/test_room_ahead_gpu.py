@@ -4,8 +4,9 @@ driver's checkpoint.
 A prefetch that brought back only a kernel's paused bytes left its cell to make the rest
 of its room after the user pressed run: 11.8 s of suspends for one cell (48 MLP
 sessions, seed 7 at 09f6060, ``sessions-h100.json``), where the edit before it gave 2 s.
-Four kernels hold 256 MiB of random bytes each and pause, keeping their CUDA contexts on
-the card; a fifth (4 GiB budget) pauses too. The arbiter is started again with a card
+Five kernels hold 256 MiB of random bytes each and pause, each keeping its CUDA context
+on the card; the fifth (4 GiB budget) is the one prefetched (a kernel paused with nothing
+off the card has nothing to bring back, and is refused). The arbiter is started again with a card
 reserve set from what NVML shows, so that the fifth kernel comes back in the free memory
 but its cell is about three and a half contexts short of its room. Its prefetch (the
 server's word through the kernel's channel, as JupyterLab's extension sends it) suspends
@@ -22,7 +23,7 @@ from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
 
-from .paused_contexts import CHECK, GROW, assert_made_together, pause_all, restart, start_holders
+from .paused_contexts import CHECK, GROW, HOLD, assert_made_together, pause_all, restart, start_holders
 
 pytestmark = pytest.mark.gpu
 GiB, MiB = 2**30, 2**20
@@ -55,7 +56,7 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
         kernels.append((grower, "grower", large))
         with arbiter.control() as c:
             c.register(grower.pid, "grower", "", large)
-        assert "ok" in grower.run("import torch\ntorch.zeros(1, device='cuda')\nprint('ok')", timeout=300)
+        assert "held" in grower.run(HOLD.format(seed=len(paused)), timeout=300)
         pause_all(arbiter, [*paused, grower])
         context = min(arbiter.kernel(k.pid)["resident"] for k in paused)  # left on the card, each
         assert context > 0
@@ -65,7 +66,7 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
         # the grower comes back in the free memory, and its cell is short by about three and
         # a half contexts: the room it needs beyond what it holds, less what is left free
         free_then = budget - held - (7 * context) // 2
-        assert back < free_then
+        assert 0 < back < free_then
         reserve = nvml.free_memory(gpu.uuid) - free_then
         arbiter = restart(
             tmp_path,
@@ -93,7 +94,7 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(t
         assert "grew" in out, out[-2000:]
         made = [d for d in arbiter.books()["decisions"] if d.get("reason") == "room for grower/"]
         assert not made, made  # its room was made before it ran
-        for k in paused:  # back from the driver's checkpoint and from host memory, bit-exact
+        for k in [*paused, grower]:  # back from the driver's checkpoint and host memory, bit-exact
             out = k.run(CHECK, timeout=300)
             assert out.strip().splitlines()[-1] == "True", out[-2000:]
     finally:

@@ -8,11 +8,13 @@ from jupyter_vgpu.node import books
 class Answering:
     """Stands where :class:`jupyter_vgpu.node.sessions.Connection` stands: ``kernel``,
     ``pid``, ``ask`` and ``send``, and the room requests' bookkeeping (``room_task``,
-    ``room_next``). ``asked``: the requests' types, in order; ``told``: the messages sent."""
+    ``room_next``, ``ahead_task``, ``ahead_stop``). ``asked``: the requests' types, in
+    order; ``told``: the messages sent."""
 
     def __init__(self, kernel: books.Kernel):
         self.kernel, self.pid, self.asked, self.told = kernel, kernel.pid, [], []
-        self.room_task = self.room_next = None
+        self.room_task = self.room_next = self.ahead_task = None
+        self.ahead_stop = False
 
     async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
         self.asked.append(msg["type"])

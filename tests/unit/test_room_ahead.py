@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -43,9 +44,14 @@ class Checkpoint:
 
     def __init__(self, card: Card):
         self.card, self.calls = card, []
+        self.entered = threading.Event()  # a suspend is in the driver
+        self.held: threading.Event | None = None  # set: suspends wait for it
 
     def suspend(self, pids: list[int], nbytes: int) -> None:
         start = time.monotonic()
+        self.entered.set()
+        if self.held is not None:
+            assert self.held.wait(10), "the test never let the suspend go on"
         time.sleep(0.2)  # the driver's time: a second suspend started meanwhile overlaps it
         for pid in pids:
             self.card.held.pop(pid, None)
@@ -54,7 +60,7 @@ class Checkpoint:
 
 @pytest.fixture
 def processes():
-    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(6)]
+    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(7)]
     yield [p.pid for p in started]
     for p in started:
         p.kill()
@@ -72,7 +78,7 @@ def node(
     ``host_memory_limit``, bytes (default: the arbiter's)."""
     budget = 8 * GiB
     free = budget - CONTEXT - int(short_contexts * CONTEXT)
-    held = {pid: CONTEXT for pid in pids[:5]} | {pids[5]: 3 * GiB}
+    held = {pid: CONTEXT for pid in pids[:5]} | {pids[5]: 3 * GiB} | {pid: GiB for pid in pids[6:7]}
     card = Card(80 * GiB, 0)
     card.reserve = card.total - free - sum(held.values())
     card.held = held
@@ -83,8 +89,8 @@ def node(
     arbiter.read = card.read
     now = time.monotonic()
     kernels = []
-    for i, pid in enumerate(pids):
-        size = budget if i == 0 else 4 * GiB
+    for i, pid in enumerate(pids[:7]):
+        size = {0: budget, 6: 2 * GiB}.get(i, 4 * GiB)
         server = arbiter.register(pid, f"user{i}", "", Slice(CARD, 0, "H100", 80 * GiB, size, 50))
         kernel = books.Kernel(pid, server, f"k{i}", uid=os.getuid(), identity=procs.Identity.of(pid))
         kernel.resident = held[pid]
@@ -92,10 +98,21 @@ def node(
             kernel.state, kernel.since = books.PAUSED, now - 60
             kernel.paused_bytes = 100 * MiB if i == 0 else GiB
         else:
-            kernel.state, kernel.since = books.IDLE, now - idle_pid_seconds
+            kernel.state, kernel.since = books.IDLE, now - (idle_pid_seconds if i == 5 else 0)
         arbiter.conns[pid] = Answering(kernel)
         kernels.append(kernel)
     return arbiter, card, kernels
+
+
+def prefetch(arbiter: Arbiter, conn: Answering, rid: int) -> None:
+    """The prefetch ``rid`` of the kernel on ``conn``, and the room made ahead of its cell."""
+
+    async def prefetched():
+        await arbiter.rooms.prefetch(conn, rid)
+        if conn.ahead_task is not None:
+            await conn.ahead_task
+
+    asyncio.run(prefetched())
 
 
 def decided(arbiter: Arbiter, what: str) -> list[dict]:
@@ -103,9 +120,9 @@ def decided(arbiter: Arbiter, what: str) -> list[dict]:
 
 
 def test_a_prefetch_suspends_what_its_cell_will_need_together_and_grants_first(processes):
-    arbiter, card, kernels = node(processes, short_contexts=3.5)
+    arbiter, card, kernels = node(processes[:6], short_contexts=3.5)
     grower = arbiter.conns[processes[0]]
-    asyncio.run(arbiter.rooms.prefetch(grower, 7))
+    prefetch(arbiter, grower, 7)
     assert grower.told[0] == {"type": "grant", "id": 7}  # before the room is made: it comes back meanwhile
     suspends = decided(arbiter, "suspend")
     assert [d["server"] for d in suspends] == ["user1/", "user2/", "user3/", "user4/"]
@@ -121,31 +138,31 @@ def test_a_prefetch_suspends_what_its_cell_will_need_together_and_grants_first(p
 
 
 def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_before_suspending(processes):
-    arbiter, _, _ = node(processes, short_contexts=3.5, idle_pid_seconds=400)
-    asyncio.run(arbiter.rooms.prefetch(arbiter.conns[processes[0]], 1))
+    arbiter, _, _ = node(processes[:6], short_contexts=3.5, idle_pid_seconds=400)
+    prefetch(arbiter, arbiter.conns[processes[0]], 1)
     assert [d["server"] for d in decided(arbiter, "pause")] == ["user5/"]
     assert decided(arbiter, "suspend") == []  # its 3 GiB covered the room
     assert decided(arbiter, "pause")[0]["reason"] == "room ahead for user0/"
 
 
 def test_a_prefetch_with_room_enough_takes_nobody_off(processes):
-    arbiter, _, kernels = node(processes, short_contexts=0)
+    arbiter, _, kernels = node(processes[:6], short_contexts=0)
     grower = arbiter.conns[processes[0]]
-    asyncio.run(arbiter.rooms.prefetch(grower, 1))
+    prefetch(arbiter, grower, 1)
     assert grower.told == [{"type": "grant", "id": 1}]
     assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
     assert [k.state for k in kernels[1:]] == [books.PAUSED] * 4 + [books.IDLE]
 
 
 def test_a_fault_making_room_ahead_is_a_decision_and_the_prefetch_stands(processes):
-    arbiter, _, _ = node(processes, short_contexts=3.5)
+    arbiter, _, _ = node(processes[:6], short_contexts=3.5)
     grower = arbiter.conns[processes[0]]
 
     async def broken(*args, **kwargs):
         raise RuntimeError("the card went away")
 
     arbiter.moves.take_off = broken
-    asyncio.run(arbiter.rooms.prefetch(grower, 3))
+    prefetch(arbiter, grower, 3)
     assert grower.told == [{"type": "grant", "id": 3}]  # granted, and nothing said after it
     [failed] = decided(arbiter, "room ahead failed")
     assert failed["message"] == "RuntimeError: the card went away"
@@ -155,8 +172,8 @@ def test_a_fault_making_room_ahead_is_a_decision_and_the_prefetch_stands(process
 def test_suspends_go_together_as_far_as_the_host_holds_their_checkpoints(processes):
     # room in the node's host budget for two checkpoints of a context, not three: two go
     # at once, where all or none sent all four one at a time; the others stay, said why
-    arbiter, _, _ = node(processes, short_contexts=3.5, host_limit=int(2.5 * CONTEXT))
-    asyncio.run(arbiter.rooms.prefetch(arbiter.conns[processes[0]], 1))
+    arbiter, _, _ = node(processes[:6], short_contexts=3.5, host_limit=int(2.5 * CONTEXT))
+    prefetch(arbiter, arbiter.conns[processes[0]], 1)
     assert [d["server"] for d in decided(arbiter, "suspend")] == ["user1/", "user2/"]
     [(_, start1, end1), (_, start2, end2)] = arbiter.checkpoint.calls
     assert max(start1, start2) < min(end1, end2), "one after another"
@@ -166,10 +183,75 @@ def test_suspends_go_together_as_far_as_the_host_holds_their_checkpoints(process
 
 
 def test_room_ahead_off_brings_back_the_kernels_own_bytes_alone(processes):
-    arbiter, _, kernels = node(processes, short_contexts=3.5)
+    arbiter, _, kernels = node(processes[:6], short_contexts=3.5)
     arbiter.config.room_ahead = False  # ArbiterApp.room_ahead, the admin's setting
     grower = arbiter.conns[processes[0]]
-    asyncio.run(arbiter.rooms.prefetch(grower, 1))
+    prefetch(arbiter, grower, 1)
     assert grower.told == [{"type": "grant", "id": 1}]
     assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
     assert [k.state for k in kernels[1:5]] == [books.PAUSED] * 4
+
+
+def steps_held(arbiter: Arbiter, conn: Answering, during) -> None:
+    """Prefetch the kernel on ``conn`` with the driver's first suspend held; once it is in
+    the driver, ``during()`` (a coroutine function: another request) runs and gets as far
+    as it can, then the suspend goes on; returns once the room ahead and every request
+    for room have ended."""
+    checkpoint = arbiter.checkpoint
+    checkpoint.held = threading.Event()
+
+    async def scenario():
+        await arbiter.rooms.prefetch(conn, 1)
+        assert await asyncio.to_thread(checkpoint.entered.wait, 10), "no suspend made ahead"
+        await during()
+        await asyncio.sleep(0)  # its request gets as far as the card's lock
+        checkpoint.held.set()
+        tasks = [c.room_task for c in arbiter.conns.values()] + [conn.ahead_task]
+        await asyncio.gather(*[t for t in tasks if t is not None])
+
+    asyncio.run(scenario())
+
+
+def test_another_users_cell_gets_the_card_between_two_steps_of_a_room_ahead(processes):
+    # the grower's cell is six contexts short: the four paused kernels' suspends (together),
+    # then the pause of the kernel idle past its idle_seconds; meanwhile user6's cell asks
+    # for room, and gets it after the suspends, not after the room ahead of a cell that
+    # has not started
+    arbiter, _, kernels = node(processes, short_contexts=6, idle_pid_seconds=400)
+    arbiter.config.suspend_after = 30  # the paused kernels are due a suspend: they go first
+    order = []
+    for c in arbiter.conns.values():
+        c.send = lambda msg, c=c: order.append((c.kernel.server.key, msg["type"])) or asyncio.sleep(0)
+        c.ask = lambda msg, timeout, sent=None, c=c: (
+            order.append((c.kernel.server.key, msg["type"]))
+            or asyncio.sleep(0, {"ok": True, "message": "done", "released": 0})
+        )
+    other = arbiter.conns[processes[6]]
+    steps_held(arbiter, arbiter.conns[processes[0]], lambda: arbiter.rooms.request(other, 5, "run"))
+    ahead = [d for d in arbiter.decisions if d.get("reason") == "room ahead for user0/"]
+    assert sorted((d["what"], d["server"]) for d in ahead[:4]) == [
+        ("suspend", "user1/"), ("suspend", "user2/"), ("suspend", "user3/"), ("suspend", "user4/"),
+    ]  # fmt: skip
+    assert [(d["what"], d["server"]) for d in ahead[4:]] == [("pause", "user5/")]
+    assert ("user6/", "grant") in order, order
+    assert order.index(("user6/", "grant")) < order.index(("user5/", "pause")), order
+    assert kernels[6].state == books.ACTIVE
+
+
+def test_the_kernels_own_cell_stops_its_room_ahead_and_makes_the_rest(processes):
+    arbiter, card, _ = node(processes[:6], short_contexts=6, idle_pid_seconds=400)
+    arbiter.config.suspend_after = 30
+    grower = arbiter.conns[processes[0]]
+
+    async def pause(msg, timeout, sent=None):  # user5's pause gives its 3 GiB back to the card
+        return {"ok": True, "message": "done", "released": card.held.pop(processes[5])}
+
+    arbiter.conns[processes[5]].ask = pause
+    steps_held(arbiter, grower, lambda: arbiter.rooms.request(grower, 2, "run"))
+    suspends = decided(arbiter, "suspend")
+    assert sorted(d["server"] for d in suspends) == ["user1/", "user2/", "user3/", "user4/"]
+    assert {d["reason"] for d in suspends} == {"room ahead for user0/"}
+    # the rest of its room: made by its cell's own request, not by the room ahead
+    [pause] = decided(arbiter, "pause")
+    assert (pause["server"], pause["reason"]) == ("user5/", "room for user0/")
+    assert grower.told[-1] == {"type": "grant", "id": 2}
