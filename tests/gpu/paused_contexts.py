@@ -47,12 +47,15 @@ def pause_all(arbiter: ArbiterProcess, kernels: list) -> None:
 
 def restart(directory, kernels: list, paused: list, *settings: str) -> ArbiterProcess:
     """A new arbiter in ``directory`` with ``settings``, every one of ``kernels`` registered
-    with it again (standalone, the harness registers), once it knows ``paused`` paused."""
+    with it again (standalone, the harness registers), once each has joined it and it knows
+    ``paused`` paused (a kernel not joined yet runs its next cell without an arbiter)."""
     arbiter = ArbiterProcess(directory, *settings).start()
     try:
         with arbiter.control() as c:
             for k, user, slice_ in kernels:
                 c.register(k.pid, user, "", slice_)
+        for k, _, _ in kernels:
+            wait_for(lambda k=k: arbiter.kernel(k.pid), 60, f"{k.pid} joined")
         for k in paused:
             wait_for(lambda k=k: (arbiter.kernel(k.pid) or {}).get("state") == "paused", 60, f"{k.pid} known")
     except BaseException:
