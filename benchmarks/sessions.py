@@ -961,6 +961,7 @@ def main() -> None:
         row["setups_at_once"] = together
         row["host_memory_limit"] = args.host_memory_limit or None  # None: the arbiter's default
         row["card_reserve_bytes"] = args.card_reserve or None  # of each card, out of the arbiter's reach
+        row["arbiter"] = result["arbiter"]  # each run its settings: a file may hold runs of several
         row["solo_p50_cell_s"] = result["solo_cell_s"]
         if here is not None:
             row["solo_here"] = here
