@@ -474,6 +474,21 @@ def room_ahead(
     short = shortfall(kernel, free, others, card)
     if short <= 0:
         return 0, []
+    return short, covering(kernel, short, others, suspend_after, now, card)
+
+
+def covering(
+    kernel: Kernel,
+    short: int,
+    others: list[Kernel],
+    suspend_after: float,
+    now: float,
+    card: str | None = None,
+) -> list:
+    """The victims a prefetch of ``kernel`` may take off the card for ``short`` bytes
+    (its cell's room, :func:`room_ahead`, or its own return, :func:`prefetch_short`):
+    :func:`victims`' order less the idle kernels within their slice's ``idle_seconds``,
+    until what they hold on ``card`` (:func:`held`) covers ``short``; ``[(victim, action)]``."""
     out, freed = [], 0
     for victim, action in victims(others, kernel, suspend_after, now):
         if action == "pause" and victim.idle_for(now) < victim.slice.idle_seconds:
@@ -482,7 +497,7 @@ def room_ahead(
         freed += held(victim, card)
         if freed >= short:
             break
-    return short, out
+    return out
 
 
 def quiet(card_kernels: list[Kernel]) -> bool:

@@ -162,6 +162,9 @@ class Rooms:
                 free[card] = reading.free
                 others = [k for k in a.on_card(card) if k is not kernel]
                 short = books.prefetch_short(kernel, reading.free, others, card)
+                if short > 0 and a.config.room_ahead and not kernel.slice.more_gpus:
+                    short = await self._room_to_return(kernel, card, others, short)
+                    free[card] = (await a.read(card)).free
                 if short > 0:
                     where = f" on GPU {index}" if kernel.slice.more_gpus else ""
                     await deny(
@@ -178,8 +181,7 @@ class Rooms:
                 short, ahead = books.room_ahead(
                     kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
                 )
-                if a.checkpoint is None:
-                    ahead = [(victim, action) for victim, action in ahead if action == "pause"]
+                ahead = self._still_to_take(ahead)
             # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state
             kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
@@ -197,6 +199,47 @@ class Rooms:
             return
         await self._grant_prefetch(conn, rid)
         self._ahead(conn, uuid, ahead, short)
+
+    async def _room_to_return(self, kernel: Kernel, uuid: str, others: list[Kernel], short: int) -> int:
+        """For a prefetch of ``kernel`` that is ``short`` bytes short of coming back to card
+        ``uuid`` (its lock held; :func:`books.prefetch_short`): one step of the room ahead
+        (:meth:`_take_head`) among the victims it may take (:func:`books.covering`: paused
+        kernels' contexts, kernels idle past their ``idle_seconds``), and the shortfall
+        read again after it (bytes; 0: it comes back). One step only, the lock being held
+        for it, and only where what that step's victims hold covers ``short``: otherwise
+        nobody moves for a prefetch that would be refused anyway, and the cell makes the
+        room when it runs.
+
+        Refused instead, 10 of 48 prefetches on 48 MLP sessions left their cell to bring
+        the kernel back after its user pressed run (0.4 to 2 GiB short, a few paused
+        kernels' contexts; seed 11 at 76fac3b, ``benchmarks/results/sessions-h100.json``)."""
+        a = self.arbiter
+        order = books.covering(kernel, short, others, a.config.suspend_after, time.monotonic(), uuid)
+        order = self._still_to_take(order)
+        if not order:
+            return short
+        step = self._suspends_together(order, short, uuid) or [order[0][0]]
+        if sum(books.held(victim, uuid) for victim in step) < short:
+            return short
+        await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[])
+        return books.prefetch_short(kernel, (await a.read(uuid)).free, others, uuid)
+
+    def _still_to_take(self, order: list) -> list:
+        """``order`` (``[(victim, action)]``) less the victims a room ahead leaves: one whose
+        state changed since it was chosen (it ran, or was taken off for another), one that
+        declined a moment ago, one whose kernel left, and every suspend where the driver's
+        checkpoint is not available."""
+        a = self.arbiter
+        now = time.monotonic()
+        wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
+        return [
+            (victim, action)
+            for victim, action in order
+            if victim.state == wanted[action]
+            and not victim.declined(action, now, REFUSAL_SECONDS)
+            and a.conns.get(victim.pid) is not None
+            and (action == "pause" or a.checkpoint is not None)
+        ]
 
     def _ahead(self, conn: Connection, uuid: str, ahead: list, short: int) -> None:
         """Start making the room ahead of ``conn``'s next cell (:meth:`_take_ahead`) as its
@@ -232,21 +275,13 @@ class Rooms:
         4.2 s behind the three suspends made ahead of a cell of another user that had not
         started (seed 11 at 76fac3b, ``benchmarks/results/sessions-h100.json``)."""
         a, kernel = self.arbiter, conn.kernel
-        wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
         order, left = list(ahead), short
         try:
             while left > 0 and not conn.ahead_stop and a.conns.get(kernel.pid) is conn:
                 async with a.locks[uuid]:
                     if conn.ahead_stop:  # its cell asked while this step waited for the card
                         return
-                    now = time.monotonic()
-                    order = [
-                        (victim, action)
-                        for victim, action in order
-                        if victim.state == wanted[action]
-                        and not victim.declined(action, now, REFUSAL_SECONDS)
-                        and a.conns.get(victim.pid) is not None
-                    ]
+                    order = self._still_to_take(order)
                     if not order:
                         return
                     freed, _ = await self._take_head(kernel, uuid, order, left, Reason.AHEAD, host_first=[])

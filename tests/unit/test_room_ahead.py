@@ -255,3 +255,49 @@ def test_the_kernels_own_cell_stops_its_room_ahead_and_makes_the_rest(processes)
     [pause] = decided(arbiter, "pause")
     assert (pause["server"], pause["reason"]) == ("user5/", "room for user0/")
     assert grower.told[-1] == {"type": "grant", "id": 2}
+
+
+def short_of_return(processes: list[int], contexts: float):
+    """:func:`node` with the grower's paused bytes ``contexts`` contexts more than the card
+    has free: its return itself is short."""
+    arbiter, card, kernels = node(processes[:6], short_contexts=3.5)
+    free = asyncio.run(card.read(CARD)).free
+    kernels[0].paused_bytes = free + int(contexts * CONTEXT)
+    return arbiter, kernels
+
+
+def test_a_prefetch_short_of_its_return_suspends_paused_kernels_then_grants(processes):
+    # 1.5 contexts short of coming back: two paused kernels' suspends, together, before the
+    # grant; then the room ahead of its cell, the other two
+    arbiter, _ = short_of_return(processes, 1.5)
+    grower = arbiter.conns[processes[0]]
+    prefetch(arbiter, grower, 4)
+    assert grower.told == [{"type": "grant", "id": 4}]
+    whats = [(d["what"], d.get("server")) for d in arbiter.decisions if d["what"] in ("suspend", "prefetch")]
+    assert sorted(whats[:2]) == [("suspend", "user1/"), ("suspend", "user2/")], whats
+    assert whats[2] == ("prefetch", "user0/"), whats
+    assert sorted(whats[3:]) == [("suspend", "user3/"), ("suspend", "user4/")], whats
+    assert {d["reason"] for d in decided(arbiter, "suspend")} == {"room ahead for user0/"}
+
+
+def test_a_prefetch_short_of_its_return_is_refused_where_one_step_does_not_cover_it(processes):
+    # five contexts short, four paused kernels: what one step could free does not bring it
+    # back, and nobody is taken off for a prefetch refused anyway
+    arbiter, kernels = short_of_return(processes, 5)
+    grower = arbiter.conns[processes[0]]
+    prefetch(arbiter, grower, 6)
+    [refused] = decided(arbiter, "prefetch refused")
+    assert "no room to come back ahead of the cell" in refused["message"]
+    assert grower.told[-1]["type"] == "deny"
+    assert decided(arbiter, "suspend") == []
+    assert [k.state for k in kernels[1:5]] == [books.PAUSED] * 4
+
+
+def test_room_ahead_off_refuses_a_prefetch_short_of_its_return(processes):
+    arbiter, kernels = short_of_return(processes, 1.5)
+    arbiter.config.room_ahead = False
+    grower = arbiter.conns[processes[0]]
+    prefetch(arbiter, grower, 2)
+    assert grower.told[-1]["type"] == "deny"
+    assert decided(arbiter, "suspend") == []
+    assert [k.state for k in kernels[1:5]] == [books.PAUSED] * 4
