@@ -186,8 +186,10 @@ class ArbiterApp(Application):
         kernel comes back: kernels idle past their idle_seconds are paused and paused
         kernels suspended until the cell's budget fits beside the running cells' promises,
         instead of when the cell runs (its user waiting). A prefetch whose cell never comes
-        has then taken them off the card for nothing. False: a prefetch brings back the
-        kernel's own bytes alone.""",
+        has then taken them off the card for nothing. A prefetch whose kernel itself does
+        not fit takes one such step first where that covers it, rather than being
+        refused. False: a prefetch brings back the kernel's own bytes alone, where they
+        fit.""",
     ).tag(config=True)
 
     suspend_after = Float(
