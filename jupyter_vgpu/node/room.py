@@ -128,6 +128,7 @@ class Rooms:
         kernel = conn.kernel
         uuid = kernel.slice.gpu_uuid
         now = time.monotonic()
+        conn.ahead_stop = False  # set again by a request of its cell's, from now on
 
         async def deny(outcome: str, message: str) -> None:
             a.metrics.prefetches.labels(gpu=uuid, outcome=outcome).inc()
@@ -244,9 +245,9 @@ class Rooms:
     def _ahead(self, conn: Connection, uuid: str, ahead: list, short: int) -> None:
         """Start making the room ahead of ``conn``'s next cell (:meth:`_take_ahead`) as its
         own task (``conn.ahead_task``), so that the kernel's next request, its cell's, is
-        taken at once rather than after it."""
-        conn.ahead_stop = False
-        if ahead:
+        taken at once rather than after it; none where its cell has asked for room already
+        (``conn.ahead_stop``)."""
+        if ahead and not conn.ahead_stop:
             conn.ahead_task = asyncio.ensure_future(self._take_ahead(conn, uuid, ahead, short))
 
     async def _grant_prefetch(self, conn: Connection, rid: int) -> None:

@@ -301,3 +301,29 @@ def test_room_ahead_off_refuses_a_prefetch_short_of_its_return(processes):
     assert grower.told[-1]["type"] == "deny"
     assert decided(arbiter, "suspend") == []
     assert [k.state for k in kernels[1:5]] == [books.PAUSED] * 4
+
+
+def test_a_cell_that_asks_while_its_prefetch_is_decided_makes_its_own_room(processes):
+    # the kernel's cell asks for room while its prefetch still makes room for its return:
+    # no room ahead starts after the grant, and the cell's own request makes the rest
+    arbiter, _ = short_of_return(processes, 1.5)
+    grower = arbiter.conns[processes[0]]
+    checkpoint = arbiter.checkpoint
+    checkpoint.held = threading.Event()
+
+    async def scenario():
+        await arbiter.rooms.request(grower, 1, "prefetch")
+        assert await asyncio.to_thread(checkpoint.entered.wait, 10), "no suspend for the return"
+        await arbiter.rooms.request(grower, 2, "run")
+        checkpoint.held.set()
+        await grower.room_task
+
+    asyncio.run(scenario())
+    assert grower.ahead_task is None
+    assert grower.told[0] == {"type": "grant", "id": 1}
+    assert grower.told[-1] == {"type": "grant", "id": 2}
+    assert {m["type"] for m in grower.told[1:-1]} <= {"wait"}  # its cell told what it waits for
+    whats = [(d["what"], d.get("reason")) for d in arbiter.decisions if d["what"] in ("suspend", "prefetch")]
+    assert whats[:3] == [("suspend", "room ahead for user0/")] * 2 + [("prefetch", None)], whats
+    assert whats[3:], whats
+    assert set(whats[3:]) == {("suspend", "room for user0/")}, whats
