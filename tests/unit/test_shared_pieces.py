@@ -39,12 +39,20 @@ def contents(fd: int, size: int) -> bytes:
         return bytes(m)
 
 
-def is_open(fd: int) -> bool:
+def file_of(fd: int) -> tuple[int, int]:
+    """The open file behind ``fd``: its device and inode."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def is_open(fd: int, file: tuple[int, int]) -> bool:
+    """Whether ``fd`` still refers to ``file`` (:func:`file_of`, taken while it was open): a
+    closed number may be handed out again at once to a file another thread opens (the
+    whole suite runs in one process), so the number alone does not say."""
     try:
-        os.fstat(fd)
+        return file_of(fd) == file
     except OSError:
         return False
-    return True
 
 
 def weights(seed: int, size: int = 3 * MiB + 17) -> bytes:
@@ -101,9 +109,10 @@ def test_a_forged_key_never_hands_over_anothers_bytes():
 def test_anything_but_a_sealed_memfd_is_refused_and_closed(make, why):
     store = SharedPieces()
     fd = make()
+    file = file_of(fd)
     with pytest.raises(PieceRefused, match=why):
         store.offer(("eve", 9), "eve", KEY, fd, cap=64 * MiB)
-    assert not is_open(fd)  # taken and closed: nothing left behind in the arbiter
+    assert not is_open(fd, file)  # taken and closed: nothing left behind in the arbiter
     assert store.figures()["pieces"] == 0
 
 
@@ -134,9 +143,10 @@ def test_the_scope_decides_who_shares():
     same_user.close()
     off = SharedPieces("off")
     fd = sealed(base)
+    file = file_of(fd)
     with pytest.raises(PieceRefused, match="off on this node"):
         off.offer(("ada", 1), "ada", KEY, fd, cap=64 * MiB)
-    assert not is_open(fd)
+    assert not is_open(fd, file)
     with pytest.raises(ValueError, match="must be one of all, same-user, off"):
         SharedPieces("everyone")
 
