@@ -164,8 +164,7 @@ class Rooms:
                 others = [k for k in a.on_card(card) if k is not kernel]
                 short = books.prefetch_short(kernel, reading.free, others, card)
                 if short > 0 and a.config.room_ahead and not kernel.slice.more_gpus:
-                    short = await self._room_to_return(kernel, card, others, short)
-                    free[card] = (await a.read(card)).free
+                    short, free[card] = await self._room_to_return(kernel, card, others, short, free[card])
                 if short > 0:
                     where = f" on GPU {index}" if kernel.slice.more_gpus else ""
                     await deny(
@@ -201,12 +200,15 @@ class Rooms:
         await self._grant_prefetch(conn, rid)
         self._ahead(conn, uuid, ahead, short)
 
-    async def _room_to_return(self, kernel: Kernel, uuid: str, others: list[Kernel], short: int) -> int:
+    async def _room_to_return(
+        self, kernel: Kernel, uuid: str, others: list[Kernel], short: int, free: int
+    ) -> tuple[int, int]:
         """For a prefetch of ``kernel`` that is ``short`` bytes short of coming back to card
-        ``uuid`` (its lock held; :func:`books.prefetch_short`): one step of the room ahead
-        (:meth:`_take_head`) among the victims it may take (:func:`books.covering`: paused
-        kernels' contexts, kernels idle past their ``idle_seconds``), and the shortfall
-        read again after it (bytes; 0: it comes back). One step only, the lock being held
+        ``uuid`` (its lock held; :func:`books.prefetch_short`; ``free``: the card's free
+        bytes it was decided on): one step of the room ahead (:meth:`_take_head`) among the
+        victims it may take (:func:`books.covering`: paused kernels' contexts, kernels idle
+        past their ``idle_seconds``); ``(short, free)`` read again after it, or as given
+        where nobody moved (bytes; short 0: it comes back). One step only, the lock being held
         for it, and only where what that step's victims hold covers ``short``: otherwise
         nobody moves for a prefetch that would be refused anyway, and the cell makes the
         room when it runs.
@@ -218,12 +220,13 @@ class Rooms:
         order = books.covering(kernel, short, others, a.config.suspend_after, time.monotonic(), uuid)
         order = self._still_to_take(order)
         if not order:
-            return short
+            return short, free
         step = self._suspends_together(order, short, uuid) or [order[0][0]]
         if sum(books.held(victim, uuid) for victim in step) < short:
-            return short
+            return short, free
         await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[])
-        return books.prefetch_short(kernel, (await a.read(uuid)).free, others, uuid)
+        free = (await a.read(uuid)).free
+        return books.prefetch_short(kernel, free, others, uuid), free
 
     def _still_to_take(self, order: list) -> list:
         """``order`` (``[(victim, action)]``) less the victims a room ahead leaves: one whose
