@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.host import peers, procs
 
-from . import tiers
+from . import cards, tiers
 from .books import PAUSED, SUSPENDED, Kernel, Reason
 
 if TYPE_CHECKING:
@@ -122,8 +122,7 @@ class Moves:
             return False
         uuid = kernel.slice.gpu_uuid
         t0 = time.monotonic()
-        reading = await a.read(uuid)
-        before = reading.used
+        reading = await a.read(uuid)  # before the move: what settles it is read against it
         if action == "pause" and not kernel.slice.simulated:
             # NVML's, just read: the bound of the paused bytes it reports, in the state
             # message it sends while pausing (before its answer), not a figure of its last pause
@@ -177,7 +176,7 @@ class Moves:
             a.metrics.pauses.labels(gpu=uuid, reason=reason.value).inc()
         released = answer.get("released")  # bytes; absent from a suspend's answer
         if released != 0:  # a pause that released nothing leaves nothing to wait for
-            await self.settle(uuid, before)
+            await self.settle(uuid, reading, kernel.group if action == "suspend" else [kernel.pid])
         took = time.monotonic() - t0
         fields = {"released": released} if released is not None else {}
         if action == "suspend" and len(kernel.group) > 1:
@@ -227,14 +226,16 @@ class Moves:
         finally:
             kernel.driver_call = None
 
-    async def settle(self, uuid: str, before: int, timeout: float = 2.0) -> None:
-        """Wait (briefly, ``timeout`` seconds) for NVML to show the memory a pause released."""
+    async def settle(self, uuid: str, before: cards.Reading, pids: list[int], timeout: float = 2.0) -> None:
+        """Wait (briefly, ``timeout`` seconds) for NVML to show on card ``uuid`` the memory
+        that ``pids`` let go of since ``before`` (:func:`.cards.let_go`): the next look at
+        the card counts it free."""
         a = self.arbiter
         if a.simulated_total(uuid) is not None:
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if (await a.read(uuid)).used < before:
+            if cards.let_go(before, await a.read(uuid), pids):
                 return
             await asyncio.sleep(0.02)
 
