@@ -190,15 +190,20 @@ class Rooms:
                 await self._grant_prefetch(conn, rid)  # it comes back from host memory itself, now
                 self._ahead(conn, uuid, ahead, short)  # meanwhile
                 return
+            # the room ahead begins beside the driver's restore (its steps wait for this lock):
+            # after it, the restore (0.76-0.89 s) was on the cell's path too; two prefetched
+            # kernels' cells waited 2 s for the suspends ahead that began once it ended (48 MLP
+            # sessions, seed 7 at 76fac3b, ``benchmarks/results/sessions-h100.json``)
+            self._ahead(conn, uuid, ahead, short)
         # outside the card's lock, its room held
         ok, why = await a.moves.restore(kernel)
         if not ok:
+            conn.ahead_stop = True  # nothing came back: no room is made for its cell ahead of it
             kernel.state, kernel.granted = was, 0
             await a.notify()
             await deny("no room", why or "the restore failed")
             return
         await self._grant_prefetch(conn, rid)
-        self._ahead(conn, uuid, ahead, short)
 
     async def _room_to_return(
         self, kernel: Kernel, uuid: str, others: list[Kernel], short: int, free: int
@@ -267,8 +272,9 @@ class Rooms:
         kernel's, or this kernel's own) gets the card between two steps: a room made for a
         cell that has not started never keeps one that has waiting. The room ahead stops
         once the kernel's own cell has asked for room (``conn.ahead_stop``: that request
-        makes whatever is still missing) or the kernel left. A victim whose state changed
-        since (it ran, or was taken off for another), or that declined a moment ago, stays,
+        makes whatever is still missing; set too where the kernel's restore failed) or the
+        kernel left. A victim whose state changed since (it ran, or was taken off for
+        another), or that declined a moment ago, stays,
         and so does one whose pause waits for host memory (no trim or spill for a cell that
         has not started). ``short``: the bytes the cell's room lacked, bytes. A fault here
         is a decision (``room ahead failed``), never the prefetch's: the kernel was granted

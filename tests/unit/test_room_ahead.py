@@ -70,6 +70,15 @@ class Checkpoint:
             self.card.held.pop(pid, None)
         self.calls.append((pids, start, time.monotonic()))
 
+    def restore(self, pids: list[int], need: dict[str, int] | None = None) -> float:
+        """Brings ``pids`` back (``need``: bytes per card, the last pid's); it lasts until a
+        suspend has been in the driver beside it (5 s at most), and says in ``beside``
+        whether one was."""
+        with self._changed:
+            self.beside = self._changed.wait_for(lambda: self.most_at_once > 0, timeout=5)
+        self.card.held[pids[-1]] = sum((need or {}).values())
+        return 0.05
+
 
 @pytest.fixture
 def processes():
@@ -341,3 +350,33 @@ def test_a_cell_that_asks_while_its_prefetch_is_decided_makes_its_own_room(proce
     assert whats[:3] == [("suspend", "room ahead for user0/")] * 2 + [("prefetch", None)], whats
     assert whats[3:], whats
     assert set(whats[3:]) == {("suspend", "room for user0/")}, whats
+
+
+def suspended_grower(processes: list[int], short_contexts: float):
+    """:func:`node` with the grower suspended: its context in the driver's checkpoint, off
+    the card, and as much more free on it."""
+    arbiter, card, kernels = node(processes[:6], short_contexts=short_contexts)
+    grower = kernels[0]
+    grower.state = books.SUSPENDED
+    grower.checkpoint_bytes = card.held.pop(grower.pid)
+    grower.checkpoint_need = {CARD: grower.checkpoint_bytes}
+    grower.group, grower.group_ids = [grower.pid], [grower.identity]
+    grower.resident = 0
+    return arbiter, card, kernels
+
+
+def test_a_suspended_kernels_room_ahead_is_made_beside_its_restore(processes):
+    # the driver's restore lasts until a suspend ahead has entered the driver: made after
+    # the restore, the room ahead kept the cell waiting for both, one after the other
+    arbiter, _, kernels = suspended_grower(processes, short_contexts=1.5)
+    grower = arbiter.conns[processes[0]]
+    prefetch(arbiter, grower, 3)
+    assert grower.told[0] == {"type": "grant", "id": 3}
+    assert arbiter.checkpoint.beside, "the room ahead waited for the restore"
+    [restored] = decided(arbiter, "restored")
+    assert restored["server"] == "user0/"
+    suspends = decided(arbiter, "suspend")
+    assert len(suspends) == 2
+    assert {d["reason"] for d in suspends} == {"room ahead for user0/"}
+    assert kernels[0].state == books.ACTIVE
+    assert kernels[0].checkpoint_bytes == 0
