@@ -188,6 +188,8 @@ class Kernel:
     trim_asked: float = 0.0
     capped: bool = False  # a figure of its passed its bound (logged once)
     driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
+    #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``): no other begins meanwhile
+    moving: str | None = None
 
     @property
     def slice(self) -> Slice:

@@ -226,18 +226,18 @@ class Rooms:
         order = self._still_to_take(order)
         if not order:
             return short, free
-        step = self._suspends_together(order, short, uuid) or [order[0][0]]
-        if sum(books.held(victim, uuid) for victim in step) < short:
+        together = self._suspends_together(order, short, uuid)  # one look at the host, used twice
+        if sum(books.held(victim, uuid) for victim in together or [order[0][0]]) < short:
             return short, free
-        await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[])
+        await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[], together=together)
         free = (await a.read(uuid)).free
         return books.prefetch_short(kernel, free, others, uuid), free
 
     def _still_to_take(self, order: list) -> list:
         """``order`` (``[(victim, action)]``) less the victims a room ahead leaves: one whose
         state changed since it was chosen (it ran, or was taken off for another), one that
-        declined a moment ago, one whose kernel left, and every suspend where the driver's
-        checkpoint is not available."""
+        declined a moment ago, one with a move under way (``moving``: a spill, say), one
+        whose kernel left, and every suspend where the driver's checkpoint is not available."""
         a = self.arbiter
         now = time.monotonic()
         wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
@@ -246,6 +246,7 @@ class Rooms:
             for victim, action in order
             if victim.state == wanted[action]
             and not victim.declined(action, now, REFUSAL_SECONDS)
+            and victim.moving is None
             and a.conns.get(victim.pid) is not None
             and (action == "pause" or a.checkpoint is not None)
         ]
@@ -398,7 +399,17 @@ class Rooms:
             if short > 0 and host_first and time.monotonic() < deadline:
                 # outside the card's lock: trims and spills (seconds for gigabytes) hold up
                 # no other kernel's room on this card; then the card is looked at again
-                made = [await a.tiering.host_room(victim, need, tell) is None for victim, need in host_first]
+                # a word each second meanwhile: the cell's kernel takes a silence of a minute
+                # for a dead arbiter and runs without one (a cell waited 60 s for a spill)
+                made = [
+                    await said_while(
+                        a.tiering.host_room(victim, need, tell),
+                        tell,
+                        f"making host memory for {victim.server.key} to leave GPU {kernel.slice.gpu_index}",
+                    )
+                    is None
+                    for victim, need in host_first
+                ]
                 if any(made):
                     continue  # else it waits as any request does, saying why (notes)
             if short <= 0:
@@ -479,6 +490,7 @@ class Rooms:
         tell=None,
         notes=None,
         host_first=None,
+        together: list[Kernel] | None = None,
     ) -> tuple[int, bool]:
         """Take the head of ``order`` (``[(victim, action)]``, consumed) off card ``uuid`` for
         ``kernel``'s room, ``short`` bytes missing: the suspends at its head at once
@@ -486,9 +498,11 @@ class Rooms:
         :meth:`.moves.Moves.take_off` does (``tell``, ``notes``, ``host_first`` as there; a
         word each second to ``tell``). Returns what the victims taken held on the card
         (:func:`books.held`, read before they moved; bytes) and whether a lone victim left
-        the card (True for suspends made together, each said for itself)."""
+        the card (True for suspends made together, each said for itself). ``together``: the
+        suspends at its head to make at once, where the caller has looked already."""
         a = self.arbiter
-        together = self._suspends_together(order, short, uuid)
+        if together is None:
+            together = self._suspends_together(order, short, uuid)
         if together:
             del order[: len(together)]
             freed = sum(books.held(v, uuid) for v in together)
@@ -526,7 +540,7 @@ class Rooms:
         now = time.monotonic()
         fresh = []
         for victim, action in order:
-            if action != "suspend" or victim.declined(action, now, REFUSAL_SECONDS):
+            if action != "suspend" or victim.declined(action, now, REFUSAL_SECONDS) or victim.moving:
                 break
             fresh.append((victim, action))
         together = books.suspends_together(fresh, short, uuid)

@@ -180,6 +180,8 @@ class Tiering:
         conn = a.conns.get(kernel.pid)
         if conn is None or conn.kernel is not kernel or kernel.state != PAUSED or kernel.host_bytes <= 0:
             return False
+        if kernel.moving is not None:  # its suspend is under way: it cannot move its memory meanwhile
+            return False
         why = self.disk_usable(kernel.host_bytes)
         if why is None and not kernel.disk_dir:
             why = "the kernel has no directory in the disk tier"
@@ -201,6 +203,16 @@ class Tiering:
             await tell(
                 f"moving {kernel.server.key}'s paused memory ({format_bytes(kernel.host_bytes)}) to disk"
             )
+        kernel.moving = "spill"  # no suspend of it meanwhile (:meth:`.moves.Moves.take_off`)
+        try:
+            return await self._spill_asked(conn, kernel)
+        finally:
+            kernel.moving = None
+
+    async def _spill_asked(self, conn, kernel: Kernel) -> bool:
+        """:meth:`spill`'s question to the kernel, and what its answer means."""
+        a = self.arbiter
+        loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         held = kernel.host_bytes
         answer = await conn.ask(
@@ -255,10 +267,16 @@ class Tiering:
         warm = kernel.state == IDLE and kernel.host_bytes > 0
         if conn is None or conn.kernel is not kernel or not (warm or kernel.state == PAUSED):
             return 0
+        if kernel.moving is not None:  # a pause, suspend or spill of it is under way
+            return 0
         if kernel.state == PAUSED:
             kernel.trim_asked = time.monotonic()
         before = procs.memory(kernel.pid, rollup=False)
-        answer = await conn.ask({"type": "trim"}, a.config.pause_timeout)
+        kernel.moving = "trim"
+        try:
+            answer = await conn.ask({"type": "trim"}, a.config.pause_timeout)
+        finally:
+            kernel.moving = None
         after = procs.memory(kernel.pid, rollup=False)
         a.enforcement.heard(kernel, "trim", answer)
         released = answer.get("released")  # its figures came first, in a state message

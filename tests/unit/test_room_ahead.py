@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jupyter_vgpu.host import procs
-from jupyter_vgpu.node import books
+from jupyter_vgpu.node import books, disk
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.cards import Reading
@@ -380,3 +380,42 @@ def test_a_suspended_kernels_room_ahead_is_made_beside_its_restore(processes):
     assert {d["reason"] for d in suspends} == {"room ahead for user0/"}
     assert kernels[0].state == books.ACTIVE
     assert kernels[0].checkpoint_bytes == 0
+
+
+def test_a_kernel_whose_spill_is_under_way_is_not_suspended_until_it_ends(processes, tmp_path):
+    # user1's paused data is on its way to disk (the background spill: the kernel has not
+    # answered yet) when a prefetch makes room ahead: suspended then, the kernel would be
+    # frozen in the middle of its spill, and whatever waited for the spill would wait for
+    # its restore. It stays; the other three paused kernels go.
+    arbiter, _, kernels = node(processes[:6], short_contexts=3.5)
+    arbiter.checkpoint.together = 3
+    tiering = arbiter.tiering
+    tiering.disk = disk.DiskTier(tmp_path / "tier")
+    spiller = kernels[1]
+    spiller.host_bytes, spiller.disk_dir = GiB, tiering.disk.user_dir(spiller.uid)
+    conn = arbiter.conns[spiller.pid]
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def ask(msg, timeout, sent=None):
+        conn.asked.append(msg["type"])
+        if msg["type"] == "spill":
+            asked.set()
+            await answer.wait()
+        return {"ok": True, "message": "done", "released": 0}
+
+    conn.ask = ask
+
+    async def scenario():
+        spilling = asyncio.ensure_future(tiering.spill(spiller))
+        await asyncio.wait_for(asked.wait(), 10)
+        await arbiter.rooms.prefetch(arbiter.conns[processes[0]], 1)
+        await arbiter.conns[processes[0]].ahead_task
+        answer.set()
+        await spilling
+
+    asyncio.run(scenario())
+    suspends = decided(arbiter, "suspend")
+    assert sorted(d["server"] for d in suspends) == ["user2/", "user3/", "user4/"], suspends
+    assert conn.asked == ["spill"]
+    assert spiller.state == books.PAUSED
+    assert spiller.moving is None  # the spill over, it may move again
