@@ -41,20 +41,25 @@ from jupyter_vgpu.testing.percentiles import RULE  # noqa: E402
 
 
 def annotate(path: Path) -> int:
-    """Add ``compute_share`` to the runs of a sessions output that have cells and none yet;
-    returns how many it added."""
+    """Add ``compute_share`` to the runs of a sessions output that have cells and none yet,
+    and ``compute_share_here`` (the model with the card's own solo cell, ``solo_here``) to
+    those that measured one and have none yet; returns how many it added."""
     doc = json.loads(path.read_text())
     added = 0
     for run in doc["runs"]:
-        if run.get("cells_detail") and "compute_share" not in run:
-            run["compute_share"] = {
-                **of_cells(
-                    run["cells_detail"], run.get("gpus", 1), run.get("solo_p50_cell_s", doc["solo_cell_s"])
-                ),
-                "percentiles": RULE,
-                "added_by": provenance.run_record(),
-            }
-            added += 1
+        if not run.get("cells_detail"):
+            continue
+        solos = {"compute_share": run.get("solo_p50_cell_s", doc["solo_cell_s"])}
+        if run.get("solo_here"):
+            solos["compute_share_here"] = run["solo_here"]["solo_p50_cell_s"]
+        for key, solo in solos.items():
+            if key not in run:
+                run[key] = {
+                    **of_cells(run["cells_detail"], run.get("gpus", 1), solo),
+                    "percentiles": RULE,
+                    "added_by": provenance.run_record(),
+                }
+                added += 1
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return added
 
@@ -69,7 +74,12 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1)
     parser.add_argument("--draws", type=int, default=1000, help="random draws of the phases per N")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--annotate", nargs="*", default=[], help="sessions outputs to add compute_share to")
+    parser.add_argument(
+        "--annotate",
+        nargs="*",
+        default=[],
+        help="sessions outputs to add compute_share (and compute_share_here) to",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     record = provenance.record()
@@ -105,7 +115,7 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     for name in args.annotate:
-        print(f"{name}: compute_share added to {annotate(Path(name))} runs")
+        print(f"{name}: {annotate(Path(name))} compute_share figures added")
 
 
 if __name__ == "__main__":

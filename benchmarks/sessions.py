@@ -60,7 +60,11 @@ H200) keeps the difference out of the arbiter's reach (``ArbiterApp.card_reserve
 ``card_reserve_bytes`` in the row), so that it decides as on the calibration's card.
 ``--solo-here`` times five solo cells on this machine's card too (the row's
 ``solo_here``): the runs are judged against the calibration's solo cell, and this says
-how far this card's own differs.
+how far this card's own differs. Such a row also carries ``compute_share_here``, the
+compute-sharing model of its cells with this card's own solo cell: ``compute_share``
+takes the calibration's, and a card that runs the cell 3% slower (an H200 kept to an
+H100's memory: 1.077 s against 1.046 s) has its cells meet longer and more often, which
+that model leaves out (seed 7 at 777869e: p95 3.003 s against 2.829 s).
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
@@ -971,6 +975,8 @@ def main() -> None:
         row["percentiles"] = RULE  # each run says its rule: a file may hold runs of several
         if row["cells_detail"]:  # had memory cost nothing: the floor of this run's latencies
             row["compute_share"] = of_cells(row["cells_detail"], len(gpus), result["solo_cell_s"])
+            if here is not None:  # the same model with this card's own solo cell
+                row["compute_share_here"] = of_cells(row["cells_detail"], len(gpus), here["solo_p50_cell_s"])
         row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)
         print(json.dumps(row), flush=True)

@@ -34,6 +34,12 @@ def test_a_runs_percentiles_are_its_cells_by_the_one_rule(doc, run):
     model = of_cells(run["cells_detail"], run.get("gpus", doc.get("gpus", 1)), solo)
     for key, value in model.items():
         assert run["compute_share"][key] == pytest.approx(value, rel=1e-12), key
+    if "compute_share_here" in run:  # the same model with the card's own solo cell
+        here = of_cells(
+            run["cells_detail"], run.get("gpus", doc.get("gpus", 1)), run["solo_here"]["solo_p50_cell_s"]
+        )
+        for key, value in here.items():
+            assert run["compute_share_here"][key] == pytest.approx(value, rel=1e-12), key
 
 
 def test_a_run_without_cells_says_its_percentiles_were_not_taken_again():
