@@ -332,6 +332,8 @@ class Arbiter(Registry):
 
     async def wait_for_change(self, timeout: float) -> None:
         """Wait until :meth:`notify` is called, or ``timeout`` seconds pass."""
+        if self._changed is None:  # an arbiter driven without :meth:`start` (its own tests)
+            self._changed = asyncio.Condition()
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)

@@ -80,6 +80,7 @@ class Moves:
         tell=None,
         notes=None,
         host_first: list[tuple[Kernel, int]] | None = None,
+        claimed: bool = False,
     ) -> bool:
         """Pause (or pause, then suspend) ``kernel``; True when its memory left the card.
         Host memory for it is made first (:meth:`.tiering.Tiering.host_room`); where none
@@ -99,10 +100,32 @@ class Moves:
         memory) pauses in part, what is shared or managed staying on the card, and refuses
         a suspend later. A suspend takes the kernel's child processes that hold memory on
         the card with it.
+
+        ``claimed``: the caller marked the kernel ``moving`` already (under its card's lock,
+        for a move it makes once it has let go of the lock: :meth:`.room.Rooms._take_ahead`);
+        the mark goes whatever comes of the move. A kernel with another move under way
+        stays.
         """
+        try:
+            return await self._take_off(kernel, action, reason, for_whom, tell, notes, host_first, claimed)
+        finally:
+            if claimed:
+                kernel.moving = None
+
+    async def _take_off(
+        self,
+        kernel: Kernel,
+        action: str,
+        reason: Reason,
+        for_whom: str,
+        tell,
+        notes,
+        host_first,
+        claimed: bool,
+    ) -> bool:
         a = self.arbiter
         conn = a.conns.get(kernel.pid)
-        if conn is None:
+        if conn is None or self._moving(kernel, claimed, notes):
             return False
         need = tiers.host_need(kernel)
         if host_first is not None:  # one look, acted on: no trim or spill under the card's lock
@@ -120,18 +143,26 @@ class Moves:
             if notes is not None:
                 notes.append(f"{kernel.server.key} stays: {why}")
             return False
-        if kernel.moving is not None:
-            # a spill or trim of it is under way: a suspend would freeze the kernel midway
-            # through it, and whatever waits for that move waits for its restore (a spill
-            # took 80 s, 48 MLP sessions, seed 7 at 777869e, benchmarks/results/sessions-h100.json)
-            if notes is not None:
-                notes.append(f"{kernel.server.key} stays: its {kernel.moving} is under way")
+        if self._moving(kernel, claimed, notes):  # one began while host memory was made
             return False
         kernel.moving = action
         try:
             return await self._move(conn, kernel, action, reason, for_whom, notes)
         finally:
             kernel.moving = None
+
+    @staticmethod
+    def _moving(kernel: Kernel, claimed: bool, notes: list[str] | None) -> bool:
+        """Whether another move of ``kernel`` is under way (``claimed``: the caller's own);
+        ``notes`` hears why it stays. A spill or trim of it, say: a suspend would freeze the
+        kernel midway through it, and whatever waits for that move would wait for its
+        restore (a spill took 80 s; 48 MLP sessions, seed 7 at 777869e,
+        ``benchmarks/results/sessions-h100.json``)."""
+        if kernel.moving is None or claimed:
+            return False
+        if notes is not None:
+            notes.append(f"{kernel.server.key} stays: its {kernel.moving} is under way")
+        return True
 
     async def _move(
         self, conn, kernel: Kernel, action: str, reason: Reason, for_whom: str, notes: list[str] | None

@@ -268,23 +268,28 @@ class Rooms:
     async def _take_ahead(self, conn: Connection, uuid: str, ahead: list, short: int) -> None:
         """Take ``ahead`` (:func:`books.room_ahead`) off card ``uuid`` for the cell of the
         prefetched kernel on ``conn``: one step at a time (the suspends at the head of what
-        is left, together, or one victim alone: :meth:`_take_head`), each under the card's
-        lock, taken again for each step. A cell that asks for room meanwhile (another
-        kernel's, or this kernel's own) gets the card between two steps: a room made for a
-        cell that has not started never keeps one that has waiting. The room ahead stops
-        once the kernel's own cell has asked for room (``conn.ahead_stop``: that request
-        makes whatever is still missing; set too where the kernel's restore failed) or the
-        kernel left. A victim whose state changed since (it ran, or was taken off for
-        another), or that declined a moment ago, stays,
-        and so does one whose pause waits for host memory (no trim or spill for a cell that
-        has not started). ``short``: the bytes the cell's room lacked, bytes. A fault here
-        is a decision (``room ahead failed``), never the prefetch's: the kernel was granted
-        its return already, and its cell asks for whatever room is still missing.
+        is left, together, as :meth:`_suspends_together` finds them, or one victim alone).
+        Each step is decided under the card's lock, its victims marked ``moving`` there (no
+        other room or background move takes them), and made once the lock is let go: a
+        cell that asks for room meanwhile (another kernel's, or this kernel's own) is
+        decided at once, waiting for these victims only where what they hold covers what
+        it lacks (:meth:`make_room`). The room ahead stops once the kernel's own cell has
+        asked for room (``conn.ahead_stop``: that request makes whatever is still missing;
+        set too where the kernel's restore failed) or the kernel left. A victim whose state
+        changed since (it ran, or was taken off for another), or that declined a moment
+        ago, stays, and so does one whose pause waits for host memory (no trim or spill for
+        a cell that has not started). ``short``: the bytes the cell's room lacked, bytes. A
+        fault here is a decision (``room ahead failed``), never the prefetch's: the kernel
+        was granted its return already, and its cell asks for whatever room is still
+        missing.
 
         Made in the prefetch's own request, under the lock, the room ahead kept every other
         cell of the card waiting: on 48 MLP sessions, a prefetched kernel's cell waited
         4.2 s behind the three suspends made ahead of a cell of another user that had not
-        started (seed 11 at 76fac3b, ``benchmarks/results/sessions-h100.json``)."""
+        started (seed 11 at 76fac3b, ``benchmarks/results/sessions-h100.json``). Made a step
+        per hold of the lock, under it, a step of four suspends (1.27 s) still kept another
+        user's cell waiting 0.64 s for a room it could make in 0.07 s (seed 11 at 777869e).
+        """
         a, kernel = self.arbiter, conn.kernel
         order, left = list(ahead), short
         try:
@@ -295,7 +300,22 @@ class Rooms:
                     order = self._still_to_take(order)
                     if not order:
                         return
-                    freed, _ = await self._take_head(kernel, uuid, order, left, Reason.AHEAD, host_first=[])
+                    together = self._suspends_together(order, left, uuid)
+                    step = [(victim, "suspend") for victim in together] or order[:1]
+                    del order[: len(step)]
+                    freed = sum(books.held(victim, uuid) for victim, _ in step)
+                    for victim, action in step:  # theirs: no other room or background move takes them
+                        victim.moving = action
+                # outside the card's lock: a cell that asks meanwhile is decided at once
+                moves = [
+                    a.moves.take_off(
+                        victim, action, Reason.AHEAD, for_whom=kernel.server.key, host_first=[], claimed=True
+                    )
+                    for victim, action in step
+                ]
+                moved = await asyncio.gather(*moves)
+                await a.notify()  # a cell waiting for these kernels to leave (:meth:`make_room`)
+                if any(moved):
                     left -= freed
         except Exception as e:
             log.error("making room ahead of %s's cell failed", kernel.server.key, exc_info=e)
@@ -458,6 +478,14 @@ class Rooms:
         others = [k for k in a.on_card(uuid) if k is not kernel]
         short = books.shortfall(kernel, reading.free, others, uuid)
         if short <= 0:
+            return short, reading
+        leaving = [k for k in others if k.moving in ("pause", "suspend")]
+        if leaving and short <= sum(books.held(k, uuid) for k in leaving):
+            # a room made ahead takes them off the card now, outside its lock: their memory
+            # is this kernel's sooner than any other victim's (the room loop is woken then)
+            if notes is not None:
+                names = ", ".join(k.server.key for k in leaving)
+                notes.append(f"{len(leaving)} idle kernel(s) leaving the card: {names}")
             return short, reading
         order = [
             (victim, action)

@@ -419,3 +419,42 @@ def test_a_kernel_whose_spill_is_under_way_is_not_suspended_until_it_ends(proces
     assert conn.asked == ["spill"]
     assert spiller.state == books.PAUSED
     assert spiller.moving is None  # the spill over, it may move again
+
+
+def test_another_users_cell_is_decided_while_the_suspends_ahead_are_in_the_driver(processes):
+    # the room ahead's suspends are made outside the card's lock: user6's cell, which fits
+    # beside them, is granted while they are still in the driver, not after them
+    arbiter, _, _ = node(processes, short_contexts=6, idle_pid_seconds=400)
+    arbiter.config.suspend_after = 30
+    other = arbiter.conns[processes[6]]
+    told_meanwhile = []
+
+    async def during():
+        await arbiter.rooms.request(other, 5, "run")
+        await asyncio.wait_for(other.room_task, 5)
+        told_meanwhile.extend(other.told)
+
+    steps_held(arbiter, arbiter.conns[processes[0]], during)
+    assert told_meanwhile == [{"type": "grant", "id": 5}]
+    suspends = decided(arbiter, "suspend")
+    assert sorted(d["server"] for d in suspends) == ["user1/", "user2/", "user3/", "user4/"]
+
+
+def test_a_cell_that_the_kernels_leaving_would_make_room_for_waits_for_them(processes):
+    # user6's cell is short of less than the four contexts the room ahead is taking off the
+    # card: it waits for them rather than pausing user5 (idle, 3 GiB), and is granted once
+    # they are off
+    arbiter, card, kernels = node(processes, short_contexts=6)
+    arbiter.config.suspend_after = 30
+    other = arbiter.conns[processes[6]]
+
+    async def during():
+        card.reserve += 3 * GiB  # the card fills meanwhile: user6's cell is short
+        await arbiter.rooms.request(other, 5, "run")
+
+    steps_held(arbiter, arbiter.conns[processes[0]], during)
+    assert other.told[-1] == {"type": "grant", "id": 5}
+    assert decided(arbiter, "pause") == []
+    assert kernels[5].state == books.IDLE
+    [queued] = decided(arbiter, "queued")
+    assert "leaving the card" in queued["message"], queued
