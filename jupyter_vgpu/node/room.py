@@ -65,6 +65,10 @@ async def said_while(
         raise
 
 
+class _Leaving(Exception):
+    """A kernel asks for room while a room ahead takes it off the card (:meth:`Rooms.room`)."""
+
+
 class Rooms:
     """The requests for room of the arbiter's kernels.
 
@@ -143,6 +147,9 @@ class Rooms:
             # a slice of several cards: every card's lock, in the order room takes them
             for card in sorted(kernel.slice.gpu_uuids):
                 await locked.enter_async_context(a.locks[card])
+            if kernel.moving in ("pause", "suspend"):  # a room ahead takes it off the card now
+                await deny("leaving", f"this kernel's {kernel.moving} is under way: its cell brings it back")
+                return
             # its state may read active already: a kernel reports so as it starts coming back
             held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
             if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
@@ -372,12 +379,18 @@ class Rooms:
                 return  # the kernel left: nobody to make room for
             notes: list[str] = []  # why victims stayed where they are
             host_first: list[tuple[Kernel, int]] = []  # victims whose pause waits for host memory
+            leaving = None  # this kernel's own pause or suspend, made ahead of another's cell
             try:
                 async with contextlib.AsyncExitStack() as locked:
                     # a slice of several cards: room on each, under every card's lock (taken in
                     # one order, so two such kernels never wait on each other), in one decision
                     for card in sorted(kernel.slice.gpu_uuids):
                         await locked.enter_async_context(a.locks[card])
+                    # a room ahead is taking it off the card, outside the lock: decided once it
+                    # is off (a grant now would meet a suspend made after it)
+                    if kernel.moving in ("pause", "suspend"):
+                        leaving = kernel.moving
+                        raise _Leaving
                     short, reading = await self.make_room(kernel, uuid, tell, notes, host_first)
                     for card in kernel.slice.gpu_uuids[1:]:
                         short = max(short, (await self.make_room(kernel, card, tell, notes, host_first))[0])
@@ -391,6 +404,10 @@ class Rooms:
                         others = [k for k in a.on_card(uuid) if k is not kernel]
                         kernel.granted = books.growth(kernel, reading.free, others, uuid)
                         kernel.state, kernel.since = ACTIVE, time.monotonic()
+            except _Leaving:
+                await tell(f"waiting for this kernel's {leaving}, made ahead of another cell, to end")
+                await a.wait_for_change(1.0)
+                continue
             except NVMLUnavailable as e:  # the card stopped answering: the kernel waits, told why
                 message = f"GPU {kernel.slice.gpu_index} does not answer: {e}; waiting for it"
                 if time.monotonic() >= deadline:

@@ -458,3 +458,30 @@ def test_a_cell_that_the_kernels_leaving_would_make_room_for_waits_for_them(proc
     assert kernels[5].state == books.IDLE
     [queued] = decided(arbiter, "queued")
     assert "leaving the card" in queued["message"], queued
+
+
+def test_a_kernel_that_asks_for_room_while_a_room_ahead_suspends_it_is_restored_after(processes):
+    # user1 is among the suspends made ahead of the grower's cell when its own cell asks
+    # for room: granted then, it would be suspended after its grant. Its room is decided
+    # once the suspend is over: it is restored from the driver's checkpoint, then granted.
+    arbiter, card, kernels = node(processes, short_contexts=6, idle_pid_seconds=400)
+    arbiter.config.suspend_after = 30
+    user1 = arbiter.conns[processes[1]]
+    asked = []
+
+    async def during():
+        card.reserve -= 8 * GiB  # room enough for user1's cell
+        await arbiter.rooms.request(user1, 9, "run")
+        await asyncio.sleep(0.2)
+        asked.extend(user1.told)
+        await arbiter.rooms.prefetch(user1, 10)  # a prefetch of it meanwhile is refused
+
+    steps_held(arbiter, arbiter.conns[processes[0]], during)
+    assert all(m["type"] == "wait" for m in asked), asked  # not granted while its suspend was in the driver
+    assert user1.told[-1] == {"type": "grant", "id": 9}
+    denied = [m for m in user1.told if m.get("id") == 10]
+    assert [m["type"] for m in denied] == ["deny"], denied
+    assert "under way" in denied[0]["message"]
+    whats = [d["what"] for d in arbiter.decisions if d.get("server") == "user1/"]
+    assert whats.index("suspend") < whats.index("restored"), whats
+    assert kernels[1].state == books.ACTIVE
