@@ -99,6 +99,9 @@ class ArbiterClient:
         self._hello_version = HELLO_VERSION
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
+        #: held while the arbiter's pause, suspend, spill or trim of this kernel is made: one at a time
+        self._moving = threading.Lock()
+        self._move: str | None = None
         self._rooms: dict[int, dict] = {}
         self._room_cond = threading.Condition()
         self._next = 1
@@ -345,8 +348,21 @@ class ArbiterClient:
                 self._hang_up()
 
     def _obey(self, msg: dict) -> None:
-        with self.pausing.own_calls():
-            self._do(msg)
+        """Make the arbiter's move ``msg`` (a thread each), refusing it while another is
+        under way: a suspend (the driver's lock on every CUDA call) midway through a spill
+        or a trim would freeze that move until the restore. The arbiter makes one move of a
+        kernel at a time itself (``Kernel.moving``); this holds whatever it sends."""
+        if not self._moving.acquire(blocking=False):
+            why = f"Refused: this kernel's {self._move or 'move'} is under way"
+            self._send({"type": "reply", "id": msg["id"], "released": None, "ok": False, "message": why})
+            return
+        try:
+            self._move = msg["type"]
+            with self.pausing.own_calls():
+                self._do(msg)
+        finally:
+            self._move = None
+            self._moving.release()
 
     def _do(self, msg: dict) -> None:
         t0 = time.monotonic()

@@ -297,3 +297,65 @@ def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time
     assert hellos == list(range(3, speaks - 1, -1))
     assert ("pausable_bytes" in states[0]) == (speaks >= 3)
     assert ("disk_bytes" in states[0]) == (speaks >= 2)
+
+
+class SlowSpill(Pausing):
+    """A kernel's pausing whose spill lasts until the test lets it end."""
+
+    def __init__(self):
+        self.spilling, self.go_on, self.suspends = threading.Event(), threading.Event(), 0
+
+    def spill(self, directory: str) -> None:
+        self.spilling.set()
+        assert self.go_on.wait(10), "the test never let the spill end"
+
+    def prepare_suspend(self) -> None:
+        self.suspends += 1
+
+
+def test_a_kernel_refuses_a_move_while_another_is_under_way(tmp_path):
+    # a suspend that arrives while the kernel writes its paused memory to disk is refused
+    # (made, the driver's lock would freeze the spill until the restore); once the spill
+    # has ended, the next suspend is made
+    path = str(tmp_path / "arbiter.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+    replies: dict[int, dict] = {}
+    pausing = SlowSpill()
+    figures = {
+        "state": "paused", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
+        "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
+    }  # fmt: skip
+
+    def serve():
+        conn, _ = server.accept()
+        reader = conn.makefile("rb")
+        reader.readline()  # its hello
+        conn.sendall(b'{"type": "welcome", "slice": null, "server": null}\n')
+        conn.sendall(b'{"type": "spill", "id": 1, "dir": "/nowhere"}\n')
+        assert pausing.spilling.wait(10)
+        conn.sendall(b'{"type": "suspend", "id": 2}\n')
+        for line in reader:
+            msg = json.loads(line)
+            if msg["type"] == "reply":
+                replies[msg["id"]] = msg
+                if msg["id"] == 2:
+                    pausing.go_on.set()
+                elif msg["id"] == 1:
+                    conn.sendall(b'{"type": "suspend", "id": 3}\n')
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = ArbiterClient(path, "k", lambda _: None, lambda: figures, pausing, lambda *a, **k: None)
+    client.start()
+    try:
+        wait_for(lambda: 3 in replies, 20, "the second suspend's reply")
+    finally:
+        client.stop()
+        server.close()
+    assert not replies[2]["ok"]
+    assert "spill is under way" in replies[2]["message"], replies[2]
+    assert replies[1]["ok"], replies[1]
+    assert replies[3]["ok"], replies[3]
+    assert pausing.suspends == 1  # the one made after the spill
