@@ -13,6 +13,7 @@ lowest priority, and the most above their guaranteed request.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import time
@@ -190,6 +191,16 @@ class Kernel:
     driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
     #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``): no other begins meanwhile
     moving: str | None = None
+
+    @contextlib.contextmanager
+    def move(self, what: str):
+        """Marks ``what`` (``pause``, ``suspend``, ``spill``, ``trim``) as its move under
+        way (:attr:`moving`) for the ``with`` block, whatever comes of it."""
+        self.moving = what
+        try:
+            yield
+        finally:
+            self.moving = None
 
     @property
     def slice(self) -> Slice:

@@ -145,11 +145,8 @@ class Moves:
             return False
         if self._moving(kernel, claimed, notes):  # one began while host memory was made
             return False
-        kernel.moving = action
-        try:
+        with kernel.move(action):
             return await self._move(conn, kernel, action, reason, for_whom, notes)
-        finally:
-            kernel.moving = None
 
     @staticmethod
     def _moving(kernel: Kernel, claimed: bool, notes: list[str] | None) -> bool:

@@ -233,10 +233,10 @@ class Rooms:
         order = self._still_to_take(order)
         if not order:
             return short, free
-        together = self._suspends_together(order, short, uuid)  # one look at the host, used twice
-        if sum(books.held(victim, uuid) for victim in together or [order[0][0]]) < short:
+        step = self._head_step(order, short, uuid)  # one look at the host, used twice
+        if sum(books.held(victim, uuid) for victim, _ in step) < short:
             return short, free
-        await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[], together=together)
+        await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[], step=step)
         free = (await a.read(uuid)).free
         return books.prefetch_short(kernel, free, others, uuid), free
 
@@ -307,8 +307,7 @@ class Rooms:
                     order = self._still_to_take(order)
                     if not order:
                         return
-                    together = self._suspends_together(order, left, uuid)
-                    step = [(victim, "suspend") for victim in together] or order[:1]
+                    step = self._head_step(order, left, uuid)
                     del order[: len(step)]
                     freed = sum(books.held(victim, uuid) for victim, _ in step)
                     for victim, action in step:  # theirs: no other room or background move takes them
@@ -535,7 +534,7 @@ class Rooms:
         tell=None,
         notes=None,
         host_first=None,
-        together: list[Kernel] | None = None,
+        step: list | None = None,
     ) -> tuple[int, bool]:
         """Take the head of ``order`` (``[(victim, action)]``, consumed) off card ``uuid`` for
         ``kernel``'s room, ``short`` bytes missing: the suspends at its head at once
@@ -543,11 +542,11 @@ class Rooms:
         :meth:`.moves.Moves.take_off` does (``tell``, ``notes``, ``host_first`` as there; a
         word each second to ``tell``). Returns what the victims taken held on the card
         (:func:`books.held`, read before they moved; bytes) and whether a lone victim left
-        the card (True for suspends made together, each said for itself). ``together``: the
-        suspends at its head to make at once, where the caller has looked already."""
+        the card (True for suspends made together, each said for itself). ``step``: its
+        :meth:`_head_step`, where the caller has looked already."""
         a = self.arbiter
-        if together is None:
-            together = self._suspends_together(order, short, uuid)
+        step = step or self._head_step(order, short, uuid)
+        together = [victim for victim, _ in step] if len(step) > 1 else []
         if together:
             del order[: len(together)]
             freed = sum(books.held(v, uuid) for v in together)
@@ -569,6 +568,12 @@ class Rooms:
             f"(idle {victim.idle_for():.0f} s), {format_bytes(short)} still to free",
         )
         return freed, moved
+
+    def _head_step(self, order: list, short: int, uuid: str) -> list:
+        """The step at the head of ``order`` (``[(victim, action)]``, not consumed; a room
+        ``short`` bytes short on card ``uuid``): its suspends to make together
+        (:meth:`_suspends_together`), else its first victim alone; ``[(victim, action)]``."""
+        return [(victim, "suspend") for victim in self._suspends_together(order, short, uuid)] or order[:1]
 
     def _suspends_together(self, order: list, short: int, uuid: str) -> list[Kernel]:
         """The suspends at the head of ``order`` to make at once

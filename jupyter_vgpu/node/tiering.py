@@ -203,11 +203,8 @@ class Tiering:
             await tell(
                 f"moving {kernel.server.key}'s paused memory ({format_bytes(kernel.host_bytes)}) to disk"
             )
-        kernel.moving = "spill"  # no suspend of it meanwhile (:meth:`.moves.Moves.take_off`)
-        try:
+        with kernel.move("spill"):  # no suspend of it meanwhile (:meth:`.moves.Moves.take_off`)
             return await self._spill_asked(conn, kernel)
-        finally:
-            kernel.moving = None
 
     async def _spill_asked(self, conn, kernel: Kernel) -> bool:
         """:meth:`spill`'s question to the kernel, and what its answer means."""
@@ -272,11 +269,8 @@ class Tiering:
         if kernel.state == PAUSED:
             kernel.trim_asked = time.monotonic()
         before = procs.memory(kernel.pid, rollup=False)
-        kernel.moving = "trim"
-        try:
+        with kernel.move("trim"):
             answer = await conn.ask({"type": "trim"}, a.config.pause_timeout)
-        finally:
-            kernel.moving = None
         after = procs.memory(kernel.pid, rollup=False)
         a.enforcement.heard(kernel, "trim", answer)
         released = answer.get("released")  # its figures came first, in a state message
