@@ -384,6 +384,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
         settings.append(f"--ArbiterApp.card_reserve={args.card_reserve}")
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
     settings.append(f"--ArbiterApp.room_ahead={args.room_ahead == 'on'}")
+    settings.append(f"--ArbiterApp.room_held_seconds={args.room_held_seconds}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
     settings += [f"--ArbiterApp.managed_gpus={uuid}" for uuid in args.gpu_uuids]
     arbiter = ArbiterProcess(directory, *settings).start()
@@ -820,6 +821,12 @@ def main() -> None:
         help="the arbiter's room_ahead: a prefetch makes its cell's room too (on, its default)",
     )
     parser.add_argument(
+        "--room-held-seconds",
+        type=float,
+        default=5.0,
+        help="the arbiter's room_held_seconds: how long a prefetch holds its cell's room (0: no hold)",
+    )
+    parser.add_argument(
         "--suspend-after",
         type=float,
         default=3600.0,
@@ -913,6 +920,7 @@ def main() -> None:
         "watermark": args.watermark,
         "suspend_after": args.suspend_after,
         "room_ahead": args.room_ahead == "on",
+        "room_held_seconds": args.room_held_seconds,
         "poll_seconds": 0.25,
     }
     card = result["card_bytes"]

@@ -192,6 +192,16 @@ class ArbiterApp(Application):
         fit.""",
     ).tag(config=True)
 
+    room_held_seconds = Float(
+        5.0,
+        help="""Seconds a granted prefetch holds its cell's room once the kernel is back
+        (with room_ahead): the kernel's growth to its budget counts as promised, as a
+        running cell's does, so another kernel's prefetch or cell makes its own room rather
+        than taking this one's; the hold ends when the cell asks for its room, when the
+        kernel leaves the card, or after these seconds. 0: no hold (a prefetched kernel's
+        room is anyone's until its cell runs).""",
+    ).tag(config=True)
+
     suspend_after = Float(
         1800.0,
         help="Paused kernels idle longer than this (seconds) are suspended (the driver's checkpoint: "

@@ -189,9 +189,13 @@ class Rooms:
                     kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
                 )
                 ahead = self._still_to_take(ahead)
-            # counted as running until it reports itself idle: what it brings back is promised
+            # counted as running until it reports itself idle: what it brings back is promised,
+            # and with a room ahead, its cell's room is held for it (:meth:`.books.Kernel.holding`)
             was = kernel.state
             kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
+            if a.config.room_ahead and a.config.room_held_seconds > 0:
+                others = [k for k in a.on_card(uuid) if k is not kernel]
+                kernel.room_held = books.growth(kernel, free[uuid], others, uuid)
             kernel.state, kernel.since = ACTIVE, time.monotonic()
             if not (held and a.checkpoint is not None):
                 await self._grant_prefetch(conn, rid)  # it comes back from host memory itself, now
@@ -206,7 +210,7 @@ class Rooms:
         ok, why = await a.moves.restore(kernel)
         if not ok:
             conn.ahead_stop = True  # nothing came back: no room is made for its cell ahead of it
-            kernel.state, kernel.granted = was, 0
+            kernel.state, kernel.granted, kernel.room_held = was, 0, 0
             await a.notify()
             await deny("no room", why or "the restore failed")
             return
@@ -402,6 +406,7 @@ class Rooms:
                         was = kernel.state
                         others = [k for k in a.on_card(uuid) if k is not kernel]
                         kernel.granted = books.growth(kernel, reading.free, others, uuid)
+                        kernel.room_held = 0  # what its prefetch held is in its grant now
                         kernel.state, kernel.since = ACTIVE, time.monotonic()
             except _Leaving:
                 await tell(f"waiting for this kernel's {leaving}, made ahead of another cell, to end")

@@ -27,7 +27,7 @@ from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.slice import Slice
 
 from . import protocol
-from .books import ACTIVE, SUSPENDED, Kernel, Server
+from .books import ACTIVE, IDLE, SUSPENDED, Kernel, Server
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
@@ -370,10 +370,18 @@ class Sessions:
         a = self.arbiter
         before = kernel.tier
         if msg["state"] != kernel.state:
+            was = kernel.state
             kernel.state, kernel.since = msg["state"], time.monotonic()
             kernel.refused.clear()  # asked again, it may answer otherwise now
             if kernel.state != ACTIVE:
                 kernel.granted = 0
+            if kernel.room_held and was == ACTIVE and kernel.state == IDLE:
+                # back from its prefetch: its cell's room held a while (:meth:`.books.Kernel.holding`)
+                kernel.room_held_until = kernel.since + a.config.room_held_seconds
+            elif kernel.room_held:
+                if kernel.state == ACTIVE and kernel.since < kernel.room_held_until:
+                    kernel.granted = kernel.room_held  # its cell began, before its request for room
+                kernel.room_held, kernel.room_held_until = 0, 0.0
             if kernel.state == SUSPENDED:
                 # a suspended kernel reports what the checkpoint took off the card (NVML's
                 # figure before it) as resident: the books' figure may already be 0

@@ -27,6 +27,7 @@ ARBITER_ARGS = argparse.Namespace(
     card_reserve=0,
     share_pieces="off",
     room_ahead="on",
+    room_held_seconds=5.0,
     gpu_uuids=[],
 )
 

@@ -188,3 +188,47 @@ def test_a_prefetch_makes_its_cells_room_from_kernels_past_their_idle_seconds_an
     assert ahead == [(just_ran, "pause")]
     # room enough: nobody
     assert books.room_ahead(asking, free + short, others, suspend_after=3600, now=now) == (0, [])
+
+
+def test_the_room_a_prefetch_holds_counts_for_another_prefetchs_room_ahead_not_for_a_cell():
+    now = 1000.0
+    context = 700 * 2**20
+    # brought back by its prefetch a moment ago, its cell not started: 20 GiB held for it
+    back = kernel(
+        2, budget=20 * GiB, resident=2 * GiB, since=now - 1, room_held=20 * GiB, room_held_until=now + 4
+    )
+    asking = kernel(1, budget=10 * GiB, state=books.PAUSED, paused_bytes=GiB, resident=context)
+    paused = [kernel(10 + i, 8 * GiB, resident=context, state=books.PAUSED, since=now - 9) for i in range(30)]
+    others = [back, *paused]
+    free = 20 * GiB  # the room made ahead of back's cell, and 2 GiB more
+    assert back.holding(now) == 20 * GiB
+    # a cell's own room takes what is free (its user pressed run)...
+    assert books.shortfall(asking, free, others) == 0
+    # ...another prefetch's room ahead counts back's 18 GiB still to come
+    short, ahead = books.room_ahead(asking, free, others, suspend_after=3600, now=now)
+    assert short == 10 * GiB - context - (free - 18 * GiB)
+    assert ahead
+    assert all(action == "suspend" and k in paused for k, action in ahead)
+    # the hold ends with its time: nothing left to make
+    back.room_held_until = now - 1
+    assert books.room_ahead(asking, free, others, suspend_after=3600, now=now) == (0, [])
+    # while it comes back (active, granted what it brings back) the hold counts too
+    back.state, back.granted, back.room_held_until = books.ACTIVE, 2 * GiB, 0.0
+    assert back.holding(now) == 20 * GiB
+    assert books.promised(others, holds=True, now=now) == 18 * GiB
+    assert books.promised(others) == 0
+
+
+def test_a_kernel_whose_prefetch_holds_room_is_the_last_idle_one_taken_off():
+    now = 1000.0
+    back = kernel(
+        2, budget=20 * GiB, resident=2 * GiB, since=now - 400, room_held=20 * GiB, room_held_until=now + 4
+    )
+    idle = kernel(3, budget=8 * GiB, resident=GiB, since=now - 5)
+    paused = kernel(4, budget=8 * GiB, resident=GiB, state=books.PAUSED, since=now - 9)
+    asking = kernel(1, budget=10 * GiB)
+    order = books.victims([back, idle, paused], asking, suspend_after=3600, now=now)
+    assert [(k.pid, action) for k, action in order] == [(3, "pause"), (4, "suspend"), (2, "pause")]
+    back.room_held_until = now - 1  # its hold over: the longest idle goes first again
+    order = books.victims([back, idle, paused], asking, suspend_after=3600, now=now)
+    assert [(k.pid, action) for k, action in order] == [(2, "pause"), (3, "pause"), (4, "suspend")]

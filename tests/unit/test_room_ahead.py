@@ -19,6 +19,7 @@ from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.cards import Reading
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.waiting import wait_for
 
 from .answering import Answering
 
@@ -485,3 +486,73 @@ def test_a_kernel_that_asks_for_room_while_a_room_ahead_suspends_it_is_restored_
     whats = [d["what"] for d in arbiter.decisions if d.get("server") == "user1/"]
     assert whats.index("suspend") < whats.index("restored"), whats
     assert kernels[1].state == books.ACTIVE
+
+
+def back_on_the_card(arbiter: Arbiter, kernel: books.Kernel) -> None:
+    """``kernel``'s report that it is back and idle (its prefetch's return over)."""
+    figures = {"resident": kernel.resident, "paused_bytes": 0, "host_bytes": 0, "resume_seconds": None}
+    arbiter.sessions.state(kernel, {"state": "idle", **figures})
+
+
+def test_a_prefetch_makes_its_room_ahead_beside_the_room_another_prefetch_holds(processes):
+    # user0's prefetch finds its cell's room free (nobody to take off) and holds it; user6's
+    # prefetch comes before user0's cell runs: that room is user0's, so user6's room ahead
+    # suspends two paused kernels' contexts, and neither cell makes room as it starts. Seen
+    # free by user6's prefetch, user0's room went to whichever cell ran first, and the
+    # other made its room while its user waited.
+    arbiter, _, kernels = node(processes, short_contexts=0)
+    second = kernels[6]  # 2 GiB budget, 1 GiB on the card; paused, 512 MiB to bring back
+    second.state, second.paused_bytes, second.since = books.PAUSED, GiB // 2, time.monotonic() - 60
+    prefetch(arbiter, arbiter.conns[processes[0]], 1)
+    assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
+    back_on_the_card(arbiter, kernels[0])
+    assert kernels[0].holding() == 8 * GiB
+    prefetch(arbiter, arbiter.conns[processes[6]], 2)
+    suspends = decided(arbiter, "suspend")
+    assert [d["reason"] for d in suspends] == ["room ahead for user6/"] * 2, list(arbiter.decisions)
+    back_on_the_card(arbiter, second)
+
+    async def cells():
+        for pid in (processes[6], processes[0]):
+            await arbiter.rooms.request(arbiter.conns[pid], 3, "run")
+            await arbiter.conns[pid].room_task
+
+    asyncio.run(cells())
+    for pid in (processes[0], processes[6]):
+        assert arbiter.conns[pid].told[-1] == {"type": "grant", "id": 3}
+    made_then = [d for d in arbiter.decisions if str(d.get("reason", "")).startswith("room for")]
+    assert made_then == [], made_then
+    assert kernels[0].room_held == 0
+    assert kernels[0].granted == 8 * GiB
+
+
+def test_a_hold_ends_with_its_time_or_as_its_kernel_leaves_and_room_held_seconds_0_makes_none(processes):
+    arbiter, _, kernels = node(processes, short_contexts=0)
+    arbiter.config.room_held_seconds = 0.2
+    grower, conn = kernels[0], arbiter.conns[processes[0]]
+    prefetch(arbiter, conn, 1)
+    assert grower.holding() == 8 * GiB  # coming back
+    back_on_the_card(arbiter, grower)
+    assert grower.holding() == 8 * GiB
+    wait_for(lambda: grower.holding() == 0, 5, "user0's hold to run out")
+    # paused again before its cell ran: the hold goes with it, and does not come back with it
+    grower.room_held, grower.room_held_until = 8 * GiB, time.monotonic() + 60
+    figures = {"resident": CONTEXT, "paused_bytes": GiB, "host_bytes": GiB, "resume_seconds": None}
+    arbiter.sessions.state(grower, {"state": "paused", **figures})
+    assert grower.room_held == 0
+    arbiter.config.room_held_seconds = 0  # the admin's setting: no hold at all
+    arbiter.rooms._prefetched.clear()  # the per-user rate limit
+    prefetch(arbiter, conn, 2)
+    assert conn.told[-1] == {"type": "grant", "id": 2}
+    assert grower.room_held == 0
+
+
+def test_a_cell_that_begins_within_the_hold_keeps_the_held_room_until_its_request_is_decided(processes):
+    arbiter, _, kernels = node(processes, short_contexts=0)
+    grower = kernels[0]
+    prefetch(arbiter, arbiter.conns[processes[0]], 1)
+    back_on_the_card(arbiter, grower)
+    figures = {"resident": grower.resident, "paused_bytes": 0, "host_bytes": 0, "resume_seconds": None}
+    arbiter.sessions.state(grower, {"state": "active", **figures})  # its cell began
+    assert (grower.granted, grower.room_held) == (8 * GiB, 0)
+    assert books.promised([grower]) == 8 * GiB - grower.resident  # every room counts it now
