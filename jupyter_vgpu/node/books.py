@@ -385,10 +385,12 @@ def promised(
 
     The hold: a prefetched kernel's room was free memory on the card until its cell ran,
     and the next prefetch, seeing it free, made no room ahead of its own cell, which then
-    made its room as it started: 26 of 88 prefetched cells of two runs of 48 MLP sessions
-    waited at their start for pauses made then, 0.12-2.84 s (13 over 0.4 s; seeds 11 and 7
-    at b101c5c, ``benchmarks/results/sessions-h100.json``), pauses that took 0.19-0.33 s at
-    the median with cells running beside them against 0.08 s with none."""
+    made its room as it started: 26 of 89 prefetched cells of two runs of 48 MLP sessions
+    waited at their start for a pause or suspend made then, 0.12-2.84 s (13 over 0.4 s, 18
+    with no room made ahead; seeds 11 and 7 at b101c5c, and 45 of 137 in three runs at
+    777869e: ``benchmarks/results/cell-tails-h100.json``, ``benchmarks/sessions_tail.py``),
+    pauses that took 0.21 s at the median with a cell running beside them (0.33 s with two)
+    against 0.08 s with none."""
     return sum(
         max(0, max(k.granted if k.state == ACTIVE else 0, k.holding(now) if holds else 0) - held(k, card))
         for k in others

@@ -337,3 +337,44 @@ def test_the_disk_read_sweep_reads_every_byte_of_the_file_in_order(tmp_path, mon
     assert marks == [(2, on_disk, False), (2, False, False), (n, on_disk, True), (n, False, False)]
     assert found["file_bytes"] == path.stat().st_size
     assert found["best"] in found["settings"]
+
+
+def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_made_then(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    tail = load("sessions_tail")
+    t0 = 1000.0
+
+    def cell(session, start, outside, inner=1.0):
+        return {"session": session, "start": t0 + start, "cell_s": outside + inner, "inner_s": inner}
+
+    def said(what, at, server, **fields):
+        return {"time": t0 + at, "what": what, "server": server, **fields}
+
+    run = {
+        "commit": "0" * 40,
+        "seed": 1,
+        "solo_here": {"solo_p50_cell_s": 1.0},
+        "cells_detail": [cell(1, 10, 0.6), cell(2, 30, 0.5), cell(3, 50, 0.05)],
+        "decisions": [
+            said("pause", 0, "user9/", reason="idle", seconds=0.08, released=1),
+            # user1: prefetched, then its room made as its cell began (a pause of 0.55 s, a cell running)
+            said("prefetch", 8.5, "user1/"),
+            said("pause", 10.55, "user8/", reason="room for user1/", seconds=0.5, released=1),
+            # user2: prefetched with a room ahead, and still a suspend at its start
+            said("prefetch", 28.2, "user2/"),
+            said("suspend", 29.0, "user7/", reason="room ahead for user2/", seconds=0.8),
+            said("suspend", 30.45, "user6/", reason="room for user2/", seconds=0.4),
+            # user3: not prefetched, its room made at its start: not counted
+            said("pause", 50.04, "user5/", reason="room for user3/", seconds=0.03, released=1),
+        ],
+    }
+    out = tail.of_run(run)
+    assert out["prefetched_cells"] == 2
+    waited = out["waited_for_room_at_start"]
+    assert (waited["cells"], waited["over_0_4_s"], waited["without_room_ahead"]) == (2, 2, 1)
+    assert [w["session"] for w in waited["each"]] == [1, 2]
+    assert waited["outside_s_max"] == pytest.approx(0.6)
+    # three cells apart: the model gives each its solo second, and their code took that
+    assert out["inner_excess_s"]["p95"] == pytest.approx(0.0)
+    pauses = out["pauses_by_cells_running"]
+    assert (pauses["0"]["pauses"], pauses["0"]["seconds"]) == (2, [0.5, 0.03])

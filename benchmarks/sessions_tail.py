@@ -1,0 +1,200 @@
+"""Where the time of a sessions run's cells went, beside the compute-sharing model: the
+figures behind "the ninth try" in docs/design.md. No GPU needed: it reads the runs that
+``benchmarks/sessions.py`` wrote (their ``cells_detail`` and the arbiter's ``decisions``).
+
+For each run chosen (``--commits``: the runs of those commits, by prefix):
+
+- ``prefetched_cells``: cells whose kernel's prefetch was granted in the 4 s before the
+  cell was sent, or while it waited; ``waited_for_room_at_start``: those among them
+  that waited, once sent, for a pause or suspend made then for their room (the decision
+  ``room for <server>`` ending after the send and before the cell's code began), with
+  how long they waited outside their code (``outside_s``, seconds: ``cell_s`` less
+  ``inner_s``), how many waited over 0.4 s, and how many had no step of a room ahead
+  (``room ahead for <server>``) in that window;
+- ``inner_excess_s``: each cell's time in its own code (``inner_s``) less the
+  compute-sharing model's latency for it (``jupyter_vgpu/testing/compute_share.py``,
+  with the card's own solo cell, ``solo_here``), p50 and p95 (seconds);
+  ``driver_overlap_r``: Pearson's r between that excess and the seconds of the driver's
+  suspends and restores (``suspend``, ``restored``: the decision's end less its
+  ``seconds``) within the cell's code;
+- ``pauses_by_cells_running``: the pauses that released device memory after the first
+  cell was sent, by how many cells were in their code meanwhile (0, 1, 2 or more): how
+  many, their seconds at p50 and p90, and each; pooled over all the runs chosen too.
+
+Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
+(``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
+and a cell sent before the first of them kept is left out (``cells_not_covered``).
+
+Usage::
+
+    python benchmarks/sessions_tail.py --sessions benchmarks/results/sessions-h100.json \\
+        --commits 777869e,b101c5c --out benchmarks/results/cell-tails-h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import provenance  # noqa: E402
+
+from jupyter_vgpu.testing.compute_share import latencies_of  # noqa: E402
+from jupyter_vgpu.testing.percentiles import RULE  # noqa: E402
+
+#: Seconds before a cell's send in which its kernel's prefetch counts as its own (the
+#: benchmark's edit comes 2 s before; a suspended kernel's restore adds about 1 s).
+PREFETCH_WINDOW_S = 4.0
+#: Seconds outside its code past which a cell's wait is counted as long.
+LONG_WAIT_S = 0.4
+#: Slack for the order of a decision's end and a cell's first step, seconds.
+SLACK_S = 0.05
+
+
+def _window(cell: dict) -> tuple[float, float, float]:
+    """``(sent, code begins, ends)`` of a cell, seconds (the run's clock)."""
+    sent = cell["start"]
+    outside = cell["cell_s"] - cell["inner_s"]
+    return sent, sent + outside, sent + cell["cell_s"]
+
+
+def _span(d: dict) -> tuple[float, float]:
+    return d["time"] - d.get("seconds", 0.0), d["time"]
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def of_run(run: dict) -> dict:
+    """The figures above for one run of a sessions output. Raises KeyError where the run
+    has no ``cells_detail``, ``decisions`` or ``solo_here``."""
+    cells = sorted(run["cells_detail"], key=lambda c: c["start"])
+    decisions = run["decisions"]
+    first_kept = min(d["time"] for d in decisions)
+    covered = [c for c in cells if c["start"] - PREFETCH_WINDOW_S >= first_kept]
+    solo = run["solo_here"]["solo_p50_cell_s"]
+    model = latencies_of(
+        [c["start"] for c in cells], [c["session"] % run.get("gpus", 1) for c in cells], solo
+    )
+
+    prefetched, waited = 0, []
+    for cell in covered:
+        server = f"user{cell['session']}/"
+        sent, code, _ = _window(cell)
+        if not any(
+            d["what"] == "prefetch" and d["server"] == server and sent - PREFETCH_WINDOW_S < d["time"] < code
+            for d in decisions
+        ):
+            continue
+        prefetched += 1
+        made_then = [
+            d
+            for d in decisions
+            if d.get("reason") == f"room for {server}" and sent < d["time"] <= code + SLACK_S
+        ]
+        if not made_then:
+            continue
+        ahead = [
+            d
+            for d in decisions
+            if d.get("reason") == f"room ahead for {server}" and sent - PREFETCH_WINDOW_S < d["time"] <= code
+        ]
+        waited.append({"session": cell["session"], "outside_s": code - sent, "room_ahead_steps": len(ahead)})
+
+    driver = [_span(d) for d in decisions if d["what"] in ("suspend", "restored") and d.get("seconds")]
+    excess, in_driver = [], []
+    for cell, latency in zip(cells, model, strict=True):
+        _, code, end = _window(cell)
+        excess.append(cell["inner_s"] - latency)
+        in_driver.append(sum(_overlap((code, end), span) for span in driver))
+    r = float(np.corrcoef(in_driver, excess)[0, 1]) if np.std(in_driver) > 0 else None
+
+    running_spans = [_window(c)[1:] for c in cells]
+    by_running: dict[str, list[float]] = {"0": [], "1": [], "2+": []}
+    for d in decisions:
+        if d["what"] != "pause" or not d.get("released") or d["time"] < cells[0]["start"]:
+            continue
+        span = _span(d)
+        running = sum(1 for s in running_spans if _overlap(span, s) > 0)
+        by_running[str(running) if running < 2 else "2+"].append(d["seconds"])
+
+    outside = [w["outside_s"] for w in waited]
+    return {
+        "commit": run["commit"],
+        "seed": run.get("seed"),
+        "cells": len(cells),
+        "cells_not_covered": len(cells) - len(covered),
+        "prefetched_cells": prefetched,
+        "waited_for_room_at_start": {
+            "cells": len(waited),
+            "over_0_4_s": sum(1 for s in outside if s > LONG_WAIT_S),
+            "without_room_ahead": sum(1 for w in waited if w["room_ahead_steps"] == 0),
+            "outside_s_min": min(outside) if outside else None,
+            "outside_s_max": max(outside) if outside else None,
+            "each": waited,
+        },
+        "inner_excess_s": {"p50": _pct(excess, 50), "p95": _pct(excess, 95)},
+        "driver_overlap_r": r,
+        "pauses_by_cells_running": {
+            k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90), "seconds": v}
+            for k, v in by_running.items()
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", required=True, help="a benchmarks/sessions.py output")
+    parser.add_argument(
+        "--commits", required=True, help="the runs of these commits (prefixes, comma-separated)"
+    )
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    record = provenance.record()
+    prefixes = tuple(args.commits.split(","))
+    runs = [
+        of_run(run)
+        for run in json.loads(Path(args.sessions).read_text())["runs"]
+        if str(run.get("commit", "")).startswith(prefixes) and run.get("decisions") and run.get("solo_here")
+    ]
+    if not runs:
+        raise SystemExit(f"no run of {args.commits} with cells, decisions and solo_here in {args.sessions}")
+    for run in runs:
+        w = run["waited_for_room_at_start"]
+        print(
+            f"{run['commit'][:7]} seed {run['seed']}: {w['cells']} of {run['prefetched_cells']} prefetched "
+            f"cells waited for room at their start ({w['over_0_4_s']} over {LONG_WAIT_S} s, "
+            f"{w['without_room_ahead']} with no room ahead); inner excess p95 "
+            f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls {run['driver_overlap_r']:.2f}"
+        )
+    pooled = {
+        k: [s for run in runs for s in run["pauses_by_cells_running"][k]["seconds"]] for k in ("0", "1", "2+")
+    }
+    for k, v in pooled.items():
+        print(f"pauses with {k} cell(s) running, all these runs: {len(v)}, p50 {_pct(v, 50)} s")
+    out = {
+        **record,
+        "percentiles": RULE,
+        "sessions": args.sessions,
+        "prefetch_window_s": PREFETCH_WINDOW_S,
+        "runs": runs,
+        "pauses_by_cells_running": {
+            k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90)} for k, v in pooled.items()
+        },
+    }
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
