@@ -257,6 +257,10 @@ class Arbiter(Registry):
                     "driver_call": {"call": k.driver_call[0], "since": k.driver_call[1]}
                     if k.driver_call
                     else None,
+                    # its move under way (pause, suspend, spill, trim: one at a time), or None
+                    "moving": k.moving,
+                    # bytes a granted prefetch holds for its next cell now (0: none)
+                    "room_held": k.holding(now),
                 }
                 for k in self.kernels
             ],

@@ -428,15 +428,18 @@ def test_another_users_cell_is_decided_while_the_suspends_ahead_are_in_the_drive
     arbiter, _, _ = node(processes, short_contexts=6, idle_pid_seconds=400)
     arbiter.config.suspend_after = 30
     other = arbiter.conns[processes[6]]
-    told_meanwhile = []
+    told_meanwhile, moving_meanwhile = [], {}
 
     async def during():
         await arbiter.rooms.request(other, 5, "run")
         await asyncio.wait_for(other.room_task, 5)
         told_meanwhile.extend(other.told)
+        moving_meanwhile.update({k["server"]: k["moving"] for k in arbiter.snapshot()["kernels"]})
 
     steps_held(arbiter, arbiter.conns[processes[0]], during)
     assert told_meanwhile == [{"type": "grant", "id": 5}]
+    # the books show the moves under way
+    assert moving_meanwhile == {f"user{i}/": "suspend" if 1 <= i <= 4 else None for i in range(7)}
     suspends = decided(arbiter, "suspend")
     assert sorted(d["server"] for d in suspends) == ["user1/", "user2/", "user3/", "user4/"]
 
@@ -507,6 +510,8 @@ def test_a_prefetch_makes_its_room_ahead_beside_the_room_another_prefetch_holds(
     assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
     back_on_the_card(arbiter, kernels[0])
     assert kernels[0].holding() == 8 * GiB
+    [books_entry] = [k for k in arbiter.snapshot()["kernels"] if k["server"] == "user0/"]
+    assert books_entry["room_held"] == 8 * GiB
     prefetch(arbiter, arbiter.conns[processes[6]], 2)
     suspends = decided(arbiter, "suspend")
     assert [d["reason"] for d in suspends] == ["room ahead for user6/"] * 2, list(arbiter.decisions)
