@@ -189,14 +189,13 @@ class Rooms:
                     kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
                 )
                 ahead = self._still_to_take(ahead)
-            # counted as running until it reports itself idle: what it brings back is promised,
-            # and with a room ahead, its cell's room is held for it (:meth:`.books.Kernel.holding`;
-            # a slice of one card, as the room ahead: its growth is that card's)
+                # its cell's room held for it (:meth:`.books.Kernel.holding`; a slice of one
+                # card, as the room ahead: its growth is that card's)
+                if a.config.room_held_seconds > 0 and not kernel.slice.more_gpus:
+                    kernel.room_held = books.growth(kernel, free[uuid], others, uuid)
+            # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state
             kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
-            if a.config.room_ahead and a.config.room_held_seconds > 0 and not kernel.slice.more_gpus:
-                others = [k for k in a.on_card(uuid) if k is not kernel]
-                kernel.room_held = books.growth(kernel, free[uuid], others, uuid)
             kernel.state, kernel.since = ACTIVE, time.monotonic()
             if not (held and a.checkpoint is not None):
                 await self._grant_prefetch(conn, rid)  # it comes back from host memory itself, now
