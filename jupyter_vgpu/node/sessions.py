@@ -370,7 +370,7 @@ class Sessions:
         a = self.arbiter
         before = kernel.tier
         if msg["state"] != kernel.state:
-            was = kernel.state
+            was, held = kernel.state, kernel.holding()  # the hold read before the change
             kernel.state, kernel.since = msg["state"], time.monotonic()
             kernel.refused.clear()  # asked again, it may answer otherwise now
             if kernel.state != ACTIVE:
@@ -379,8 +379,11 @@ class Sessions:
                 # back from its prefetch: its cell's room held a while (:meth:`.books.Kernel.holding`)
                 kernel.room_held_until = kernel.since + a.config.room_held_seconds
             elif kernel.room_held:
-                if kernel.state == ACTIVE and kernel.since < kernel.room_held_until:
-                    kernel.granted = kernel.room_held  # its cell began, before its request for room
+                if kernel.state == ACTIVE and held:
+                    # its cell began within the hold, before its request for room; a hold the
+                    # arbiter's pause or suspend ended in between (books' state set by the move,
+                    # not by a report) is not carried
+                    kernel.granted = held
                 kernel.room_held, kernel.room_held_until = 0, 0.0
             if kernel.state == SUSPENDED:
                 # a suspended kernel reports what the checkpoint took off the card (NVML's

@@ -561,3 +561,17 @@ def test_a_cell_that_begins_within_the_hold_keeps_the_held_room_until_its_reques
     arbiter.sessions.state(grower, {"state": "active", **figures})  # its cell began
     assert (grower.granted, grower.room_held) == (8 * GiB, 0)
     assert books.promised([grower]) == 8 * GiB - grower.resident  # every room counts it now
+
+
+def test_a_hold_the_arbiters_pause_ended_is_not_carried_into_the_cells_grant(processes):
+    arbiter, _, kernels = node(processes, short_contexts=0)
+    grower = kernels[0]
+    prefetch(arbiter, arbiter.conns[processes[0]], 1)
+    back_on_the_card(arbiter, grower)
+    assert grower.holding() == 8 * GiB
+    grower.state = books.PAUSED  # as the arbiter's pause sets its books (moves.py), no report
+    figures = {"resident": grower.resident, "paused_bytes": 0, "host_bytes": 0, "resume_seconds": None}
+    arbiter.sessions.state(
+        grower, {"state": "active", **figures}
+    )  # resumed for its cell, within the hold's time
+    assert (grower.granted, grower.room_held) == (0, 0)
