@@ -19,7 +19,11 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
   ``seconds``) within the cell's code;
 - ``pauses_by_cells_running``: the pauses that released device memory after the first
   cell was sent, by how many cells were in their code meanwhile (0, 1, 2 or more): how
-  many, their seconds at p50 and p90, and each; pooled over all the runs chosen too.
+  many, their seconds at p50 and p90, and each; pooled over all the runs chosen too;
+- ``pauses_by_slabs``: the same pauses by whether the kernel's pinned slabs were warm
+  (``warm``) or had been let go since its last pause, by a ``trim`` that gave pinned
+  memory back or by a ``spill`` (``pinned_again``: the pause pinned its slabs anew);
+  pooled too.
 
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
@@ -129,6 +133,17 @@ def of_run(run: dict) -> dict:
         running = sum(1 for s in running_spans if _overlap(span, s) > 0)
         by_running[str(running) if running < 2 else "2+"].append(d["seconds"])
 
+    by_slabs: dict[str, list[float]] = {"warm": [], "pinned_again": []}
+    let_go: set[str] = set()  # kernels whose slabs went since their last pause
+    for d in sorted(decisions, key=lambda d: d["time"]):
+        key = f"{d.get('server')}{d.get('pid')}"
+        if d["what"] == "spill" or (d["what"] == "trim" and not d.get("message", "").startswith("0 B")):
+            let_go.add(key)
+        elif d["what"] == "pause" and d.get("released"):
+            if d["time"] >= cells[0]["start"]:
+                by_slabs["pinned_again" if key in let_go else "warm"].append(d["seconds"])
+            let_go.discard(key)
+
     outside = [w["outside_s"] for w in waited]
     return {
         "commit": run["commit"],
@@ -149,6 +164,10 @@ def of_run(run: dict) -> dict:
         "pauses_by_cells_running": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90), "seconds": v}
             for k, v in by_running.items()
+        },
+        "pauses_by_slabs": {
+            k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90), "seconds": v}
+            for k, v in by_slabs.items()
         },
     }
 
@@ -183,6 +202,11 @@ def main() -> None:
     }
     for k, v in pooled.items():
         print(f"pauses with {k} cell(s) running, all these runs: {len(v)}, p50 {_pct(v, 50)} s")
+    slabs = {
+        k: [s for run in runs for s in run["pauses_by_slabs"][k]["seconds"]] for k in ("warm", "pinned_again")
+    }
+    for k, v in slabs.items():
+        print(f"pauses with slabs {k}, all these runs: {len(v)}, p50 {_pct(v, 50)} s")
     out = {
         **record,
         "percentiles": RULE,
@@ -191,6 +215,9 @@ def main() -> None:
         "runs": runs,
         "pauses_by_cells_running": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90)} for k, v in pooled.items()
+        },
+        "pauses_by_slabs": {
+            k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90)} for k, v in slabs.items()
         },
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

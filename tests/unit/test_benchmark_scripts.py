@@ -366,6 +366,11 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
             said("suspend", 30.45, "user6/", reason="room for user2/", seconds=0.4),
             # user3: not prefetched, its room made at its start: not counted
             said("pause", 50.04, "user5/", reason="room for user3/", seconds=0.03, released=1),
+            # user9's slabs let go, user8's trim gave nothing back: user9's next pause pins again
+            said("trim", 55, "user9/", message="1.50 GiB of pinned host memory let go"),
+            said("trim", 55, "user8/", message="0 B of pinned host memory let go"),
+            said("pause", 60.7, "user9/", reason="idle", seconds=0.7, released=1),
+            said("pause", 60.1, "user8/", reason="idle", seconds=0.1, released=1),
         ],
     }
     out = tail.of_run(run)
@@ -377,4 +382,6 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
     # three cells apart: the model gives each its solo second, and their code took that
     assert out["inner_excess_s"]["p95"] == pytest.approx(0.0)
     pauses = out["pauses_by_cells_running"]
-    assert (pauses["0"]["pauses"], pauses["0"]["seconds"]) == (2, [0.5, 0.03])
+    assert (pauses["0"]["pauses"], pauses["0"]["seconds"]) == (4, [0.5, 0.03, 0.7, 0.1])
+    slabs = out["pauses_by_slabs"]
+    assert (slabs["warm"]["seconds"], slabs["pinned_again"]["seconds"]) == ([0.5, 0.03, 0.1], [0.7])
