@@ -23,7 +23,8 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
 - ``pauses_by_slabs``: the same pauses by whether the kernel's pinned slabs were warm
   (``warm``) or had been let go since its last pause, by a ``trim`` that gave pinned
   memory back or by a ``spill`` (``pinned_again``: the pause pinned its slabs anew);
-  pooled too.
+  pooled too. A trim or spill before the first decision kept is not seen, so a run with
+  ``cells_not_covered`` may count some pauses that pinned again as warm.
 
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
