@@ -823,8 +823,8 @@ def main() -> None:
     parser.add_argument(
         "--room-held-seconds",
         type=float,
-        default=5.0,
-        help="the arbiter's room_held_seconds: how long a prefetch holds its cell's room (0: no hold)",
+        default=0.0,
+        help="the arbiter's room_held_seconds: how long a prefetch holds its cell's room (default 0: none)",
     )
     parser.add_argument(
         "--suspend-after",

@@ -193,13 +193,18 @@ class ArbiterApp(Application):
     ).tag(config=True)
 
     room_held_seconds = Float(
-        5.0,
+        0.0,
         help="""Seconds a granted prefetch holds its cell's room once the kernel is back
-        (with room_ahead): the kernel's growth to its budget counts as promised, as a
-        running cell's does, so another kernel's prefetch or cell makes its own room rather
-        than taking this one's; the hold ends when the cell asks for its room, when the
-        kernel leaves the card, or after these seconds. 0: no hold (a prefetched kernel's
-        room is anyone's until its cell runs).""",
+        (with room_ahead): the kernel's growth to its budget counts as promised to another
+        kernel's prefetch, as a running cell's does, so that prefetch makes its own room
+        rather than taking this one's; the hold ends when the cell asks for its room, when
+        the kernel leaves the card, or after these seconds. 0 (the default): no hold, a
+        prefetched kernel's room is anyone's until its cell runs. Off by default since it
+        was measured worse: 48 MLP sessions on one card with 5 s holds (52d113a,
+        benchmarks/results/sessions-h100.json) made 2.4-2.6 times the suspends on two of
+        three schedules, ran into the host memory budget (trimmed slabs, spills, pauses
+        that pinned again at 0.8 s), and put p95 at 93-485 points of a solo cell over the
+        compute-sharing model, against -0.5 to 57 without (777869e, b101c5c).""",
     ).tag(config=True)
 
     suspend_after = Float(

@@ -390,7 +390,9 @@ def promised(
     with no room made ahead; seeds 11 and 7 at b101c5c, and 45 of 137 in three runs at
     777869e: ``benchmarks/results/cell-tails-h100.json``, ``benchmarks/sessions_tail.py``),
     pauses that took 0.21 s at the median with a cell running beside them (0.33 s with two)
-    against 0.08 s with none."""
+    against 0.08 s with none. Measured at 12x, holds of 5 s made this worse (more suspends
+    ahead, the host's budget reached): ``ArbiterApp.room_held_seconds`` is 0 by default
+    (docs/design.md, the tenth try)."""
     return sum(
         max(0, max(k.granted if k.state == ACTIVE else 0, k.holding(now) if holds else 0) - held(k, card))
         for k in others
