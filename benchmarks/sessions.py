@@ -385,6 +385,8 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
     settings.append(f"--ArbiterApp.room_ahead={args.room_ahead == 'on'}")
     settings.append(f"--ArbiterApp.room_held_seconds={args.room_held_seconds}")
+    # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
+    settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
     settings += [f"--ArbiterApp.managed_gpus={uuid}" for uuid in args.gpu_uuids]
     arbiter = ArbiterProcess(directory, *settings).start()
@@ -641,6 +643,10 @@ def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:
 
 #: Seconds a run waits for a cell's reply before it counts a stall.
 STALL_SECONDS = 180.0
+#: Decisions the run's arbiter keeps for its books, so that a row holds the whole run's:
+#: with the arbiter's default of 200, 48 sessions at 12x lost their first cells' decisions
+#: (``cells_not_covered`` 13 and 7 in ``benchmarks/results/cell-tails-h100.json``, 52d113a).
+DECISIONS_KEPT = 5000
 #: Seconds the sessions' kernels may take to start, all of them at once.
 START_SECONDS = 600.0
 
@@ -922,6 +928,7 @@ def main() -> None:
         "room_ahead": args.room_ahead == "on",
         "room_held_seconds": args.room_held_seconds,
         "poll_seconds": 0.25,
+        "decisions_kept": DECISIONS_KEPT,
     }
     card = result["card_bytes"]
     static = result["static_sessions"] * len(gpus)  # static partitioning of every card

@@ -207,6 +207,14 @@ class ArbiterApp(Application):
         compute-sharing model, against -0.5 to 57 without (777869e, b101c5c).""",
     ).tag(config=True)
 
+    decisions_kept = Int(
+        200,
+        min=1,
+        help="""How many of its latest decisions the arbiter keeps for its books (the Hub's
+        admin page, {"type": "books"}). Every decision is also a line of its log, whatever
+        this is; a benchmark that reads a whole run's decisions from the books keeps more.""",
+    ).tag(config=True)
+
     suspend_after = Float(
         1800.0,
         help="Paused kernels idle longer than this (seconds) are suspended (the driver's checkpoint: "

@@ -97,7 +97,7 @@ class Arbiter(Registry):
         self.conns: dict[int, Connection] = {}  # kernel pid -> its connection
         self.unknown: dict[int, tuple[Connection, str]] = {}  # pid -> (connection, kernel id): no server yet
         self.metrics = Metrics()
-        self.decisions = DecisionLog()
+        self.decisions = DecisionLog(config.decisions_kept)
         self.decide = self.decisions.add
         #: Cards that did not answer at the last look, and why (:meth:`card_down`).
         self.cards_down: dict[str, str] = {}
