@@ -385,6 +385,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     settings.append(f"--ArbiterApp.share_pieces={args.share_pieces}")
     settings.append(f"--ArbiterApp.room_ahead={args.room_ahead == 'on'}")
     settings.append(f"--ArbiterApp.room_held_seconds={args.room_held_seconds}")
+    settings.append(f"--ArbiterApp.trim_before_spill={args.trim_before_spill == 'on'}")
     # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
     settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
@@ -833,6 +834,12 @@ def main() -> None:
         help="the arbiter's room_held_seconds: how long a prefetch holds its cell's room (default 0: none)",
     )
     parser.add_argument(
+        "--trim-before-spill",
+        choices=("on", "off"),
+        default="on",
+        help="the arbiter's trim_before_spill: warm slabs go before paused data moves to disk (default on)",
+    )
+    parser.add_argument(
         "--suspend-after",
         type=float,
         default=3600.0,
@@ -927,6 +934,7 @@ def main() -> None:
         "suspend_after": args.suspend_after,
         "room_ahead": args.room_ahead == "on",
         "room_held_seconds": args.room_held_seconds,
+        "trim_before_spill": args.trim_before_spill == "on",
         "poll_seconds": 0.25,
         "decisions_kept": DECISIONS_KEPT,
     }

@@ -331,13 +331,16 @@ class Tiering:
         if over_reserve:  # the host itself is short: paused kernels' own memory too
             warm += tiers.paused_to_trim(counted, now, exclude=(victim, *asked))
         warm = [k for k in warm if not k.declined("trim", now, REFUSAL_SECONDS)]
-        if warm:
-            return "trim", warm[0], why  # losing no data comes before moving any to disk
         candidates = [
             k
             for k in tiers.spillable(counted, now, exclude=(victim, *tried), shared=shared)
             if not k.declined("spill", now, REFUSAL_SECONDS)
         ]
+        spill_first = not self.arbiter.config.trim_before_spill and candidates
+        if spill_first and self.disk_usable(candidates[0].host_bytes) is None:
+            return "spill", candidates[0], why  # a trim would make the next pause pin again
+        if warm:
+            return "trim", warm[0], why  # losing no data comes before moving any to disk
         if not candidates:
             disk_why = self.disk_usable(need)
             if not over_reserve and disk_why is None:
@@ -388,13 +391,23 @@ class Tiering:
         """Trim idle kernels' warm slabs (and paused kernels' own memory while the host's
         available memory is under the reserve), then spill the coldest paused kernels, while the
         node is over its spill mark (kernels that declined either are left out: their
-        memory is their own, :func:`.books.cooperative`)."""
+        memory is their own, :func:`.books.cooperative`); with ``trim_before_spill`` False,
+        spill first and trim what is still over."""
+        if self.arbiter.config.trim_before_spill:
+            await self._trim_over()
+        await self._spill_over()
+        if not self.arbiter.config.trim_before_spill:
+            await self._trim_over()
+
+    async def _trim_over(self) -> None:
         now = time.monotonic()
         counted = books.cooperative(self.arbiter.kernels)
         available = meminfo().get("MemAvailable", 0)
         for kernel in tiers.to_trim(counted, self.host_budget(), available, now, self._shared()):
             if not kernel.declined("trim", now, REFUSAL_SECONDS):
                 await self.trim(kernel)
+
+    async def _spill_over(self) -> None:
         tried: list[Kernel] = []
         while True:
             now = time.monotonic()

@@ -11,7 +11,8 @@ slabs a kernel keeps warm after a resume so that its next pause need not pin aga
 (pinning is most of a first pause's time). Before the budget is reached, idle kernels let
 their warm slabs go first (:func:`to_trim`: the cost is a slower next pause), then the
 coldest paused kernels move to the disk tier (:func:`to_spill`), also before a pause that
-would pass the budget (:func:`host_room`). The host's own available memory
+would pass the budget (:func:`host_room`); ``ArbiterApp.trim_before_spill`` False turns
+the order round. The host's own available memory
 (``MemAvailable``) is watched too: below ``host_reserve`` it trims and spills whatever
 the budget says.
 """
@@ -146,9 +147,9 @@ def to_trim(
 ) -> list:
     """Idle kernels to ask to let their warm slabs go now, coldest first: until the node's
     host bytes are under ``budget.spill_at`` and the host's available memory is back above
-    ``budget.reserve``, as :func:`to_spill` counts (trimming comes first: it loses no data
-    and costs only a slower next pause); then, while the available memory is under the
-    reserve, :func:`paused_to_trim`."""
+    ``budget.reserve``, as :func:`to_spill` counts (trimming comes first by default: it
+    loses no data and costs only a slower next pause, ``ArbiterApp.trim_before_spill``);
+    then, while the available memory is under the reserve, :func:`paused_to_trim`."""
     idle = _until_under(trimmable(kernels, now), kernels, budget, available, shared)
     return idle + (paused_to_trim(kernels, now) if available < budget.reserve else [])
 

@@ -27,7 +27,8 @@ ARBITER_ARGS = argparse.Namespace(
     card_reserve=0,
     share_pieces="off",
     room_ahead="on",
-    room_held_seconds=5.0,
+    room_held_seconds=0.0,
+    trim_before_spill="on",
     gpu_uuids=[],
 )
 

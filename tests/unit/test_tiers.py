@@ -465,3 +465,69 @@ def test_work_run_under_a_progress_line_hands_back_its_result_or_error():
     assert p.run(lambda: 42) == 42
     with pytest.raises(ValueError, match="damaged"):
         p.run(lambda: (_ for _ in ()).throw(ValueError("damaged")))
+
+
+def _arbiter_over_its_host_budget(tmp_path, **settings):
+    """An arbiter whose node is past its 100 MB host budget for a 30 MB pause of an idle
+    kernel: an idle kernel keeps 20 MB of warm slabs, a cold paused one 60 MB of data."""
+    import asyncio
+
+    from jupyter_vgpu.node.app import ArbiterApp
+    from jupyter_vgpu.node.arbiter import Arbiter
+
+    class Conn:  # the arbiter's books read each connection's kernel
+        def __init__(self, k):
+            self.kernel = k
+
+    app = ArbiterApp(
+        host_memory_limit="100M",
+        host_spill_fraction=0.5,
+        host_reserve="1",
+        disk_dir=str(tmp_path / "disk"),
+        **settings,
+    )
+    arbiter = Arbiter(app, checkpoint=None)
+    asyncio.run(arbiter.tiering.open())
+    victim = kernel(1, IDLE)
+    victim.resident = 30 * 10**6
+    warm, cold = kernel(2, IDLE, host=20 * 10**6, idle=60), kernel(3, PAUSED, host=60 * 10**6, idle=600)
+    arbiter.conns = {k.pid: Conn(k) for k in (victim, warm, cold)}
+    return arbiter, victim, warm, cold
+
+
+def test_warm_slabs_go_before_paused_data_unless_the_admin_says_spill_first(tmp_path):
+    arbiter, victim, warm, cold = _arbiter_over_its_host_budget(tmp_path)
+    step, who, why = arbiter.tiering.host_step(victim, 30 * 10**6)
+    assert (step, who) == ("trim", warm), why
+    arbiter, victim, warm, cold = _arbiter_over_its_host_budget(tmp_path, trim_before_spill=False)
+    step, who, why = arbiter.tiering.host_step(victim, 30 * 10**6)
+    assert (step, who) == ("spill", cold), why
+    assert "host memory for paused kernels is full" in why
+    # spill first, but the disk tier takes nothing now: the trim is made rather than a refusal
+    arbiter, victim, warm, cold = _arbiter_over_its_host_budget(
+        tmp_path, trim_before_spill=False, disk_limit="1M"
+    )
+    assert arbiter.tiering.host_step(victim, 30 * 10**6)[:2] == ("trim", warm)
+
+
+def test_the_background_step_spills_first_and_trims_only_what_is_still_over(tmp_path):
+    import asyncio
+
+    def run(arbiter):
+        done = []
+
+        async def trim(k):
+            done.append(("trim", k.pid))
+            k.host_bytes = 0
+
+        async def spill(k, tell=None):
+            done.append(("spill", k.pid))
+            k.host_bytes, k.disk_bytes = 0, k.host_bytes
+
+        arbiter.tiering.trim, arbiter.tiering.spill = trim, spill
+        asyncio.run(arbiter.tiering._spill_coldest())
+        return done
+
+    # 80 MB held against a 50 MB mark: one of them is enough when it is the cold one
+    assert run(_arbiter_over_its_host_budget(tmp_path)[0]) == [("trim", 2), ("spill", 3)]
+    assert run(_arbiter_over_its_host_budget(tmp_path, trim_before_spill=False)[0]) == [("spill", 3)]
