@@ -210,6 +210,32 @@ class Kernel:
         finally:
             self.moving = None
 
+    def hold_room(self, room: int) -> None:
+        """Holds ``room`` bytes (the cell's :func:`growth`) for the cell a granted prefetch
+        brings this kernel back for, while it comes back (:meth:`holding`); the kernel's
+        next states time or end the hold (:meth:`hold_after`)."""
+        self.room_held, self.room_held_until = room, 0.0
+
+    def end_hold(self) -> None:
+        """Ends the hold: its cell's room is decided, or nothing came back."""
+        self.room_held, self.room_held_until = 0, 0.0
+
+    def hold_after(self, was: str, held: int, seconds: float) -> None:
+        """The hold once the kernel's state went from ``was`` to :attr:`state` (at
+        :attr:`since`); ``held``: :meth:`holding` before the change. Back from its prefetch
+        (active to idle), the room stays held ``seconds`` more; a cell that begins within
+        the hold keeps the held room as its grant until its request for room is decided;
+        any other change ends the hold (a hold the arbiter's pause ended, the books' state
+        set by the move itself, is not live before the change and is not carried)."""
+        if not self.room_held:
+            return
+        if was == ACTIVE and self.state == IDLE:
+            self.room_held_until = self.since + seconds
+            return
+        if self.state == ACTIVE and held:
+            self.granted = held
+        self.end_hold()
+
     def holding(self, now: float | None = None) -> int:
         """Bytes a granted prefetch holds for its next cell now (``room_held``): while it
         comes back (``active``), and once back and idle until ``room_held_until``; else 0."""

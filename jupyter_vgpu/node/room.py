@@ -192,7 +192,7 @@ class Rooms:
                 # its cell's room held for it (:meth:`.books.Kernel.holding`; a slice of one
                 # card, as the room ahead: its growth is that card's)
                 if a.config.room_held_seconds > 0 and not kernel.slice.more_gpus:
-                    kernel.room_held = books.growth(kernel, free[uuid], others, uuid)
+                    kernel.hold_room(books.growth(kernel, free[uuid], others, uuid))
             # counted as running until it reports itself idle: what it brings back is promised
             was = kernel.state
             kernel.granted = kernel.resident + kernel.paused_bytes + kernel.checkpoint_bytes
@@ -210,7 +210,8 @@ class Rooms:
         ok, why = await a.moves.restore(kernel)
         if not ok:
             conn.ahead_stop = True  # nothing came back: no room is made for its cell ahead of it
-            kernel.state, kernel.granted, kernel.room_held = was, 0, 0
+            kernel.state, kernel.granted = was, 0
+            kernel.end_hold()
             await a.notify()
             await deny("no room", why or "the restore failed")
             return
@@ -406,7 +407,7 @@ class Rooms:
                         was = kernel.state
                         others = [k for k in a.on_card(uuid) if k is not kernel]
                         kernel.granted = books.growth(kernel, reading.free, others, uuid)
-                        kernel.room_held = 0  # what its prefetch held is in its grant now
+                        kernel.end_hold()  # what its prefetch held is in its grant now
                         kernel.state, kernel.since = ACTIVE, time.monotonic()
             except _Leaving:
                 await tell(f"waiting for this kernel's {leaving}, made ahead of another cell, to end")

@@ -27,7 +27,7 @@ from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.slice import Slice
 
 from . import protocol
-from .books import ACTIVE, IDLE, SUSPENDED, Kernel, Server
+from .books import ACTIVE, SUSPENDED, Kernel, Server
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
@@ -375,16 +375,7 @@ class Sessions:
             kernel.refused.clear()  # asked again, it may answer otherwise now
             if kernel.state != ACTIVE:
                 kernel.granted = 0
-            if kernel.room_held and was == ACTIVE and kernel.state == IDLE:
-                # back from its prefetch: its cell's room held a while (:meth:`.books.Kernel.holding`)
-                kernel.room_held_until = kernel.since + a.config.room_held_seconds
-            elif kernel.room_held:
-                if kernel.state == ACTIVE and held:
-                    # its cell began within the hold, before its request for room; a hold the
-                    # arbiter's pause or suspend ended in between (books' state set by the move,
-                    # not by a report) is not carried
-                    kernel.granted = held
-                kernel.room_held, kernel.room_held_until = 0, 0.0
+            kernel.hold_after(was, held, a.config.room_held_seconds)
             if kernel.state == SUSPENDED:
                 # a suspended kernel reports what the checkpoint took off the card (NVML's
                 # figure before it) as resident: the books' figure may already be 0

@@ -232,3 +232,20 @@ def test_a_kernel_whose_prefetch_holds_room_is_the_last_idle_one_taken_off():
     back.room_held_until = now - 1  # its hold over: the longest idle goes first again
     order = books.victims([back, idle, paused], asking, suspend_after=3600, now=now)
     assert [(k.pid, action) for k, action in order] == [(2, "pause"), (3, "pause"), (4, "suspend")]
+
+
+def test_a_hold_is_timed_once_its_kernel_is_back_carried_into_a_cell_that_begins_within_it_and_else_ended():
+    now = 1000.0  # monotonic seconds
+    k = kernel(2, budget=20 * GiB, resident=2 * GiB, since=now)
+    k.hold_room(18 * GiB)
+    k.state = books.IDLE  # back from its prefetch
+    k.hold_after(books.ACTIVE, 18 * GiB, 5.0)
+    assert (k.room_held_until, k.holding(now + 4.9), k.holding(now + 5.1)) == (now + 5.0, 18 * GiB, 0)
+    held = k.holding(now + 1)
+    k.state = books.ACTIVE  # its cell began within the hold
+    k.hold_after(books.IDLE, held, 5.0)
+    assert (k.granted, k.room_held) == (18 * GiB, 0)
+    k.hold_room(18 * GiB)
+    k.state, k.granted = books.PAUSED, 0  # taken off the card: the hold goes with it
+    k.hold_after(books.ACTIVE, 18 * GiB, 5.0)
+    assert (k.granted, k.room_held, k.holding()) == (0, 0, 0)
