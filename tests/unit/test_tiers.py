@@ -180,10 +180,9 @@ def test_a_suspend_would_strand_paused_data_in_host_memory_only_past_the_mark():
     assert tiers.strands(victim, everyone, budget, 100 * MiB, 0, tiers.Sharing(0, {1: 29 * MiB}))
 
 
-def test_a_paused_kernel_past_the_mark_goes_to_disk_before_its_suspend(tmp_path):
-    """The arbiter's host step for a suspend of a paused kernel, with the node past its
-    mark: the kernel's own data is spilled first (and once: tried, or declined, the
-    suspend goes on as before); under the mark, the suspend fits as it is."""
+def _arbiter_of(tmp_path, kernels, **settings):
+    """An arbiter (its disk tier open under ``tmp_path``) whose books hold ``kernels``, with
+    a host budget of 100 MB spilled from 50 MB and a reserve of 1 byte."""
     import asyncio
 
     from jupyter_vgpu.node.app import ArbiterApp
@@ -194,13 +193,25 @@ def test_a_paused_kernel_past_the_mark_goes_to_disk_before_its_suspend(tmp_path)
             self.kernel = k
 
     app = ArbiterApp(
-        host_memory_limit="100M", host_spill_fraction=0.5, host_reserve="1", disk_dir=str(tmp_path / "disk")
+        host_memory_limit="100M",
+        host_spill_fraction=0.5,
+        host_reserve="1",
+        disk_dir=str(tmp_path / "disk"),
+        **settings,
     )
     arbiter = Arbiter(app, checkpoint=None)
     asyncio.run(arbiter.tiering.open())
+    arbiter.conns = {k.pid: Conn(k) for k in kernels}
+    return arbiter
+
+
+def test_a_paused_kernel_past_the_mark_goes_to_disk_before_its_suspend(tmp_path):
+    """The arbiter's host step for a suspend of a paused kernel, with the node past its
+    mark: the kernel's own data is spilled first (and once: tried, or declined, the
+    suspend goes on as before); under the mark, the suspend fits as it is."""
     victim = kernel(1, PAUSED, host=30 * 10**6, idle=600)
     other = kernel(2, PAUSED, host=15 * 10**6, idle=10)
-    arbiter.conns = {k.pid: Conn(k) for k in (victim, other)}
+    arbiter = _arbiter_of(tmp_path, [victim, other])
     step, who, why = arbiter.tiering.host_step(victim, 10 * 10**6)  # 55 MB past the 50 MB mark
     assert (step, who) == ("spill", victim), why
     assert "goes to disk before its suspend" in why
@@ -470,29 +481,10 @@ def test_work_run_under_a_progress_line_hands_back_its_result_or_error():
 def _arbiter_over_its_host_budget(tmp_path, **settings):
     """An arbiter whose node is past its 100 MB host budget for a 30 MB pause of an idle
     kernel: an idle kernel keeps 20 MB of warm slabs, a cold paused one 60 MB of data."""
-    import asyncio
-
-    from jupyter_vgpu.node.app import ArbiterApp
-    from jupyter_vgpu.node.arbiter import Arbiter
-
-    class Conn:  # the arbiter's books read each connection's kernel
-        def __init__(self, k):
-            self.kernel = k
-
-    app = ArbiterApp(
-        host_memory_limit="100M",
-        host_spill_fraction=0.5,
-        host_reserve="1",
-        disk_dir=str(tmp_path / "disk"),
-        **settings,
-    )
-    arbiter = Arbiter(app, checkpoint=None)
-    asyncio.run(arbiter.tiering.open())
     victim = kernel(1, IDLE)
     victim.resident = 30 * 10**6
     warm, cold = kernel(2, IDLE, host=20 * 10**6, idle=60), kernel(3, PAUSED, host=60 * 10**6, idle=600)
-    arbiter.conns = {k.pid: Conn(k) for k in (victim, warm, cold)}
-    return arbiter, victim, warm, cold
+    return _arbiter_of(tmp_path, [victim, warm, cold], **settings), victim, warm, cold
 
 
 def test_warm_slabs_go_before_paused_data_unless_the_admin_says_spill_first(tmp_path):
