@@ -1,0 +1,175 @@
+"""How two CUDA contexts share one card when one of them was checkpointed and restored.
+
+The 12x MLP runs (``sessions-h100.json``, b5a12b8) showed cells whose context was
+restored from a suspend advancing about three times faster than cells of contexts never
+suspended, while they ran at the same time (steps of 0.20 s against 0.65 s; 0.15 s
+alone), and pairs of the same kind sharing the card evenly (``sessions_tail.py``,
+``steps_by_pair``). This benchmark takes the sessions, the Hub and the arbiter out of
+it: two worker processes (``A``, ``B``) run the same steps of fp32 matrix products, first
+alone, then together in phases:
+
+1. ``neither restored``: both contexts as created;
+2. ``B restored``: after B's process was checkpointed and restored
+   (``cuCheckpointProcessLock``/``Checkpoint``/``Restore``/``Unlock``, the driver calls
+   of ``jupyter_vgpu.host.checkpoint``, called here through cuda-bindings directly);
+3. ``B restored, later``: the same, once more, to see whether it lasts;
+4. ``both restored``: after A too was checkpointed and restored.
+
+Each phase runs both workers from the same instant for ``--seconds``; a worker's figure
+is the median of its steps that lie wholly inside the phase's window less 0.3 s at
+either end (``numpy.percentile``, linear interpolation), and its share of the card is
+its step alone over its step in the phase (two workers sharing evenly: 0.5 each).
+
+Usage (on a GPU machine): ``python3 benchmarks/restore_fairness.py --out
+benchmarks/results/restore-fairness-h100.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout, not an installed copy
+
+import provenance  # noqa: E402
+
+WORKER = r"""
+import json, sys, time
+import torch
+torch.backends.cuda.matmul.allow_tf32 = False
+n, k = int(sys.argv[1]), int(sys.argv[2])
+a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
+def step():
+    for _ in range(k):
+        c = a @ b
+    torch.cuda.synchronize()
+for _ in range(3):
+    step()
+print("ready", flush=True)
+for line in sys.stdin:
+    start, seconds = map(float, line.split())
+    while time.time() < start:
+        time.sleep(0.0005)
+    steps = []
+    while time.time() < start + seconds:
+        t0 = time.time(); step(); steps.append((t0, time.time()))
+    print(json.dumps(steps), flush=True)
+"""
+
+TRIM_S = 0.3
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    (err,) = driver.cuInit(0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise SystemExit(f"the CUDA driver does not start: {err}")
+    return driver
+
+
+def checkpoint_and_restore(driver, pid: int) -> float:
+    """Lock, checkpoint, restore and unlock ``pid``; returns the seconds it took.
+
+    Raises:
+        SystemExit: a driver call failed (its CUresult named).
+    """
+    t0 = time.perf_counter()
+    lock = driver.CUcheckpointLockArgs()
+    lock.timeoutMs = 10_000
+    for name, args in (
+        ("cuCheckpointProcessLock", lock),
+        ("cuCheckpointProcessCheckpoint", driver.CUcheckpointCheckpointArgs()),
+        ("cuCheckpointProcessRestore", driver.CUcheckpointRestoreArgs()),
+        ("cuCheckpointProcessUnlock", driver.CUcheckpointUnlockArgs()),
+    ):
+        result = getattr(driver, name)(pid, args)
+        err = result[0] if isinstance(result, tuple) else result
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise SystemExit(f"{name}({pid}) failed: {err}")
+    return time.perf_counter() - t0
+
+
+def run_together(workers: dict, seconds: float) -> dict[str, list[tuple[float, float]]]:
+    """Both workers' steps (start, end; seconds since the epoch) over one shared window."""
+    start = time.time() + 0.5
+    for w in workers.values():
+        w.stdin.write(f"{start} {seconds}\n")
+        w.stdin.flush()
+    return {name: json.loads(w.stdout.readline()) for name, w in workers.items()}
+
+
+def median_step(steps, lo: float, hi: float) -> float | None:
+    import numpy as np
+
+    inside = [e - s for s, e in steps if s >= lo and e <= hi]
+    return float(np.percentile(inside, 50)) if inside else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=4096, help="matrix side (fp32)")
+    parser.add_argument("--products", type=int, default=20, help="matrix products per step")
+    parser.add_argument("--seconds", type=float, default=3.0, help="each phase's length")
+    parser.add_argument("--out", help="JSON to write (stdout when absent)")
+    args = parser.parse_args()
+    doc = provenance.record()
+    driver = _driver()
+    workers = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(args.size), str(args.products)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("A", "B")
+    }
+    for w in workers.values():
+        assert w.stdout.readline().strip() == "ready"
+    solo = {}
+    for name, w in workers.items():
+        steps = run_together({name: w}, args.seconds)[name]
+        start = steps[0][0]
+        solo[name] = median_step(steps, start + TRIM_S, start + args.seconds - TRIM_S)
+    phases = []
+    plan = [
+        ("neither restored", None),
+        ("B restored", "B"),
+        ("B restored, later", None),
+        ("both restored", "A"),
+    ]
+    for phase, restore in plan:
+        restore_s = checkpoint_and_restore(driver, workers[restore].pid) if restore else None
+        steps = run_together(workers, args.seconds)
+        start = min(s[0][0] for s in steps.values())
+        lo, hi = start + TRIM_S, start + args.seconds - TRIM_S
+        row = {"phase": phase, "restored_now": restore, "restore_s": restore_s}
+        for name in workers:
+            m = median_step(steps[name], lo, hi)
+            row[name] = {"p50_step_s": m, "share": solo[name] / m if m else None, "steps": len(steps[name])}
+        phases.append(row)
+        print(json.dumps(row), flush=True)
+    for w in workers.values():
+        w.stdin.close()
+        w.wait(timeout=30)
+    doc.update(
+        {
+            "size": args.size,
+            "products_per_step": args.products,
+            "phase_s": args.seconds,
+            "trim_s": TRIM_S,
+            "percentiles": "numpy.percentile, linear interpolation (NumPy's default)",
+            "solo_p50_step_s": solo,
+            "phases": phases,
+        }
+    )
+    provenance.write(doc, args.out)
+
+
+if __name__ == "__main__":
+    main()
