@@ -9,11 +9,14 @@ it: two worker processes (``A``, ``B``) run the same steps of fp32 matrix produc
 alone, then together in phases:
 
 1. ``neither restored``: both contexts as created;
-2. ``B restored``: after B's process was checkpointed and restored
+2. ``A locked``: after A's process was locked and unlocked, with no checkpoint between
+   (whether the lock alone changes anything);
+3. ``B restored``: after B's process was checkpointed and restored
    (``cuCheckpointProcessLock``/``Checkpoint``/``Restore``/``Unlock``, the driver calls
    of ``jupyter_vgpu.host.checkpoint``, called here through cuda-bindings directly);
-3. ``B restored, later``: the same, once more, to see whether it lasts;
-4. ``both restored``: after A too was checkpointed and restored.
+4. ``B restored, later``: the same after ``--later`` seconds with both idle, to see
+   whether it lasts (a kernel restored for one cell meets others in its next);
+5. ``both restored``: after A too was checkpointed and restored.
 
 Each phase runs both workers from the same instant for ``--seconds``; a worker's figure
 is the median of its steps that lie wholly inside the phase's window less 0.3 s at
@@ -73,8 +76,9 @@ def _driver():
     return driver
 
 
-def checkpoint_and_restore(driver, pid: int) -> float:
-    """Lock, checkpoint, restore and unlock ``pid``; returns the seconds it took.
+def checkpoint_and_restore(driver, pid: int, *, lock_only: bool = False) -> float:
+    """Lock, checkpoint, restore and unlock ``pid`` (only lock and unlock where
+    ``lock_only``); returns the seconds it took.
 
     Raises:
         SystemExit: a driver call failed (its CUresult named).
@@ -82,12 +86,14 @@ def checkpoint_and_restore(driver, pid: int) -> float:
     t0 = time.perf_counter()
     lock = driver.CUcheckpointLockArgs()
     lock.timeoutMs = 10_000
-    for name, args in (
-        ("cuCheckpointProcessLock", lock),
-        ("cuCheckpointProcessCheckpoint", driver.CUcheckpointCheckpointArgs()),
-        ("cuCheckpointProcessRestore", driver.CUcheckpointRestoreArgs()),
-        ("cuCheckpointProcessUnlock", driver.CUcheckpointUnlockArgs()),
-    ):
+    calls = [("cuCheckpointProcessLock", lock)]
+    if not lock_only:
+        calls += [
+            ("cuCheckpointProcessCheckpoint", driver.CUcheckpointCheckpointArgs()),
+            ("cuCheckpointProcessRestore", driver.CUcheckpointRestoreArgs()),
+        ]
+    calls.append(("cuCheckpointProcessUnlock", driver.CUcheckpointUnlockArgs()))
+    for name, args in calls:
         result = getattr(driver, name)(pid, args)
         err = result[0] if isinstance(result, tuple) else result
         if err != driver.CUresult.CUDA_SUCCESS:
@@ -116,6 +122,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4096, help="matrix side (fp32)")
     parser.add_argument("--products", type=int, default=20, help="matrix products per step")
     parser.add_argument("--seconds", type=float, default=3.0, help="each phase's length")
+    parser.add_argument("--later", type=float, default=20.0, help="idle seconds before the fourth phase")
     parser.add_argument("--out", help="JSON to write (stdout when absent)")
     args = parser.parse_args()
     doc = provenance.record()
@@ -137,18 +144,28 @@ def main() -> None:
         start = steps[0][0]
         solo[name] = median_step(steps, start + TRIM_S, start + args.seconds - TRIM_S)
     phases = []
-    plan = [
-        ("neither restored", None),
-        ("B restored", "B"),
-        ("B restored, later", None),
-        ("both restored", "A"),
+    plan = [  # (phase, whose process, lock only, idle seconds before)
+        ("neither restored", None, False, 0.0),
+        ("A locked", "A", True, 0.0),
+        ("B restored", "B", False, 0.0),
+        ("B restored, later", None, False, args.later),
+        ("both restored", "A", False, 0.0),
     ]
-    for phase, restore in plan:
-        restore_s = checkpoint_and_restore(driver, workers[restore].pid) if restore else None
+    for phase, restore, lock_only, idle in plan:
+        time.sleep(idle)
+        restore_s = (
+            checkpoint_and_restore(driver, workers[restore].pid, lock_only=lock_only) if restore else None
+        )
         steps = run_together(workers, args.seconds)
         start = min(s[0][0] for s in steps.values())
         lo, hi = start + TRIM_S, start + args.seconds - TRIM_S
-        row = {"phase": phase, "restored_now": restore, "restore_s": restore_s}
+        row = {
+            "phase": phase,
+            "process": restore,
+            "lock_only": lock_only,
+            "idle_before_s": idle,
+            "driver_s": restore_s,
+        }
         for name in workers:
             m = median_step(steps[name], lo, hi)
             row[name] = {"p50_step_s": m, "share": solo[name] / m if m else None, "steps": len(steps[name])}
@@ -162,6 +179,7 @@ def main() -> None:
             "size": args.size,
             "products_per_step": args.products,
             "phase_s": args.seconds,
+            "later_s": args.later,
             "trim_s": TRIM_S,
             "percentiles": "numpy.percentile, linear interpolation (NumPy's default)",
             "solo_p50_step_s": solo,

@@ -25,6 +25,13 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
   memory back or by a ``spill`` (``pinned_again``: the pause pinned its slabs anew);
   pooled too. A trim or spill before the first decision kept is not seen, so a run with
   ``cells_not_covered`` may count some pauses that pinned again as warm.
+- ``steps_by_pair``: the cells' steps (``step_s``, laid end to end from the start of the
+  cell's code) that ran beside exactly one other cell's code for at least 95% of their
+  length and beside no third, grouped by both cells' state when they were edited
+  (``state_at_edit``: ``paused`` where only the memory went, ``suspended`` where the
+  context went too and was restored for the cell), as ``"<own> beside <other>"``; and
+  ``alone``, steps that met no other cell. Their number and seconds at p10, p50 and p90;
+  pooled too. Two cells sharing the card evenly take twice a step alone each.
 
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
@@ -60,6 +67,9 @@ PREFETCH_WINDOW_S = 4.0
 LONG_WAIT_S = 0.4
 #: Slack for the order of a decision's end and a cell's first step, seconds.
 SLACK_S = 0.05
+#: The part of a step another cell's code must cover for the step to count as shared
+#: with it (``steps_by_pair``).
+PAIR_COVER = 0.95
 
 
 def _window(cell: dict) -> tuple[float, float, float]:
@@ -79,6 +89,37 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
 
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+def _steps(cell: dict) -> list[tuple[float, float]]:
+    """A cell's steps as ``(begins, ends)``, laid end to end from the start of its code."""
+    t = _window(cell)[1]
+    spans = []
+    for seconds in cell.get("step_s", []):
+        spans.append((t, t + seconds))
+        t += seconds
+    return spans
+
+
+def steps_by_pair(cells: list[dict]) -> dict[str, list[float]]:
+    """Step seconds of ``cells`` by the pair of states that met (``steps_by_pair`` above)."""
+    code = [(_window(c)[1:], c) for c in cells]
+    found: dict[str, list[float]] = {}
+    for cell in cells:
+        for span in _steps(cell):
+            met = [(_overlap(span, w), c) for w, c in code if c is not cell and _overlap(span, w) > 0]
+            if not met:
+                key = "alone"
+            elif len(met) == 1 and met[0][0] >= PAIR_COVER * (span[1] - span[0]):
+                key = f"{cell['state_at_edit']} beside {met[0][1]['state_at_edit']}"
+            else:
+                continue
+            found.setdefault(key, []).append(span[1] - span[0])
+    return dict(sorted(found.items()))
+
+
+def _spread(values: list[float]) -> dict:
+    return {"steps": len(values), **{f"p{q}_s": _pct(values, q) for q in (10, 50, 90)}}
 
 
 def of_run(run: dict) -> dict:
@@ -170,6 +211,7 @@ def of_run(run: dict) -> dict:
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90), "seconds": v}
             for k, v in by_slabs.items()
         },
+        "steps_by_pair": {k: {**_spread(v), "seconds": v} for k, v in steps_by_pair(cells).items()},
     }
 
 
@@ -208,6 +250,12 @@ def main() -> None:
     }
     for k, v in slabs.items():
         print(f"pauses with slabs {k}, all these runs: {len(v)}, p50 {_pct(v, 50)} s")
+    pairs: dict[str, list[float]] = {}
+    for run in runs:
+        for k, v in run["steps_by_pair"].items():
+            pairs.setdefault(k, []).extend(v["seconds"])
+    for k, v in sorted(pairs.items()):
+        print(f"steps {k}, all these runs: {len(v)}, p50 {_pct(v, 50):.3f} s, p90 {_pct(v, 90):.3f} s")
     out = {
         **record,
         "percentiles": RULE,
@@ -220,6 +268,7 @@ def main() -> None:
         "pauses_by_slabs": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90)} for k, v in slabs.items()
         },
+        "steps_by_pair": {k: _spread(v) for k, v in sorted(pairs.items())},
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 

@@ -386,3 +386,39 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
     assert (pauses["0"]["pauses"], pauses["0"]["seconds"]) == (4, [0.5, 0.03, 0.7, 0.1])
     slabs = out["pauses_by_slabs"]
     assert (slabs["warm"]["seconds"], slabs["pinned_again"]["seconds"]) == ([0.5, 0.03, 0.1], [0.7])
+
+
+def test_the_tail_sorts_steps_by_the_pair_of_states_that_shared_the_card(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    tail = load("sessions_tail")
+
+    def cell(session, code_begins, state, steps):
+        return {
+            "session": session,
+            "start": code_begins - 0.01,
+            "cell_s": 0.01 + sum(steps),
+            "inner_s": sum(steps),
+            "state_at_edit": state,
+            "step_s": steps,
+        }
+
+    cells = [
+        # a paused kernel's cell alone for a step, then beside a restored one for two
+        cell(1, 100.0, "paused", [0.15, 0.6, 0.6]),
+        cell(2, 100.15, "suspended", [0.2] * 6),
+        # alone
+        cell(3, 150.0, "paused", [0.15, 0.15]),
+        # a step only partly beside another cell, and one beside two: neither counted
+        cell(4, 200.0, "paused", [0.15, 0.15]),
+        cell(5, 200.2, "suspended", [0.3]),
+        cell(6, 300.0, "paused", [1.0]),
+        cell(7, 300.1, "paused", [0.2]),
+        cell(8, 300.5, "suspended", [0.2]),
+    ]
+    pairs = tail.steps_by_pair(cells)
+    assert pairs == {
+        "alone": pytest.approx([0.15, 0.15, 0.15, 0.15]),
+        "paused beside paused": pytest.approx([0.2]),
+        "paused beside suspended": pytest.approx([0.6, 0.6]),
+        "suspended beside paused": pytest.approx([0.2] * 6 + [0.2]),
+    }
