@@ -5,11 +5,17 @@ driver time-slices between their CUDA contexts, so while ``k`` cells run each ad
 at ``1/k`` of its speed alone (processor sharing). On the H100 two MLP cells of 1.05 s
 that met took 1.9-2.0 s each (``benchmarks/results/sessions-h100.json``, the runs at 32
 sessions). No memory policy changes this: with nothing paused, resumed or waited for,
-these latencies remain. ``benchmarks/sessions.py`` sets every run's measured latencies
-beside the latencies this model gives the same cells at the same send times, so that
-what the memory path costs is read as the difference; ``benchmarks/compute_share.py``
-gives the model's expectation for sessions at random phases (the sessions benchmark's
-duty cycle), the floor the benchmark's latency goals meet.
+these latencies remain. The sharing is even between contexts of one kind, not between a
+context the driver restored after a suspend and one that never left the card: steps of
+the restored one took 0.201 s at the median beside the other's 0.661 s, 0.147 s alone
+(``steps_by_pair`` of ``benchmarks/results/cell-tails-h100.json``, eleven runs of 48 MLP
+sessions; docs/design.md, the eleventh try); the model keeps even sharing, so that
+unevenness counts as the memory path's. ``benchmarks/sessions.py`` sets every run's
+measured latencies beside the latencies this model gives the same cells at the same send
+times, so that what the memory path costs is read as the difference;
+``benchmarks/compute_share.py`` gives the model's expectation for sessions at random
+phases (the sessions benchmark's duty cycle), the floor the benchmark's latency goals
+meet.
 
 The model takes a cell as ``cell_s`` seconds of work on an empty card, all of it shared
 (the few milliseconds a cell spends in messages count as shared work too), and cells of
