@@ -142,6 +142,7 @@ def test_a_prefetch_pauses_kernels_idle_past_their_idle_seconds_while_another_ce
         assert out.text.splitlines()[0] == "back", out.text
         assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
     finally:
+        carol.manager.interrupt_kernel()  # her cell has done its part: no need to sit out its 30 s
         long_cell.join()
         dave.shutdown()
         carol.shutdown()
