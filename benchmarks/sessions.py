@@ -492,6 +492,12 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 if batch == 0 and not stalls:
                     first_pause(sessions[0], arbiter, args.share_pieces)
             ooms = sum(failures)
+            evened = None
+            if args.even_contexts:
+                from jupyter_vgpu.host import checkpoint
+
+                evened = even_contexts([s.pid for s in done_setups], checkpoint)
+                print(f"contexts evened: {evened}", flush=True)
             cells: queue.Queue[dict] = queue.Queue()
             errors: list[str] = []
             working = {s.index for s in done_setups} - {st["session"] for st in stalls}
@@ -591,6 +597,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 # kernels reference, what is held, and the node's host use counting each once
                 "shared_pieces": {k: v for k, v in books["shared_pieces"].items() if k != "by_pid"},
                 "node_host_used_bytes": books["node"]["host_used"],
+                "even_contexts": evened,  # --even-contexts: each kernel's context cycled once
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
                 "decisions": [
                     d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")
@@ -611,6 +618,31 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
 class PauseBroken(RuntimeError):
     """The first session set up could not be paused, or offered none of its pieces with
     sharing on: every later figure of the run would measure that, not the node."""
+
+
+def even_contexts(pids: list[int], checkpoint) -> dict:
+    """Checkpoint and restore each process of ``pids`` once, one after the other, through
+    the driver (``checkpoint``: :mod:`jupyter_vgpu.host.checkpoint`), behind the arbiter's
+    back: ``--even-contexts``, an experiment, not something the node does. Every context
+    on the card is then of the kind the driver restored, which the steps of the eighth to
+    eleventh tries found taking about three quarters of the card beside one that never
+    left it (``sessions_tail.py``, ``steps_by_pair``; docs/design.md, the eleventh try).
+    A process the driver refuses (the arbiter moving it at that moment, say) stays as it
+    was: ``checkpoint.suspend`` restores and unlocks what it locked before it raises.
+
+    Returns:
+        ``{"cycled": count, "refused": [message, ...], "seconds": total}``.
+    """
+    t0 = time.monotonic()
+    cycled, refused = 0, []
+    for pid in pids:
+        try:
+            checkpoint.suspend(pid)
+            checkpoint.restore(pid)
+            cycled += 1
+        except checkpoint.CheckpointError as e:
+            refused.append(f"{pid}: {e}")
+    return {"cycled": cycled, "refused": refused, "seconds": round(time.monotonic() - t0, 3)}
 
 
 def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:
@@ -838,6 +870,13 @@ def main() -> None:
         choices=("on", "off"),
         default="on",
         help="the arbiter's trim_before_spill: warm slabs go before paused data moves to disk (default on)",
+    )
+    parser.add_argument(
+        "--even-contexts",
+        action="store_true",
+        help="an experiment: once every session is set up, checkpoint and restore each kernel's "
+        "process through the driver, so that every context on the card is of the kind a "
+        "suspend's restore leaves (the row's even_contexts says how many and how long)",
     )
     parser.add_argument(
         "--suspend-after",

@@ -422,3 +422,30 @@ def test_the_tail_sorts_steps_by_the_pair_of_states_that_shared_the_card(monkeyp
         "paused beside suspended": pytest.approx([0.6, 0.6]),
         "suspended beside paused": pytest.approx([0.2] * 6 + [0.2]),
     }
+
+
+def test_even_contexts_cycles_each_process_once_and_keeps_going_past_one_the_driver_refuses(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    calls = []
+
+    class Refused(Exception):
+        pass
+
+    class Driver:  # jupyter_vgpu.host.checkpoint's surface; no GPU here to call the real one
+        CheckpointError = Refused
+
+        @staticmethod
+        def suspend(pid):
+            calls.append(("suspend", pid))
+            if pid == 2:
+                raise Refused("cuCheckpointProcessLock failed: CUDA_ERROR_ILLEGAL_STATE")
+
+        @staticmethod
+        def restore(pid):
+            calls.append(("restore", pid))
+
+    out = sessions.even_contexts([1, 2, 3], Driver)
+    assert calls == [("suspend", 1), ("restore", 1), ("suspend", 2), ("suspend", 3), ("restore", 3)]
+    assert out["cycled"] == 2
+    assert out["refused"] == ["2: cuCheckpointProcessLock failed: CUDA_ERROR_ILLEGAL_STATE"]
