@@ -107,7 +107,13 @@ def run_together(workers: dict, seconds: float) -> dict[str, list[tuple[float, f
     for w in workers.values():
         w.stdin.write(f"{start} {seconds}\n")
         w.stdin.flush()
-    return {name: json.loads(w.stdout.readline()) for name, w in workers.items()}
+    steps = {}
+    for name, w in workers.items():
+        line = w.stdout.readline()
+        if not line:
+            raise SystemExit(f"worker {name} ended during a phase (exit status {w.poll()})")
+        steps[name] = json.loads(line)
+    return steps
 
 
 def median_step(steps, lo: float, hi: float) -> float | None:
@@ -136,8 +142,10 @@ def main() -> None:
         )
         for name in ("A", "B")
     }
-    for w in workers.values():
-        assert w.stdout.readline().strip() == "ready"
+    for name, w in workers.items():
+        said = w.stdout.readline().strip()
+        if said != "ready":
+            raise SystemExit(f"worker {name} did not start (exit status {w.poll()}; said {said!r})")
     solo = {}
     for name, w in workers.items():
         steps = run_together({name: w}, args.seconds)[name]
