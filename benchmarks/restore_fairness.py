@@ -11,9 +11,9 @@ alone, then together in phases:
 1. ``neither restored``: both contexts as created;
 2. ``A locked``: after A's process was locked and unlocked, with no checkpoint between
    (whether the lock alone changes anything);
-3. ``B restored``: after B's process was checkpointed and restored
-   (``cuCheckpointProcessLock``/``Checkpoint``/``Restore``/``Unlock``, the driver calls
-   of ``jupyter_vgpu.host.checkpoint``, called here through cuda-bindings directly);
+3. ``B restored``: after B's process was checkpointed and restored by the arbiter's own
+   calls (``jupyter_vgpu.host.checkpoint.suspend`` and ``restore``:
+   ``cuCheckpointProcessLock``/``Checkpoint``/``Restore``/``Unlock``);
 4. ``B restored, later``: the same after ``--later`` seconds with both idle, to see
    whether it lasts (a kernel restored for one cell meets others in its next);
 5. ``both restored``: after A too was checkpointed and restored.
@@ -23,7 +23,8 @@ is the median of its steps that lie wholly inside the phase's window less 0.3 s 
 either end (``numpy.percentile``, linear interpolation), and its share of the card is
 its step alone over its step in the phase (two workers sharing evenly: 0.5 each).
 
-Usage (on a GPU machine): ``python3 benchmarks/restore_fairness.py --out
+Usage (on a GPU machine, with the package's dependencies: ``scripts/gpu-steps start
+fairness`` installs them): ``python3 benchmarks/restore_fairness.py --out
 benchmarks/results/restore-fairness-h100.json``.
 """
 
@@ -67,35 +68,36 @@ for line in sys.stdin:
 TRIM_S = 0.3
 
 
-def _driver():
+def checkpoint_and_restore(pid: int, *, lock_only: bool = False) -> float:
+    """Checkpoint and restore ``pid`` as the arbiter's suspend and restore do
+    (:mod:`jupyter_vgpu.host.checkpoint`); where ``lock_only``, only lock and unlock it
+    (no such move in the node: cuda-bindings directly). Returns the seconds it took.
+
+    Raises:
+        jupyter_vgpu.host.checkpoint.CheckpointError: the driver refused (the process is
+            left as it was).
+        SystemExit: a lock or unlock of ``lock_only`` failed (its CUresult named).
+    """
+    from jupyter_vgpu.host import checkpoint
+
+    t0 = time.perf_counter()
+    if not lock_only:
+        checkpoint.suspend(pid)
+        checkpoint.restore(pid)
+        return time.perf_counter() - t0
     from cuda.bindings import driver
 
     (err,) = driver.cuInit(0)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise SystemExit(f"the CUDA driver does not start: {err}")
-    return driver
-
-
-def checkpoint_and_restore(driver, pid: int, *, lock_only: bool = False) -> float:
-    """Lock, checkpoint, restore and unlock ``pid`` (only lock and unlock where
-    ``lock_only``); returns the seconds it took.
-
-    Raises:
-        SystemExit: a driver call failed (its CUresult named).
-    """
-    t0 = time.perf_counter()
     lock = driver.CUcheckpointLockArgs()
     lock.timeoutMs = 10_000
-    calls = [("cuCheckpointProcessLock", lock)]
-    if not lock_only:
-        calls += [
-            ("cuCheckpointProcessCheckpoint", driver.CUcheckpointCheckpointArgs()),
-            ("cuCheckpointProcessRestore", driver.CUcheckpointRestoreArgs()),
-        ]
-    calls.append(("cuCheckpointProcessUnlock", driver.CUcheckpointUnlockArgs()))
-    for name, args in calls:
-        result = getattr(driver, name)(pid, args)
-        err = result[0] if isinstance(result, tuple) else result
+    for name, args in (
+        ("cuCheckpointProcessLock", lock),
+        ("cuCheckpointProcessUnlock", driver.CUcheckpointUnlockArgs()),
+    ):
+        err = getattr(driver, name)(pid, args)
+        err = err[0] if isinstance(err, tuple) else err
         if err != driver.CUresult.CUDA_SUCCESS:
             raise SystemExit(f"{name}({pid}) failed: {err}")
     return time.perf_counter() - t0
@@ -132,7 +134,6 @@ def main() -> None:
     parser.add_argument("--out", help="JSON to write (stdout when absent)")
     args = parser.parse_args()
     doc = provenance.record()
-    driver = _driver()
     workers = {
         name: subprocess.Popen(
             [sys.executable, "-c", WORKER, str(args.size), str(args.products)],
@@ -161,9 +162,7 @@ def main() -> None:
     ]
     for phase, restore, lock_only, idle in plan:
         time.sleep(idle)
-        restore_s = (
-            checkpoint_and_restore(driver, workers[restore].pid, lock_only=lock_only) if restore else None
-        )
+        restore_s = checkpoint_and_restore(workers[restore].pid, lock_only=lock_only) if restore else None
         steps = run_together(workers, args.seconds)
         start = min(s[0][0] for s in steps.values())
         lo, hi = start + TRIM_S, start + args.seconds - TRIM_S
