@@ -412,6 +412,21 @@ class ArbiterApp(Application):
         (a resume from disk), which an edit's prefetch may hide.""",
     ).tag(config=True)
 
+    even_contexts = Bool(
+        False,
+        help="""Take each paused kernel's CUDA context (with its child processes') through
+        the driver's process checkpoint and straight back, once, while it is idle, so that
+        every context on a card is one the driver restored. The driver's time-slicing
+        gives a restored context about three quarters of the card beside one that never
+        left it (a step of 0.20 s against 0.66 s, where two steps of one kind took 0.30-0.33
+        s; 48 MLP sessions on one card, eleven runs), and shares evenly between contexts of
+        one kind; with every kernel cycled so, both kinds of pair took 0.30 s a step (two
+        runs; docs/design.md, the twelfth try). Each cycle holds the kernel's CUDA calls
+        for about 1.2 s (a paused MLP kernel on an H200), its cell waiting that long at
+        most; kernels the driver cannot checkpoint (CUDA IPC, managed memory) are left as
+        they are. Needs the driver's checkpoint (driver 550+).""",
+    ).tag(config=True)
+
     host_reserve = ByteSize(
         None,
         allow_none=True,

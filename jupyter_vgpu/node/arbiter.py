@@ -55,7 +55,7 @@ from . import books, cards, handoff, mps, namespaces, piece_socket, protocol, sa
 from .books import PAUSED, SUSPENDED, Kernel, Reason
 from .cards import Reading
 from .decisions import DecisionLog
-from .enforcement import Enforcement
+from .enforcement import REFUSAL_SECONDS, Enforcement
 from .journal import Journal
 from .limits import pieces_within
 from .metrics import Metrics
@@ -108,6 +108,7 @@ class Arbiter(Registry):
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
+        self._evening: asyncio.Task | None = None  # a context taken through the driver now
         self.mps = mps.MPSDaemons(getattr(config, "socket_path", "") or "/run/jupyter-vgpu/arbiter.sock")
         self._mps_watched = 0.0  # monotonic seconds of the last look at the daemons
         self._mps_asked: set[str] = set()  # GPUs whose daemon was started (or found missing)
@@ -257,8 +258,10 @@ class Arbiter(Registry):
                     "driver_call": {"call": k.driver_call[0], "since": k.driver_call[1]}
                     if k.driver_call
                     else None,
-                    # its move under way (pause, suspend, spill, trim: one at a time), or None
+                    # its move under way (pause, suspend, spill, trim, even: one at a time), or None
                     "moving": k.moving,
+                    # its CUDA context is one the driver restored (ArbiterApp.even_contexts)
+                    "restored_context": k.restored_context,
                     # bytes a granted prefetch holds for its next cell now (0: none)
                     "room_held": k.holding(now),
                 }
@@ -385,7 +388,12 @@ class Arbiter(Registry):
         log.info("listening on %s", path)
 
     async def stop(self) -> None:
-        """Stop listening and hang up on every client (kernels reconnect to the next arbiter)."""
+        """Stop listening and hang up on every client (kernels reconnect to the next arbiter).
+        A context being taken through the driver (:meth:`.moves.Moves.even`) is let come
+        back first (its driver calls are bounded by the checkpoint pool's deadlines): its
+        kernel, never told of it, would otherwise wait for a next arbiter to find it."""
+        if self._evening is not None and not self._evening.done():
+            await asyncio.wait([self._evening], timeout=60)
         for task in [*self._tasks, *self._inflight]:
             task.cancel()
         if self._server is not None:
@@ -428,6 +436,7 @@ class Arbiter(Registry):
         await self.tiering.step(now)
         self.process_memory.step(now)
         host_first: list[tuple[Kernel, int]] = []  # pauses that wait for host memory, made below
+        evening: Kernel | None = None  # a paused kernel whose context goes through the driver next
         for uuid in {u for k in self.kernels for u in k.slice.gpu_uuids}:
             if self.locks[uuid].locked():
                 continue  # a room request is deciding on this card
@@ -452,5 +461,41 @@ class Arbiter(Registry):
                     if not books.quiet(self.on_card(uuid)):
                         break  # a cell started meanwhile: the rest waits for the next quiet look
                     await self.moves.take_off(kernel, action, Reason.IDLE, host_first=host_first)
+                if evening is None and books.quiet(self.on_card(uuid)):
+                    evening = self._to_even(kernels, reading, now)
         for kernel, need in host_first:  # outside the cards' locks: no room request waits for it
             await self.tiering.host_room(kernel, need)
+        if evening is not None:  # marked under its card's lock; the driver's calls outside it
+            self._evening = asyncio.ensure_future(self.moves.even(evening))
+            self._inflight.add(self._evening)
+            self._evening.add_done_callback(self._inflight.discard)
+
+    def _to_even(self, kernels: list[Kernel], reading: Reading, now: float) -> Kernel | None:
+        """With ``ArbiterApp.even_contexts``, the paused kernel of ``kernels`` (one card's,
+        its lock held, ``reading`` just taken) whose context the driver is to take off
+        the card and straight back next (:meth:`.moves.Moves.even`), marked ``moving``
+        ``even``; None: none, or one is under way on the node already (one at a time:
+        each locks its processes for a second or so). Left as they are: a kernel on a
+        slice of several cards, one holding no context on the card (it never used CUDA),
+        one the driver refused within the last minute, and one whose checkpoint the
+        host's budget could not hold now (:meth:`.tiering.Tiering.host_step`)."""
+        if not self.config.even_contexts or self.checkpoint is None:
+            return None
+        if self._evening is not None and not self._evening.done():
+            return None
+        for k in sorted(kernels, key=lambda k: -k.idle_for(now)):
+            if (
+                k.state != PAUSED
+                or k.restored_context
+                or k.moving is not None
+                or k.slice.simulated
+                or len(k.slice.gpu_uuids) > 1
+                or reading.processes.get(k.pid, 0) == 0
+                or k.declined("even", now, REFUSAL_SECONDS)
+            ):
+                continue
+            if self.tiering.host_step(k, reading.processes[k.pid])[0] != "fits":
+                continue
+            k.moving = books.EVEN
+            return k
+        return None

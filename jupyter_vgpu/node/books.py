@@ -38,6 +38,9 @@ class Reason(str, enum.Enum):
 
 #: Kernel states, as kernels report them.
 ACTIVE, IDLE, PAUSED, SUSPENDED = "active", "idle", "paused", "suspended"
+#: The move that takes a paused kernel's context through the driver's checkpoint and
+#: straight back (:meth:`.moves.Moves.even`)
+EVEN = "even"
 #: Where a kernel's memory is (:attr:`Kernel.tier`): on the card, compressed in host
 #: memory, spilled to the disk tier, or in the driver's process checkpoint.
 TIERS = ("gpu", "host", "disk", "suspended")
@@ -164,6 +167,11 @@ class Kernel:
         process_at: monotonic seconds of that look.
         trim_asked: monotonic seconds the arbiter last asked it to trim while it was
             paused (0: never): once per pause (:func:`.tiers.paused_to_trim`).
+        restored_context: its CUDA context (and its group's) is one the driver restored
+            from a process checkpoint (a suspend's restore, or :meth:`.moves.Moves.even`).
+            The driver's time-slicing gives such a context about three quarters of the
+            card beside one that never left it, and shares evenly between contexts of one
+            kind (docs/design.md, the eleventh and twelfth tries).
     """
 
     pid: int
@@ -195,9 +203,11 @@ class Kernel:
     process: procs.Memory | None = None
     process_at: float = 0.0
     trim_asked: float = 0.0
+    restored_context: bool = False
     capped: bool = False  # a figure of its passed its bound (logged once)
     driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
-    #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``): no other begins meanwhile
+    #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``, ``even``): no
+    #: other begins meanwhile
     moving: str | None = None
 
     @contextlib.contextmanager
@@ -286,8 +296,9 @@ class Kernel:
         """Host memory it holds for the memory of its GPU, bytes: its paused data in host
         memory, the pinned slabs it keeps warm for its next pause (in any state: a
         resident kernel's ``host_bytes`` are those alone), plus the driver's checkpoint
-        while suspended."""
-        return self.host_bytes + (self.checkpoint_bytes if self.state == SUSPENDED else 0)
+        while suspended or while its context is taken through it (``moving`` ``even``)."""
+        checkpointed = self.state == SUSPENDED or self.moving == EVEN
+        return self.host_bytes + (self.checkpoint_bytes if checkpointed else 0)
 
     def describe(self) -> str:
         return f"{self.server.key} (pid {self.pid}, {self.state})"
@@ -418,11 +429,19 @@ def promised(
     pauses that took 0.21 s at the median with a cell running beside them (0.33 s with two)
     against 0.08 s with none. Measured at 12x, holds of 5 s made this worse (more suspends
     ahead, the host's budget reached): ``ArbiterApp.room_held_seconds`` is 0 by default
-    (docs/design.md, the tenth try)."""
-    return sum(
-        max(0, max(k.granted if k.state == ACTIVE else 0, k.holding(now) if holds else 0) - held(k, card))
-        for k in others
-    )
+    (docs/design.md, the tenth try).
+
+    A kernel whose context the driver takes off the card and straight back (``moving``
+    ``even``: :meth:`.moves.Moves.even`) is promised what the checkpoint takes, whatever
+    it holds meanwhile: NVML may show it gone before the books do, and its restore needs
+    it back."""
+    return sum(_promised(k, card, holds, now) for k in others)
+
+
+def _promised(k: Kernel, card: str | None, holds: bool, now: float | None) -> int:
+    if k.moving == EVEN:
+        return k.checkpoint_bytes if card is None else k.checkpoint_need.get(card, k.checkpoint_bytes)
+    return max(0, max(k.granted if k.state == ACTIVE else 0, k.holding(now) if holds else 0) - held(k, card))
 
 
 def prefetch_short(kernel: Kernel, free: int, others: list[Kernel], card: str | None = None) -> int:

@@ -46,7 +46,7 @@ class Metrics:
         self.prefetches = Counter(
             "jupyter_vgpu_prefetches",
             "Kernels brought back ahead of a cell the user was about to run, by outcome "
-            "(granted, no room, too soon, not away, leaving, card unreadable).",
+            "(granted, no room, too soon, not away, leaving, evening, card unreadable).",
             ["gpu", "outcome"],
             registry=r,
         )

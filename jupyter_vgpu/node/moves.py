@@ -3,8 +3,9 @@
 Owns every move of a kernel's memory across the card's edge that the arbiter decides:
 a pause (the kernel moves its memory to host memory and answers), a suspend (the kernel
 prepares, then the driver's process checkpoint takes the kernel and its children that
-hold memory on the card), a restore from that checkpoint, and the look at a kernel met
-suspended at its hello. Host memory for a pause is made first (:mod:`.tiering`);
+hold memory on the card), a restore from that checkpoint, a paused kernel's context
+taken through the checkpoint and straight back (:meth:`Moves.even`), and the look at a
+kernel met suspended at its hello. Host memory for a pause is made first (:mod:`.tiering`);
 the card's memory is then read until NVML shows it free.
 
 Every call of the driver's checkpoint goes through :meth:`Moves.driver` (bounded by
@@ -198,13 +199,7 @@ class Moves:
             failpoints.hit("arbiter.suspend")
             group = self.group_of(kernel, reading.processes)
             # what the checkpoint takes off the card, after the kernel's own pause: its restore needs it back
-            held = (await a.read(uuid)).processes
-            kernel.checkpoint_bytes = sum(held.get(i.pid, 0) for i in group)
-            kernel.checkpoint_need = {uuid: kernel.checkpoint_bytes}
-            for card in kernel.slice.gpu_uuids[1:]:  # a slice of several cards: the others too
-                held = (await a.read(card)).processes
-                kernel.checkpoint_need[card] = sum(held.get(i.pid, 0) for i in group)
-            kernel.checkpoint_bytes = sum(kernel.checkpoint_need.values())
+            await self._footprint(kernel, group)
             try:
                 await self.driver(
                     kernel,
@@ -232,6 +227,79 @@ class Moves:
         a.decide(
             action, server=kernel.server.key, pid=kernel.pid, reason=said, seconds=round(took, 3), **fields
         )
+        return True
+
+    async def _footprint(self, kernel: Kernel, group: list[procs.Identity]) -> None:
+        """Set ``kernel``'s ``checkpoint_need`` (bytes per card of its slice) and
+        ``checkpoint_bytes`` to what ``group`` holds on its cards now (NVML): what a
+        checkpoint of them takes off the cards, and their restore needs back."""
+        a = self.arbiter
+        kernel.checkpoint_need = {}
+        for card in kernel.slice.gpu_uuids:
+            held = (await a.read(card)).processes
+            kernel.checkpoint_need[card] = sum(held.get(i.pid, 0) for i in group)
+        kernel.checkpoint_bytes = sum(kernel.checkpoint_need.values())
+
+    async def even(self, kernel: Kernel) -> bool:
+        """Take paused ``kernel``'s processes that hold memory on its cards (its group, as a
+        suspend takes it: :meth:`group_of`) through the driver's checkpoint and straight
+        back, the kernel neither asked nor told: while they are locked the driver holds
+        their CUDA calls. Their contexts are then of the kind the driver restored, which
+        the driver's time-slicing favours about 3:1 over one that never left its card
+        (``ArbiterApp.even_contexts``; docs/design.md, the eleventh and twelfth tries).
+        The caller marked it ``moving`` ``even`` (under its card's lock: no other move
+        of it begins, a cell of it waits, and :func:`.books.promised` keeps what the
+        checkpoint takes for its restore); the mark goes whatever comes of it.
+
+        Both driver calls are made on one thread, in one go: a restore never waits on the
+        event loop, nor is left undone by a task cancelled as the arbiter stops. A
+        restore the card has no room for, or that the driver refuses, leaves the kernel
+        suspended in the books, with its group and footprint, for its next cell to
+        restore as any suspended kernel's; a checkpoint the driver refuses leaves it as it
+        was, and it is not tried again for a minute (``refused``).
+
+        Returns:
+            True when its context came back restored.
+        """
+        a = self.arbiter
+        try:
+            return await self._even(kernel)
+        finally:
+            kernel.moving = None
+            await a.notify()
+
+    async def _even(self, kernel: Kernel) -> bool:
+        a = self.arbiter
+        key = kernel.server.key
+        reading = await a.read(kernel.slice.gpu_uuid)
+        group = self.group_of(kernel, reading.processes)
+        await self._footprint(kernel, group)
+        state: dict[str, object] = {}
+
+        def cycle() -> float:
+            t0 = time.monotonic()
+            a.checkpoint.suspend(checked(group), nbytes=kernel.checkpoint_bytes)
+            state["checkpointed"] = True
+            a.checkpoint.restore(checked(group), kernel.checkpoint_need)
+            return time.monotonic() - t0
+
+        try:
+            seconds = await self.driver(kernel, "even", cycle)
+        except Exception as e:
+            if not state:  # the checkpoint refused: every process is as it was
+                procs.close_quietly(group[:-1])
+                kernel.checkpoint_bytes, kernel.checkpoint_need = 0, {}
+                kernel.refused["even"] = time.monotonic()
+                a.decide("even refused", server=key, pid=kernel.pid, message=str(e))
+                return False
+            kernel.group, kernel.group_ids = [i.pid for i in group], group
+            kernel.state, kernel.since = SUSPENDED, time.monotonic()
+            a.decide("even: restore waits", server=key, pid=kernel.pid, message=str(e))
+            return False
+        procs.close_quietly(group[:-1])
+        kernel.checkpoint_bytes, kernel.checkpoint_need = 0, {}
+        kernel.restored_context = True
+        a.decide("evened", server=key, pid=kernel.pid, seconds=round(seconds, 3))
         return True
 
     def group_of(self, kernel: Kernel, on_card) -> list[procs.Identity]:
@@ -326,9 +394,27 @@ class Moves:
         procs.close_quietly(kernel.group_ids[:-1])
         kernel.checkpoint_bytes, kernel.group, kernel.group_ids = 0, [], []
         kernel.checkpoint_need = {}
+        kernel.restored_context = True
         a.metrics.resume_seconds.labels(gpu=kernel.slice.gpu_uuid, tier="suspend").observe(seconds)
         a.decide("restored", server=kernel.server.key, pid=kernel.pid, seconds=round(seconds, 3))
         return True, ""
+
+    async def found_paused(self, kernel: Kernel) -> None:
+        """A kernel that says it is paused, met at its hello on a node that takes contexts
+        through the driver (``ArbiterApp.even_contexts``): an arbiter before this one may
+        have ended between the checkpoint and the restore of :meth:`even`, which the
+        kernel never hears of. The driver is asked; a process it holds is handled as one
+        met suspended (:meth:`found_suspended`)."""
+        a = self.arbiter
+        try:
+            where = await self.driver(
+                kernel, "state", lambda: a.checkpoint.state(*checked([kernel.identity]))
+            )
+        except Exception:  # no CUDA context in it: nothing the driver holds
+            return
+        if where != "running":
+            kernel.state = SUSPENDED
+            await self.found_suspended(kernel)
 
     async def found_suspended(self, kernel: Kernel) -> None:
         """A kernel that says it is suspended, met at its hello (its checkpoint's holder,

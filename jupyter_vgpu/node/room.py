@@ -30,7 +30,7 @@ from jupyter_vgpu.nvml import NVMLUnavailable
 from jupyter_vgpu.units import format_bytes
 
 from . import books, tiers
-from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Reason
+from .books import ACTIVE, EVEN, PAUSED, SUSPENDED, Kernel, Reason
 from .cards import Reading
 from .enforcement import REFUSAL_SECONDS
 
@@ -149,6 +149,9 @@ class Rooms:
                 await locked.enter_async_context(a.locks[card])
             if kernel.moving in ("pause", "suspend"):  # a room ahead takes it off the card now
                 await deny("leaving", f"this kernel's {kernel.moving} is under way: its cell brings it back")
+                return
+            if kernel.moving == EVEN:  # the driver holds it a second: its cell waits for that
+                await deny("evening", "the driver is taking this kernel's context off the GPU and back")
                 return
             # its state may read active already: a kernel reports so as it starts coming back
             held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
@@ -392,7 +395,7 @@ class Rooms:
                         await locked.enter_async_context(a.locks[card])
                     # a room ahead is taking it off the card, outside the lock: decided once it
                     # is off (a grant now would meet a suspend made after it)
-                    if kernel.moving in ("pause", "suspend"):
+                    if kernel.moving in ("pause", "suspend", EVEN):
                         leaving = kernel.moving
                         raise _Leaving
                     short, reading = await self.make_room(kernel, uuid, tell, notes, host_first)
@@ -410,7 +413,10 @@ class Rooms:
                         kernel.end_hold()  # what its prefetch held is in its grant now
                         kernel.state, kernel.since = ACTIVE, time.monotonic()
             except _Leaving:
-                await tell(f"waiting for this kernel's {leaving}, made ahead of another cell, to end")
+                if leaving == EVEN:
+                    await tell("waiting for the driver to bring this kernel's context back (about a second)")
+                else:
+                    await tell(f"waiting for this kernel's {leaving}, made ahead of another cell, to end")
                 await a.wait_for_change(1.0)
                 continue
             except NVMLUnavailable as e:  # the card stopped answering: the kernel waits, told why

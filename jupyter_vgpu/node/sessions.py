@@ -27,7 +27,7 @@ from jupyter_vgpu.host import cgroups, procs
 from jupyter_vgpu.slice import Slice
 
 from . import protocol
-from .books import ACTIVE, SUSPENDED, Kernel, Server
+from .books import ACTIVE, PAUSED, SUSPENDED, Kernel, Server
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
@@ -363,6 +363,8 @@ class Sessions:
         )
         if kernel.state == SUSPENDED:
             a.spawn(a.moves.found_suspended(kernel))
+        elif kernel.state == PAUSED and a.config.even_contexts and a.checkpoint is not None:
+            a.spawn(a.moves.found_paused(kernel))
         await a.notify()
 
     def state(self, kernel: Kernel, msg: dict) -> None:

@@ -7,14 +7,16 @@ from jupyter_vgpu.node import books
 
 class Answering:
     """Stands where :class:`jupyter_vgpu.node.sessions.Connection` stands: ``kernel``,
-    ``pid``, ``ask`` and ``send``, and the room requests' bookkeeping (``room_task``,
-    ``room_next``, ``ahead_task``, ``ahead_stop``). ``asked``: the requests' types, in
-    order; ``told``: the messages sent."""
+        ``pid``, ``ask`` and ``send``, and the room requests' bookkeeping (``room_task``,
+        ``room_next``, ``ahead_task``, ``ahead_stop``) and the node's figures it was last told
+    (``node_sent``, for the arbiter's background step). ``asked``: the requests' types, in
+        order; ``told``: the messages sent."""
 
     def __init__(self, kernel: books.Kernel):
         self.kernel, self.pid, self.asked, self.told = kernel, kernel.pid, [], []
         self.room_task = self.room_next = self.ahead_task = None
         self.ahead_stop = False
+        self.node_sent = None
 
     async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
         self.asked.append(msg["type"])
