@@ -386,6 +386,7 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     settings.append(f"--ArbiterApp.room_ahead={args.room_ahead == 'on'}")
     settings.append(f"--ArbiterApp.room_held_seconds={args.room_held_seconds}")
     settings.append(f"--ArbiterApp.trim_before_spill={args.trim_before_spill == 'on'}")
+    settings.append(f"--ArbiterApp.even_contexts={args.node_even_contexts}")
     # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
     settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
@@ -879,6 +880,13 @@ def main() -> None:
         "suspend's restore leaves (the row's even_contexts says how many and how long)",
     )
     parser.add_argument(
+        "--node-even-contexts",
+        action="store_true",
+        help="the arbiter's even_contexts: it takes each paused kernel's context through the "
+        "driver's checkpoint and back once, while idle (the node's own way to what "
+        "--even-contexts does behind its back once the sessions are set up)",
+    )
+    parser.add_argument(
         "--suspend-after",
         type=float,
         default=3600.0,
@@ -974,6 +982,7 @@ def main() -> None:
         "room_ahead": args.room_ahead == "on",
         "room_held_seconds": args.room_held_seconds,
         "trim_before_spill": args.trim_before_spill == "on",
+        "even_contexts": args.node_even_contexts,
         "poll_seconds": 0.25,
         "decisions_kept": DECISIONS_KEPT,
     }

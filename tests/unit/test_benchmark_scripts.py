@@ -29,6 +29,7 @@ ARBITER_ARGS = argparse.Namespace(
     room_ahead="on",
     room_held_seconds=0.0,
     trim_before_spill="on",
+    node_even_contexts=False,
     gpu_uuids=[],
 )
 
