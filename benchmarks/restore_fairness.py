@@ -25,7 +25,7 @@ its step alone over its step in the phase (two workers sharing evenly: 0.5 each)
 
 Usage (on a GPU machine, with the package's dependencies: ``scripts/gpu-steps start
 fairness`` installs them): ``python3 benchmarks/restore_fairness.py --out
-benchmarks/results/restore-fairness-h100.json``.
+benchmarks/results/restore-fairness-h200.json``.
 """
 
 from __future__ import annotations
