@@ -48,7 +48,9 @@ class Node:
     def __init__(self, tmp_path):
         self.tmp_path, self.kernels, self.arbiter = tmp_path, [], None
 
-    def start(self) -> "Node":
+    def start(self, more: int = 0) -> "Node":
+        """``more``: bytes the grower holds beside its 256 MiB (ones, not checked), so that
+        what it brings back can exceed a context and a half."""
         self.gpu = nvml.list_gpus()[0]
         small = Slice.on_card(self.gpu, 2 * GiB, 100, overcommit_ratio=8.0)
         self.budget = 4 * GiB
@@ -68,6 +70,8 @@ class Node:
         with self.arbiter.control() as c:
             c.register(self.grower.pid, "grower", "", large)
         assert "held" in self.grower.run(HOLD.format(seed=len(self.paused)), timeout=300)
+        if more:
+            self.grower.run(f"more = torch.ones({more}, dtype=torch.uint8, device='cuda')", timeout=300)
         pause_all(self.arbiter, [*self.paused, self.grower])
         self.context = min(self.arbiter.kernel(k.pid)["resident"] for k in self.paused)
         assert self.context > 0
@@ -142,10 +146,15 @@ def test_a_prefetch_suspends_what_its_cell_needs_together_before_the_cell_runs(n
 
 
 def test_a_prefetch_short_of_its_own_return_suspends_for_it_before_the_grant(node):
-    n = node.start()
+    # the grower brings back more than a context and a half (256 MiB alone did not: the
+    # free memory asked for below was less than nothing, so every suspend left the card
+    # as full as before; H200, 77fe161, gpu-tests-h200.log)
+    n = node.start(more=GiB)
     # a context and a half short of bringing the grower's bytes back: two of the paused
     # kernels' suspends, together, before the prefetch is granted
-    arbiter = n.restart(n.back - (3 * n.context) // 2)
+    free = n.back - (3 * n.context) // 2
+    assert free > 0, (n.back, n.context)
+    arbiter = n.restart(free)
     suspends = n.prefetch_until(2)
     [granted] = [d for d in arbiter.books()["decisions"] if d["what"] == "prefetch"]
     first = sorted(suspends, key=lambda d: d["time"])[:2]
