@@ -3,6 +3,7 @@
 ``jupyter_vgpu_pauses_total{gpu, reason}`` (reason, :class:`.books.Reason`: ``room``
 for another kernel, ``room ahead`` for a prefetched kernel's cell, ``idle`` in the
 background, ``over budget`` or ``wrong GPU`` by the watchdog), ``jupyter_vgpu_suspends_total{gpu}``,
+``jupyter_vgpu_contexts_evened_total{gpu, outcome}`` (``ArbiterApp.even_contexts``),
 ``jupyter_vgpu_resume_seconds{gpu, tier}`` (tier: ``pause`` or ``suspend``),
 ``jupyter_vgpu_queue_wait_seconds{gpu}`` (how long a cell waited for room),
 ``jupyter_vgpu_enforcement_actions_total{gpu, action}`` (servers over their budget),
@@ -52,6 +53,13 @@ class Metrics:
         )
         self.suspends = Counter(
             "jupyter_vgpu_suspends", "Kernels suspended by the arbiter.", ["gpu"], registry=r
+        )
+        self.evens = Counter(
+            "jupyter_vgpu_contexts_evened",
+            "Paused kernels' CUDA contexts taken through the driver's checkpoint and straight back "
+            "(ArbiterApp.even_contexts), by outcome (evened, refused, restore waits).",
+            ["gpu", "outcome"],
+            registry=r,
         )
         self.resume_seconds = Histogram(
             "jupyter_vgpu_resume_seconds",

@@ -255,8 +255,10 @@ class Moves:
         event loop, nor is left undone by a task cancelled as the arbiter stops. A
         restore the card has no room for, or that the driver refuses, leaves the kernel
         suspended in the books, with its group and footprint, for its next cell to
-        restore as any suspended kernel's; a checkpoint the driver refuses leaves it as it
-        was, and it is not tried again for a minute (``refused``).
+        restore as any suspended kernel's, and so does a call given up past its deadline
+        (the driver may hold it locked or checkpointed: that restore unlocks or restores
+        it, and leaves one still running as it is); a checkpoint the driver refuses leaves
+        it as it was, and it is not tried again for a minute (``refused``).
 
         Returns:
             True when its context came back restored.
@@ -275,6 +277,7 @@ class Moves:
         group = self.group_of(kernel, reading.processes)
         await self._footprint(kernel, group)
         state: dict[str, object] = {}
+        evens = a.metrics.evens
 
         def cycle() -> float:
             t0 = time.monotonic()
@@ -286,20 +289,24 @@ class Moves:
         try:
             seconds = await self.driver(kernel, "even", cycle)
         except Exception as e:
-            if not state:  # the checkpoint refused: every process is as it was
+            given_up = isinstance(e, getattr(a.checkpoint, "Timeout", ()))
+            if not state and not given_up:  # the checkpoint refused: every process is as it was
                 procs.close_quietly(group[:-1])
                 kernel.checkpoint_bytes, kernel.checkpoint_need = 0, {}
                 kernel.refused["even"] = time.monotonic()
                 a.decide("even refused", server=key, pid=kernel.pid, message=str(e))
+                evens.labels(gpu=kernel.slice.gpu_uuid, outcome="refused").inc()
                 return False
             kernel.group, kernel.group_ids = [i.pid for i in group], group
             kernel.state, kernel.since = SUSPENDED, time.monotonic()
             a.decide("even: restore waits", server=key, pid=kernel.pid, message=str(e))
+            evens.labels(gpu=kernel.slice.gpu_uuid, outcome="restore waits").inc()
             return False
         procs.close_quietly(group[:-1])
         kernel.checkpoint_bytes, kernel.checkpoint_need = 0, {}
         kernel.restored_context = True
         a.decide("evened", server=key, pid=kernel.pid, seconds=round(seconds, 3))
+        evens.labels(gpu=kernel.slice.gpu_uuid, outcome="evened").inc()
         return True
 
     def group_of(self, kernel: Kernel, on_card) -> list[procs.Identity]:

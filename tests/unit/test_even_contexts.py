@@ -62,6 +62,8 @@ def test_every_paused_kernel_goes_through_the_driver_once_longest_idle_first_and
     # each a suspend of its own process with its footprint, then nothing more
     assert [call[0] for call in arbiter.checkpoint.calls] == [[k.pid] for k in reversed(paused)]
     assert not kernels[5].restored_context, "an idle kernel that was never paused is left"
+    series = {"gpu": CARD, "outcome": "evened"}
+    assert arbiter.metrics.registry.get_sample_value("jupyter_vgpu_contexts_evened_total", series) == 5
 
 
 def test_nothing_goes_through_the_driver_with_the_setting_off(processes):
@@ -142,8 +144,9 @@ def test_a_cell_waits_for_its_context_to_come_back_then_runs(processes):
 
 
 class Refusing:
-    """The card model's driver, refusing a checkpoint (CUDA IPC, say) or, with ``at``
-    ``restore``, a restore (no room)."""
+    """The card model's driver, refusing a checkpoint (CUDA IPC, say; ``at`` ``suspend``),
+    giving it up past its deadline (``deadline``), or refusing a restore (no room:
+    ``restore``)."""
 
     Timeout = TimeoutError
 
@@ -152,6 +155,8 @@ class Refusing:
 
     def suspend(self, pids, nbytes):
         self.calls.append("suspend")
+        if self.at == "deadline":
+            raise TimeoutError("cuCheckpointProcessCheckpoint given up after 31 s")
         if self.at == "suspend":
             raise CheckpointError("cuCheckpointProcessCheckpoint failed: CUDA_ERROR_NOT_SUPPORTED")
         return self.inner.suspend(pids, nbytes)
@@ -193,3 +198,18 @@ def test_a_restore_without_room_leaves_the_kernel_suspended_for_its_next_cell(pr
     assert kernel.checkpoint_need == {CARD: CONTEXT}, "what its restore needs back"
     assert kernel.moving is None
     assert kernel.pid not in card.held
+
+
+def test_a_checkpoint_given_up_past_its_deadline_leaves_the_kernel_for_its_next_cells_restore(processes):
+    """The driver may hold it locked or checkpointed: the books say suspended, so that its
+    next cell's restore unlocks or restores it (one still running it leaves as it is)."""
+    arbiter, _, kernels = even_node(processes)
+    for k in kernels[1:5]:
+        k.restored_context = True
+    arbiter.checkpoint = Refusing(arbiter.checkpoint, at="deadline")
+    evening(arbiter)
+    [waits] = decided(arbiter, "even: restore waits")
+    assert "given up" in waits["message"]
+    assert kernels[0].state == books.SUSPENDED
+    assert kernels[0].group == [kernels[0].pid]
+    assert decided(arbiter, "even refused") == []
