@@ -599,6 +599,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "shared_pieces": {k: v for k, v in books["shared_pieces"].items() if k != "by_pid"},
                 "node_host_used_bytes": books["node"]["host_used"],
                 "even_contexts": evened,  # --even-contexts: each kernel's context cycled once
+                # --node-even-contexts: the arbiter's own, from its decisions (all kept)
+                "node_even_contexts": node_evened(books["decisions"]) if args.node_even_contexts else None,
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
                 "decisions": [
                     d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")
@@ -644,6 +646,20 @@ def even_contexts(pids: list[int], checkpoint) -> dict:
         except checkpoint.CheckpointError as e:
             refused.append(f"{pid}: {e}")
     return {"cycled": cycled, "refused": refused, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def node_evened(decisions: list[dict]) -> dict:
+    """What the arbiter's ``even_contexts`` did in a run, from its decisions: how many
+    contexts went through the driver and back (``evened``, with the seconds each took at
+    the median, :data:`RULE`), how many the driver refused, how many were left suspended
+    for their next cell (``restore_waits``)."""
+    seconds = [d["seconds"] for d in decisions if d["what"] == "evened"]
+    return {
+        "evened": len(seconds),
+        "p50_s": percentile_or_none(seconds, 50),
+        "refused": sum(d["what"] == "even refused" for d in decisions),
+        "restore_waits": sum(d["what"] == "even: restore waits" for d in decisions),
+    }
 
 
 def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:

@@ -450,3 +450,17 @@ def test_even_contexts_cycles_each_process_once_and_keeps_going_past_one_the_dri
     assert calls == [("suspend", 1), ("restore", 1), ("suspend", 2), ("suspend", 3), ("restore", 3)]
     assert out["cycled"] == 2
     assert out["refused"] == ["2: cuCheckpointProcessLock failed: CUDA_ERROR_ILLEGAL_STATE"]
+
+
+def test_a_row_counts_what_the_arbiters_even_contexts_did_from_its_decisions():
+    sessions = load("sessions")
+    decisions = [
+        {"what": "evened", "seconds": 0.9},
+        {"what": "pause", "seconds": 0.07},
+        {"what": "evened", "seconds": 0.5},
+        {"what": "evened", "seconds": 0.6},
+        {"what": "even refused", "message": "CUDA_ERROR_NOT_SUPPORTED"},
+        {"what": "even: restore waits", "message": "no room"},
+    ]
+    assert sessions.node_evened(decisions) == {"evened": 3, "p50_s": 0.6, "refused": 1, "restore_waits": 1}
+    assert sessions.node_evened([])["p50_s"] is None
