@@ -166,12 +166,20 @@ class Refusing:
         raise NoRoom("the GPU has 0.10 GiB free where the restore needs 1.18 GiB")
 
 
-def test_a_checkpoint_the_driver_refuses_leaves_the_kernel_as_it_was_and_is_not_tried_again_soon(processes):
+def first_alone_with(processes, at: str):
+    """:func:`even_node` with only its first kernel's context left to take through the
+    driver, the driver failing as ``at`` says (:class:`Refusing`), after one background
+    step."""
     arbiter, card, kernels = even_node(processes)
     for k in kernels[1:5]:
         k.restored_context = True
-    arbiter.checkpoint = Refusing(arbiter.checkpoint, at="suspend")
+    arbiter.checkpoint = Refusing(arbiter.checkpoint, at=at)
     evening(arbiter)
+    return arbiter, card, kernels
+
+
+def test_a_checkpoint_the_driver_refuses_leaves_the_kernel_as_it_was_and_is_not_tried_again_soon(processes):
+    arbiter, card, kernels = first_alone_with(processes, at="suspend")
     [refused] = decided(arbiter, "even refused")
     assert "CUDA_ERROR_NOT_SUPPORTED" in refused["message"]
     grower = kernels[0]
@@ -184,11 +192,7 @@ def test_a_checkpoint_the_driver_refuses_leaves_the_kernel_as_it_was_and_is_not_
 
 
 def test_a_restore_without_room_leaves_the_kernel_suspended_for_its_next_cell(processes):
-    arbiter, card, kernels = even_node(processes)
-    for k in kernels[1:5]:
-        k.restored_context = True
-    arbiter.checkpoint = Refusing(arbiter.checkpoint, at="restore")
-    evening(arbiter)
+    arbiter, card, kernels = first_alone_with(processes, at="restore")
     [waits] = decided(arbiter, "even: restore waits")
     assert "0.10 GiB free" in waits["message"]
     kernel = kernels[0]
@@ -203,11 +207,7 @@ def test_a_restore_without_room_leaves_the_kernel_suspended_for_its_next_cell(pr
 def test_a_checkpoint_given_up_past_its_deadline_leaves_the_kernel_for_its_next_cells_restore(processes):
     """The driver may hold it locked or checkpointed: the books say suspended, so that its
     next cell's restore unlocks or restores it (one still running it leaves as it is)."""
-    arbiter, _, kernels = even_node(processes)
-    for k in kernels[1:5]:
-        k.restored_context = True
-    arbiter.checkpoint = Refusing(arbiter.checkpoint, at="deadline")
-    evening(arbiter)
+    arbiter, _, kernels = first_alone_with(processes, at="deadline")
     [waits] = decided(arbiter, "even: restore waits")
     assert "given up" in waits["message"]
     assert kernels[0].state == books.SUSPENDED
