@@ -325,11 +325,12 @@ class Arbiter(Registry):
 
         self._tasks.append(asyncio.ensure_future(loop()))
 
-    def spawn(self, coro) -> None:
-        """Run ``coro`` as a task the arbiter keeps a reference to until it ends."""
+    def spawn(self, coro) -> asyncio.Task:
+        """Run ``coro`` as a task the arbiter keeps a reference to until it ends; returns it."""
         task = asyncio.ensure_future(coro)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        return task
 
     async def notify(self) -> None:
         """Wake every request for room that waits for the books to change."""
@@ -466,9 +467,7 @@ class Arbiter(Registry):
         for kernel, need in host_first:  # outside the cards' locks: no room request waits for it
             await self.tiering.host_room(kernel, need)
         if evening is not None:  # marked under its card's lock; the driver's calls outside it
-            self._evening = asyncio.ensure_future(self.moves.even(evening))
-            self._inflight.add(self._evening)
-            self._evening.add_done_callback(self._inflight.discard)
+            self._evening = self.spawn(self.moves.even(evening))
 
     def _to_even(self, kernels: list[Kernel], reading: Reading, now: float) -> Kernel | None:
         """With ``ArbiterApp.even_contexts``, the paused kernel of ``kernels`` (one card's,

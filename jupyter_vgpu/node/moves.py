@@ -229,15 +229,18 @@ class Moves:
         )
         return True
 
-    async def _footprint(self, kernel: Kernel, group: list[procs.Identity]) -> None:
+    async def _footprint(
+        self, kernel: Kernel, group: list[procs.Identity], read: dict[str, cards.Reading] | None = None
+    ) -> None:
         """Set ``kernel``'s ``checkpoint_need`` (bytes per card of its slice) and
-        ``checkpoint_bytes`` to what ``group`` holds on its cards now (NVML): what a
-        checkpoint of them takes off the cards, and their restore needs back."""
+        ``checkpoint_bytes`` to what ``group`` holds on its cards now (NVML; ``read``: cards
+        the caller has just read, by UUID, not read again): what a checkpoint of them takes
+        off the cards, and their restore needs back."""
         a = self.arbiter
         kernel.checkpoint_need = {}
         for card in kernel.slice.gpu_uuids:
-            held = (await a.read(card)).processes
-            kernel.checkpoint_need[card] = sum(held.get(i.pid, 0) for i in group)
+            reading = (read or {}).get(card) or await a.read(card)
+            kernel.checkpoint_need[card] = sum(reading.processes.get(i.pid, 0) for i in group)
         kernel.checkpoint_bytes = sum(kernel.checkpoint_need.values())
 
     async def even(self, kernel: Kernel) -> bool:
@@ -275,7 +278,7 @@ class Moves:
         key = kernel.server.key
         reading = await a.read(kernel.slice.gpu_uuid)
         group = self.group_of(kernel, reading.processes)
-        await self._footprint(kernel, group)
+        await self._footprint(kernel, group, {kernel.slice.gpu_uuid: reading})
         state: dict[str, object] = {}
         evens = a.metrics.evens
 
