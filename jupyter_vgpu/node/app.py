@@ -424,7 +424,10 @@ class ArbiterApp(Application):
         runs; docs/design.md, the twelfth try). Each cycle holds the kernel's CUDA calls
         for about 1.2 s (a paused MLP kernel on an H200), its cell waiting that long at
         most; kernels the driver cannot checkpoint (CUDA IPC, managed memory) are left as
-        they are. Needs the driver's checkpoint (driver 550+).""",
+        they are. Needs the driver's checkpoint (driver 550+). Off by default: at 12x (48
+        MLP sessions, seeds 11 and 7) it evened 42 and 43 contexts in 1.2-1.3 s each and
+        left the p95 where it was without it (69 and 72 points of a solo cell over the
+        compute-sharing model, against 74 and 71; docs/design.md, the thirteenth try).""",
     ).tag(config=True)
 
     host_reserve = ByteSize(
