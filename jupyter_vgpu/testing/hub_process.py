@@ -186,6 +186,40 @@ class HubProcess:
         headers = {"Authorization": f"token {token or self.admin_token}", **kwargs.pop("headers", {})}
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kwargs)
 
+    def quotas(self) -> dict[tuple[str, str], dict]:
+        """Every user's and group's stored vGPU quota, ``{(kind, name): fields}`` (``kind``
+        ``"user"`` or ``"group"``; unset fields left out), from ``GET /vgpu/quotas``."""
+        r = self.api("GET", "/vgpu/quotas")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return {
+            (kind[:-1], name): {f: v for f, v in fields.items() if v is not None}
+            for kind in ("users", "groups")
+            for name, fields in body[kind].items()
+        }
+
+    def restore_quotas(self, before: dict[tuple[str, str], dict]) -> None:
+        """Put the quotas back as ``before`` (:meth:`quotas`): those set since are deleted,
+        those changed are stored again (a group deleted since has none to put back).
+
+        Raises:
+            AssertionError: the Hub refused one (a running slice it would no longer fit,
+                say), with its message.
+        """
+        now = self.quotas()
+        for kind, name in sorted(now.keys() - before.keys()):
+            r = self.api("DELETE", f"/vgpu/quotas/{kind}s/{name}")
+            assert r.status_code in (204, 404), (
+                f"deleting the {kind} quota of {name}: {r.status_code} {r.text}"
+            )
+        for (kind, name), fields in sorted(before.items()):
+            if now.get((kind, name)) != fields:
+                r = self.api("PUT", f"/vgpu/quotas/{kind}s/{name}", json=fields)
+                gone = r.status_code == 404 and f"No such {kind}" in r.text
+                assert r.status_code == 200 or gone, (
+                    f"restoring the {kind} quota of {name}: {r.status_code} {r.text}"
+                )
+
     def login(self, username: str, password: str | None = None) -> requests.Session:
         """Log in through the real login form; the session carries the Hub's cookies.
 

@@ -234,3 +234,26 @@ def test_quotas_follow_groups_through_delete(hub, users):
     assert hub.api("POST", "/groups/tmp-group").status_code == 201
     assert hub.api("GET", "/vgpu/quotas/groups/tmp-group").json()["compute_share"] is None
     assert hub.api("DELETE", "/groups/tmp-group").status_code == 204
+
+
+def test_the_quotas_a_module_changed_are_put_back_as_it_found_them(hub, users):
+    """What the shared Hub's fixture does at each module's end (tests/integration/conftest.py),
+    so that no module meets another's quotas in whatever order the modules run: a quota
+    set since is deleted, one changed or cleared is stored again as it was."""
+    hub.user_token("quinn")
+    assert (
+        hub.api("PUT", "/vgpu/quotas/users/grace", json={"memory_limit": "3G", "priority": 70}).status_code
+        == 200
+    )
+    assert hub.api("PUT", "/vgpu/quotas/groups/students", json={"compute_share": 40}).status_code == 200
+    before = hub.quotas()
+    assert hub.api("PUT", "/vgpu/quotas/users/grace", json={"memory_limit": "5G"}).status_code == 200
+    assert hub.api("PUT", "/vgpu/quotas/users/quinn", json={"compute_share": 30}).status_code == 200
+    assert hub.api("DELETE", "/vgpu/quotas/groups/students").status_code == 204
+    assert hub.quotas() != before
+    hub.restore_quotas(before)
+    assert hub.quotas() == before
+    grace = hub.api("GET", "/vgpu/quotas/users/grace").json()
+    assert (grace["memory_limit"], grace["priority"]) == (3 * GiB, 70)
+    assert hub.api("GET", "/vgpu/quotas/users/quinn").json()["compute_share"] is None
+    assert hub.api("GET", "/vgpu/quotas/groups/students").json()["compute_share"] == 40
