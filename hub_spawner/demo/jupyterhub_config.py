@@ -30,6 +30,10 @@
 #                               <state>/arbiter/arbiter.sock (default: the Hub runs it)
 #   JUPYTER_VGPU_DEMO_CGROUP_PARENT the cgroup servers' cgroups go under (default: one of this
 #                               demo's own, /jupyter-vgpu-demo/<state>-<hash>)
+#   JUPYTER_VGPU_DEMO_SERVER_PORTS  the ports users' servers get, "LOW-HIGH" (default: 20000-29999)
+#   JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX the system accounts' prefix, when the Hub runs as root
+#                               (default: vgpu-): demo Hubs side by side whose users must not
+#                               share an account
 from hub_spawner.demo import settings
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file

@@ -223,6 +223,10 @@ def local(c) -> Path:
     # own (hub_spawner.demo.system_user) when the Hub is root, and runs their server as it,
     # with JupyterLab, in a cgroup of its own.
     c.JupyterHub.spawner_class = "hub_spawner.demo.spawner.DemoSpawner"
+    server_ports = os.environ.get("JUPYTER_VGPU_DEMO_SERVER_PORTS")
+    if server_ports:  # "LOW-HIGH": demo Hubs side by side (the tests) each take their own
+        low, _, high = server_ports.partition("-")
+        c.DemoSpawner.port_range = (int(low), int(high))
     c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
     python, why_root = server_python(state)
     if why_root is None:

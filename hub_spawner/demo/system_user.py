@@ -28,6 +28,10 @@ from jupyter_vgpu.host import procs
 
 #: Accounts' names start with this, so that no demo user gets an existing account.
 PREFIX = "vgpu-"
+#: The environment variable that sets another prefix (``[a-z][a-z0-9]{0,9}-``): demo Hubs
+#: side by side on one host (the tests, in several processes) whose users must not share
+#: an account, since each Hub removes the accounts it made when it is cleaned up.
+PREFIX_VARIABLE = "JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX"
 #: The longest account name ``useradd`` takes.
 MAX_NAME = 32
 #: How accounts are created: system accounts with no home and no login shell (the demo
@@ -45,7 +49,24 @@ USERADD = [
 PROBE_ACCOUNT = "nobody"
 
 
-def account_name(username: str) -> str:
+def account_prefix(value: str | None = None) -> str:
+    """The accounts' prefix: ``value``, else :data:`PREFIX_VARIABLE` where set, else
+    :data:`PREFIX`.
+
+    Raises:
+        ValueError: it is not a lower-case letter, up to 9 more letters or digits, and
+            ``-``.
+    """
+    value = value or os.environ.get(PREFIX_VARIABLE) or PREFIX
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,9}-", value):
+        raise ValueError(
+            f"account prefix {value!r} ({PREFIX_VARIABLE}): expected a lower-case letter, "
+            "up to 9 more letters or digits, and '-'"
+        )
+    return value
+
+
+def account_name(username: str, prefix: str | None = None) -> str:
     """The system account of demo user ``username``, one per name, never shared.
 
     A name of lower-case letters, digits and ``-`` that fits gives ``vgpu-<name>``
@@ -53,12 +74,18 @@ def account_name(username: str) -> str:
     characters with every other character replaced by ``-``, ``_`` and 16 hex digits of
     its SHA-1 (``"Ada Lovelace"`` -> ``"vgpu_ada-lovela_<16 hex>"``): the two forms never
     meet (``vgpu-`` against ``vgpu_``), and another name with the same digits would need
-    a 64-bit SHA-1 collision. At most 32 characters, as ``useradd`` takes.
+    a 64-bit SHA-1 collision. At most 32 characters, as ``useradd`` takes. ``vgpu-`` is
+    :func:`account_prefix` of ``prefix`` (the second form's ``vgpu`` its first part), and
+    a longer one leaves fewer of the name's characters in the second form.
+
+    Raises:
+        ValueError: a bad prefix (:func:`account_prefix`).
     """
-    if re.fullmatch(r"[a-z0-9-]+", username) and len(PREFIX + username) <= MAX_NAME:
-        return PREFIX + username
-    clean = re.sub(r"[^a-z0-9-]", "-", username.lower())[:10]
-    return f"vgpu_{clean}_{hashlib.sha1(username.encode()).hexdigest()[:16]}"
+    first = account_prefix(prefix)
+    if re.fullmatch(r"[a-z0-9-]+", username) and len(first + username) <= MAX_NAME:
+        return first + username
+    clean = re.sub(r"[^a-z0-9-]", "-", username.lower())[: MAX_NAME - len(first) - 17]
+    return f"{first[:-1]}_{clean}_{hashlib.sha1(username.encode()).hexdigest()[:16]}"
 
 
 def ensure(name: str, attempts: int = 20, record: Path | None = None) -> pwd.struct_passwd | None:

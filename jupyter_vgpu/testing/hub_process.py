@@ -25,13 +25,22 @@ from pathlib import Path
 import psutil
 import requests
 
-from jupyter_vgpu.testing.server_process import free_port
+from jupyter_vgpu.testing.server_process import SERVER_PORTS, free_port, worker_share
 from jupyter_vgpu.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "hub_spawner" / "demo" / "jupyterhub_config.py"
 ARTIFACTS = ROOT / "test-artifacts"
 PASSWORD = "test-password"
+
+
+def account_prefix() -> str:
+    """The prefix of the system accounts this test process's Hubs make for their users
+    (``JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX``): ``vgpu<N>-`` in pytest-xdist's worker ``gw<N>``,
+    ``vgpu-`` elsewhere. Hubs of two workers then never share an account: each removes the
+    accounts it made when it is shut down, while the other's servers may run as them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return f"vgpu{worker[2:]}-" if re.fullmatch(r"gw\d{1,4}", worker) else "vgpu-"
 
 
 class HubProcess:
@@ -70,6 +79,8 @@ class HubProcess:
             "JUPYTER_VGPU_DEMO_CGROUP_PARENT": f"/jupyter-vgpu-tests/{self.state_dir.name}",
             # servers outlive a Hub the tests stop (restart() shows the Hub adopting them)
             "JUPYTER_VGPU_DEMO_KEEP_SERVERS": "1",
+            "JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX": account_prefix(),
+            "JUPYTER_VGPU_DEMO_SERVER_PORTS": "{}-{}".format(*worker_share(*SERVER_PORTS)),
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen | None = None
@@ -166,6 +177,13 @@ class HubProcess:
                 top.parent.rmdir()  # the tests' top cgroup, when no other Hub uses it
             except OSError:
                 pass
+
+    def account_name(self, username: str) -> str:
+        """The system account this Hub runs ``username``'s server as, when it runs as root
+        (:func:`hub_spawner.demo.system_user.account_name`, with its prefix)."""
+        from hub_spawner.demo import system_user
+
+        return system_user.account_name(username, self.env["JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX"])
 
     def remove_accounts(self) -> None:
         """Remove the system accounts this Hub made for its users (none is left behind)."""

@@ -53,6 +53,11 @@ def unavailable() -> str | None:
     return None
 
 
+#: The accounts this process made (:func:`ensure_account`), the only ones it removes
+#: (:func:`remove_made`): in pytest-xdist, another worker may be using them still.
+MADE: list[str] = []
+
+
 def ensure_account(name: str) -> pwd.struct_passwd:
     """The system account ``name``, made (no home, no login shell) when missing."""
     try:
@@ -63,7 +68,14 @@ def ensure_account(name: str) -> pwd.struct_passwd:
             check=True,
             capture_output=True,
         )
+        MADE.append(name)
         return pwd.getpwnam(name)
+
+
+def remove_made() -> None:
+    """Remove the accounts this process made (:data:`MADE`), their processes first."""
+    while MADE:
+        remove_account(MADE.pop())
 
 
 def remove_account(name: str) -> None:

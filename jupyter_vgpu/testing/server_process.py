@@ -29,10 +29,28 @@ KERNEL_CONFIG = Path(__file__).resolve().parents[2] / "jupyter-config/ipython/ip
 TEST_PORTS = (30000, 32767)
 
 
+#: The ports the test Hubs' spawners give users' servers (``port_range``'s default).
+SERVER_PORTS = (20000, 29999)
+
+
+def worker_share(low: int, high: int) -> tuple[int, int]:
+    """This test process's share of the ports ``low``-``high`` (inclusive): in pytest-xdist's
+    worker ``gw<N>`` of ``PYTEST_XDIST_WORKER_COUNT``, the N-th of that many equal parts,
+    so that two workers never pick one port between choosing it and binding it (each
+    process's picker knows only its own); elsewhere, all of them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count <= 1:
+        return low, high
+    size = (high - low + 1) // count
+    first = low + int(worker[2:]) % count * size
+    return first, first + size - 1
+
+
 def free_port() -> int:
     """A free port on loopback that no kernel can take before its server binds it
-    (:mod:`hub_spawner.ports`)."""
-    return ports.picker(*TEST_PORTS).pick("127.0.0.1")
+    (:mod:`hub_spawner.ports`), of this test process's share (:func:`worker_share`)."""
+    return ports.picker(*worker_share(*TEST_PORTS)).pick("127.0.0.1")
 
 
 class JupyterServer:

@@ -21,7 +21,7 @@ import pytest
 
 from hub_spawner.demo import settings, system_user
 from jupyter_vgpu.host import cgroups
-from jupyter_vgpu.testing.hub_process import ARTIFACTS, ROOT, HubProcess
+from jupyter_vgpu.testing.hub_process import ARTIFACTS, ROOT, HubProcess, account_prefix
 from jupyter_vgpu.testing.kernel_escapes import FROM_A_KERNEL
 from jupyter_vgpu.testing.lab_client import LabClient
 
@@ -38,7 +38,7 @@ def fresh_user() -> str:
     while True:
         name = f"t{secrets.token_hex(4)}"
         try:
-            pwd.getpwnam(system_user.account_name(name))
+            pwd.getpwnam(system_user.account_name(name, account_prefix()))
         except KeyError:
             return name
 
@@ -109,7 +109,7 @@ def assert_nothing_runs(hub: HubProcess, pids: dict[str, int], directory: Path) 
 
 
 def clean_and_check(hub: HubProcess, user: str) -> None:
-    account = system_user.account_name(user)
+    account = hub.account_name(user)
     made = system_user.recorded(hub.state_dir / settings.ACCOUNTS)
     assert account in made, made  # the demo made it, and said so
     pwd.getpwnam(account)

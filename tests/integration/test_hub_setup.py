@@ -10,7 +10,6 @@ import psutil
 import pytest
 
 from hub_spawner import EXTRA_HANDLERS_NOTE
-from hub_spawner.demo import system_user
 from jupyter_vgpu import nvml
 from jupyter_vgpu.testing.hub_process import HubProcess
 from jupyter_vgpu.testing.lab_client import LabClient
@@ -62,7 +61,7 @@ def test_servers_run_unprivileged_where_the_machine_allows_it(hub):
             assert who == psutil.Process().username()
             return
         if "each user's server runs as a system account of that user's own" in log:
-            assert who == system_user.account_name("una") == "vgpu-una"
+            assert who == hub.account_name("una")
             for secret in ("jupyterhub_cookie_secret", "jupyterhub.sqlite"):
                 out = lab.execute(kernel, f"open({str(hub.state_dir / secret)!r}, 'rb').read()")
                 assert "PermissionError" in out, out

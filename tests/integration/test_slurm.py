@@ -16,7 +16,6 @@ import re
 import psutil
 import pytest
 
-from hub_spawner.demo import system_user
 from jupyter_vgpu.host.arbiter_control import Control
 from jupyter_vgpu.testing.lab_client import LabClient
 from jupyter_vgpu.testing.slurm_cluster import SlurmCluster, hub_api_url, slurm_hub, why_not
@@ -118,7 +117,7 @@ def test_the_server_is_a_slurm_job_on_the_node_the_hub_named(hub, cluster, ada):
     fields = cluster.job(job)
     assert fields["JobState"] == "RUNNING"
     # submitted as her own account, as a real site's Hub submits its users' jobs
-    account = pwd.getpwnam(system_user.account_name("ada"))
+    account = pwd.getpwnam(hub.account_name("ada"))
     assert fields["UserId"] == f"{account.pw_name}({account.pw_uid})"
     assert slice_["account"] == account.pw_name
     assert fields["ReqNodeList"] == node
@@ -134,7 +133,7 @@ def test_the_node_arbiter_knows_the_job_by_its_cgroup(hub, cluster, ada):
     lab, kernel, _ = ada
     slice_ = mine(hub, "ada")
     pid = int(lab.execute(kernel, "import os; print(os.getpid())").strip())
-    assert psutil.Process(pid).username() == system_user.account_name("ada")  # her kernel too
+    assert psutil.Process(pid).username() == hub.account_name("ada")  # her kernel too
     with open(f"/proc/{pid}/cgroup") as f:
         cgroup = f.read()
     assert f"/job_{slice_['job_id']}/" in cgroup, cgroup
@@ -208,7 +207,7 @@ def test_both_nodes_are_on_the_hub_page(hub, cluster, ada):
     # how users are kept apart, where their servers run
     assert "Isolation on the Slurm nodes" in page.text
     assert "each server is a Slurm job, its processes in the job&#39;s cgroup on its node" in page.text
-    assert f"ada as <code>{system_user.account_name('ada')}</code>" in page.text
+    assert f"ada as <code>{hub.account_name('ada')}</code>" in page.text
     assert "run as root" not in page.text
 
 

@@ -1,5 +1,7 @@
 """The security tests need root: real accounts and a root arbiter (CI runs as root)."""
 
+import os
+
 import pytest
 
 from jupyter_vgpu.testing import security_scene
@@ -15,8 +17,12 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session", autouse=True)
 def accounts():
-    """The victim's and the attacker's accounts, removed after the session."""
+    """The victim's and the attacker's accounts, removed after the session: in one pytest
+    process, whoever made them (a run cut short leaves them); in a pytest-xdist worker, only
+    those it made, since another worker may be using them still."""
     yield
-    if security_scene.unavailable() is None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        security_scene.remove_made()
+    elif security_scene.unavailable() is None:
         for name in (security_scene.VICTIM, security_scene.ATTACKER):
             security_scene.remove_account(name)

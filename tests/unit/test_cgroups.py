@@ -140,6 +140,26 @@ def test_demo_account_names_are_valid_and_never_shared():
     assert system_user.account_name("root") == "vgpu-root"
 
 
+def test_another_prefix_makes_other_accounts_and_a_bad_one_is_refused(monkeypatch):
+    """Demo Hubs side by side (the tests in several processes) give their users accounts of
+    their own (JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX): each Hub removes the accounts it made."""
+    names = ["ada", "Ada", "x" * 40, "ådа"]
+    default = {system_user.account_name(n) for n in names}
+    monkeypatch.setenv(system_user.PREFIX_VARIABLE, "vgpu12-")
+    assert system_user.account_name("ada") == "vgpu12-ada"
+    other = [system_user.account_name(n) for n in names]
+    assert len(set(other)) == len(names)
+    assert not default & set(other)
+    for account in other:
+        assert len(account) <= 32, account
+        assert account.startswith(("vgpu12-", "vgpu12_")), account
+    assert system_user.account_name("ada", "vgpu-") == "vgpu-ada"  # given, it wins
+    for bad in ("Vgpu-", "vgpu", "1vgpu-", "vgpu_", "a" * 11 + "-", "vg pu-"):
+        monkeypatch.setenv(system_user.PREFIX_VARIABLE, bad)
+        with pytest.raises(ValueError, match="account prefix"):
+            system_user.account_name("ada")
+
+
 # -- real cgroups ---------------------------------------------------------------------
 
 needs_cgroups = pytest.mark.skipif(os.geteuid() != 0, reason="making cgroups needs root")
