@@ -167,8 +167,8 @@ def test_users_cannot_signal_or_read_each_others_kernels(hub, cara):
             target = next(k["pid"] for k in c.books()["kernels"] if k["server"] == "cara/")
         who = eve.execute(eve_kernel, "import os, pwd; print(pwd.getpwuid(os.geteuid()).pw_name)").strip()
         cara_who = lab.execute(kernel, "import os, pwd; print(pwd.getpwuid(os.geteuid()).pw_name)").strip()
-        assert who == "vgpu-eve"
-        assert cara_who == "vgpu-cara"
+        assert who == hub.account_name("eve")
+        assert cara_who == hub.account_name("cara")
         probe = (
             "import os\n"
             f"for what, do in [('kill -0', lambda: os.kill({target}, 0)),\n"
