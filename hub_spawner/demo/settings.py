@@ -225,8 +225,12 @@ def local(c) -> Path:
     c.JupyterHub.spawner_class = "hub_spawner.demo.spawner.DemoSpawner"
     server_ports = os.environ.get("JUPYTER_VGPU_DEMO_SERVER_PORTS")
     if server_ports:  # "LOW-HIGH": demo Hubs side by side (the tests) each take their own
-        low, _, high = server_ports.partition("-")
-        c.DemoSpawner.port_range = (int(low), int(high))
+        found = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", server_ports)
+        if not found:
+            raise ValueError(
+                f"JUPYTER_VGPU_DEMO_SERVER_PORTS={server_ports!r}: expected LOW-HIGH, e.g. 20000-29999"
+            )
+        c.DemoSpawner.port_range = (int(found.group(1)), int(found.group(2)))
     c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
     python, why_root = server_python(state)
     if why_root is None:

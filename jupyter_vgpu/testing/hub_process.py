@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from jupyter_vgpu.testing.server_process import SERVER_PORTS, free_port, worker_share
+from jupyter_vgpu.testing.server_process import SERVER_PORTS, free_port, worker_share, xdist_worker
 from jupyter_vgpu.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +39,8 @@ def account_prefix() -> str:
     (``JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX``): ``vgpu<N>-`` in pytest-xdist's worker ``gw<N>``,
     ``vgpu-`` elsewhere. Hubs of two workers then never share an account: each removes the
     accounts it made when it is shut down, while the other's servers may run as them."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return f"vgpu{worker[2:]}-" if re.fullmatch(r"gw\d{1,4}", worker) else "vgpu-"
+    worker = xdist_worker()
+    return "vgpu-" if worker is None else f"vgpu{worker}-"
 
 
 class HubProcess:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -33,17 +34,24 @@ TEST_PORTS = (30000, 32767)
 SERVER_PORTS = (20000, 29999)
 
 
+def xdist_worker() -> int | None:
+    """This process's number as a pytest-xdist worker (``PYTEST_XDIST_WORKER``, ``gw<N>``),
+    or None where it is none."""
+    worker = re.fullmatch(r"gw(\d{1,4})", os.environ.get("PYTEST_XDIST_WORKER", ""))
+    return int(worker.group(1)) if worker else None
+
+
 def worker_share(low: int, high: int) -> tuple[int, int]:
     """This test process's share of the ports ``low``-``high`` (inclusive): in pytest-xdist's
     worker ``gw<N>`` of ``PYTEST_XDIST_WORKER_COUNT``, the N-th of that many equal parts,
     so that two workers never pick one port between choosing it and binding it (each
     process's picker knows only its own); elsewhere, all of them."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    worker = xdist_worker()
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-    if not worker.startswith("gw") or not worker[2:].isdigit() or count <= 1:
+    if worker is None or count <= 1:
         return low, high
     size = (high - low + 1) // count
-    first = low + int(worker[2:]) % count * size
+    first = low + worker % count * size
     return first, first + size - 1
 
 
