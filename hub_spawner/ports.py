@@ -25,6 +25,9 @@ from pathlib import Path
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: Linux's default ephemeral range, used where the file cannot be read.
 LINUX_DEFAULT_EPHEMERAL = (32768, 60999)
+#: The ports local servers get by default (``LocalPortsMixin.port_range``): below Linux's
+#: default ephemeral range.
+SERVER_RANGE = (20000, 29999)
 #: Seconds a port handed out stays reserved for the server it was picked for.
 HOLD_SECONDS = 120.0
 

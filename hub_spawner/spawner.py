@@ -370,7 +370,7 @@ class LocalPortsMixin(HasTraits):
     port_range = Tuple(
         Integer(),
         Integer(),
-        default_value=(20000, 29999),
+        default_value=ports.SERVER_RANGE,
         help="Ports (first, last; inclusive) that servers started on this host get, unless "
         "Spawner.port is set. Keep it outside the OS's ephemeral range "
         "(/proc/sys/net/ipv4/ip_local_port_range), which kernels' sockets draw from.",

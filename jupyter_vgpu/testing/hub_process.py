@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from jupyter_vgpu.testing.server_process import SERVER_PORTS, free_port, worker_share, xdist_worker
+from hub_spawner import ports
+from jupyter_vgpu.testing.server_process import free_port, worker_share, xdist_worker
 from jupyter_vgpu.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +40,10 @@ def account_prefix() -> str:
     (``JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX``): ``vgpu<N>-`` in pytest-xdist's worker ``gw<N>``,
     ``vgpu-`` elsewhere. Hubs of two workers then never share an account: each removes the
     accounts it made when it is shut down, while the other's servers may run as them."""
+    from hub_spawner.demo.system_user import PREFIX
+
     worker = xdist_worker()
-    return "vgpu-" if worker is None else f"vgpu{worker}-"
+    return PREFIX if worker is None else f"{PREFIX[:-1]}{worker}-"
 
 
 class HubProcess:
@@ -80,7 +83,7 @@ class HubProcess:
             # servers outlive a Hub the tests stop (restart() shows the Hub adopting them)
             "JUPYTER_VGPU_DEMO_KEEP_SERVERS": "1",
             "JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX": account_prefix(),
-            "JUPYTER_VGPU_DEMO_SERVER_PORTS": "{}-{}".format(*worker_share(*SERVER_PORTS)),
+            "JUPYTER_VGPU_DEMO_SERVER_PORTS": "{}-{}".format(*worker_share(*ports.SERVER_RANGE)),
             **(extra_env or {}),
         }
         self.proc: subprocess.Popen | None = None

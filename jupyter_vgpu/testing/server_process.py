@@ -30,10 +30,6 @@ KERNEL_CONFIG = Path(__file__).resolve().parents[2] / "jupyter-config/ipython/ip
 TEST_PORTS = (30000, 32767)
 
 
-#: The ports the test Hubs' spawners give users' servers (``port_range``'s default).
-SERVER_PORTS = (20000, 29999)
-
-
 def xdist_worker() -> int | None:
     """This process's number as a pytest-xdist worker (``PYTEST_XDIST_WORKER``, ``gw<N>``),
     or None where it is none."""

@@ -1,10 +1,9 @@
 """The security tests need root: real accounts and a root arbiter (CI runs as root)."""
 
-import os
-
 import pytest
 
 from jupyter_vgpu.testing import security_scene
+from jupyter_vgpu.testing.server_process import xdist_worker
 
 
 def pytest_collection_modifyitems(items):
@@ -21,7 +20,7 @@ def accounts():
     process, whoever made them (a run cut short leaves them); in a pytest-xdist worker, only
     those it made, since another worker may be using them still."""
     yield
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if xdist_worker() is not None:
         security_scene.remove_made()
     elif security_scene.unavailable() is None:
         for name in (security_scene.VICTIM, security_scene.ATTACKER):

@@ -4,12 +4,13 @@ accounts of their own (a Hub removes the accounts it made when it is shut down).
 
 import pytest
 
+from hub_spawner.ports import SERVER_RANGE
 from jupyter_vgpu.testing.hub_process import account_prefix
-from jupyter_vgpu.testing.server_process import SERVER_PORTS, TEST_PORTS, free_port, worker_share
+from jupyter_vgpu.testing.server_process import TEST_PORTS, free_port, worker_share
 
 
 @pytest.mark.parametrize("count", [2, 3, 4])
-@pytest.mark.parametrize("ports", [TEST_PORTS, SERVER_PORTS])
+@pytest.mark.parametrize("ports", [TEST_PORTS, SERVER_RANGE])
 def test_each_worker_has_ports_no_other_has(monkeypatch, count, ports):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(count))
     shares = []
