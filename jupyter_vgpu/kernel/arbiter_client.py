@@ -351,7 +351,11 @@ class ArbiterClient:
         """Make the arbiter's move ``msg`` (a thread each), refusing it while another is
         under way: a suspend (the driver's lock on every CUDA call) midway through a spill
         or a trim would freeze that move until the restore. The arbiter makes one move of a
-        kernel at a time itself (``Kernel.moving``); this holds whatever it sends."""
+        kernel at a time itself (``Kernel.moving``); this holds whatever it sends.
+
+        The move is let go before its reply is sent: the arbiter may send this kernel's
+        next move as soon as it reads the reply, and that move must not find this one
+        still under way."""
         if not self._moving.acquire(blocking=False):
             why = f"Refused: this kernel's {self._move or 'move'} is under way"
             self._send({"type": "reply", "id": msg["id"], "released": None, "ok": False, "message": why})
@@ -359,12 +363,14 @@ class ArbiterClient:
         try:
             self._move = msg["type"]
             with self.pausing.own_calls():
-                self._do(msg)
+                reply = self._do(msg)
         finally:
             self._move = None
             self._moving.release()
+        self._send(reply)
 
-    def _do(self, msg: dict) -> None:
+    def _do(self, msg: dict) -> dict:
+        """Make the move ``msg`` and return its reply (not yet sent)."""
         t0 = time.monotonic()
         reply = {"type": "reply", "id": msg["id"], "released": None}
         try:
@@ -387,4 +393,4 @@ class ArbiterClient:
             failpoints.hit("kernel.pause.reply")
         elif msg["type"] == "suspend":
             failpoints.hit("kernel.suspend.prepared")
-        self._send({**reply, "ok": ok, "message": message[:4000]})
+        return {**reply, "ok": ok, "message": message[:4000]}

@@ -346,8 +346,18 @@ def test_a_kernel_refuses_a_move_while_another_is_under_way(tmp_path):
                     conn.sendall(b'{"type": "suspend", "id": 3}\n')
         conn.close()
 
+    class Client(ArbiterClient):
+        def _send(self, msg: dict) -> bool:
+            # the arbiter's next move may come the moment it reads a move's reply: hold the
+            # thread that sent the spill's reply until that move is answered, so a spill
+            # still marked under way as its reply goes out is always caught
+            sent = super()._send(msg)
+            if msg.get("type") == "reply" and msg["id"] == 1:
+                wait_for(lambda: 3 in replies, 10, "the reply to the suspend sent after the spill's reply")
+            return sent
+
     threading.Thread(target=serve, daemon=True).start()
-    client = ArbiterClient(path, "k", lambda _: None, lambda: figures, pausing, lambda *a, **k: None)
+    client = Client(path, "k", lambda _: None, lambda: figures, pausing, lambda *a, **k: None)
     client.start()
     try:
         wait_for(lambda: 3 in replies, 20, "the second suspend's reply")
