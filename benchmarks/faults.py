@@ -8,9 +8,11 @@
 - ``disk``: one kernel's paused data moved to the disk tier, its page cache dropped, then
   a cell: ``resume_s`` is the engine's resume from disk (``gpu_bytes`` of memory back,
   ``disk_bytes`` read), ``plain_read_s`` a plain read of a file of ``disk_bytes`` with a
-  cold page cache, 64 MiB at a time; ``resume_phases`` where the resume's time went
-  (``PauseEngine.stats()["last_resume_disk"]``: seconds waiting for reads, in the GPU's
-  unpack, with a read in flight, bytes read; None on the zstandard path).
+  cold page cache, 64 MiB at a time, and ``plain_read_gpu_bytes_s`` the same of a file of
+  ``gpu_bytes`` (the kernel's bytes as they would be on disk uncompressed);
+  ``resume_phases`` where the resume's time went (``PauseEngine.stats()["last_resume_disk"]``:
+  seconds waiting for reads, in the GPU's unpack, with a read in flight, bytes read; None
+  on the zstandard path).
 - ``faults``: a process stopped at a named step (failpoints) and killed there with
   SIGKILL: ``bytes_lost`` is the bytes of every surviving kernel that did not come back
   bit-identical, ``longest_silent_wait_s`` the longest stretch any waiting cell went
@@ -233,11 +235,13 @@ def disk(work, tmp: Path) -> dict:
             text = scene.run(k, ask).text
             resume, phases = json.loads(text.strip().splitlines()[-1])
         read = plain_read(tmp, entry["disk_bytes"])
+        read_whole = plain_read(tmp, work.nbytes)
         return {
             "gpu_bytes": work.nbytes,
             "disk_bytes": entry["disk_bytes"],
             "resume_s": round(resume, 4),
             "plain_read_s": round(read, 4),
+            "plain_read_gpu_bytes_s": round(read_whole, 4),
             "resume_gbps": round(work.nbytes / resume / 1e9, 3),
             "plain_read_gbps": round(entry["disk_bytes"] / read / 1e9, 3),
             "longest_silent_wait_s": round(silence, 3),

@@ -16,9 +16,12 @@
   without, less 1 (the goal: under 5%).
 - ``disk``: ``benchmarks/faults.py``'s disk part: one kernel's ``--disk-gib`` GiB moved to
   the disk tier, its page cache dropped, then a cell; ``resume_s`` beside a plain read of
-  a file of the same bytes (``plain_read_s``), and ``resume_vs_plain_read``
-  (``plain_read_s / resume_s``; goal: at least 1, ideally 1.5: the bytes on disk are
-  compressed).
+  a plain read of a file of the spill file's size (``plain_read_s``) and of one of the
+  kernel's bytes uncompressed (``plain_read_gpu_bytes_s``), and the resume's speed against
+  each (``resume_vs_plain_read``, ``resume_vs_plain_read_gpu_bytes``: the plain read's
+  seconds over the resume's). The issue's goal, a resume at least as fast as a plain read
+  of the same bytes and ideally 1.5x as the bytes on disk are compressed, is the second:
+  the first is bounded by the disk itself, the spill file being those very bytes.
 
     python benchmarks/hosttier.py --out benchmarks/results/hosttier-h100.json
     python benchmarks/hosttier.py --skip disk --kernels 8 --weights-gib 2
@@ -214,6 +217,7 @@ def main() -> None:
     if "disk" not in args.skip:
         d = faults.disk(faults.GPU(args.disk_gib), tmp())
         d["resume_vs_plain_read"] = round(d["plain_read_s"] / d["resume_s"], 3)
+        d["resume_vs_plain_read_gpu_bytes"] = round(d["plain_read_gpu_bytes_s"] / d["resume_s"], 3)
         result["disk"] = d
         save()
     if args.into:
