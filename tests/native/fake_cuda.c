@@ -12,8 +12,11 @@
  * it directly. fake_cuda_used() is the bytes of physical memory alive: NVML's figure.
  *
  * Test controls: fake_cuda_hold_events(1) keeps events not ready; fake_cuda_capture(1)
- * makes every stream look captured. A kernel launched is a host function, run on the
- * launching thread (cuLaunchKernel).
+ * makes every stream look captured; FAKE_CUDA_MEMORY_BYTES in the environment is the
+ * device's capacity (unset: none), and fake_cuda_limit(bytes) a limit of the test's on top
+ * (0: none): a physical allocation (cuMemCreate, cuMemAlloc and the driver's own pools)
+ * that would take the bytes alive past either answers CUDA_ERROR_OUT_OF_MEMORY. A kernel
+ * launched is a host function, run on the launching thread (cuLaunchKernel).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -54,7 +57,9 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t used = 0; /* physical bytes alive */
 static uint64_t pool_used = 0;
 static int hold_events = 0, capture = 0;
-static uint64_t limit = 0; /* 0: none; else cuMemCreate refuses past this many bytes alive */
+static uint64_t limit = 0; /* 0: none; else physical allocations refused past this many bytes alive */
+static pthread_once_t capacity_once = PTHREAD_ONCE_INIT;
+static uint64_t capacity = 0; /* FAKE_CUDA_MEMORY_BYTES; 0: none */
 static uint64_t set_access_calls = 0;
 static __thread void *current = NULL;
 
@@ -63,6 +68,17 @@ void fake_cuda_hold_events(int on) { hold_events = on; }
 void fake_cuda_capture(int on) { capture = on; }
 void fake_cuda_limit(uint64_t bytes) { limit = bytes; }
 uint64_t fake_cuda_set_access_calls(void) { return set_access_calls; }
+
+static void read_capacity(void) {
+  const char *v = getenv("FAKE_CUDA_MEMORY_BYTES");
+  capacity = v && *v ? strtoull(v, NULL, 0) : 0;
+}
+
+/* 1 when size more bytes alive would pass the capacity or the test's limit (lock held). */
+static int no_room(uint64_t size) {
+  pthread_once(&capacity_once, read_capacity);
+  return (limit && used + size > limit) || (capacity && used + size > capacity);
+}
 
 /* ---- physical allocations and mappings ---------------------------------------------- */
 typedef struct {
@@ -145,7 +161,7 @@ CUresult cuMemCreate(CUhandle *h, size_t size, const CUmemAllocationProp *prop, 
   (void)flags;
   if (!size || size % GRANULE) return INVALID_VALUE;
   pthread_mutex_lock(&lock);
-  if (limit && used + size > limit) {
+  if (no_room(size)) {
     pthread_mutex_unlock(&lock);
     return OUT_OF_MEMORY;
   }
@@ -247,6 +263,10 @@ static CUresult legacy_alloc(CUdeviceptr *dptr, size_t size) {
   if (!current) return INVALID_CONTEXT;
   if (!size) return INVALID_VALUE;
   uint64_t n = (size + 4095) / 4096 * 4096;
+  pthread_mutex_lock(&lock);
+  int full = no_room(n);
+  pthread_mutex_unlock(&lock);
+  if (full) return OUT_OF_MEMORY;
   int fd = memfd_create("fake-cuda-legacy", MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, (off_t)n) != 0) return OUT_OF_MEMORY;
   void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

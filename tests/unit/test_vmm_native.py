@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -684,3 +685,252 @@ def test_processes_that_never_use_cuda_load_nothing(native):
     ).stdout
     assert "libjupyter_vgpu_vmm" in maps or "vmm-" in maps
     assert "libcuda.so" not in maps
+
+
+# -- growth on demand: an allocation the device has no room for asks the arbiter first --
+
+#: The fake device's capacity in the tests of growth (``FAKE_CUDA_MEMORY_BYTES``).
+CAPACITY = {"FAKE_CUDA_MEMORY_BYTES": str(16 * MiB)}
+
+GROW = """
+start()
+A = _vmm.load()
+rt = ctypes.CDLL("libcudart.so.13")
+calls = []  # (device, bytes) of each ask
+room = []  # allocations an ask frees, the last first
+
+def frees_room(device, nbytes):
+    calls.append([device, nbytes])
+    if not room:
+        return False
+    # the library's lock is not held: the free takes it on this very thread
+    assert cuda.cuMemFree_v2(u64(room.pop())) == 0
+    return True
+
+def refuses(device, nbytes):
+    calls.append([device, nbytes])
+    return False
+"""
+
+
+def grow(body: str) -> str:
+    """:data:`GROW`, then ``body`` (dedented)."""
+    return GROW + textwrap.dedent(body)
+
+
+def test_an_allocation_past_the_room_asks_for_more_and_gets_it(native):
+    """cuMemAlloc, cudaMalloc and the pluggable allocator's malloc past the device's room
+    ask the callback once, with the device and the size of the physical allocation
+    refused, before the caller sees an error; room made, the allocation succeeds."""
+    got = run(
+        native,
+        grow(
+            """
+        A.set_grow(frees_room)
+        out = {}
+        room.append(alloc(12 * 2**20))
+        p = u64()
+        out["cuMemAlloc"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(5 * 2**20 + 1))  # 6 MiB of memory
+        ctypes.memset(p.value, 1, 5 * 2**20 + 1)
+        room.append(alloc(10 * 2**20))
+        q = vp()
+        out["cudaMalloc"] = rt.cudaMalloc(ctypes.byref(q), size_t(3 * 2**20))  # 4 MiB
+        ctypes.memset(q.value, 2, 3 * 2**20)
+        room.append(alloc(6 * 2**20))
+        out["malloc"] = A.malloc(2 * 2**20) > 0
+        out["calls"] = calls
+        out["figures"] = A.grow_figures()
+        out["used"] = used()
+        print(json.dumps(out))
+        """
+        ),
+        timeout=30,
+        **CAPACITY,
+    )
+    assert got["cuMemAlloc"] == 0
+    assert got["cudaMalloc"] == 0
+    assert got["malloc"]
+    assert got["calls"] == [[0, 6 * MiB], [0, 4 * MiB], [0, 2 * MiB]]
+    assert got["figures"] == [3, 3]
+    assert got["used"] == 12 * MiB
+
+
+def test_an_ask_refused_leaves_the_out_of_memory_as_it_was(native):
+    """With no callback, one that refuses, one that raises, and one unset again, an
+    allocation past the room fails the same way (code, name, the library's words); the
+    callback is asked once per allocation, and never once unset."""
+    got = run(
+        native,
+        grow(
+            """
+        import logging
+        logged = []
+        handler = logging.Handler()
+        handler.emit = lambda record: logged.append(record.exc_info[0].__name__)
+        logging.getLogger("jupyter_vgpu").addHandler(handler)
+
+        def raises(device, nbytes):
+            calls.append([device, nbytes])
+            raise RuntimeError("the arbiter is gone")
+
+        def attempt():
+            p, q = u64(), vp()
+            r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            seen = [r, *A.describe(r), A.last_message, rt.cudaMalloc(ctypes.byref(q), size_t(32 * 2**20))]
+            try:
+                A.malloc(32 * 2**20)
+            except _vmm.DeviceFull as e:
+                seen.append(str(e))
+            return seen
+
+        out = {"none": attempt(), "calls none": len(calls)}
+        for name, callback in (("refuses", refuses), ("raises", raises), ("unset", None)):
+            A.set_grow(callback)
+            out[name] = attempt()
+            out["calls " + name] = len(calls)
+        out["figures"] = A.grow_figures()
+        out["logged"] = logged
+        print(json.dumps(out))
+        """
+        ),
+        timeout=30,
+        **CAPACITY,
+    )
+    assert got["none"] == [
+        2,
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "out of memory",
+        "33554432 bytes on device 0",
+        2,
+        "allocating 33554432 bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+        " (a segment of 33554432 bytes on device 0)",
+    ]
+    assert got["refuses"] == got["raises"] == got["unset"] == got["none"]
+    assert [got[f"calls {n}"] for n in ("none", "refuses", "raises", "unset")] == [0, 3, 6, 6]
+    assert got["figures"] == [6, 0]
+    assert got["logged"] == ["RuntimeError"] * 3, "the callback's exceptions are logged, never let into C"
+
+
+def test_cumemcreate_and_stream_ordered_allocations_ask_too(native):
+    """Other libraries' cuMemCreate and stream-ordered allocations (large, and small ones
+    in a 2 MiB chunk) past the room ask for it before they fail."""
+    got = run(
+        native,
+        grow(
+            """
+        A.set_grow(frees_room)
+        out = {}
+        room.append(alloc(14 * 2**20))
+        prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)  # pinned, fd handles, on device 0
+        h = u64()
+        out["cuMemCreate"] = cuda.cuMemCreate(ctypes.byref(h), size_t(4 * 2**20), prop, u64(0))
+        room.append(alloc(12 * 2**20))
+        p = u64()
+        out["cuMemAllocAsync"] = cuda.cuMemAllocAsync(ctypes.byref(p), size_t(8 * 2**20), None)
+        room.append(alloc(4 * 2**20))
+        q = vp()
+        out["cudaMallocAsync, small"] = rt.cudaMallocAsync(ctypes.byref(q), size_t(1000), None)
+        out["calls"] = calls
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """
+        ),
+        timeout=30,
+        **CAPACITY,
+    )
+    assert got["cuMemCreate"] == 0
+    assert got["cuMemAllocAsync"] == 0
+    assert got["cudaMallocAsync, small"] == 0
+    assert got["calls"] == [[0, 4 * MiB], [0, 8 * MiB], [0, 2 * MiB]]
+    assert got["figures"] == [3, 3]
+
+
+def test_an_allocation_asks_four_times_at_most(native):
+    """A callback that says room was made when none was: the allocation is tried again
+    after each of four asks, then fails as it would have."""
+    got = run(
+        native,
+        grow(
+            """
+        def claims(device, nbytes):
+            calls.append([device, nbytes])
+            return True
+
+        A.set_grow(claims)
+        p = u64()
+        r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+        figures = A.grow_figures()
+        print(json.dumps({"r": r, "message": A.last_message, "calls": len(calls), "figures": figures}))
+        """
+        ),
+        timeout=30,
+        **CAPACITY,
+    )
+    assert got == {"r": 2, "message": "33554432 bytes on device 0", "calls": 4, "figures": [4, 0]}
+
+
+def test_an_allocation_inside_the_callback_does_not_ask_again(native):
+    """The callback's own allocation past the room gets the error at once, without a
+    second ask from inside the first."""
+    got = run(
+        native,
+        grow(
+            """
+        inner = []
+        def allocates(device, nbytes):
+            calls.append([device, nbytes])
+            p = u64()
+            inner.append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(24 * 2**20)))
+            inner.append(len(calls))
+            return False
+
+        A.set_grow(allocates)
+        p = u64()
+        r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+        print(json.dumps({"r": r, "message": A.last_message, "calls": calls, "inner": inner}))
+        """
+        ),
+        timeout=30,
+        **CAPACITY,
+    )
+    assert got == {"r": 2, "message": "33554432 bytes on device 0", "calls": [[0, 32 * MiB]], "inner": [2, 1]}
+
+
+def test_the_pause_engines_threads_and_a_child_of_fork_never_ask(native):
+    """The machinery's allocations (the pause engine's work areas, marked threads) and a
+    child of fork()'s get the error at once; the kernel's own still ask."""
+    got = run(
+        native,
+        grow(
+            """
+        A.set_grow(refuses)
+        p = u64()
+        out = {}
+        with A.machinery():
+            out["machinery"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            try:
+                A.malloc(32 * 2**20)
+            except _vmm.DeviceFull:
+                out["machinery malloc"] = "DeviceFull"
+        out["calls by the machinery"] = len(calls)
+        child = os.fork()
+        if child == 0:
+            r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            os._exit(0 if r == 2 and not calls and A.grow_figures() == (0, 0) else 1)
+        out["child"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+        out["kernel"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+        out["calls"] = calls
+        print(json.dumps(out))
+        """
+        ),
+        timeout=30,
+        **CAPACITY,
+    )
+    assert got == {
+        "machinery": 2,
+        "machinery malloc": "DeviceFull",
+        "calls by the machinery": 0,
+        "child": 0,
+        "kernel": 2,
+        "calls": [[0, 32 * MiB]],
+    }

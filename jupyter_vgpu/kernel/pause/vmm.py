@@ -15,14 +15,18 @@ import contextlib
 import ctypes
 import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from ..cache import cache_dir
+
+log = logging.getLogger("jupyter_vgpu")
 
 NATIVE = Path(__file__).with_name("native")
 #: The library's C sources, compiled together (``vmm.h`` is their internal header,
@@ -238,6 +242,10 @@ def library_path() -> Path:
 #: The gate's modes (native/stubs.h).
 PRESENT, PAUSED, SUSPENDED = 0, 1, 2
 
+#: The C type of the growth callback (``vgpu_set_grow``): ``int grow(int device,
+#: uint64_t bytes)``.
+GROW_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64)
+
 
 @dataclasses.dataclass(frozen=True)
 class GateFigures:
@@ -310,6 +318,10 @@ class VMM:
         ]
         lib.vgpu_gate_figures.restype = None
         lib.vgpu_stubs_available.argtypes, lib.vgpu_stubs_available.restype = [], i32
+        lib.vgpu_set_grow.argtypes, lib.vgpu_set_grow.restype = [GROW_CALLBACK], None
+        lib.vgpu_grow_figures.argtypes, lib.vgpu_grow_figures.restype = [ctypes.POINTER(u64)], None
+        # every callback ever registered: a thread may still run one after it is replaced
+        self._grow_callbacks: list = []
 
     # -- the gate (gate.c): no thread's GPU call reaches memory that is away -------------
 
@@ -367,6 +379,58 @@ class VMM:
             ctypes.byref(wanted),
         )
         return GateFigures(mode.value, waiting.value, since.value or None, total.value, bool(wanted.value))
+
+    # -- growth on demand: room asked for before an allocation fails --------------------
+
+    def set_grow(self, callback: Callable[[int, int], bool] | None) -> None:
+        """Ask ``callback(device, nbytes)`` for room whenever the driver refuses a
+        physical allocation of this process for lack of memory, before the allocating
+        code sees the error; None stops asking.
+
+        The node arbiter grants a running cell what it holds plus a margin and makes the
+        rest of its room only when the cell grows (docs/design.md, "the thirteenth try"):
+        the callback asks it for ``nbytes`` more on ``device`` (CUDA ordinal) and waits for
+        its answer. ``nbytes`` is the size of the physical allocation refused, bytes (a
+        multiple of the allocation granularity; an allocation under 1 MiB asks for its
+        2 MiB chunk). It returns True when room was made, and the allocation is tried
+        again (at most 4 asks for one allocation); False leaves the out-of-memory error to
+        the caller, exactly as without a callback.
+
+        The callback runs on the allocating thread, which may be any thread of the
+        process, with no lock of the library held. It is never asked again from inside
+        itself (an allocation it makes gets the error as it is), by the pause engine's
+        threads (:meth:`machinery`), nor in a child of ``fork()``. An exception it raises
+        is logged and counts as False: none reaches the C library. ``set_grow`` itself
+        raises nothing.
+
+        Covered: ``cudaMalloc``, ``cuMemAlloc``, ``cuMemAllocPitch``, stream-ordered
+        allocations on the default pools, other libraries' ``cuMemCreate`` on a device,
+        and :meth:`malloc` (PyTorch's pluggable allocator). Not covered: managed memory,
+        and stream-ordered allocations the driver makes itself (graph captures, pools of
+        the caller's).
+        """
+        if callback is None:
+            self._lib.vgpu_set_grow(GROW_CALLBACK())  # NULL
+            return
+
+        def grow(device: int, nbytes: int) -> int:
+            try:
+                return 1 if callback(device, nbytes) else 0
+            except BaseException:  # nothing may unwind into the C library
+                log.exception("asking for %d bytes of room on device %d failed", nbytes, device)
+                return 0
+
+        fn = GROW_CALLBACK(grow)
+        self._grow_callbacks.append(fn)  # kept alive as long as the library may call it
+        self._lib.vgpu_set_grow(fn)
+
+    def grow_figures(self) -> tuple[int, int]:
+        """``(asks, granted)``: how many times the growth callback (:meth:`set_grow`) was
+        called, and how many allocations succeeded after asking, since the library was
+        loaded (in a child of ``fork()``, since the fork). Raises nothing."""
+        out = (ctypes.c_uint64 * 2)()
+        self._lib.vgpu_grow_figures(out)
+        return out[0], out[1]
 
     @property
     def last_error(self) -> int:

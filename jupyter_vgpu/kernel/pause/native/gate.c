@@ -156,6 +156,8 @@ CUresult vgpu_held_if_suspended(void) {
 
 int vgpu_free_deferred(void) { return !t_mine && away() != VGPU_PRESENT; }
 
+int vgpu_machinery(void) { return t_mine; }
+
 /* The stubs' slow path (stubs.S): a call of a driver entry point while suspended. */
 __attribute__((visibility("hidden"))) CUresult vgpu_stub_hold(int index) {
   (void)index;

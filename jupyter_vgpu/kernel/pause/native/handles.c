@@ -145,7 +145,15 @@ CUresult handles_create(CUmemGenericAllocationHandle *out, size_t size, const CU
                         unsigned long long flags) {
   if (!out || !prop) return CUDA_ERROR_INVALID_VALUE;
   CUmemGenericAllocationHandle real;
-  CUresult r = drv.cuMemCreate(&real, size, prop, flags);
+  CUresult r;
+  Growth g; /* device memory the driver refuses asks for room first (vmm.c) */
+  grow_start(&g);
+  do {
+    r = drv.cuMemCreate(&real, size, prop, flags);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+      grow_refused(prop->location.id, size);
+  } while (grow_again(&g, r));
+  grow_end(&g, r);
   if (r != CUDA_SUCCESS) return r;
   return adopt(real, size, prop, 0, out);
 }

@@ -67,17 +67,24 @@ static int interposing(void) {
 }
 
 /* ---- allocation and free ---------------------------------------------------------- */
+/* cuMemAlloc's, cuMemAllocPitch's and cudaMalloc's memory: a slot of a chunk, or a
+ * segment. Out of memory, it asks for room first (grow_again, without the lock). */
 static CUresult alloc_sync(int device, uint64_t size, uint64_t *out) {
-  pthread_mutex_lock(&g_lock);
   CUresult r;
-  if (size < ARENA_LIMIT) r = arena_alloc(device, size, 0, out);
-  else {
-    Segment *s;
-    r = seg_new(device, size, 0, &s);
-    if (r == CUDA_SUCCESS) *out = s->ptr;
-  }
+  Growth g;
+  grow_start(&g);
+  do {
+    pthread_mutex_lock(&g_lock);
+    if (size < ARENA_LIMIT) r = arena_alloc(device, size, 0, out);
+    else {
+      Segment *s;
+      r = seg_new(device, size, 0, &s);
+      if (r == CUDA_SUCCESS) *out = s->ptr;
+    }
+    pthread_mutex_unlock(&g_lock);
+  } while (grow_again(&g, r));
+  grow_end(&g, r);
   if (r != CUDA_SUCCESS) set_error(r, "%llu bytes on device %d", (unsigned long long)size, device);
-  pthread_mutex_unlock(&g_lock);
   return r;
 }
 
@@ -250,7 +257,12 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     return r;
   }
   uint64_t p;
-  CUresult r = async_alloc(&p, size);
+  CUresult r;
+  Growth g; /* async_alloc takes and lets go of the lock itself */
+  grow_start(&g);
+  do r = async_alloc(&p, size);
+  while (grow_again(&g, r));
+  grow_end(&g, r);
   if (r == CUDA_SUCCESS) *dptr = p;
   return r;
 }

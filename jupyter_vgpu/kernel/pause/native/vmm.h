@@ -79,6 +79,24 @@ CUresult ensure_context(int device);
  * library's words for what failed. Never calls the driver. */
 void set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Growth on demand (vmm.c): when the driver refuses a physical allocation made for the
+ * process (out of memory), the callback vgpu_set_grow registered is asked for room before
+ * the caller sees the error, with no lock held, and the allocation is tried again when it
+ * made some (GROW_TRIES asks at most). An allocation path runs:
+ *   Growth g; grow_start(&g);
+ *   do { lock; r = try; unlock; } while (grow_again(&g, r));
+ *   grow_end(&g, r);
+ * and whatever makes the physical allocation calls grow_refused when the driver answers
+ * CUDA_ERROR_OUT_OF_MEMORY. */
+#define GROW_TRIES 4
+typedef struct {
+  int asks; /* the callback's answers so far, for this allocation */
+} Growth;
+void grow_start(Growth *g);
+void grow_refused(int device, uint64_t bytes); /* the driver refused bytes on device: out of memory */
+int grow_again(Growth *g, CUresult r);         /* 1: try again (room was made); the lock is not held */
+void grow_end(Growth *g, CUresult r);
+
 /* JUPYTER_VGPU_TRACE=1: a line on stderr for each step of the rarer paths (CUDA IPC), to
  * tell where a program waits or fails. */
 void vgpu_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -175,6 +193,7 @@ CUresult vgpu_held_enter(void);        /* before a call that touches device memo
 void vgpu_held_leave(void);            /* after it */
 CUresult vgpu_held_if_suspended(void); /* before any other call: waits only while suspended */
 int vgpu_free_deferred(void);          /* 1: a free of ours waits for the kernel's return */
+int vgpu_machinery(void);              /* 1: the calling thread is the machinery's (vgpu_gate_mine) */
 int vgpu_away(void);                   /* VGPU_PRESENT, VGPU_PAUSED or VGPU_SUSPENDED */
 /* Read by the stubs on every call; the stubs' slow path (stubs.S) calls vgpu_stub_hold. */
 extern int g_vgpu_away __attribute__((visibility("hidden")));
@@ -207,6 +226,8 @@ int vgpu_last_error(void);
 const char *vgpu_last_message(void);
 const char *vgpu_error_name(int code);
 const char *vgpu_error_string(int code);
+void vgpu_set_grow(int (*fn)(int device, uint64_t bytes));
+void vgpu_grow_figures(uint64_t *out2);
 /* interpose.c */
 int vgpu_preloaded(void);
 int vgpu_stubs_available(void);
