@@ -126,6 +126,8 @@ class KernelHook:
             self.pausing.ask_room = self.arbiter.room
             self.pausing.node_figures = lambda: self.arbiter.node
             self.pausing.listeners.append(self.arbiter.send_state)
+            # an allocation that finds no room asks the arbiter for it, where it answers that
+            self.pausing.grow_with(self.arbiter.grow)
             self.arbiter.start()
         if self.channel is not None:
             self._thread = threading.Thread(target=self._watch, name="jupyter-vgpu-watch", daemon=True)
@@ -134,6 +136,7 @@ class KernelHook:
     def stop(self) -> None:
         self._stop.set()
         if self.arbiter is not None:
+            self.pausing.grow_with(None)
             self.arbiter.stop()
             self.pausing.ask_room = None
             self.pausing.node_figures = lambda: None

@@ -53,6 +53,17 @@ class MemoryPath:
             return None
         return allocator if allocator.preloaded else None
 
+    def grow_with(self, grow) -> bool:
+        """Have the pausable allocator call ``grow(device, nbytes) -> bool`` before an
+        allocation the driver found no room for fails (:meth:`.pause.vmm.VMM.set_grow`:
+        True, room was made, and the allocation is made again); None: no longer. Returns
+        whether this process has the allocator to ask (started with it, LD_PRELOAD)."""
+        allocator = self._allocator()
+        if allocator is None:
+            return False
+        allocator.set_grow(grow)
+        return True
+
     def _on_gpu(self) -> bool:
         """True once the kernel has a CUDA context: PyTorch initialized CUDA, or any library
         (CuPy, JAX) made the allocator's driver calls, or NVML lists the process."""

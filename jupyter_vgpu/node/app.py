@@ -430,6 +430,27 @@ class ArbiterApp(Application):
         compute-sharing model, against 74 and 71; docs/design.md, the thirteenth try).""",
     ).tag(config=True)
 
+    grant_on_demand = Bool(
+        False,
+        help="""Grant a starting cell what its kernel holds and brings back plus
+        grant_margin, instead of its whole budget, and make the rest of its room when it
+        grows: an allocation the driver finds no room for waits in the kernel while the
+        arbiter takes idle kernels off the card, then is made again (kernels of protocol
+        version 4; older ones keep the whole budget). A cell is admitted only where the
+        budgets of all the card's running cells fit what the card could give them at once,
+        so a cell below its budget never meets an out-of-memory error. Off by default until
+        measured at 12x: with whole budgets, cells promised 17 GiB that used about 2.5 GiB
+        had paused kernels suspended for them as they started, the tail of 48 MLP sessions
+        (docs/design.md, the thirteenth try and "Growth on demand").""",
+    ).tag(config=True)
+
+    grant_margin = ByteSize(
+        "1G",
+        help="""With grant_on_demand: bytes granted beyond what a cell's kernel holds and
+        brings back as the cell starts, and beyond each allocation it grows by, so that a
+        cell growing a little asks nothing and one growing a lot asks once per margin.""",
+    ).tag(config=True)
+
     host_reserve = ByteSize(
         None,
         allow_none=True,

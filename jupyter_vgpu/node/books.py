@@ -136,6 +136,10 @@ class Kernel:
             ``checkpoint_bytes``).
         granted: bytes it was promised it may grow to for the cell it runs (its budget, or
             less when the card could never give that much: :func:`growth`).
+        asks: where growth is granted on demand (``ArbiterApp.grant_on_demand``), bytes its
+            cell is to be granted on the card for now: what it holds and brings back plus
+            the margin as the cell starts, raised by each request of the cell to grow
+            (``room`` ``for: grow``); 0: its whole budget, as without.
         room_held: bytes a granted prefetch holds for the cell its user is about to run
             (its :func:`growth` then), while it comes back and until ``room_held_until``
             (:meth:`holding`): counted by other prefetches' room ahead (:func:`promised`);
@@ -189,6 +193,7 @@ class Kernel:
     checkpoint_bytes: int = 0
     checkpoint_need: dict[str, int] = dataclasses.field(default_factory=dict)
     granted: int = 0
+    asks: int = 0
     room_held: int = 0
     room_held_until: float = 0.0
     group: list[int] = dataclasses.field(default_factory=list)
@@ -351,8 +356,52 @@ def ceiling(kernel: Kernel, free: int, others: list[Kernel], card: str | None = 
 
 
 def growth(kernel: Kernel, free: int, others: list[Kernel], card: str | None = None) -> int:
-    """What ``kernel`` is granted when it runs, bytes: its budget, capped at :func:`ceiling`."""
-    return min(kernel.budget, ceiling(kernel, free, others, card))
+    """What ``kernel`` is granted when it runs, bytes: its budget, capped at :func:`ceiling`;
+    where growth is granted on demand, what it asks for now (:attr:`Kernel.asks`), capped
+    the same."""
+    whole = min(kernel.budget, ceiling(kernel, free, others, card))
+    return min(whole, kernel.asks) if kernel.asks > 0 else whole
+
+
+def start_asks(kernel: Kernel, margin: int, card: str | None = None) -> int:
+    """What a cell of ``kernel`` is granted as it starts, where growth is granted on demand
+    (``ArbiterApp.grant_on_demand``), bytes: what the kernel holds on ``card``
+    (:func:`held`), what it brings back there (:func:`prefetch_need`) and ``margin``
+    bytes, at most its budget; the rest is made when the cell grows (:func:`grow_asks`).
+
+    A grant of the whole budget made every running cell's room at its start: on 48 MLP
+    sessions, cells promised 17 GiB each that used about 2.5 GiB had paused and suspended
+    kernels taken off the card for them as they were sent, the tail of the cells' times
+    (docs/design.md, the thirteenth try)."""
+    return min(kernel.budget, held(kernel, card) + prefetch_need(kernel, card) + margin)
+
+
+def grow_asks(kernel: Kernel, nbytes: int, margin: int, card: str | None = None) -> int:
+    """What ``kernel``'s running cell asks for once an allocation of ``nbytes`` bytes found
+    no room on the card: what it was granted or holds, whichever is more, plus
+    ``nbytes`` and ``margin``, at most its budget; never less than it was granted."""
+    want = min(kernel.budget, max(kernel.granted, held(kernel, card)) + nbytes + margin)
+    return max(kernel.granted, want)
+
+
+def admission_short(kernel: Kernel, free: int, others: list[Kernel], card: str | None = None) -> int:
+    """Where growth is granted on demand: bytes by which the budgets of the card's running
+    cells and of ``kernel``'s would pass what the card could ever give them all at once
+    (:func:`ceiling`: its free memory and everything the card's kernels hold, which
+    pauses and suspends can take off); 0 when they fit. A cell is admitted only where
+    they fit, so the room of any running cell's growth up to its budget can always be
+    made by taking idle kernels off the card, never a running cell: a grant below the
+    budget never turns into an out-of-memory error below it.
+
+    Args:
+        kernel: the kernel that wants to run.
+        free: free bytes on its card now.
+        others: the card's other kernels (those running count).
+        card: the card (:func:`held`).
+    """
+    room = ceiling(kernel, free, others, card)
+    running = sum(min(k.budget, room) for k in others if k.state == ACTIVE)
+    return max(0, min(kernel.budget, room) + running - room)
 
 
 def shortfall(

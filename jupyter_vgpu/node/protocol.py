@@ -1,4 +1,4 @@
-"""The arbiter's socket protocol: one JSON object per line, both ways, version 3.
+"""The arbiter's socket protocol: one JSON object per line, both ways, version 4.
 
 Kernels (any user) may send:
 
@@ -12,7 +12,10 @@ Kernels (any user) may send:
   below. Version 1 (``{"type": "hello", "version": 1,
   "kernel_id": str}``, kernels started before an upgrade) is still accepted. The arbiter
   answers ``{"type": "welcome", "slice": <slice> | null, "server": "user/name" | null,
-  "disk_dir": str | null}`` (``disk_dir``: where the kernel's disk tier lives).
+  "disk_dir": str | null}`` (``disk_dir``: where the kernel's disk tier lives), with
+  ``"grow": true`` where the arbiter grants growth on demand (``ArbiterApp.grant_on_demand``)
+  to a kernel of version 4 or later: it answers ``room`` ``for: grow``, and the kernel's
+  allocator asks it.
 - ``{"type": "state", "state": "active"|"idle"|"paused"|"suspended", "resident": int,
   "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "pausable_bytes": int,
   "resume_seconds": number | null}``: figures only; ``resident`` (bytes on the card)
@@ -28,7 +31,12 @@ Kernels (any user) may send:
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch"}``: may I run?
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
   at once, granted only where the card has room once the kernels idle past their
-  ``idle_seconds`` are paused, nobody else taken off it.) The
+  ``idle_seconds`` are paused, nobody else taken off it.) ``{"type": "room", "id": int,
+  "for": "grow", "bytes": int}`` (version 4): the running cell made an allocation of
+  ``bytes`` that the driver found no room for, and waits while the arbiter makes it
+  (where ``ArbiterApp.grant_on_demand`` grants a starting cell less than its budget;
+  denied at once to a kernel that runs no cell); the kernel then makes the allocation
+  again. The
   arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
   ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
   the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":
@@ -94,6 +102,9 @@ from jupyter_vgpu.contracts import ContractError, lean, version
 VERSION = version("to-arbiter")
 #: The longest line accepted, bytes.
 MAX_LINE = 64 * 1024
+#: The version from which a kernel asks for room to grow (``room`` ``for: grow``) and is
+#: told in its welcome that the arbiter answers it (``grow``).
+GROW_VERSION = 4
 #: What only trusted clients may send.
 TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
 

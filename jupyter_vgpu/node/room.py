@@ -29,7 +29,7 @@ from jupyter_vgpu import failpoints
 from jupyter_vgpu.nvml import NVMLUnavailable
 from jupyter_vgpu.units import format_bytes
 
-from . import books, tiers
+from . import books, protocol, tiers
 from .books import ACTIVE, EVEN, PAUSED, SUSPENDED, Kernel, Reason
 from .cards import Reading
 from .enforcement import REFUSAL_SECONDS
@@ -81,13 +81,14 @@ class Rooms:
         self.arbiter = arbiter
         self._prefetched: dict[str, float] = {}  # user -> monotonic seconds of their last prefetch
 
-    async def request(self, conn: Connection, rid: int, purpose: str) -> None:
+    async def request(self, conn: Connection, rid: int, purpose: str, nbytes: int = 0) -> None:
         """Take a kernel's request ``rid`` for room: decided after the one being decided,
-        replacing (and denying) one that waits its turn already."""
+        replacing (and denying) one that waits its turn already. ``nbytes``: for ``grow``,
+        the bytes of the allocation that found no room."""
         if conn.room_next is not None:  # one waits for its turn already: this one replaces it
             why = "a newer request for room from this kernel replaced this one"
             await self.arbiter.sessions.send(conn, {"type": "deny", "id": conn.room_next[0], "message": why})
-        conn.room_next = (rid, purpose)
+        conn.room_next = (rid, purpose, nbytes)
         if purpose != "prefetch":  # its cell makes its own room from here (:meth:`_take_ahead`)
             conn.ahead_stop = True
         if conn.room_task is None or conn.room_task.done():
@@ -97,12 +98,12 @@ class Rooms:
         """A kernel's requests for room, one at a time (a kernel runs one message at a
         time; one asked while another is decided waits its turn, and at most one waits)."""
         while conn.room_next is not None:
-            (rid, purpose), conn.room_next = conn.room_next, None
+            (rid, purpose, nbytes), conn.room_next = conn.room_next, None
             try:
                 if purpose == "prefetch":
                     await self.prefetch(conn, rid)
                 else:
-                    await self.room(conn, rid, purpose)
+                    await self.room(conn, rid, purpose, nbytes)
             except Exception as e:  # a fault of the arbiter's own: said at once, not left to patience
                 await self._failed(conn, rid, purpose, e)
 
@@ -186,6 +187,8 @@ class Rooms:
             # the cell's room, decided on the card as it is before the kernel comes back
             # (each card of a slice of several: the cell's own request makes theirs)
             short, ahead = 0, []
+            if self.on_demand(conn):  # the room ahead of its cell: what the cell starts with
+                kernel.asks = books.start_asks(kernel, a.config.grant_margin, uuid)
             if a.config.room_ahead:
                 others = [k for k in a.on_card(uuid) if k is not kernel]
                 short, ahead = books.room_ahead(
@@ -365,11 +368,25 @@ class Rooms:
             moved |= await a.moves.take_off(victim, action, Reason.IDLE, host_first=[])
         return moved
 
-    async def room(self, conn: Connection, rid: int, purpose: str) -> None:
+    def on_demand(self, conn: Connection) -> bool:
+        """Whether the kernel on ``conn`` is granted its growth on demand: the node's
+        ``grant_on_demand`` is on and the kernel asks for room to grow (protocol version 4,
+        as its hello said); other kernels are granted their whole budget."""
+        hello = getattr(conn, "hello", None) or {}
+        return bool(self.arbiter.config.grant_on_demand) and hello.get("version", 1) >= protocol.GROW_VERSION
+
+    async def room(self, conn: Connection, rid: int, purpose: str, nbytes: int = 0) -> None:
         """Answer request ``rid`` of the kernel on ``conn`` (``purpose``: ``run``,
-        ``resume`` or ``restore``): grant it once the card has room for the kernel, making
-        it (:meth:`make_room`) and restoring the kernel from the driver's checkpoint where
-        the driver holds it; deny it after ``queue_timeout`` seconds."""
+        ``resume``, ``restore`` or ``grow``): grant it once the card has room for the
+        kernel, making it (:meth:`make_room`) and restoring the kernel from the driver's
+        checkpoint where the driver holds it; deny it after ``queue_timeout`` seconds.
+
+        Where growth is granted on demand (:meth:`on_demand`), a starting cell is granted
+        what :func:`books.start_asks` says, and admitted only where the running cells'
+        budgets fit the card (:func:`books.admission_short`). ``grow``: the kernel's running
+        cell met no room for an allocation of ``nbytes`` bytes; its grant is raised
+        (:func:`books.grow_asks`) and the room made as for a cell, the kernel's state left
+        as it is; a kernel not running a cell is denied at once."""
         failpoints.hit("arbiter.room")
         a = self.arbiter
         kernel = conn.kernel
@@ -377,10 +394,18 @@ class Rooms:
         t0 = time.monotonic()
         deadline = t0 + a.config.queue_timeout
         told = False
+        growing = purpose == "grow"
+        admit = not growing and self.on_demand(conn)
 
         async def tell(message: str) -> None:  # what the cell waits for now, shown in its output
             await a.sessions.send(conn, {"type": "wait", "id": rid, "message": message})
 
+        if growing:
+            if kernel.state != ACTIVE:
+                why = f"this kernel runs no cell (it is {kernel.state}): nothing to grow"
+                await a.sessions.send(conn, {"type": "deny", "id": rid, "message": why})
+                return
+            kernel.asks = books.grow_asks(kernel, nbytes, a.config.grant_margin, uuid)
         while True:
             if a.conns.get(conn.pid) is not conn:
                 return  # the kernel left: nobody to make room for
@@ -398,9 +423,12 @@ class Rooms:
                     if kernel.moving in ("pause", "suspend", EVEN):
                         leaving = kernel.moving
                         raise _Leaving
-                    short, reading = await self.make_room(kernel, uuid, tell, notes, host_first)
+                    if admit:  # what it holds and brings back, as it is now, and the margin
+                        kernel.asks = books.start_asks(kernel, a.config.grant_margin, uuid)
+                    short, reading = await self.make_room(kernel, uuid, tell, notes, host_first, admit)
                     for card in kernel.slice.gpu_uuids[1:]:
-                        short = max(short, (await self.make_room(kernel, card, tell, notes, host_first))[0])
+                        more = await self.make_room(kernel, card, tell, notes, host_first, admit)
+                        short = max(short, more[0])
                     # the kernel's word (``restore``) or the books: whichever says the driver holds
                     # it, the driver is asked (a kernel reports itself active as soon as its cell
                     # starts, before its room)
@@ -411,7 +439,8 @@ class Rooms:
                         others = [k for k in a.on_card(uuid) if k is not kernel]
                         kernel.granted = books.growth(kernel, reading.free, others, uuid)
                         kernel.end_hold()  # what its prefetch held is in its grant now
-                        kernel.state, kernel.since = ACTIVE, time.monotonic()
+                        if not growing:
+                            kernel.state, kernel.since = ACTIVE, time.monotonic()
             except _Leaving:
                 if leaving == EVEN:
                     await tell("waiting for the driver to bring this kernel's context back (about a second)")
@@ -466,7 +495,13 @@ class Rooms:
                     back = format_bytes(kernel.paused_bytes)
                     await tell(f"room granted: bringing {back} back from {where}")
                 waited = time.monotonic() - t0
-                a.metrics.queue_wait.labels(gpu=uuid).observe(waited)
+                if growing:
+                    a.decide(
+                        "grown", server=kernel.server.key, pid=kernel.pid, gpu=uuid, bytes=nbytes,
+                        granted=kernel.granted, seconds=round(waited, 3),
+                    )  # fmt: skip
+                else:
+                    a.metrics.queue_wait.labels(gpu=uuid).observe(waited)
                 await a.sessions.send(conn, {"type": "grant", "id": rid})
                 failpoints.hit("arbiter.grant")
                 return
@@ -495,15 +530,28 @@ class Rooms:
             await a.wait_for_change(1.0)
 
     async def make_room(
-        self, kernel: Kernel, uuid: str, tell=None, notes=None, host_first=None
+        self, kernel: Kernel, uuid: str, tell=None, notes=None, host_first=None, admit: bool = False
     ) -> tuple[int, Reading]:
         """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short
         (bytes) and the card's last reading. ``await tell(message)`` hears what is being
         done and why, as it starts; ``notes`` gets why victims stayed; ``host_first`` the
-        victims whose pause waits for host memory to be made (:meth:`.moves.Moves.take_off`)."""
+        victims whose pause waits for host memory to be made (:meth:`.moves.Moves.take_off`).
+        ``admit``: growth is granted on demand, and the kernel waits, nobody taken off the
+        card for it, while the running cells' budgets and its own do not fit the card
+        (:func:`books.admission_short`, the bytes short then)."""
         a = self.arbiter
         reading = await a.read(uuid)
         others = [k for k in a.on_card(uuid) if k is not kernel]
+        if admit:
+            over = books.admission_short(kernel, reading.free, others, uuid)
+            if over > 0:
+                if notes is not None:
+                    running = sum(1 for k in others if k.state == ACTIVE)
+                    notes.append(
+                        f"the budgets of the {running} running cell(s) and this one's pass what the GPU "
+                        f"could give them by {format_bytes(over)}: waiting for a cell to end"
+                    )
+                return over, reading
         short = books.shortfall(kernel, reading.free, others, uuid)
         if short <= 0:
             return short, reading

@@ -62,7 +62,8 @@ class Connection:
         self.next_id = 1
         self.node_sent: tuple | None = None  # the node figures it was last told
         self.room_task: asyncio.Task | None = None  # its requests for room, one at a time
-        self.room_next: tuple[int, str] | None = None  # (id, purpose) of the one waiting its turn
+        #: (id, purpose, bytes) of the one waiting its turn (bytes: a ``grow``'s, else 0)
+        self.room_next: tuple[int, str, int] | None = None
         self.ahead_task: asyncio.Task | None = None  # the room made ahead of its next cell
         self.ahead_stop = False  # its cell asked for room itself: the room ahead stops
         self._tokens = float(MESSAGE_BURST)
@@ -255,7 +256,7 @@ class Sessions:
             self.state(conn.kernel, msg)
             await self.arbiter.notify()
         elif kind == "room":
-            await self.arbiter.rooms.request(conn, msg["id"], msg["for"])
+            await self.arbiter.rooms.request(conn, msg["id"], msg["for"], msg.get("bytes", 0))
         elif kind == "reply":
             future = conn.pending.get(msg["id"])
             if future is not None and not future.done():
@@ -352,15 +353,11 @@ class Sessions:
         a.conns[conn.pid] = conn
         a.decide("kernel joined", server=server.key, pid=conn.pid, state=kernel.state, tier=kernel.tier)
         a.metrics.joined.labels(tier=kernel.tier).inc()
-        await self.send(
-            conn,
-            {
-                "type": "welcome",
-                "slice": server.slice.to_dict(),
-                "server": server.key,
-                "disk_dir": kernel.disk_dir,
-            },
-        )
+        welcome = {"type": "welcome", "slice": server.slice.to_dict(), "server": server.key}
+        welcome["disk_dir"] = kernel.disk_dir
+        if self.arbiter.rooms.on_demand(conn):  # of version 4: only to kernels that know it
+            welcome["grow"] = True
+        await self.send(conn, welcome)
         if kernel.state == SUSPENDED:
             a.spawn(a.moves.found_suspended(kernel))
         elif kernel.state == PAUSED and a.config.even_contexts and a.checkpoint is not None:
@@ -376,7 +373,7 @@ class Sessions:
             kernel.state, kernel.since = msg["state"], time.monotonic()
             kernel.refused.clear()  # asked again, it may answer otherwise now
             if kernel.state != ACTIVE:
-                kernel.granted = 0
+                kernel.granted = kernel.asks = 0
             kernel.hold_after(was, held, a.config.room_held_seconds)
             if kernel.state == SUSPENDED:
                 # a suspended kernel reports what the checkpoint took off the card (NVML's

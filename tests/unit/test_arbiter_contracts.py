@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from jupyter_vgpu import contracts
 from jupyter_vgpu.contracts import lean
-from jupyter_vgpu.kernel.arbiter_client import ArbiterClient
+from jupyter_vgpu.kernel.arbiter_client import HELLO_VERSION, ArbiterClient
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.waiting import wait_for
 
@@ -39,6 +39,7 @@ TO_ARBITER = [
         "resume_seconds": None,
     },
     {"type": "room", "id": 1, "for": "run"},
+    {"type": "room", "id": 2, "for": "grow", "bytes": 2**30},
     {"type": "reply", "id": 7, "ok": True, "message": "done in 0.1 s", "released": 0},
     {"type": "register", "pid": 1234, "user": "ada", "server": "", "slice": SLICE},
     {
@@ -53,6 +54,7 @@ FROM_ARBITER = [
     {"type": "welcome", "slice": SLICE, "server": "ada/", "disk_dir": "/var/lib/jupyter-vgpu/disk/1000/k"},
     {"type": "welcome", "slice": None, "server": None, "disk_dir": None},
     {"type": "welcome", "slice": SLICE, "server": "ada/"},
+    {"type": "welcome", "slice": SLICE, "server": "ada/", "disk_dir": None, "grow": True},
     {"type": "slice", "slice": SLICE},
     {"type": "grant", "id": 1},
     {"type": "wait", "id": 1, "message": "making room on GPU 0"},
@@ -74,7 +76,7 @@ MESSAGES = [("to-arbiter", m) for m in TO_ARBITER] + [("from-arbiter", m) for m 
 CANDIDATES = [
     None, True, False, 0, 1, -1, 2, 3, 1.5, 2.0, 2**62, 2**62 + 1, 2**63 - 1, 2**63, 10**400,
     999999999.5, 1e9, math.nan, math.inf, "", "x", "x" * 129, "x" * 257, "x" * 4097, [], {}, {"a": 1},
-    "run", "prefetch", "active", "hello", "welcome", "node", "pause", "books",
+    "run", "prefetch", "grow", "active", "hello", "welcome", "node", "pause", "books",
 ]  # fmt: skip
 
 
@@ -248,7 +250,7 @@ def test_a_kernel_drops_what_breaks_the_contract_and_keeps_its_link(arbiter_sock
     assert "notice.message: must be a string" in text
 
 
-@pytest.mark.parametrize("speaks", [3, 2, 1])
+@pytest.mark.parametrize("speaks", [4, 3, 2, 1])
 def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time(tmp_path, speaks):
     """A version-3 kernel says what its pause would store (``pausable_bytes``); an arbiter
     that refuses its hello's version is spoken to in the version below, down to its own,
@@ -271,7 +273,10 @@ def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time
             hellos.append(hello["version"])
             if hello["version"] > speaks:
                 known = ", ".join(map(str, range(1, speaks + 1)))
-                refusal = {"type": "error", "message": f"hello.version: must be one of {known}; got 3"}
+                refusal = {
+                    "type": "error",
+                    "message": f"hello.version: must be one of {known}; got {hello['version']}",
+                }
                 conn.sendall(json.dumps(refusal).encode() + b"\n")
                 reader.read()  # until the kernel hangs up
                 conn.close()
@@ -294,7 +299,7 @@ def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time
     finally:
         client.stop()
         server.close()
-    assert hellos == list(range(3, speaks - 1, -1))
+    assert hellos == list(range(HELLO_VERSION, speaks - 1, -1))
     assert ("pausable_bytes" in states[0]) == (speaks >= 3)
     assert ("disk_bytes" in states[0]) == (speaks >= 2)
 
@@ -369,3 +374,49 @@ def test_a_kernel_refuses_a_move_while_another_is_under_way(tmp_path):
     assert replies[1]["ok"], replies[1]
     assert replies[3]["ok"], replies[3]
     assert pausing.suspends == 1  # the one made after the spill
+
+
+@pytest.mark.parametrize(("welcome", "answer", "grows"), [
+    ({"grow": True}, {"type": "grant"}, True),
+    ({"grow": True}, {"type": "deny", "message": "no room on the GPU after 600 s"}, False),
+    ({}, None, False),  # an arbiter that grants whole budgets: never asked
+])  # fmt: skip
+def test_a_kernel_asks_to_grow_only_an_arbiter_that_said_it_answers(tmp_path, welcome, answer, grows):
+    path = str(tmp_path / "arbiter.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+    asked: list[dict] = []
+
+    def serve():
+        conn, _ = server.accept()
+        reader = conn.makefile("rb")
+        assert json.loads(reader.readline())["version"] == HELLO_VERSION
+        said = {"type": "welcome", "slice": None, "server": None, "disk_dir": None, **welcome}
+        conn.sendall(json.dumps(said).encode() + b"\n")
+        for line in reader:
+            msg = json.loads(line)
+            if msg["type"] == "room":
+                asked.append(msg)
+                conn.sendall(json.dumps({**answer, "id": msg["id"]}).encode() + b"\n")
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    figures = {
+        "state": "active", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
+        "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
+    }  # fmt: skip
+    client = ArbiterClient(path, "k", lambda _: None, lambda: figures, Pausing(), lambda *a, **k: None)
+    client.start()
+    try:
+        wait_for(client.connected.is_set, 20, "the kernel welcomed")
+        client.managed = True  # as if the arbiter knew its server (its slice is not the point)
+        assert client.grow(0, 3 << 30) is grows
+    finally:
+        client.stop()
+        server.close()
+    if answer is None:
+        assert asked == []
+    else:
+        assert [(m["for"], m["bytes"]) for m in asked] == [("grow", 3 << 30)]
+    assert (client.grow_asks, client.grow_grants) == (len(asked), int(grows))

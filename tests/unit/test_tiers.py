@@ -401,11 +401,13 @@ def test_a_version_2_hello_carries_where_the_memory_is():
     assert decode(b'{"type": "hello", "version": 1, "kernel_id": "k"}')["version"] == 1
     three = {**hello, "version": 3, "pausable_bytes": 7}  # version 3 adds what a pause would store
     assert decode(json.dumps(three).encode()) == three
+    four = {**three, "version": 4}  # version 4 adds the room to grow, not to the hello
+    assert decode(json.dumps(four).encode()) == four
     for bad, says in (
         ({**hello, "state": "asleep"}, "hello.state: must be one of"),
         ({**hello, "idle_seconds": -1}, "hello.idle_seconds: must be at least 0"),
-        ({**hello, "version": 4}, "hello.version: must be one of 1, 2, 3; got 4"),
-        ({**hello, "version": True}, "hello.version: must be one of 1, 2, 3; got true"),
+        ({**hello, "version": 5}, "hello.version: must be one of 1, 2, 3, 4; got 5"),
+        ({**hello, "version": True}, "hello.version: must be one of 1, 2, 3, 4; got true"),
         ({**three, "pausable_bytes": -1}, "hello.pausable_bytes: must be at least 0"),
         ({k: v for k, v in hello.items() if k != "disk_bytes"}, r"hello: missing field\(s\): disk_bytes"),
     ):
