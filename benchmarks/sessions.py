@@ -387,6 +387,8 @@ def start_arbiter(directory: Path, args) -> ArbiterProcess:
     settings.append(f"--ArbiterApp.room_held_seconds={args.room_held_seconds}")
     settings.append(f"--ArbiterApp.trim_before_spill={args.trim_before_spill == 'on'}")
     settings.append(f"--ArbiterApp.even_contexts={args.node_even_contexts}")
+    settings.append(f"--ArbiterApp.grant_on_demand={args.grant_on_demand}")
+    settings.append(f"--ArbiterApp.grant_margin={args.grant_margin}")
     # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
     settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
@@ -601,6 +603,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "even_contexts": evened,  # --even-contexts: each kernel's context cycled once
                 # --node-even-contexts: the arbiter's own, from its decisions (all kept)
                 "node_even_contexts": node_evened(books["decisions"]) if args.node_even_contexts else None,
+                # --grant-on-demand: the cells' requests to grow the arbiter granted
+                "grown": grown(books["decisions"]) if args.grant_on_demand else None,
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
                 "decisions": [
                     d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")
@@ -659,6 +663,19 @@ def node_evened(decisions: list[dict]) -> dict:
         "p50_s": percentile_or_none(seconds, 50),
         "refused": sum(d["what"] == "even refused" for d in decisions),
         "restore_waits": sum(d["what"] == "even: restore waits" for d in decisions),
+    }
+
+
+def grown(decisions: list[dict]) -> dict:
+    """What growth granted on demand took in a run, from the arbiter's decisions: how many
+    requests of running cells to grow it granted (``grown``), the seconds each waited for
+    its room at the median and at the most (:data:`RULE`), and the bytes asked for in all."""
+    seconds = [d["seconds"] for d in decisions if d["what"] == "grown"]
+    return {
+        "grown": len(seconds),
+        "p50_s": percentile_or_none(seconds, 50),
+        "max_s": max(seconds, default=None),
+        "bytes": sum(d["bytes"] for d in decisions if d["what"] == "grown"),
     }
 
 
@@ -896,6 +913,15 @@ def main() -> None:
         "suspend's restore leaves (the row's even_contexts says how many and how long)",
     )
     parser.add_argument(
+        "--grant-on-demand",
+        action="store_true",
+        help="the arbiter's grant_on_demand: a starting cell is granted what its kernel holds and "
+        "brings back plus --grant-margin, the rest made when it grows (the row's grown says how often)",
+    )
+    parser.add_argument(
+        "--grant-margin", default="1G", help="the arbiter's grant_margin, with --grant-on-demand (default 1G)"
+    )
+    parser.add_argument(
         "--node-even-contexts",
         action="store_true",
         help="the arbiter's even_contexts: it takes each paused kernel's context through the "
@@ -999,6 +1025,8 @@ def main() -> None:
         "room_held_seconds": args.room_held_seconds,
         "trim_before_spill": args.trim_before_spill == "on",
         "even_contexts": args.node_even_contexts,
+        "grant_on_demand": args.grant_on_demand,
+        "grant_margin": args.grant_margin,
         "poll_seconds": 0.25,
         "decisions_kept": DECISIONS_KEPT,
     }

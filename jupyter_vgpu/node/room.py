@@ -69,6 +69,11 @@ class _Leaving(Exception):
     """A kernel asks for room while a room ahead takes it off the card (:meth:`Rooms.room`)."""
 
 
+class _NotAdmitted(str):
+    """Why a cell waits that no room made for it would help: the running cells' budgets and
+    its own pass the card (:func:`books.admission_short`), a note of :meth:`Rooms.make_room`."""
+
+
 class Rooms:
     """The requests for room of the arbiter's kernels.
 
@@ -506,12 +511,15 @@ class Rooms:
                 failpoints.hit("arbiter.grant")
                 return
             running = [k for k in a.on_card(uuid) if k.state == ACTIVE and k is not kernel]
-            message = (
-                f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) running, "
-                f"{format_bytes(short + reading.free)} needed, {format_bytes(reading.free)} free"
-            )
-            if notes:
-                message += f"; {notes[-1]}"
+            if notes and isinstance(notes[-1], _NotAdmitted):
+                message = f"waiting on GPU {kernel.slice.gpu_index}: {notes[-1]}"
+            else:
+                message = (
+                    f"waiting for GPU memory on GPU {kernel.slice.gpu_index}: {len(running)} session(s) "
+                    f"running, {format_bytes(short + reading.free)} needed, {format_bytes(reading.free)} free"
+                )
+                if notes:
+                    message += f"; {notes[-1]}"
             if time.monotonic() >= deadline:
                 a.decide("denied", server=kernel.server.key, gpu=uuid, message=message)
                 await a.sessions.send(
@@ -548,8 +556,10 @@ class Rooms:
                 if notes is not None:
                     running = sum(1 for k in others if k.state == ACTIVE)
                     notes.append(
-                        f"the budgets of the {running} running cell(s) and this one's pass what the GPU "
-                        f"could give them by {format_bytes(over)}: waiting for a cell to end"
+                        _NotAdmitted(
+                            f"the budgets of the {running} running cell(s) and this one's pass what the GPU "
+                            f"could give them at once by {format_bytes(over)}: waiting for a cell to end"
+                        )
                     )
                 return over, reading
         short = books.shortfall(kernel, reading.free, others, uuid)

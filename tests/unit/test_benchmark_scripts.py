@@ -30,6 +30,8 @@ ARBITER_ARGS = argparse.Namespace(
     room_held_seconds=0.0,
     trim_before_spill="on",
     node_even_contexts=False,
+    grant_on_demand=False,
+    grant_margin="1G",
     gpu_uuids=[],
 )
 
@@ -464,3 +466,15 @@ def test_a_row_counts_what_the_arbiters_even_contexts_did_from_its_decisions():
     ]
     assert sessions.node_evened(decisions) == {"evened": 3, "p50_s": 0.6, "refused": 1, "restore_waits": 1}
     assert sessions.node_evened([])["p50_s"] is None
+
+
+def test_a_row_counts_the_cells_requests_to_grow_from_the_arbiters_decisions():
+    sessions = load("sessions")
+    decisions = [
+        {"what": "grown", "seconds": 0.3, "bytes": 2 << 30},
+        {"what": "pause", "seconds": 0.07},
+        {"what": "grown", "seconds": 0.0, "bytes": 1 << 30},
+        {"what": "grown", "seconds": 1.2, "bytes": 4 << 30},
+    ]
+    assert sessions.grown(decisions) == {"grown": 3, "p50_s": 0.3, "max_s": 1.2, "bytes": 7 << 30}
+    assert sessions.grown([]) == {"grown": 0, "p50_s": None, "max_s": None, "bytes": 0}

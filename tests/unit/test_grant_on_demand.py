@@ -119,7 +119,8 @@ def test_a_cell_that_grows_past_its_grant_gets_the_room_made_and_stays_running(p
     assert [d["server"] for d in decided(arbiter, "pause")] == ["user1/"]
     [grown] = decided(arbiter, "grown")
     assert (grown["server"], grown["bytes"], grown["granted"]) == ("user0/", 4 * GiB, grower.granted)
-    assert grower.state == books.ACTIVE and grower.since == since  # its cell runs on, as it was
+    assert grower.state == books.ACTIVE  # its cell runs on, as it was
+    assert grower.since == since
 
 
 def test_a_grant_never_shrinks_and_never_passes_the_budget(processes):
@@ -135,22 +136,31 @@ def test_a_grant_never_shrinks_and_never_passes_the_budget(processes):
 def test_a_kernel_that_runs_no_cell_is_denied_room_to_grow_at_once(processes):
     arbiter, _, kernels = node(processes)
     [answer] = ask(arbiter, processes[0], 5, "grow", 4 * GiB)
-    assert answer["type"] == "deny" and "runs no cell" in answer["message"], answer
-    assert kernels[0].granted == 0 and kernels[0].state == books.IDLE
+    assert answer["type"] == "deny", answer
+    assert "runs no cell" in answer["message"], answer
+    assert kernels[0].granted == 0
+    assert kernels[0].state == books.IDLE
     assert decided(arbiter, "pause") == decided(arbiter, "grown") == []
 
 
 def test_a_cell_waits_while_the_running_cells_budgets_and_its_own_pass_the_card(processes):
-    arbiter, card, kernels = node(processes, free=40 * GiB)
+    arbiter, _, kernels = node(processes, free=40 * GiB)
     arbiter.config.queue_timeout = 0.5
     for k in kernels[2:]:  # two cells of 35 GiB budgets run, granted little: room is free now
         k.server.slice = dataclasses.replace(k.slice, memory_limit=35 * GiB)
         k.state, k.granted = books.ACTIVE, 3 * GiB
     [*waits, answer] = ask(arbiter, processes[0], 1)
     # 8 + 35 + 35 GiB of budgets against the 51 GiB the kernels could hold at most: the
-    # 40 GiB free and the 11 GiB they hold
+    # 40 GiB free and the 11 GiB they hold; and no word of GPU memory "needed"
     assert answer["type"] == "deny", answer
-    assert "the budgets of the 2 running cell(s) and this one's pass what the GPU could give" in answer["message"]
+    said = (
+        "the budgets of the 2 running cell(s) and this one's pass what the GPU could give them "
+        "at once by 27.00 GiB"
+    )
+    assert said in answer["message"], answer
+    assert waits, "the cell is told why it waits"
+    assert all(said in w["message"] for w in waits), waits
+    assert "needed" not in answer["message"], answer
     assert decided(arbiter, "pause") == [], "nobody leaves for a cell that could not be admitted"
     kernels[2].state, kernels[2].granted = books.IDLE, 0  # one of them ends
     assert ask(arbiter, processes[0], 2)[-1] == {"type": "grant", "id": 2}
