@@ -13,9 +13,10 @@ from then on:
 - asks for room before the first message that runs code (:meth:`ArbiterClient.room`,
   called by the gate), waiting while the arbiter makes it or queues the request, and
   showing what it waits for in the cell's output (:class:`~.progress.Progress`);
-- asks for room to grow when an allocation of the running cell finds none on the card
-  (:meth:`ArbiterClient.grow`, called by the pausable allocator before the allocation
-  would fail), where the arbiter's welcome said it answers that (``grow``).
+- where the arbiter's welcome says it grants growth on demand (``grow``), hands its
+  socket's path to the pausable allocator (:attr:`ArbiterClient.grow_channel`), which
+  asks for room to grow over a connection of its own when an allocation of the running
+  cell finds none on the card, without a word of Python.
 
 When the link breaks, the thread connects again on its own, with backoff (from 50 ms,
 doubling, at most :data:`MAX_BACKOFF` seconds), for as long as the kernel lives. While
@@ -91,8 +92,10 @@ class ArbiterClient:
         self.adopt_slice, self.figures, self.pausing, self.say = adopt_slice, figures, pausing, say
         self.connected = threading.Event()
         self.managed = False  # the arbiter knows our server and sent a slice
-        self.grows = False  # the arbiter answers requests for room to grow (its welcome said so)
-        self.grow_asks = self.grow_grants = 0  # requests for room to grow made, and granted
+        self.grows = False  # the arbiter grants growth on demand (its welcome said so)
+        #: called with the arbiter's socket path where its welcome says ``grow``, else None:
+        #: the pausable allocator's grow channel (:meth:`.memory_path.MemoryPath.grow_with`)
+        self.grow_channel: Callable[[str | None], object] | None = None
         self.disk_dir: str | None = None  # our directory of the node's disk tier
         self.node: dict | None = None  # the node's host and disk figures, as last told
         self.last_error: str | None = None  # the arbiter's last protocol error (status, logs)
@@ -186,43 +189,13 @@ class ArbiterClient:
 
     # -- room --------------------------------------------------------------------------
 
-    def grow(self, device: int, nbytes: int) -> bool:
-        """Ask the arbiter for room to grow: an allocation of ``nbytes`` bytes on CUDA
-        device ``device`` (the process's ordinal) made by the running cell found no room
-        on the card. Blocks while the arbiter makes it (pausing or suspending idle
-        kernels), as :meth:`room` does; returns whether it was made (True: the caller makes
-        the allocation again), False at once where the arbiter does not answer such
-        requests (``grow`` not in its welcome) or there is none, and False where it
-        refused or went away (the allocation then fails as it would have). Called by the
-        pausable allocator (:meth:`.pause.vmm.VMM.set_grow`) from the allocating thread,
-        with no lock of the allocator held; never raises.
-
-        Where the arbiter grants a starting cell less than its budget
-        (``ArbiterApp.grant_on_demand``), this is how the rest of its room is made.
-        """
-        if not self.grows or self.unavailable() or threading.current_thread() is self._thread:
-            return False
-        self.grow_asks += 1
-        try:
-            self.room("grow", nbytes=max(0, int(nbytes)))
-        except (MemoryError, ArbiterUnavailable) as e:
-            log.info("jupyter-vgpu: no room to grow by %d bytes on device %d: %s", nbytes, device, e)
-            return False
-        except Exception as e:  # called from the allocator: nothing may escape into it
-            log.warning("jupyter-vgpu: asking for room to grow failed: %s", e)
-            return False
-        self.grow_grants += 1
-        return True
-
-    def room(self, purpose: str, progress=None, nbytes: int | None = None) -> None:
+    def room(self, purpose: str, progress=None) -> None:
         """Ask for room before the kernel runs code; blocks until granted.
 
         Args:
-            purpose: ``run``, ``resume`` (the kernel is paused), ``restore`` (suspended) or
-                ``grow`` (its running cell needs ``nbytes`` more: :meth:`grow`).
+            purpose: ``run``, ``resume`` (the kernel is paused) or ``restore`` (suspended).
             progress: the cell's :class:`~.progress.Progress`: it shows what the arbiter
                 says it is doing (pausing someone, queueing) and keeps the line alive.
-            nbytes: with ``grow``, the bytes of the allocation that found no room.
 
         Raises:
             MemoryError: the arbiter refused (no room before its timeout); the message
@@ -238,10 +211,7 @@ class ArbiterClient:
             rid = self._next
             self._next += 1
             self._rooms[rid] = {"type": None, "seq": 0}
-        ask = {"type": "room", "id": rid, "for": purpose}
-        if nbytes is not None:
-            ask["bytes"] = nbytes
-        if not self._send(ask):
+        if not self._send({"type": "room", "id": rid, "for": purpose}):
             with self._room_cond:
                 self._rooms.pop(rid, None)
             raise ArbiterUnavailable("the node arbiter went away as this kernel asked it for room")
@@ -359,6 +329,11 @@ class ArbiterClient:
             self.managed = msg["slice"] is not None
             self.disk_dir = msg.get("disk_dir") or None  # absent from an arbiter before version 2
             self.grows = bool(msg.get("grow"))  # absent from an arbiter before version 4
+            if self.grow_channel is not None:
+                try:
+                    self.grow_channel(self.path if self.grows else None)
+                except Exception as e:  # the allocator goes on without asking, as before
+                    log.warning("jupyter-vgpu: the allocator's grow channel was not set: %s", e)
             self.adopt_slice(msg["slice"])
             if self.lost_at is not None:
                 self.reconnects += 1

@@ -126,8 +126,8 @@ class KernelHook:
             self.pausing.ask_room = self.arbiter.room
             self.pausing.node_figures = lambda: self.arbiter.node
             self.pausing.listeners.append(self.arbiter.send_state)
-            # an allocation that finds no room asks the arbiter for it, where it answers that
-            self.pausing.grow_with(self.arbiter.grow)
+            # where the arbiter grants growth on demand, the allocator asks it for room itself
+            self.arbiter.grow_channel = self.pausing.grow_with
             self.arbiter.start()
         if self.channel is not None:
             self._thread = threading.Thread(target=self._watch, name="jupyter-vgpu-watch", daemon=True)

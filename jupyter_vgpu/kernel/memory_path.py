@@ -53,15 +53,20 @@ class MemoryPath:
             return None
         return allocator if allocator.preloaded else None
 
-    def grow_with(self, grow) -> bool:
-        """Have the pausable allocator call ``grow(device, nbytes) -> bool`` before an
-        allocation the driver found no room for fails (:meth:`.pause.vmm.VMM.set_grow`:
-        True, room was made, and the allocation is made again); None: no longer. Returns
-        whether this process has the allocator to ask (started with it, LD_PRELOAD)."""
+    def grow_with(self, socket_path: str | None) -> bool:
+        """Have the pausable allocator ask the node arbiter at ``socket_path`` for room
+        before an allocation the driver found no room for fails, over its own grow channel
+        (:meth:`.pause.vmm.VMM.set_grow_channel`; the allocation is made again once room
+        was made); None: no longer. Returns whether this process has the allocator to ask
+        (started with it, LD_PRELOAD).
+
+        Raises:
+            ValueError: ``socket_path`` is too long for a Unix socket.
+        """
         allocator = self._allocator()
         if allocator is None:
             return False
-        allocator.set_grow(grow)
+        allocator.set_grow_channel(socket_path)
         return True
 
     def _on_gpu(self) -> bool:

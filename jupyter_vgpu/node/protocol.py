@@ -32,11 +32,11 @@ Kernels (any user) may send:
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
   at once, granted only where the card has room once the kernels idle past their
   ``idle_seconds`` are paused, nobody else taken off it.) ``{"type": "room", "id": int,
-  "for": "grow", "bytes": int}`` (version 4): the running cell made an allocation of
-  ``bytes`` that the driver found no room for, and waits while the arbiter makes it
-  (where ``ArbiterApp.grant_on_demand`` grants a starting cell less than its budget;
-  denied at once to a kernel that runs no cell); the kernel then makes the allocation
-  again. The
+  "for": "grow", "bytes": int}`` (version 4, on the kernel's grow channel, below): the
+  running cell made an allocation of ``bytes`` that the driver found no room for, and
+  waits while the arbiter makes it (where ``ArbiterApp.grant_on_demand`` grants a
+  starting cell less than its budget; denied at once to a kernel that runs no cell); the
+  allocation is then made again. The
   arbiter answers ``{"type": "grant", "id": int}``, possibly after one or more
   ``{"type": "wait", "id": int, "message": str}`` (what it waits for and why, shown in
   the cell's output, the latest replacing the one before), or ``{"type": "deny", "id":
@@ -48,6 +48,15 @@ Kernels (any user) may send:
   host memory a trim gave back (bytes; null for a suspend or a spill), a figure only: 0
   spares the arbiter its wait for NVML to drop, and what the card has free is still read
   from NVML before any room is granted.
+
+A kernel granted growth on demand opens a second connection, its grow channel, whose
+first line is ``{"type": "channel", "version": 4, "for": "grow"}``: the kernel's
+allocator asks for room to grow on it, from the allocating thread, without a word of
+Python (a thread of Python waiting on a lock that thread holds would otherwise wait
+forever). The arbiter answers ``{"type": "ok"}`` where the process is a connected
+kernel's (the same process, by its peer credentials and its identity) and is granted
+growth on demand, else an ``error`` and hangs up; the channel then carries ``room``
+``for: grow`` alone, and their ``wait``, ``grant``, ``deny`` and ``failed``.
 
 The arbiter sends kernels requests: ``{"type": "pause", "id": int}``, ``{"type":
 "suspend", "id": int}`` (pause if needed, hold every message, answer; the arbiter then

@@ -86,14 +86,18 @@ class Rooms:
         self.arbiter = arbiter
         self._prefetched: dict[str, float] = {}  # user -> monotonic seconds of their last prefetch
 
-    async def request(self, conn: Connection, rid: int, purpose: str, nbytes: int = 0) -> None:
+    async def request(
+        self, conn: Connection, rid: int, purpose: str, nbytes: int = 0, answer_to: Connection | None = None
+    ) -> None:
         """Take a kernel's request ``rid`` for room: decided after the one being decided,
         replacing (and denying) one that waits its turn already. ``nbytes``: for ``grow``,
-        the bytes of the allocation that found no room."""
+        the bytes of the allocation that found no room; ``answer_to``: the connection its
+        answers go to (the kernel's grow channel), None: the kernel's own."""
         if conn.room_next is not None:  # one waits for its turn already: this one replaces it
             why = "a newer request for room from this kernel replaced this one"
-            await self.arbiter.sessions.send(conn, {"type": "deny", "id": conn.room_next[0], "message": why})
-        conn.room_next = (rid, purpose, nbytes)
+            rid_was, _, _, to = conn.room_next
+            await self.arbiter.sessions.send(to or conn, {"type": "deny", "id": rid_was, "message": why})
+        conn.room_next = (rid, purpose, nbytes, answer_to)
         if purpose != "prefetch":  # its cell makes its own room from here (:meth:`_take_ahead`)
             conn.ahead_stop = True
         if conn.room_task is None or conn.room_task.done():
@@ -103,16 +107,18 @@ class Rooms:
         """A kernel's requests for room, one at a time (a kernel runs one message at a
         time; one asked while another is decided waits its turn, and at most one waits)."""
         while conn.room_next is not None:
-            (rid, purpose, nbytes), conn.room_next = conn.room_next, None
+            (rid, purpose, nbytes, answer_to), conn.room_next = conn.room_next, None
             try:
                 if purpose == "prefetch":
                     await self.prefetch(conn, rid)
                 else:
-                    await self.room(conn, rid, purpose, nbytes)
+                    await self.room(conn, rid, purpose, nbytes, answer_to)
             except Exception as e:  # a fault of the arbiter's own: said at once, not left to patience
-                await self._failed(conn, rid, purpose, e)
+                await self._failed(conn, rid, purpose, e, answer_to)
 
-    async def _failed(self, conn: Connection, rid: int, purpose: str, error: Exception) -> None:
+    async def _failed(
+        self, conn: Connection, rid: int, purpose: str, error: Exception, answer_to: Connection | None = None
+    ) -> None:
         """Answer request ``rid`` whose decision raised ``error``: ``failed``, naming it
         (the kernel goes on as without an arbiter, at once: before, it heard nothing and
         waited out its patience, 60 s), as a decision and in the log with its traceback."""
@@ -122,7 +128,7 @@ class Rooms:
         key = conn.kernel.server.key if conn.kernel is not None else None
         a.decide("room failed", server=key, pid=conn.pid, message=why)
         message = f"the node arbiter could not decide this request ({why})"
-        await a.sessions.send(conn, {"type": "failed", "id": rid, "message": message[:4000]})
+        await a.sessions.send(answer_to or conn, {"type": "failed", "id": rid, "message": message[:4000]})
 
     async def prefetch(self, conn: Connection, rid: int) -> None:
         """Bring a paused or suspended kernel back ahead of a cell its user is about to run
@@ -380,7 +386,9 @@ class Rooms:
         hello = getattr(conn, "hello", None) or {}
         return bool(self.arbiter.config.grant_on_demand) and hello.get("version", 1) >= protocol.GROW_VERSION
 
-    async def room(self, conn: Connection, rid: int, purpose: str, nbytes: int = 0) -> None:
+    async def room(
+        self, conn: Connection, rid: int, purpose: str, nbytes: int = 0, answer_to: Connection | None = None
+    ) -> None:
         """Answer request ``rid`` of the kernel on ``conn`` (``purpose``: ``run``,
         ``resume``, ``restore`` or ``grow``): grant it once the card has room for the
         kernel, making it (:meth:`make_room`) and restoring the kernel from the driver's
@@ -391,7 +399,8 @@ class Rooms:
         budgets fit the card (:func:`books.admission_short`). ``grow``: the kernel's running
         cell met no room for an allocation of ``nbytes`` bytes; its grant is raised
         (:func:`books.grow_asks`) and the room made as for a cell, the kernel's state left
-        as it is; a kernel not running a cell is denied at once."""
+        as it is; a kernel not running a cell is denied at once. Every answer goes to
+        ``answer_to`` where given (the kernel's grow channel), else to ``conn``."""
         failpoints.hit("arbiter.room")
         a = self.arbiter
         kernel = conn.kernel
@@ -401,14 +410,15 @@ class Rooms:
         told = False
         growing = purpose == "grow"
         admit = not growing and self.on_demand(conn)
+        reply = answer_to or conn
 
         async def tell(message: str) -> None:  # what the cell waits for now, shown in its output
-            await a.sessions.send(conn, {"type": "wait", "id": rid, "message": message})
+            await a.sessions.send(reply, {"type": "wait", "id": rid, "message": message})
 
         if growing:
             if kernel.state != ACTIVE:
                 why = f"this kernel runs no cell (it is {kernel.state}): nothing to grow"
-                await a.sessions.send(conn, {"type": "deny", "id": rid, "message": why})
+                await a.sessions.send(reply, {"type": "deny", "id": rid, "message": why})
                 return
             kernel.asks = books.grow_asks(kernel, nbytes, a.config.grant_margin, uuid)
         while True:
@@ -457,7 +467,7 @@ class Rooms:
                 message = f"GPU {kernel.slice.gpu_index} does not answer: {e}; waiting for it"
                 if time.monotonic() >= deadline:
                     a.decide("denied", server=kernel.server.key, gpu=uuid, message=message)
-                    await a.sessions.send(conn, {"type": "deny", "id": rid, "message": message})
+                    await a.sessions.send(reply, {"type": "deny", "id": rid, "message": message})
                     return
                 await tell(message)
                 await a.wait_for_change(1.0)
@@ -476,7 +486,7 @@ class Rooms:
                     short = 1
                     notes.append(why)
                 elif not ok:
-                    await a.sessions.send(conn, {"type": "deny", "id": rid, "message": why})
+                    await a.sessions.send(reply, {"type": "deny", "id": rid, "message": why})
                     return
             if short > 0 and host_first and time.monotonic() < deadline:
                 # outside the card's lock: trims and spills (seconds for gigabytes) hold up
@@ -507,7 +517,7 @@ class Rooms:
                     )  # fmt: skip
                 else:
                     a.metrics.queue_wait.labels(gpu=uuid).observe(waited)
-                await a.sessions.send(conn, {"type": "grant", "id": rid})
+                await a.sessions.send(reply, {"type": "grant", "id": rid})
                 failpoints.hit("arbiter.grant")
                 return
             running = [k for k in a.on_card(uuid) if k.state == ACTIVE and k is not kernel]
@@ -523,7 +533,7 @@ class Rooms:
             if time.monotonic() >= deadline:
                 a.decide("denied", server=kernel.server.key, gpu=uuid, message=message)
                 await a.sessions.send(
-                    conn,
+                    reply,
                     {
                         "type": "deny",
                         "id": rid,

@@ -62,8 +62,12 @@ class Connection:
         self.next_id = 1
         self.node_sent: tuple | None = None  # the node figures it was last told
         self.room_task: asyncio.Task | None = None  # its requests for room, one at a time
-        #: (id, purpose, bytes) of the one waiting its turn (bytes: a ``grow``'s, else 0)
-        self.room_next: tuple[int, str, int] | None = None
+        #: (id, purpose, bytes, answer to) of the one waiting its turn (bytes: a ``grow``'s,
+        #: else 0; answer to: the connection its answers go to, None: this one)
+        self.room_next: tuple[int, str, int, Connection | None] | None = None
+        #: a grow channel's kernel connection (``channel``): this connection carries the
+        #: requests of that kernel's allocator to grow, and their answers
+        self.channel_of: Connection | None = None
         self.ahead_task: asyncio.Task | None = None  # the room made ahead of its next cell
         self.ahead_stop = False  # its cell asked for room itself: the room ahead stops
         self._tokens = float(MESSAGE_BURST)
@@ -242,6 +246,10 @@ class Sessions:
             await self.trusted(conn, msg)
         elif kind == "hello":
             await self.hello(conn, msg)
+        elif kind == "channel":
+            await self.channel(conn)
+        elif conn.channel_of is not None:
+            await self.on_channel(conn, msg)
         elif conn.kernel is None and conn.hello is not None:
             if kind == "state":  # a kernel whose server is not known yet: kept for its admission
                 conn.hello = {
@@ -261,6 +269,44 @@ class Sessions:
             future = conn.pending.get(msg["id"])
             if future is not None and not future.done():
                 future.set_result(msg)
+
+    async def channel(self, conn: Connection) -> None:
+        """``conn`` asks to be its kernel's grow channel (protocol version 4): the line of
+        the kernel's allocator, which asks for room to grow without a word of Python
+        (``vgpu_set_grow_channel``; docs/design.md, "Growth on demand"). Accepted
+        (``ok``) only from the process of a connected kernel that is granted growth on
+        demand (:meth:`.room.Rooms.on_demand`), as the socket's peer credentials and the
+        process's identity show, never from what it says; else an ``error`` and the
+        connection ends."""
+        kernel_conn = self.arbiter.conns.get(conn.pid)
+        why = None
+        if conn.kernel is not None or conn.hello is not None or conn.channel_of is not None:
+            why = "this connection is a kernel's or a channel already"
+        elif kernel_conn is None or kernel_conn.kernel is None:
+            why = "no kernel of this process is connected"
+        elif conn.identity is None or getattr(kernel_conn.identity, "start", None) != conn.identity.start:
+            why = "this process is not the kernel's that connected"
+        elif not self.arbiter.rooms.on_demand(kernel_conn):
+            why = "this node grants cells their whole budget: there is nothing to ask for"
+        if why is not None:
+            await self.send(conn, {"type": "error", "message": f"channel refused: {why}"})
+            conn.writer.close()
+            return
+        conn.channel_of = kernel_conn
+        await self.send(conn, {"type": "ok"})
+
+    async def on_channel(self, conn: Connection, msg: dict) -> None:
+        """A message on a grow channel: ``room`` ``for: grow`` is its kernel's request to
+        grow, answered here (:meth:`.room.Rooms.request`); nothing else is said there."""
+        kernel_conn = conn.channel_of
+        if msg["type"] != "room" or msg["for"] != "grow":
+            await self.send(conn, {"type": "error", "message": "a grow channel carries room for: grow alone"})
+        elif self.arbiter.conns.get(conn.pid) is not kernel_conn:
+            why = "this kernel's connection to the arbiter is gone"
+            await self.send(conn, {"type": "deny", "id": msg["id"], "message": why})
+        else:
+            nbytes = msg.get("bytes", 0)
+            await self.arbiter.rooms.request(kernel_conn, msg["id"], "grow", nbytes, answer_to=conn)
 
     async def trusted(self, conn: Connection, msg: dict) -> None:
         """A trusted client's request (``register``, ``unregister``, ``refresh``, ``books``),

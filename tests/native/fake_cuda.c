@@ -13,7 +13,9 @@
  *
  * Test controls: fake_cuda_hold_events(1) keeps events not ready; fake_cuda_capture(1)
  * makes every stream look captured; FAKE_CUDA_MEMORY_BYTES in the environment is the
- * device's capacity (unset: none), and fake_cuda_limit(bytes) a limit of the test's on top
+ * device's capacity (unset: none), or FAKE_CUDA_MEMORY_FILE names a file that holds it, read
+ * at every allocation (a test's arbiter makes room by raising it, from another process),
+ * and fake_cuda_limit(bytes) a limit of the test's on top
  * (0: none): a physical allocation (cuMemCreate, cuMemAlloc and the driver's own pools)
  * that would take the bytes alive past either answers CUDA_ERROR_OUT_OF_MEMORY. A kernel
  * launched is a host function, run on the launching thread (cuLaunchKernel).
@@ -21,6 +23,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -60,6 +63,7 @@ static int hold_events = 0, capture = 0;
 static uint64_t limit = 0; /* 0: none; else physical allocations refused past this many bytes alive */
 static pthread_once_t capacity_once = PTHREAD_ONCE_INIT;
 static uint64_t capacity = 0; /* FAKE_CUDA_MEMORY_BYTES; 0: none */
+static const char *capacity_file = NULL; /* FAKE_CUDA_MEMORY_FILE, or NULL */
 static uint64_t set_access_calls = 0;
 static __thread void *current = NULL;
 
@@ -72,12 +76,28 @@ uint64_t fake_cuda_set_access_calls(void) { return set_access_calls; }
 static void read_capacity(void) {
   const char *v = getenv("FAKE_CUDA_MEMORY_BYTES");
   capacity = v && *v ? strtoull(v, NULL, 0) : 0;
+  v = getenv("FAKE_CUDA_MEMORY_FILE");
+  capacity_file = v && *v ? v : NULL;
+}
+
+/* The capacity now: FAKE_CUDA_MEMORY_FILE's number where it is set (0, none, where the file
+ * cannot be read: the test replaces it whole), else FAKE_CUDA_MEMORY_BYTES. */
+static uint64_t capacity_now(void) {
+  if (!capacity_file) return capacity;
+  unsigned long long bytes = 0;
+  FILE *f = fopen(capacity_file, "r");
+  if (f) {
+    if (fscanf(f, "%llu", &bytes) != 1) bytes = 0;
+    fclose(f);
+  }
+  return bytes;
 }
 
 /* 1 when size more bytes alive would pass the capacity or the test's limit (lock held). */
 static int no_room(uint64_t size) {
   pthread_once(&capacity_once, read_capacity);
-  return (limit && used + size > limit) || (capacity && used + size > capacity);
+  uint64_t cap = capacity_now();
+  return (limit && used + size > limit) || (cap && used + size > cap);
 }
 
 /* ---- physical allocations and mappings ---------------------------------------------- */

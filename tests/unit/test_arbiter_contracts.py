@@ -40,6 +40,7 @@ TO_ARBITER = [
     },
     {"type": "room", "id": 1, "for": "run"},
     {"type": "room", "id": 2, "for": "grow", "bytes": 2**30},
+    {"type": "channel", "version": 4, "for": "grow"},
     {"type": "reply", "id": 7, "ok": True, "message": "done in 0.1 s", "released": 0},
     {"type": "register", "pid": 1234, "user": "ada", "server": "", "slice": SLICE},
     {
@@ -376,17 +377,14 @@ def test_a_kernel_refuses_a_move_while_another_is_under_way(tmp_path):
     assert pausing.suspends == 1  # the one made after the spill
 
 
-@pytest.mark.parametrize(("welcome", "answer", "grows"), [
-    ({"grow": True}, {"type": "grant"}, True),
-    ({"grow": True}, {"type": "deny", "message": "no room on the GPU after 600 s"}, False),
-    ({}, None, False),  # an arbiter that grants whole budgets: never asked
-])  # fmt: skip
-def test_a_kernel_asks_to_grow_only_an_arbiter_that_said_it_answers(tmp_path, welcome, answer, grows):
+@pytest.mark.parametrize(("welcome", "channel"), [({"grow": True}, True), ({}, False)])
+def test_a_kernel_hands_the_allocator_its_grow_channel_only_where_the_arbiter_grants_growth(
+    tmp_path, welcome, channel
+):
     path = str(tmp_path / "arbiter.sock")
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
     server.listen(1)
-    asked: list[dict] = []
 
     def serve():
         conn, _ = server.accept()
@@ -394,29 +392,22 @@ def test_a_kernel_asks_to_grow_only_an_arbiter_that_said_it_answers(tmp_path, we
         assert json.loads(reader.readline())["version"] == HELLO_VERSION
         said = {"type": "welcome", "slice": None, "server": None, "disk_dir": None, **welcome}
         conn.sendall(json.dumps(said).encode() + b"\n")
-        for line in reader:
-            msg = json.loads(line)
-            if msg["type"] == "room":
-                asked.append(msg)
-                conn.sendall(json.dumps({**answer, "id": msg["id"]}).encode() + b"\n")
+        reader.read()
         conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
     figures = {
-        "state": "active", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
+        "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
         "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
     }  # fmt: skip
+    handed: list = []
     client = ArbiterClient(path, "k", lambda _: None, lambda: figures, Pausing(), lambda *a, **k: None)
+    client.grow_channel = handed.append
     client.start()
     try:
         wait_for(client.connected.is_set, 20, "the kernel welcomed")
-        client.managed = True  # as if the arbiter knew its server (its slice is not the point)
-        assert client.grow(0, 3 << 30) is grows
     finally:
         client.stop()
         server.close()
-    if answer is None:
-        assert asked == []
-    else:
-        assert [(m["for"], m["bytes"]) for m in asked] == [("grow", 3 << 30)]
-    assert (client.grow_asks, client.grow_grants) == (len(asked), int(grows))
+    assert handed == [path if channel else None]
+    assert client.grows is channel

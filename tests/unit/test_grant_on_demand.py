@@ -34,7 +34,7 @@ class Kernel(Answering):
 
     def __init__(self, kernel: books.Kernel, card: Card, version: int):
         super().__init__(kernel)
-        self.card, self.hello = card, {"version": version}
+        self.card, self.hello, self.identity = card, {"version": version}, kernel.identity
 
     async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
         if msg["type"] == "pause":
@@ -213,3 +213,83 @@ def test_the_books_start_grow_and_admit_as_said():
     assert books.admission_short(k, 40 * GiB, others) == 3 * GiB
     others[1].state = books.IDLE
     assert books.admission_short(k, 40 * GiB, others) == 0
+
+
+class Writer:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+class Channel:
+    """A second connection of a process, as :class:`.sessions.Connection` stands for it to
+    :meth:`.sessions.Sessions.channel`: its peer's pid and identity, what it is told."""
+
+    def __init__(self, pid: int):
+        self.pid, self.identity, self.writer, self.told = pid, procs.Identity.of(pid), Writer(), []
+        self.kernel = self.hello = self.channel_of = None
+
+    async def send(self, msg: dict) -> None:
+        self.told.append(msg)
+
+
+def said(arbiter: Arbiter, channel: Channel, *messages: dict) -> list[dict]:
+    """``messages`` dispatched on ``channel`` in turn, each request decided; what it was told."""
+
+    async def go():
+        for msg in messages:
+            await arbiter.sessions.dispatch(channel, msg)
+            kernel_conn = channel.channel_of
+            if kernel_conn is not None and kernel_conn.room_task is not None:
+                await kernel_conn.room_task
+
+    asyncio.run(go())
+    return channel.told
+
+
+OPEN = {"type": "channel", "version": 4, "for": "grow"}
+
+
+def test_a_kernels_grow_channel_carries_its_requests_and_their_answers(processes):
+    arbiter, card, kernels = node(processes)
+    ask(arbiter, processes[0], 1)
+    card.held[processes[0]] = 2 * GiB
+    channel = Channel(processes[0])
+    told = said(arbiter, channel, OPEN, {"type": "room", "id": 7, "for": "grow", "bytes": 4 * GiB})
+    assert told[0] == {"type": "ok"}
+    assert told[-1] == {"type": "grant", "id": 7}  # on the channel, not the kernel's connection
+    assert not [m for m in arbiter.conns[processes[0]].told if m.get("id") == 7]
+    assert kernels[0].granted == 2 * GiB + 4 * GiB + arbiter.config.grant_margin
+    assert [d["server"] for d in decided(arbiter, "pause")] == ["user1/"]
+
+
+@pytest.mark.parametrize(
+    ("whose", "on_demand", "says"),
+    [
+        ("another process", True, "no kernel of this process is connected"),
+        ("the kernel", False, "this node grants cells their whole budget"),
+    ],
+)
+def test_a_grow_channel_is_refused_to_all_but_a_kernel_granted_growth_on_demand(
+    processes, whose, on_demand, says
+):
+    arbiter, _, _ = node(processes[:3], on_demand=on_demand)
+    pid = processes[3] if whose == "another process" else processes[0]
+    channel = Channel(pid)
+    [refusal] = said(arbiter, channel, OPEN)
+    assert refusal["type"] == "error", refusal
+    assert says in refusal["message"], refusal
+    assert channel.writer.closed
+    assert channel.channel_of is None
+
+
+def test_a_kernel_of_version_3_gets_no_channel_and_a_channel_carries_grow_alone(processes):
+    arbiter, _, _ = node(processes, version=3)
+    [refusal] = said(arbiter, Channel(processes[0]), OPEN)
+    assert "whole budget" in refusal["message"], refusal
+    arbiter, _, _ = node(processes)
+    channel = Channel(processes[0])
+    told = said(arbiter, channel, OPEN, {"type": "room", "id": 2, "for": "run"})
+    assert told[-1] == {"type": "error", "message": "a grow channel carries room for: grow alone"}

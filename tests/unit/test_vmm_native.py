@@ -6,10 +6,18 @@ The same paths on the H100 are in ``tests/gpu/test_coverage.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -689,248 +697,571 @@ def test_processes_that_never_use_cuda_load_nothing(native):
 
 # -- growth on demand: an allocation the device has no room for asks the arbiter first --
 
-#: The fake device's capacity in the tests of growth (``FAKE_CUDA_MEMORY_BYTES``).
-CAPACITY = {"FAKE_CUDA_MEMORY_BYTES": str(16 * MiB)}
+#: The library's first line on the grow channel.
+CHANNEL_LINE = b'{"type":"channel","version":4,"for":"grow"}\n'
 
-GROW = """
+
+class FakeArbiter:
+    """The node arbiter's end of the allocator's grow channel, in the test's process: a
+    Unix socket server on threads of its own, one per connection.
+
+    Each connection's first line must be :data:`CHANNEL_LINE`; ``channel(index)`` (index:
+    0, 1, ... the connections in order) says how it is answered: ``"ok"``, ``"error"`` (an
+    error line, then the connection closed) or ``"close"`` (closed without a word). Each
+    room line is handed to ``on_room(arbiter, send, msg)``, which answers with ``send``
+    (a dict as a JSON line; bytes as they are) and may make room first
+    (:meth:`make_room`). The fake device's capacity is a file its driver reads at every
+    allocation (``FAKE_CUDA_MEMORY_FILE``, :meth:`env`), :data:`CAPACITY` at first: the
+    arbiter makes room by raising it, as pausing another kernel frees the card.
+
+    Attributes:
+        lines: per connection, the lines received (bytes, newline and all).
+        rooms: ``(time.monotonic(), msg)`` of every room line, in order.
+        problems: what the library said that the protocol does not allow.
+        most_outstanding: the most room requests unanswered at once.
+    """
+
+    def __init__(self, directory: Path, on_room, channel=lambda index: "ok"):
+        self.path = str(directory / "grow.sock")
+        self.capacity_file = directory / "capacity"
+        self.capacity = CAPACITY
+        self._lock = threading.Lock()
+        self.make_room(0)
+        self.on_room, self.channel = on_room, channel
+        self.lines: list[list[bytes]] = []
+        self.rooms: list[tuple[float, dict]] = []
+        self.problems: list[str] = []
+        self.most_outstanding = 0
+        self._outstanding: set[int] = set()
+        self._stop = threading.Event()
+        self._conns: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.path)
+        self._server.listen(8)
+        self._server.settimeout(0.05)
+
+    def env(self) -> dict[str, str]:
+        return {"FAKE_CUDA_MEMORY_FILE": str(self.capacity_file)}
+
+    def make_room(self, nbytes: int) -> None:
+        """``nbytes`` more of the fake device's capacity (the file replaced whole)."""
+        with self._lock:
+            self.capacity += nbytes
+            spare = self.capacity_file.with_suffix(".new")
+            spare.write_text(str(self.capacity))
+            os.replace(spare, self.capacity_file)
+
+    def __enter__(self) -> FakeArbiter:
+        self._spawn(self._accept)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        with self._lock:
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        for t in list(self._threads):
+            t.join(10)
+        self._server.close()
+
+    def _spawn(self, target, *args) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            with self._lock:
+                self._conns.append(conn)
+                self.lines.append([])
+                index = len(self.lines) - 1
+            self._spawn(self._serve, conn, index)
+
+    def _serve(self, conn: socket.socket, index: int) -> None:
+        lines = self.lines[index]
+
+        def send(msg) -> None:
+            conn.sendall(msg if isinstance(msg, bytes) else json.dumps(msg).encode() + b"\n")
+
+        # the library may close with a line of ours unread (past 64 KiB, say): a reset
+        with conn, conn.makefile("rb") as f, contextlib.suppress(ConnectionError):
+            first = f.readline()
+            lines.append(first)
+            if first != CHANNEL_LINE:
+                self.problems.append(f"the first line is {first!r}")
+                return
+            how = self.channel(index)
+            if how != "ok":
+                if how == "error":
+                    send({"type": "error", "message": "channel refused: no kernel of this process"})
+                return
+            send({"type": "ok"})
+            while line := f.readline():
+                lines.append(line)
+                msg = json.loads(line)
+                if set(msg) != {"type", "id", "for", "bytes"} or (msg["type"], msg["for"]) != (
+                    "room",
+                    "grow",
+                ):
+                    self.problems.append(f"not a room line for growth: {line!r}")
+                    continue
+                with self._lock:
+                    self.rooms.append((time.monotonic(), msg))
+                    self._outstanding.add(msg["id"])
+                    self.most_outstanding = max(self.most_outstanding, len(self._outstanding))
+                try:
+                    self.on_room(self, send, msg)
+                finally:
+                    with self._lock:
+                        self._outstanding.discard(msg["id"])
+
+    def ids(self) -> list[int]:
+        return [msg["id"] for _, msg in self.rooms]
+
+    def asked(self) -> list[int]:
+        """The bytes of every room line, in order."""
+        return [msg["bytes"] for _, msg in self.rooms]
+
+
+def grants(arbiter: FakeArbiter, send, msg: dict) -> None:
+    """Room made for what was asked, then granted."""
+    arbiter.make_room(msg["bytes"])
+    send({"type": "grant", "id": msg["id"]})
+
+
+def denies(arbiter: FakeArbiter, send, msg: dict) -> None:
+    send({"type": "deny", "id": msg["id"], "message": "the card is full of running cells"})
+
+
+def claims(arbiter: FakeArbiter, send, msg: dict) -> None:
+    """Granted, though no room was made."""
+    send({"type": "grant", "id": msg["id"]})
+
+
+@pytest.fixture
+def short_dir():
+    """A folder of a short path: a Unix socket's path holds 107 bytes at most."""
+    path = Path(tempfile.mkdtemp(prefix="vgpu-grow-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+#: The fake device's capacity in the tests of growth, at first.
+CAPACITY = 16 * MiB
+
+GROW = f"""
+import threading, time
 start()
 A = _vmm.load()
 rt = ctypes.CDLL("libcudart.so.13")
-calls = []  # (device, bytes) of each ask
-room = []  # allocations an ask frees, the last first
+SOCKET = os.environ["GROW_SOCKET"]
+FULL = alloc({CAPACITY})  # the device is full from here on
 
-def frees_room(device, nbytes):
-    calls.append([device, nbytes])
-    if not room:
-        return False
-    # the library's lock is not held: the free takes it on this very thread
-    assert cuda.cuMemFree_v2(u64(room.pop())) == 0
-    return True
-
-def refuses(device, nbytes):
-    calls.append([device, nbytes])
-    return False
+def attempt():
+    p, q = u64(), vp()
+    r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+    seen = [r, *A.describe(r), A.last_message, rt.cudaMalloc(ctypes.byref(q), size_t(32 * 2**20))]
+    try:
+        A.malloc(32 * 2**20)
+    except _vmm.DeviceFull as e:
+        seen.append(str(e))
+    return seen
 """
 
+#: What :data:`GROW`'s ``attempt()`` sees without an arbiter's room.
+OUT_OF_MEMORY = [
+    2,
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "out of memory",
+    "33554432 bytes on device 0",
+    2,
+    "allocating 33554432 bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+    " (a segment of 33554432 bytes on device 0)",
+]
 
-def grow(body: str) -> str:
-    """:data:`GROW`, then ``body`` (dedented)."""
-    return GROW + textwrap.dedent(body)
+
+def run_grow(native, arbiter: FakeArbiter, body: str, timeout: float = 30, **extra: str) -> dict:
+    """:data:`GROW`, then ``body`` (dedented), in a preloaded process over the stand-ins,
+    beside ``arbiter``."""
+    return run(
+        native,
+        GROW + textwrap.dedent(body),
+        timeout=timeout,
+        GROW_SOCKET=arbiter.path,
+        **arbiter.env(),
+        **extra,
+    )
 
 
-def test_an_allocation_past_the_room_asks_for_more_and_gets_it(native):
+def test_an_allocation_past_the_room_asks_the_arbiter_and_gets_it(native, short_dir):
     """cuMemAlloc, cudaMalloc and the pluggable allocator's malloc past the device's room
-    ask the callback once, with the device and the size of the physical allocation
-    refused, before the caller sees an error; room made, the allocation succeeds."""
-    got = run(
-        native,
-        grow(
+    ask the arbiter over the grow channel (connected at the first ask), each for the size
+    of the physical allocation refused, before the caller sees an error; room made, the
+    allocation succeeds."""
+    with FakeArbiter(short_dir, grants) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
             """
-        A.set_grow(frees_room)
-        out = {}
-        room.append(alloc(12 * 2**20))
-        p = u64()
-        out["cuMemAlloc"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(5 * 2**20 + 1))  # 6 MiB of memory
-        ctypes.memset(p.value, 1, 5 * 2**20 + 1)
-        room.append(alloc(10 * 2**20))
-        q = vp()
-        out["cudaMalloc"] = rt.cudaMalloc(ctypes.byref(q), size_t(3 * 2**20))  # 4 MiB
-        ctypes.memset(q.value, 2, 3 * 2**20)
-        room.append(alloc(6 * 2**20))
-        out["malloc"] = A.malloc(2 * 2**20) > 0
-        out["calls"] = calls
-        out["figures"] = A.grow_figures()
-        out["used"] = used()
-        print(json.dumps(out))
-        """
-        ),
-        timeout=30,
-        **CAPACITY,
-    )
-    assert got["cuMemAlloc"] == 0
-    assert got["cudaMalloc"] == 0
-    assert got["malloc"]
-    assert got["calls"] == [[0, 6 * MiB], [0, 4 * MiB], [0, 2 * MiB]]
-    assert got["figures"] == [3, 3]
-    assert got["used"] == 12 * MiB
-
-
-def test_an_ask_refused_leaves_the_out_of_memory_as_it_was(native):
-    """With no callback, one that refuses, one that raises, and one unset again, an
-    allocation past the room fails the same way (code, name, the library's words); the
-    callback is asked once per allocation, and never once unset."""
-    got = run(
-        native,
-        grow(
-            """
-        import logging
-        logged = []
-        handler = logging.Handler()
-        handler.emit = lambda record: logged.append(record.exc_info[0].__name__)
-        logging.getLogger("jupyter_vgpu").addHandler(handler)
-
-        def raises(device, nbytes):
-            calls.append([device, nbytes])
-            raise RuntimeError("the arbiter is gone")
-
-        def attempt():
-            p, q = u64(), vp()
-            r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-            seen = [r, *A.describe(r), A.last_message, rt.cudaMalloc(ctypes.byref(q), size_t(32 * 2**20))]
-            try:
-                A.malloc(32 * 2**20)
-            except _vmm.DeviceFull as e:
-                seen.append(str(e))
-            return seen
-
-        out = {"none": attempt(), "calls none": len(calls)}
-        for name, callback in (("refuses", refuses), ("raises", raises), ("unset", None)):
-            A.set_grow(callback)
-            out[name] = attempt()
-            out["calls " + name] = len(calls)
-        out["figures"] = A.grow_figures()
-        out["logged"] = logged
-        print(json.dumps(out))
-        """
-        ),
-        timeout=30,
-        **CAPACITY,
-    )
-    assert got["none"] == [
-        2,
-        "CUDA_ERROR_OUT_OF_MEMORY",
-        "out of memory",
-        "33554432 bytes on device 0",
-        2,
-        "allocating 33554432 bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
-        " (a segment of 33554432 bytes on device 0)",
+            A.set_grow_channel(SOCKET)
+            out = {}
+            p = u64()
+            out["cuMemAlloc"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(5 * 2**20 + 1))  # 6 MiB of memory
+            ctypes.memset(p.value, 1, 5 * 2**20 + 1)
+            q = vp()
+            out["cudaMalloc"] = rt.cudaMalloc(ctypes.byref(q), size_t(3 * 2**20))  # 4 MiB
+            ctypes.memset(q.value, 2, 3 * 2**20)
+            out["malloc"] = A.malloc(2 * 2**20) > 0
+            out["figures"] = A.grow_figures()
+            out["used"] = used()
+            print(json.dumps(out))
+            """,
+        )
+    assert got == {"cuMemAlloc": 0, "cudaMalloc": 0, "malloc": True, "figures": [3, 3], "used": 28 * MiB}
+    assert arbiter.lines == [
+        [
+            CHANNEL_LINE,
+            b'{"type":"room","id":1,"for":"grow","bytes":6291456}\n',
+            b'{"type":"room","id":2,"for":"grow","bytes":4194304}\n',
+            b'{"type":"room","id":3,"for":"grow","bytes":2097152}\n',
+        ]
     ]
-    assert got["refuses"] == got["raises"] == got["unset"] == got["none"]
-    assert [got[f"calls {n}"] for n in ("none", "refuses", "raises", "unset")] == [0, 3, 6, 6]
-    assert got["figures"] == [6, 0]
-    assert got["logged"] == ["RuntimeError"] * 3, "the callback's exceptions are logged, never let into C"
+    assert arbiter.problems == []
 
 
-def test_cumemcreate_and_stream_ordered_allocations_ask_too(native):
+def test_cumemcreate_and_stream_ordered_allocations_ask_too(native, short_dir):
     """Other libraries' cuMemCreate and stream-ordered allocations (large, and small ones
     in a 2 MiB chunk) past the room ask for it before they fail."""
-    got = run(
-        native,
-        grow(
+    with FakeArbiter(short_dir, grants) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
             """
-        A.set_grow(frees_room)
-        out = {}
-        room.append(alloc(14 * 2**20))
-        prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)  # pinned, fd handles, on device 0
-        h = u64()
-        out["cuMemCreate"] = cuda.cuMemCreate(ctypes.byref(h), size_t(4 * 2**20), prop, u64(0))
-        room.append(alloc(12 * 2**20))
-        p = u64()
-        out["cuMemAllocAsync"] = cuda.cuMemAllocAsync(ctypes.byref(p), size_t(8 * 2**20), None)
-        room.append(alloc(4 * 2**20))
-        q = vp()
-        out["cudaMallocAsync, small"] = rt.cudaMallocAsync(ctypes.byref(q), size_t(1000), None)
-        out["calls"] = calls
-        out["figures"] = A.grow_figures()
-        print(json.dumps(out))
-        """
-        ),
-        timeout=30,
-        **CAPACITY,
-    )
-    assert got["cuMemCreate"] == 0
-    assert got["cuMemAllocAsync"] == 0
-    assert got["cudaMallocAsync, small"] == 0
-    assert got["calls"] == [[0, 4 * MiB], [0, 8 * MiB], [0, 2 * MiB]]
-    assert got["figures"] == [3, 3]
-
-
-def test_an_allocation_asks_four_times_at_most(native):
-    """A callback that says room was made when none was: the allocation is tried again
-    after each of four asks, then fails as it would have."""
-    got = run(
-        native,
-        grow(
-            """
-        def claims(device, nbytes):
-            calls.append([device, nbytes])
-            return True
-
-        A.set_grow(claims)
-        p = u64()
-        r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-        figures = A.grow_figures()
-        print(json.dumps({"r": r, "message": A.last_message, "calls": len(calls), "figures": figures}))
-        """
-        ),
-        timeout=30,
-        **CAPACITY,
-    )
-    assert got == {"r": 2, "message": "33554432 bytes on device 0", "calls": 4, "figures": [4, 0]}
-
-
-def test_an_allocation_inside_the_callback_does_not_ask_again(native):
-    """The callback's own allocation past the room gets the error at once, without a
-    second ask from inside the first."""
-    got = run(
-        native,
-        grow(
-            """
-        inner = []
-        def allocates(device, nbytes):
-            calls.append([device, nbytes])
+            A.set_grow_channel(SOCKET)
+            out = {}
+            prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)  # pinned, fd handles, on device 0
+            h = u64()
+            out["cuMemCreate"] = cuda.cuMemCreate(ctypes.byref(h), size_t(4 * 2**20), prop, u64(0))
             p = u64()
-            inner.append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(24 * 2**20)))
-            inner.append(len(calls))
-            return False
-
-        A.set_grow(allocates)
-        p = u64()
-        r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-        print(json.dumps({"r": r, "message": A.last_message, "calls": calls, "inner": inner}))
-        """
-        ),
-        timeout=30,
-        **CAPACITY,
-    )
-    assert got == {"r": 2, "message": "33554432 bytes on device 0", "calls": [[0, 32 * MiB]], "inner": [2, 1]}
+            out["cuMemAllocAsync"] = cuda.cuMemAllocAsync(ctypes.byref(p), size_t(8 * 2**20), None)
+            q = vp()
+            out["cudaMallocAsync, small"] = rt.cudaMallocAsync(ctypes.byref(q), size_t(1000), None)
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
+    assert got == {"cuMemCreate": 0, "cuMemAllocAsync": 0, "cudaMallocAsync, small": 0, "figures": [3, 3]}
+    assert arbiter.asked() == [4 * MiB, 8 * MiB, 2 * MiB]
+    assert arbiter.ids() == [1, 2, 3]
+    assert arbiter.problems == []
 
 
-def test_the_pause_engines_threads_and_a_child_of_fork_never_ask(native):
-    """The machinery's allocations (the pause engine's work areas, marked threads) and a
-    child of fork()'s get the error at once; the kernel's own still ask."""
-    got = run(
-        native,
-        grow(
+def test_an_ask_not_granted_leaves_the_out_of_memory_as_it_was(native, short_dir):
+    """With no channel, an arbiter that denies, a path where nothing listens, and the
+    channel turned off again, an allocation past the room fails the same way (code, name,
+    the library's words); the arbiter is asked once per allocation, and never once off. A
+    path too long for a Unix socket is refused, the channel left as it was."""
+    with FakeArbiter(short_dir, denies) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
             """
-        A.set_grow(refuses)
-        p = u64()
-        out = {}
-        with A.machinery():
-            out["machinery"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            out = {"none": attempt()}
+            tries = {"denied": SOCKET, "unreachable": SOCKET + ".nobody", "off": None}
+            for name, path in tries.items():
+                A.set_grow_channel(path)
+                out[name] = attempt()
+                out["asks " + name] = A.grow_figures()[0]
+            A.set_grow_channel(SOCKET)
             try:
-                A.malloc(32 * 2**20)
-            except _vmm.DeviceFull:
-                out["machinery malloc"] = "DeviceFull"
-        out["calls by the machinery"] = len(calls)
-        child = os.fork()
-        if child == 0:
+                A.set_grow_channel("/" + "x" * 107)
+            except ValueError as e:
+                out["too long"] = str(e)
+            A.set_grow_channel("/" + "x" * 106)  # 107 bytes: taken
+            A.set_grow_channel(None)
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
+    assert got["none"] == OUT_OF_MEMORY
+    assert got["denied"] == got["unreachable"] == got["off"] == got["none"]
+    assert [got["asks denied"], got["asks unreachable"], got["asks off"]] == [3, 6, 6]
+    assert got["figures"] == [6, 0]
+    assert "107 at most" in got["too long"]
+    assert arbiter.asked() == [32 * MiB] * 3
+    assert len(arbiter.lines) == 1, "a denial keeps the channel open"
+    assert arbiter.problems == []
+
+
+def test_a_channel_refused_or_ended_answers_no_room_and_the_next_ask_connects_again(native, short_dir):
+    """An error answered to the channel line, or the connection ended without a word: that
+    ask is answered no room (the allocation fails as it would have), and the next ask
+    connects again."""
+    answers = ["error", "close", "ok"]
+    with FakeArbiter(short_dir, grants, channel=lambda index: answers[index]) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            p = u64()
+            out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(3)]}
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
+    assert got == {"codes": [2, 2, 0], "figures": [3, 1]}
+    assert arbiter.lines == [
+        [CHANNEL_LINE],
+        [CHANNEL_LINE],
+        [CHANNEL_LINE, b'{"type":"room","id":1,"for":"grow","bytes":4194304}\n'],
+    ]
+    assert arbiter.problems == []
+
+
+def test_wait_lines_and_lines_of_other_ids_are_read_past_to_the_answer(native, short_dir):
+    """Wait lines, lines of another id, lines that are no JSON object and a long line
+    (under 64 KiB) come before the grant; fields in any order, spaces around the colons,
+    "type" and "id" inside strings and nested objects: the grant is found all the same."""
+
+    def waits_then_grants(arbiter, send, msg):
+        rid = msg["id"]
+        send({"type": "wait", "id": rid, "message": "pausing kernel k1 for you"})
+        quoted = b'"{\\"type\\":\\"grant\\",\\"id\\":%d}"' % rid  # a grant's line, as a string
+        send(b'{ "message" : %s, "id" : %d , "type" : "wait" }\n' % (quoted, rid))
+        send({"type": "grant", "id": rid + 1000})  # another ask's
+        send({"type": "grant", "extra": {"type": "grant", "id": rid}, "list": [1, {"id": rid}], "id": -rid})
+        send(b"this is no JSON object\n")
+        send(b'{"type":"grant","id":1e3}\n')
+        send({"type": "wait", "id": rid, "message": "x" * 60000})
+        arbiter.make_room(msg["bytes"])
+        send(b'{"id":%d,"type": "grant"}\n' % rid)
+
+    with FakeArbiter(short_dir, waits_then_grants) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            p = u64()
+            out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(2)]}
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
+    assert got == {"codes": [0, 0], "figures": [2, 2]}
+    assert arbiter.ids() == [1, 2]
+    assert len(arbiter.lines) == 1
+    assert arbiter.problems == []
+
+
+def test_a_line_past_64_kib_closes_the_channel(native, short_dir):
+    """A line longer than 64 KiB: the channel is closed, the ask answered no room; the
+    next ask connects again."""
+
+    def rambles_once(arbiter, send, msg):
+        if msg["id"] == 1:
+            send({"type": "wait", "id": 1, "message": "x" * 70000})
+        else:
+            grants(arbiter, send, msg)
+
+    with FakeArbiter(short_dir, rambles_once) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            p = u64()
+            out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(2)]}
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
+    assert got == {"codes": [2, 0], "figures": [2, 1]}
+    assert [len(lines) for lines in arbiter.lines] == [2, 2]
+    assert arbiter.ids() == [1, 2]
+
+
+def test_a_silent_arbiter_is_given_up_after_the_silence(native, short_dir):
+    """No line for JUPYTER_VGPU_GROW_SILENCE_S seconds (1 here; 60 unless set): the ask is
+    answered no room and the channel closed; the next ask connects again. A wait line
+    starts the silence again: waits 0.6 s apart keep an ask of 1.8 s alive."""
+
+    def silent_then_slow(arbiter, send, msg):
+        if msg["id"] == 1:
+            return  # never a word
+        for _ in range(3):
+            time.sleep(0.6)
+            send({"type": "wait", "id": msg["id"], "message": "suspending kernel k2"})
+        grants(arbiter, send, msg)
+
+    with FakeArbiter(short_dir, silent_then_slow) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            p = u64()
+            out = {"codes": [], "seconds": []}
+            for _ in range(2):
+                t0 = time.monotonic()
+                out["codes"].append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)))
+                out["seconds"].append(time.monotonic() - t0)
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+            JUPYTER_VGPU_GROW_SILENCE_S="1",
+        )
+    assert got["codes"] == [2, 0]
+    assert 0.9 < got["seconds"][0] < 5
+    assert 1.7 < got["seconds"][1] < 6
+    assert got["figures"] == [2, 1]
+    assert [len(lines) for lines in arbiter.lines] == [2, 2]
+
+
+def test_an_allocation_asks_four_times_at_most(native, short_dir):
+    """An arbiter that grants when no room was made: the allocation is tried again after
+    each of four asks, then fails as it would have."""
+    with FakeArbiter(short_dir, claims) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            p = u64()
             r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-            os._exit(0 if r == 2 and not calls and A.grow_figures() == (0, 0) else 1)
-        out["child"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-        out["kernel"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-        out["calls"] = calls
-        print(json.dumps(out))
-        """
-        ),
-        timeout=30,
-        **CAPACITY,
-    )
+            print(json.dumps({"r": r, "message": A.last_message, "figures": A.grow_figures()}))
+            """,
+        )
+    assert got == {"r": 2, "message": "33554432 bytes on device 0", "figures": [4, 0]}
+    assert arbiter.ids() == [1, 2, 3, 4]
+    assert arbiter.asked() == [32 * MiB] * 4
+
+
+def test_two_threads_asking_at_once_ask_one_after_the_other(native, short_dir):
+    """Two threads refused at once: one ask at a time on the channel (the second waits for
+    the first's answer, then asks itself), and both allocations succeed."""
+
+    def slowly_grants(arbiter, send, msg):
+        time.sleep(0.3)
+        grants(arbiter, send, msg)
+
+    with FakeArbiter(short_dir, slowly_grants) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            barrier = threading.Barrier(2)
+            codes = []
+            def allocate():
+                start()
+                p = u64()
+                barrier.wait()
+                codes.append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)))
+            threads = [threading.Thread(target=allocate) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            print(json.dumps({"codes": codes, "figures": A.grow_figures()}))
+            """,
+            JUPYTER_VGPU_GROW_SILENCE_S="5",  # an answer taken by the other thread: given up
+        )
+    assert got["codes"] == [0, 0]
+    assert got["figures"][1] == 2
+    assert arbiter.most_outstanding == 1
+    assert arbiter.ids() == list(range(1, len(arbiter.rooms) + 1))
+    assert len(arbiter.rooms) >= 2
+    assert len(arbiter.lines) == 1
+
+
+def test_the_pause_engines_threads_and_a_child_of_fork_never_ask(native, short_dir):
+    """The machinery's allocations (the pause engine's work areas, marked threads) and a
+    child of fork()'s get the error at once, the child saying nothing on the channel it
+    inherited; the kernel's own still ask, on the same channel."""
+    with FakeArbiter(short_dir, denies) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            A.set_grow_channel(SOCKET)
+            p = u64()
+            out = {"kernel": cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))}  # connects
+            with A.machinery():
+                out["machinery"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+                try:
+                    A.malloc(32 * 2**20)
+                except _vmm.DeviceFull:
+                    out["machinery malloc"] = "DeviceFull"
+            out["asks by the machinery"] = A.grow_figures()[0] - 1
+            child = os.fork()
+            if child == 0:
+                r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+                os._exit(0 if r == 2 and A.grow_figures() == (0, 0) else 1)
+            out["child"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+            out["kernel again"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
     assert got == {
+        "kernel": 2,
         "machinery": 2,
         "machinery malloc": "DeviceFull",
-        "calls by the machinery": 0,
+        "asks by the machinery": 0,
         "child": 0,
-        "kernel": 2,
-        "calls": [[0, 32 * MiB]],
+        "kernel again": 2,
+        "figures": [2, 0],
     }
+    assert len(arbiter.lines) == 1, "the child neither connected nor closed the kernel's channel"
+    assert arbiter.ids() == [1, 2]
+    assert arbiter.problems == []
+
+
+def test_the_ask_needs_no_lock_of_pythons(native, short_dir):
+    """The allocating thread asks and reads the answers while another thread holds
+    Python's lock (a ctypes.PyDLL call): the ask never enters Python, so it cannot wait
+    for the lock of a thread that waits for the allocating thread (PyTorch's allocator
+    mutex, held across the allocation, against torch.cuda.memory_allocated)."""
+
+    def first_slowly(arbiter, send, msg):
+        if msg["id"] == 1:
+            time.sleep(1)  # the other thread takes Python's lock meanwhile
+        claims(arbiter, send, msg)
+
+    with FakeArbiter(short_dir, first_slowly) as arbiter:
+        got = run_grow(
+            native,
+            arbiter,
+            """
+            libc = ctypes.PyDLL("libc.so.6")  # its calls keep Python's lock
+            A.set_grow_channel(SOCKET)
+            out = {}
+            def allocate():
+                start()
+                p = u64()
+                out["r"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20))
+            t = threading.Thread(target=allocate)
+            t.start()
+            time.sleep(0.3)  # the allocation is in the library, its first ask sent
+            out["held from"] = time.monotonic()
+            libc.sleep(3)
+            out["held until"] = time.monotonic()
+            t.join()
+            out["figures"] = A.grow_figures()
+            print(json.dumps(out))
+            """,
+        )
+    assert got["r"] == 2
+    assert got["figures"] == [4, 0]
+    times = [t for t, _ in arbiter.rooms]
+    assert len(times) == 4
+    assert all(got["held from"] < t < got["held until"] for t in times[1:]), (times, got)

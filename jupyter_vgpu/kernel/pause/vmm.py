@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from ..cache import cache_dir
@@ -33,7 +32,17 @@ NATIVE = Path(__file__).with_name("native")
 #: ``driver.h`` the driver's types and the table of its entry points).
 SOURCES = tuple(
     NATIVE / name
-    for name in ("vmm.c", "handles.c", "arena.c", "ipc.c", "interpose.c", "held.c", "gate.c", "stubs.S")
+    for name in (
+        "vmm.c",
+        "handles.c",
+        "arena.c",
+        "ipc.c",
+        "interpose.c",
+        "held.c",
+        "gate.c",
+        "grow.c",
+        "stubs.S",
+    )
 )
 HEADERS = tuple(NATIVE / name for name in ("vmm.h", "driver.h", "stubs.h"))
 LIBRARY_NAME = "libjupyter_vgpu_vmm.so"
@@ -242,9 +251,9 @@ def library_path() -> Path:
 #: The gate's modes (native/stubs.h).
 PRESENT, PAUSED, SUSPENDED = 0, 1, 2
 
-#: The C type of the growth callback (``vgpu_set_grow``): ``int grow(int device,
-#: uint64_t bytes)``.
-GROW_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64)
+#: The longest path of the grow channel's socket (:meth:`VMM.set_grow_channel`), bytes:
+#: ``sun_path``'s room, less its NUL.
+GROW_CHANNEL_PATH_MAX = 107
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,10 +327,8 @@ class VMM:
         ]
         lib.vgpu_gate_figures.restype = None
         lib.vgpu_stubs_available.argtypes, lib.vgpu_stubs_available.restype = [], i32
-        lib.vgpu_set_grow.argtypes, lib.vgpu_set_grow.restype = [GROW_CALLBACK], None
+        lib.vgpu_set_grow_channel.argtypes, lib.vgpu_set_grow_channel.restype = [ctypes.c_char_p], i32
         lib.vgpu_grow_figures.argtypes, lib.vgpu_grow_figures.restype = [ctypes.POINTER(u64)], None
-        # every callback ever registered: a thread may still run one after it is replaced
-        self._grow_callbacks: list = []
 
     # -- the gate (gate.c): no thread's GPU call reaches memory that is away -------------
 
@@ -382,52 +389,63 @@ class VMM:
 
     # -- growth on demand: room asked for before an allocation fails --------------------
 
-    def set_grow(self, callback: Callable[[int, int], bool] | None) -> None:
-        """Ask ``callback(device, nbytes)`` for room whenever the driver refuses a
-        physical allocation of this process for lack of memory, before the allocating
-        code sees the error; None stops asking.
+    def set_grow_channel(self, path: str | None) -> None:
+        """Ask the node arbiter listening at the Unix socket ``path`` for room whenever the
+        driver refuses a physical allocation of this process for lack of memory, before the
+        allocating code sees the error; None (or "") stops asking and closes the channel.
 
-        The node arbiter grants a running cell what it holds plus a margin and makes the
-        rest of its room only when the cell grows (docs/design.md, "the thirteenth try"):
-        the callback asks it for ``nbytes`` more on ``device`` (CUDA ordinal) and waits for
-        its answer. ``nbytes`` is the size of the physical allocation refused, bytes (a
+        The arbiter grants a running cell what it holds plus a margin and makes the rest of
+        its room only when the cell grows (docs/design.md, "Growth on demand"). The ask is
+        made by the C library itself, on the allocating thread, over a connection of its
+        own to the arbiter (the grow channel), and never enters Python: the allocating
+        thread may hold a lock of another library (PyTorch's caching allocator's) that a
+        thread holding Python's lock waits for (``torch.cuda.memory_allocated``), so an ask
+        that needed Python's lock there would deadlock the process; this one needs no lock
+        of Python's. It asks for ``bytes``, the size of the physical allocation refused (a
         multiple of the allocation granularity; an allocation under 1 MiB asks for its
-        2 MiB chunk). It returns True when room was made, and the allocation is tried
-        again (at most 4 asks for one allocation); False leaves the out-of-memory error to
-        the caller, exactly as without a callback.
-
-        The callback runs on the allocating thread, which may be any thread of the
-        process, with no lock of the library held. It is never asked again from inside
-        itself (an allocation it makes gets the error as it is), by the pause engine's
-        threads (:meth:`machinery`), nor in a child of ``fork()``. An exception it raises
-        is logged and counts as False: none reaches the C library. ``set_grow`` itself
-        raises nothing.
+        2 MiB chunk), and waits for the answer with no lock of the library held: granted,
+        the allocation is tried again (at most 4 asks for one allocation); anything else
+        leaves the out-of-memory error to the caller, exactly as without a channel. One ask
+        at a time: another thread's waits for it, then asks itself. Never asked: by the
+        pause engine's threads (:meth:`machinery`), from inside an ask, nor in a child of
+        ``fork()`` (the channel is closed there without a word).
 
         Covered: ``cudaMalloc``, ``cuMemAlloc``, ``cuMemAllocPitch``, stream-ordered
         allocations on the default pools, other libraries' ``cuMemCreate`` on a device,
         and :meth:`malloc` (PyTorch's pluggable allocator). Not covered: managed memory,
         and stream-ordered allocations the driver makes itself (graph captures, pools of
         the caller's).
+
+        The channel, connected at the first ask (again at the next ask after it closed),
+        one JSON object a line both ways::
+
+            -> {"type":"channel","version":4,"for":"grow"}
+            <- {"type":"ok"}  or  {"type":"error","message":"..."} (the arbiter closes)
+            -> {"type":"room","id":N,"for":"grow","bytes":B}   (N = 1, 2, ... a process)
+            <- {"type":"wait","id":N,"message":"..."}  (any number), then one of
+            <- {"type":"grant","id":N}  {"type":"deny","id":N,...}  {"type":"failed","id":N,...}
+
+        Lines of another id are skipped. No line for 60 s (``JUPYTER_VGPU_GROW_SILENCE_S``
+        in the environment, seconds, overrides it), an error, the connection's end, or a
+        line past 64 KiB close the channel and answer no room.
+
+        Raises:
+            ValueError: ``path`` is longer than :data:`GROW_CHANNEL_PATH_MAX` bytes (the
+                channel is left as it was).
         """
-        if callback is None:
-            self._lib.vgpu_set_grow(GROW_CALLBACK())  # NULL
-            return
-
-        def grow(device: int, nbytes: int) -> int:
-            try:
-                return 1 if callback(device, nbytes) else 0
-            except BaseException:  # nothing may unwind into the C library
-                log.exception("asking for %d bytes of room on device %d failed", nbytes, device)
-                return 0
-
-        fn = GROW_CALLBACK(grow)
-        self._grow_callbacks.append(fn)  # kept alive as long as the library may call it
-        self._lib.vgpu_set_grow(fn)
+        raw = os.fsencode(path) if path else b""
+        if len(raw) > GROW_CHANNEL_PATH_MAX or b"\0" in raw:
+            raise ValueError(
+                f"the grow channel's socket path is {len(raw)} bytes; a Unix socket's path holds"
+                f" {GROW_CHANNEL_PATH_MAX} at most, and no NUL"
+            )
+        if self._lib.vgpu_set_grow_channel(raw or None) != 0:
+            raise ValueError(f"the grow channel's socket path {path!r} was refused")
 
     def grow_figures(self) -> tuple[int, int]:
-        """``(asks, granted)``: how many times the growth callback (:meth:`set_grow`) was
-        called, and how many allocations succeeded after asking, since the library was
-        loaded (in a child of ``fork()``, since the fork). Raises nothing."""
+        """``(asks, granted)``: how many times the arbiter was asked for room
+        (:meth:`set_grow_channel`), and how many allocations succeeded after asking, since
+        the library was loaded (in a child of ``fork()``, since the fork). Raises nothing."""
         out = (ctypes.c_uint64 * 2)()
         self._lib.vgpu_grow_figures(out)
         return out[0], out[1]

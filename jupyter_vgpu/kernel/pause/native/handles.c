@@ -146,7 +146,7 @@ CUresult handles_create(CUmemGenericAllocationHandle *out, size_t size, const CU
   if (!out || !prop) return CUDA_ERROR_INVALID_VALUE;
   CUmemGenericAllocationHandle real;
   CUresult r;
-  Growth g; /* device memory the driver refuses asks for room first (vmm.c) */
+  Growth g; /* device memory the driver refuses asks for room first (grow.c) */
   grow_start(&g);
   do {
     r = drv.cuMemCreate(&real, size, prop, flags);

@@ -650,85 +650,11 @@ size_t vgpu_figures(uint64_t *out, size_t n) {
 uint64_t vgpu_mapped_bytes(void) { return g_mapped_bytes; }
 int vgpu_backend(void) { return g_backend; }
 
-/* ---- growth on demand --------------------------------------------------------------- */
-/* The node arbiter grants a running cell what it holds plus a margin, and makes the rest
- * of its room when it grows (docs/design.md, "the thirteenth try"): so an allocation the
- * driver refuses for lack of memory asks the kernel (the callback, vmm.py's set_grow) for
- * room before its caller sees the error. The callback sends a message to another process
- * and waits for the answer: it is called with no lock of the library held, so that the
- * other threads (the pause engine's) go on meanwhile. Never asked:
- *   - from inside the callback (a thread's allocation made there gets the error as it is);
- *   - by the machinery's threads (vgpu_gate_mine: the pause engine moving the memory, its
- *     work areas): what a pause or resume needs is the arbiter's to give before it starts.
- *     A resume's own new memory (vgpu_map, vgpu_map_many) never asks either: it does not
- *     take this path at all, and answers out of memory to the engine, which says so;
- *   - in a child of fork() (the callback is unset there: it is not the kernel the arbiter
- *     knows). */
-static int (*g_grow)(int, uint64_t) = NULL;
-static uint64_t g_grow_asks = 0, g_grow_granted = 0;
-static __thread int t_growing = 0;         /* the callback runs on this thread now */
-static __thread int t_refused_device = 0;  /* the physical allocation the driver refused last */
-static __thread uint64_t t_refused_bytes = 0;
-
-void grow_start(Growth *g) {
-  g->asks = 0;
-  t_refused_bytes = 0;
-}
-
-void grow_refused(int device, uint64_t bytes) {
-  t_refused_device = device;
-  t_refused_bytes = bytes;
-}
-
-/* After an attempt that answered r (no lock held): 1 when the attempt should be made
- * again, the callback having made room for the physical allocation the driver refused. */
-int grow_again(Growth *g, CUresult r) {
-  uint64_t bytes = t_refused_bytes;
-  int device = t_refused_device;
-  t_refused_bytes = 0;
-  if (r != CUDA_ERROR_OUT_OF_MEMORY || !bytes || t_growing || g->asks >= GROW_TRIES || vgpu_machinery())
-    return 0;
-  int (*fn)(int, uint64_t) = __atomic_load_n(&g_grow, __ATOMIC_ACQUIRE);
-  if (!fn) return 0;
-  g->asks++;
-  __atomic_add_fetch(&g_grow_asks, 1, __ATOMIC_RELAXED);
-  vgpu_trace("grow: %llu bytes on device %d refused; asking for room (ask %d)", (unsigned long long)bytes,
-             device, g->asks);
-  t_growing = 1;
-  int made = fn(device, bytes);
-  t_growing = 0;
-  t_refused_bytes = 0; /* an allocation inside the callback may have set it */
-  vgpu_trace("grow: %s", made == 1 ? "room made, trying again" : "no room");
-  return made == 1;
-}
-
-void grow_end(Growth *g, CUresult r) {
-  if (r == CUDA_SUCCESS && g->asks) __atomic_add_fetch(&g_grow_granted, 1, __ATOMIC_RELAXED);
-}
-
-/* Register the callback asked for room when the driver refuses a physical allocation of
- * the process for lack of memory: fn(device, bytes) (bytes: the size of the physical
- * allocation refused, a multiple of the granularity; an allocation under 1 MiB asks for
- * its 2 MiB chunk) waits for the arbiter's answer and returns 1 when room was made (the
- * allocation is tried again), anything else when not (the caller gets the out-of-memory
- * error, as without a callback). GROW_TRIES asks per allocation at most. NULL unsets it.
- * A callback unset while another thread runs it returns there as usual: the caller keeps
- * it alive. */
-void vgpu_set_grow(int (*fn)(int device, uint64_t bytes)) { __atomic_store_n(&g_grow, fn, __ATOMIC_RELEASE); }
-
-/* [0] the callback's calls, [1] allocations that succeeded after asking; since the
- * library was loaded (in a child of fork(), since the fork). */
-void vgpu_grow_figures(uint64_t *out2) {
-  out2[0] = __atomic_load_n(&g_grow_asks, __ATOMIC_RELAXED);
-  out2[1] = __atomic_load_n(&g_grow_granted, __ATOMIC_RELAXED);
-}
-
 /* ---- fork ------------------------------------------------------------------------- */
 static void child_after_fork(void) {
   pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
   g_lock = fresh;
-  g_grow = NULL; /* the child is not the kernel the arbiter knows */
-  g_grow_asks = g_grow_granted = 0;
+  grow_fork_child(); /* the child is not the kernel the arbiter knows */
   fork_child_reset();
 }
 

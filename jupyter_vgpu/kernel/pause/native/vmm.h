@@ -79,10 +79,11 @@ CUresult ensure_context(int device);
  * library's words for what failed. Never calls the driver. */
 void set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Growth on demand (vmm.c): when the driver refuses a physical allocation made for the
- * process (out of memory), the callback vgpu_set_grow registered is asked for room before
- * the caller sees the error, with no lock held, and the allocation is tried again when it
- * made some (GROW_TRIES asks at most). An allocation path runs:
+/* Growth on demand (grow.c): when the driver refuses a physical allocation made for the
+ * process (out of memory), the node arbiter is asked for room over the grow channel
+ * (vgpu_set_grow_channel) before the caller sees the error, with no lock held, and the
+ * allocation is tried again when it granted some (GROW_TRIES asks at most). An allocation
+ * path runs:
  *   Growth g; grow_start(&g);
  *   do { lock; r = try; unlock; } while (grow_again(&g, r));
  *   grow_end(&g, r);
@@ -90,12 +91,13 @@ void set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
  * CUDA_ERROR_OUT_OF_MEMORY. */
 #define GROW_TRIES 4
 typedef struct {
-  int asks; /* the callback's answers so far, for this allocation */
+  int asks; /* the arbiter's answers so far, for this allocation */
 } Growth;
 void grow_start(Growth *g);
 void grow_refused(int device, uint64_t bytes); /* the driver refused bytes on device: out of memory */
 int grow_again(Growth *g, CUresult r);         /* 1: try again (room was made); the lock is not held */
 void grow_end(Growth *g, CUresult r);
+void grow_fork_child(void); /* a child of fork() asks no more: the channel closed, unsaid */
 
 /* JUPYTER_VGPU_TRACE=1: a line on stderr for each step of the rarer paths (CUDA IPC), to
  * tell where a program waits or fails. */
@@ -226,7 +228,8 @@ int vgpu_last_error(void);
 const char *vgpu_last_message(void);
 const char *vgpu_error_name(int code);
 const char *vgpu_error_string(int code);
-void vgpu_set_grow(int (*fn)(int device, uint64_t bytes));
+/* grow.c */
+int vgpu_set_grow_channel(const char *socket_path);
 void vgpu_grow_figures(uint64_t *out2);
 /* interpose.c */
 int vgpu_preloaded(void);
