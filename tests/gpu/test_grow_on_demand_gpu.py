@@ -8,7 +8,9 @@ A process outside every server holds all of the card but about 20 GiB (a ballast
 users' memory, out of every kernel's reach). Ada's kernel holds 8 GiB of random bytes and
 stays idle. Bob's cell then allocates 12 GiB, more than the card has free beside Ada's:
 it gets them, no OutOfMemoryError, Ada is paused for it (a ``grown`` decision names bob),
-and Ada's bytes come back bit-exact."""
+and Ada's bytes come back bit-exact. Meanwhile a thread of Bob's kernel reads PyTorch's
+allocator figures without a pause: the allocator's ask goes over its own grow channel in C,
+so it needs no lock of Python's while it holds PyTorch's."""
 
 import subprocess
 import sys
@@ -32,11 +34,19 @@ HOLD = (
     "print('held')"
 )
 CHECK = "print(hashlib.sha256(data.cpu().numpy()).hexdigest() == digest)"
-GROW = (
-    "import torch\n"
+GROW = (  # a thread reads PyTorch's allocator figures all along, as the kernel's report does
+    "import threading, torch\n"
+    "stop = threading.Event()\n"
+    "def look():\n"
+    "    while not stop.is_set():\n"
+    "        torch.cuda.memory_allocated()\n"
+    "looker = threading.Thread(target=look)\n"
+    "looker.start()\n"
     "x = torch.empty(12 * 2**30, dtype=torch.uint8, device='cuda')\n"
     "x.fill_(7)\n"
     "torch.cuda.synchronize()\n"
+    "stop.set()\n"
+    "looker.join()\n"
     "print('grew', int(x[-1]))"
 )
 FIGURES = "from jupyter_vgpu.kernel.pause import vmm\nprint('asks', *vmm.load().grow_figures())"
