@@ -887,6 +887,16 @@ OUT_OF_MEMORY = [
 ]
 
 
+#: Two allocations of 4 MiB past the room, each asking once: their codes and the figures.
+TWO_ASKS = """
+A.set_grow_channel(SOCKET)
+p = u64()
+out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(2)]}
+out["figures"] = A.grow_figures()
+print(json.dumps(out))
+"""
+
+
 def run_grow(native, arbiter: FakeArbiter, body: str, timeout: float = 30, **extra: str) -> dict:
     """:data:`GROW`, then ``body`` (dedented), in a preloaded process over the stand-ins,
     beside ``arbiter``."""
@@ -1048,13 +1058,7 @@ def test_wait_lines_and_lines_of_other_ids_are_read_past_to_the_answer(native, s
         got = run_grow(
             native,
             arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            p = u64()
-            out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(2)]}
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
+            TWO_ASKS,
         )
     assert got == {"codes": [0, 0], "figures": [2, 2]}
     assert arbiter.ids() == [1, 2]
@@ -1076,13 +1080,7 @@ def test_a_line_past_64_kib_closes_the_channel(native, short_dir):
         got = run_grow(
             native,
             arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            p = u64()
-            out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(2)]}
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
+            TWO_ASKS,
         )
     assert got == {"codes": [2, 0], "figures": [2, 1]}
     assert [len(lines) for lines in arbiter.lines] == [2, 2]
