@@ -6,6 +6,8 @@ background, ``over budget`` or ``wrong GPU`` by the watchdog), ``jupyter_vgpu_su
 ``jupyter_vgpu_contexts_evened_total{gpu, outcome}`` (``ArbiterApp.even_contexts``),
 ``jupyter_vgpu_resume_seconds{gpu, tier}`` (tier: ``pause`` or ``suspend``),
 ``jupyter_vgpu_queue_wait_seconds{gpu}`` (how long a cell waited for room),
+``jupyter_vgpu_grow_wait_seconds{gpu}`` (how long a running cell's allocation waited for
+its room to grow, ``ArbiterApp.grant_on_demand``; its count: the grows granted),
 ``jupyter_vgpu_enforcement_actions_total{gpu, action}`` (servers over their budget),
 ``jupyter_vgpu_unowned_processes{gpu}`` (processes on a managed card that belong to no
 server, at the last look) and ``jupyter_vgpu_unowned_actions_total{gpu, action}``.
@@ -71,6 +73,13 @@ class Metrics:
         self.queue_wait = Histogram(
             "jupyter_vgpu_queue_wait_seconds",
             "Seconds a cell waited for room on its GPU.",
+            ["gpu"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.grow_wait = Histogram(
+            "jupyter_vgpu_grow_wait_seconds",
+            "Seconds a running cell's allocation waited for the room to grow (ArbiterApp.grant_on_demand).",
             ["gpu"],
             buckets=BUCKETS,
             registry=r,

@@ -515,6 +515,7 @@ class Rooms:
                         "grown", server=kernel.server.key, pid=kernel.pid, gpu=uuid, bytes=nbytes,
                         granted=kernel.granted, seconds=round(waited, 3),
                     )  # fmt: skip
+                    a.metrics.grow_wait.labels(gpu=uuid).observe(waited)
                 else:
                     a.metrics.queue_wait.labels(gpu=uuid).observe(waited)
                 await a.sessions.send(reply, {"type": "grant", "id": rid})

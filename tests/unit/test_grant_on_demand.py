@@ -121,6 +121,8 @@ def test_a_cell_that_grows_past_its_grant_gets_the_room_made_and_stays_running(p
     assert (grown["server"], grown["bytes"], grown["granted"]) == ("user0/", 4 * GiB, grower.granted)
     assert grower.state == books.ACTIVE  # its cell runs on, as it was
     assert grower.since == since
+    waited = arbiter.metrics.registry.get_sample_value("jupyter_vgpu_grow_wait_seconds_count", {"gpu": CARD})
+    assert waited == 1
 
 
 def test_a_grant_never_shrinks_and_never_passes_the_budget(processes):
