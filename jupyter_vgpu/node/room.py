@@ -383,8 +383,8 @@ class Rooms:
         """Whether the kernel on ``conn`` is granted its growth on demand: the node's
         ``grant_on_demand`` is on and the kernel asks for room to grow (protocol version 4,
         as its hello said); other kernels are granted their whole budget."""
-        hello = getattr(conn, "hello", None) or {}
-        return bool(self.arbiter.config.grant_on_demand) and hello.get("version", 1) >= protocol.GROW_VERSION
+        version = (conn.hello or {}).get("version", 1)
+        return bool(self.arbiter.config.grant_on_demand) and version >= protocol.GROW_VERSION
 
     async def room(
         self, conn: Connection, rid: int, purpose: str, nbytes: int = 0, answer_to: Connection | None = None

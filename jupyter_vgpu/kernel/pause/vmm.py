@@ -15,7 +15,6 @@ import contextlib
 import ctypes
 import dataclasses
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
@@ -24,8 +23,6 @@ import threading
 from pathlib import Path
 
 from ..cache import cache_dir
-
-log = logging.getLogger("jupyter_vgpu")
 
 NATIVE = Path(__file__).with_name("native")
 #: The library's C sources, compiled together (``vmm.h`` is their internal header,
