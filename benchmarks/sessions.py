@@ -56,8 +56,24 @@ ahead (``VGPUKernel.prepare_pinned``; ``pinned_ahead_s``: from the cell's end un
 ``--calibration FILE`` takes the solo cell, the static count and the slice from an
 earlier output and appends the new runs to it (one call per N on a device with a time
 limit per call). A calibration of a smaller card than this one's (an H100's, run on an
-H200) keeps the difference out of the arbiter's reach (``ArbiterApp.card_reserve``,
-``card_reserve_bytes`` in the row), so that it decides as on the calibration's card.
+H200) keeps the difference out of the kernels' and the arbiter's reach, by ``--card-cap``:
+
+- ``reserve`` (the default): in the arbiter's books alone (``ArbiterApp.card_reserve``,
+  ``card_reserve_bytes`` in the row), so that it decides as on the calibration's card.
+  The kernels can still allocate the difference: a cell may hold more than the smaller
+  card would have given it, and the card then reads as full (free 0) however much is
+  taken off it. Where every running cell is granted its whole budget, room is made
+  before cells grow and this never shows.
+- ``ballast`` (the default with ``--grant-on-demand``): a process outside every server
+  holds the difference for real (:func:`ballasts`; ``ballast_bytes`` in the row, NVML's
+  figure, its CUDA context included), so that an allocation past the smaller card fails
+  in the driver as it would there, and the cell asks to grow. The arbiter sees the whole
+  card with the ballast in use; its watermark is moved to what it is on the smaller card
+  (:func:`watermark_beside`; ``watermark_here`` in the row). With the books' reserve,
+  three runs with growth on demand at 12x had cells of 17 GiB granted 3.7 GiB grow into
+  the H200's memory unasked (``grown`` 0), and each of 8 prefetches that suspended paused
+  kernels for its return was refused after them: the card still read full (seeds 7, 11,
+  23 at e44a354, ``benchmarks/results/sessions-h100.json``).
 ``--solo-here`` times five solo cells on this machine's card too (the row's
 ``solo_here``): the runs are judged against the calibration's solo cell, and this says
 how far this card's own differs. Such a row also carries ``compute_share_here``, the
@@ -95,6 +111,7 @@ import argparse
 import contextlib
 import faulthandler
 import json
+import os
 import queue
 import random
 import shutil
@@ -117,6 +134,7 @@ from gpu_common import require_gpu  # noqa: E402
 from jupyter_vgpu import channel, nvml  # noqa: E402
 from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
+from jupyter_vgpu.testing import card_holder  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
 from jupyter_vgpu.testing.compute_share import of_cells  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
@@ -125,6 +143,9 @@ from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
 from jupyter_vgpu.testing.waiting import wait_for  # noqa: E402
 
 GiB = 1 << 30
+#: What a ballast's first process allocates, bytes, so that NVML shows its CUDA context
+#: beside it (:func:`ballasts`)
+PROBE_BYTES = 2 << 20
 
 #: The training loop both workloads share: ``train(steps)`` runs ``steps`` steps and
 #: keeps each one's seconds in ``step_seconds``; ``{step}`` is the workload's forward and
@@ -366,15 +387,65 @@ def counts_from_metrics(text: str) -> dict[str, int]:
     return counts
 
 
-def start_arbiter(directory: Path, args) -> ArbiterProcess:
+def watermark_beside(watermark: float, card: int, ballast: int, total: int) -> float:
+    """The arbiter's watermark on a card of ``total`` bytes where a ballast process holds
+    ``ballast`` bytes, so that it stands where ``watermark`` stands on a card of ``card``
+    bytes (the calibration's): the arbiter compares NVML's memory in use, the ballast's
+    included, with the watermark's share of the whole card, so ``used - ballast <=
+    watermark * card`` reads ``used <= (watermark * card + ballast) / total``.
+
+    Raises:
+        ValueError: ``total`` is not more than ``ballast``, or the result is not in (0, 1].
+    """
+    if total <= ballast:
+        raise ValueError(f"a ballast of {ballast} bytes leaves nothing of a card of {total}")
+    here = (watermark * card + ballast) / total
+    if not 0 < here <= 1:
+        raise ValueError(f"watermark {watermark} of {card} bytes beside {ballast} of {total}: {here:.3f}")
+    return here
+
+
+@contextlib.contextmanager
+def ballasts(uuids: list[str], nbytes: int):
+    """A process outside every server on each card of ``uuids`` holding ``nbytes`` bytes
+    of it, its CUDA context included (a first process's context is measured and taken off
+    what the ballast allocates), until the block ends (``--card-cap ballast``); yields
+    what NVML shows each holding, bytes, in the order of ``uuids``.
+
+    Raises:
+        AssertionError: a card could not give the ballast its bytes
+            (:func:`jupyter_vgpu.testing.card_holder.hold`).
+    """
+    held: list[subprocess.Popen] = []
+    try:
+        figures = []
+        for uuid in uuids:
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid}
+            probe = card_holder.hold(PROBE_BYTES, env=env)
+            try:
+                context = nvml.process_memory(uuid).get(probe.pid, PROBE_BYTES) - PROBE_BYTES
+            finally:
+                probe.stdin.close()
+                probe.wait(30)
+            held.append(card_holder.hold(max(0, nbytes - context), env=env))
+            figures.append(nvml.process_memory(uuid).get(held[-1].pid, 0))
+        yield figures
+    finally:
+        for process in held:
+            process.stdin.close()
+            process.wait(30)
+
+
+def start_arbiter(directory: Path, args, watermark: float | None = None) -> ArbiterProcess:
     """An arbiter with the run's settings, its Prometheus counters served on a free port
-    of 127.0.0.1 (``metrics_port`` on the returned process)."""
+    of 127.0.0.1 (``metrics_port`` on the returned process); ``watermark``: its watermark
+    where it is not ``args.watermark`` (:func:`watermark_beside`)."""
     with socket.socket() as s:  # a port free now; the arbiter binds it as it starts
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = [
         "--ArbiterApp.poll_seconds=0.25",
-        f"--ArbiterApp.watermark={args.watermark}",
+        f"--ArbiterApp.watermark={args.watermark if watermark is None else watermark}",
         f"--ArbiterApp.suspend_after={args.suspend_after}",
         f"--ArbiterApp.metrics_port={port}",
     ]
@@ -424,9 +495,14 @@ def process_figures(books: dict) -> dict:
 def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: int) -> dict:
     """N sessions, session i on card ``i % len(slices)`` with that card's slice; ``together``
     of them set up at once."""
-    with tempfile.TemporaryDirectory() as tmp:
+    on = args.gpu_uuids if args.ballast else []  # --card-cap ballast: each card kept to the calibration's
+    with tempfile.TemporaryDirectory() as tmp, ballasts(on, args.ballast) as held:
         tmp = Path(tmp)
-        arbiter = start_arbiter(tmp, args)
+        watermark = None
+        if held:  # the arbiter's watermark where it is on the calibration's card
+            # the ballast is the card less the calibration's: the two make the whole card
+            watermark = watermark_beside(args.watermark, args.card, held[0], args.card + args.ballast)
+        arbiter = start_arbiter(tmp, args, watermark)
         socket = str(arbiter.socket)
         sessions: list[Session] = []
         try:
@@ -605,6 +681,10 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "node_even_contexts": node_evened(books["decisions"]) if args.node_even_contexts else None,
                 # --grant-on-demand: the cells' requests to grow the arbiter granted
                 "grown": grown(books["decisions"]) if args.grant_on_demand else None,
+                # --card-cap ballast: what each card's ballast held (NVML), the watermark beside it
+                "card_cap": args.card_cap,
+                "ballast_bytes": held or None,
+                "watermark_here": watermark,
                 "cells_detail": sorted(detail, key=lambda c: c["start"]),
                 "decisions": [
                     d for d in books["decisions"] if d["what"] not in ("kernel joined", "kernel left")
@@ -919,6 +999,14 @@ def main() -> None:
         "brings back plus --grant-margin, the rest made when it grows (the row's grown says how often)",
     )
     parser.add_argument(
+        "--card-cap",
+        choices=["reserve", "ballast"],
+        default=None,
+        help="how a calibration's smaller card is kept on a larger one: in the arbiter's books "
+        "(reserve; the default) or by a process holding the rest for real (ballast; the default "
+        "with --grant-on-demand, whose cells ask to grow only where the driver refuses them)",
+    )
+    parser.add_argument(
         "--grant-margin", default="1G", help="the arbiter's grant_margin, with --grant-on-demand (default 1G)"
     )
     parser.add_argument(
@@ -994,7 +1082,7 @@ def main() -> None:
         )
     args.gpu_uuids = [g.uuid for g in gpus]
     gpu = gpus[0]  # the calibration's card (the cards of one host are alike)
-    args.card_reserve = 0  # a calibration measures the whole card
+    args.card_reserve = args.ballast = 0  # a calibration measures the whole card
     if args.calibration:
         result = json.loads(Path(args.calibration).read_text())
         model = result["model"]
@@ -1012,10 +1100,15 @@ def main() -> None:
         result = {**record, **calibrate(args, gpu), "think_s": args.think, "runs": []}
         here = None
     result["percentiles"] = RULE
-    # a calibration of a smaller card (an H100's on an H200): the arbiter keeps the rest of
-    # each card out of its reach (ArbiterApp.card_reserve), so that it decides as on the
-    # card the calibration's static count and slices were measured on
-    args.card_reserve = max(0, gpu.memory_total - result["card_bytes"])
+    # a calibration of a smaller card (an H100's on an H200): the rest of each card is kept
+    # out of reach (--card-cap), so that cells and the arbiter meet the card the
+    # calibration's static count and slices were measured on
+    smaller = max(0, gpu.memory_total - result["card_bytes"])
+    if args.card_cap is None:
+        args.card_cap = "ballast" if args.grant_on_demand else "reserve"
+    args.card = result["card_bytes"]
+    args.card_reserve = smaller if args.card_cap == "reserve" else 0
+    args.ballast = smaller if args.card_cap == "ballast" else 0
     result["arbiter"] = {
         "card_reserve_bytes": args.card_reserve or None,
         "idle_seconds": args.idle_seconds,

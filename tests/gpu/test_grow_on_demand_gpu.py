@@ -12,13 +12,11 @@ and Ada's bytes come back bit-exact. Meanwhile a thread of Bob's kernel reads Py
 allocator figures without a pause: the allocator's ask goes over its own grow channel in C,
 so it needs no lock of Python's while it holds PyTorch's."""
 
-import subprocess
-import sys
-
 import pytest
 
 from jupyter_vgpu import nvml
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing import card_holder
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.waiting import wait_for
 
@@ -50,26 +48,13 @@ GROW = (  # a thread reads PyTorch's allocator figures all along, as the kernel'
     "print('grew', int(x[-1]))"
 )
 FIGURES = "from jupyter_vgpu.kernel.pause import vmm\nprint('asks', *vmm.load().grow_figures())"
-BALLAST = (
-    "import sys, torch\n"
-    "x = torch.empty({n}, dtype=torch.uint8, device='cuda')\n"
-    "torch.cuda.synchronize()\n"
-    "print('ready', flush=True)\n"
-    "sys.stdin.read()"
-)
 
 
 def test_an_allocation_past_the_free_memory_gets_room_made_by_pausing_an_idle_kernel(tmp_path):
     gpu = nvml.list_gpus()[0]
-    ballast = subprocess.Popen(
-        [sys.executable, "-c", BALLAST.format(n=nvml.free_memory(gpu.uuid) - LEFT)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    ballast = card_holder.hold(nvml.free_memory(gpu.uuid) - LEFT)
     arbiter = kernels = None
     try:
-        assert ballast.stdout.readline().strip() == "ready"
         slice_ = Slice.on_card(gpu, 16 * GiB, 100, overcommit_ratio=2.0)
         arbiter = ArbiterProcess(
             tmp_path,

@@ -454,7 +454,8 @@ def test_even_contexts_cycles_each_process_once_and_keeps_going_past_one_the_dri
     assert out["refused"] == ["2: cuCheckpointProcessLock failed: CUDA_ERROR_ILLEGAL_STATE"]
 
 
-def test_a_row_counts_what_the_arbiters_even_contexts_did_from_its_decisions():
+def test_a_row_counts_what_the_arbiters_even_contexts_did_from_its_decisions(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its neighbours import, as when it runs
     sessions = load("sessions")
     decisions = [
         {"what": "evened", "seconds": 0.9},
@@ -468,7 +469,8 @@ def test_a_row_counts_what_the_arbiters_even_contexts_did_from_its_decisions():
     assert sessions.node_evened([])["p50_s"] is None
 
 
-def test_a_row_counts_the_cells_requests_to_grow_from_the_arbiters_decisions():
+def test_a_row_counts_the_cells_requests_to_grow_from_the_arbiters_decisions(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its neighbours import, as when it runs
     sessions = load("sessions")
     decisions = [
         {"what": "grown", "seconds": 0.3, "bytes": 2 << 30},
@@ -478,3 +480,19 @@ def test_a_row_counts_the_cells_requests_to_grow_from_the_arbiters_decisions():
     ]
     assert sessions.grown(decisions) == {"grown": 3, "p50_s": 0.3, "max_s": 1.2, "bytes": 7 << 30}
     assert sessions.grown([]) == {"grown": 0, "p50_s": None, "max_s": None, "bytes": 0}
+
+
+def test_a_ballasts_watermark_pauses_where_the_smaller_cards_would(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its neighbours import, as when it runs
+    sessions = load("sessions")
+    card, total = 85_520_809_984, 150_754_820_096  # an H100's memory, an H200's
+    ballast = total - card
+    here = sessions.watermark_beside(0.6, card, ballast, total)
+    assert 0.6 < here < 1
+    for kernels in range(0, card, 1 << 30):  # the kernels' bytes, on either card
+        assert (kernels <= 0.6 * card) == (kernels + ballast <= here * total), kernels
+    assert sessions.watermark_beside(0.6, card, 0, card) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="leaves nothing"):
+        sessions.watermark_beside(0.6, card, total, total)
+    with pytest.raises(ValueError, match="watermark"):
+        sessions.watermark_beside(1.5, card, ballast, total)
