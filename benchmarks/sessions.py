@@ -70,10 +70,11 @@ H200) keeps the difference out of the kernels' and the arbiter's reach, by ``--c
   in the driver as it would there, and the cell asks to grow. The arbiter sees the whole
   card with the ballast in use; its watermark is moved to what it is on the smaller card
   (:func:`watermark_beside`; ``watermark_here`` in the row). With the books' reserve,
-  three runs with growth on demand at 12x had cells of 17 GiB granted 3.7 GiB grow into
-  the H200's memory unasked (``grown`` 0), and each of 8 prefetches that suspended paused
-  kernels for its return was refused after them: the card still read full (seeds 7, 11,
-  23 at e44a354, ``benchmarks/results/sessions-h100.json``).
+  three runs with growth on demand at 12x had cells whose steps reserve 16 GiB (the
+  calibration's ``session_peak_bytes`` less its context), granted about 4.3 GiB as they
+  started, grow into the H200's memory unasked (``grown`` 0), and each of 8 prefetches
+  that suspended paused kernels for its return was refused after them: the card still
+  read full (seeds 7, 11, 23 at e44a354, ``benchmarks/results/sessions-h100.json``).
 ``--solo-here`` times five solo cells on this machine's card too (the row's
 ``solo_here``): the runs are judged against the calibration's solo cell, and this says
 how far this card's own differs. Such a row also carries ``compute_share_here``, the
