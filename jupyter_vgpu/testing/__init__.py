@@ -7,7 +7,8 @@
   allocator's, and running code in one;
 - :mod:`.lab_client`: a user's server driven over REST and the kernel websocket;
 - :mod:`.documents`: valid documents of the contracts;
-- :mod:`.waiting`: the one way to wait for a condition (:func:`.waiting.wait_for`).
+- :mod:`.waiting`: the one way to wait for a condition (:func:`.waiting.wait_for`; inside
+  an event loop, :func:`.waiting.wait_for_async`).
 
 Nothing of the package imports it; it needs the ``test`` extra (requests,
 websocket-client, nbformat) and, for the server, the ``hub`` extra (its port picker).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -26,23 +27,49 @@ def wait_for(
         AssertionError: ``condition`` was still falsy after ``timeout`` seconds; the
             message names ``what``, the time waited and the last observation.
     """
-    start = time.monotonic()
-    deadline = start + timeout
-    last: object = None
-    while True:
+    watch = _Watch(condition, timeout, what)
+    while not watch.looked():
+        time.sleep(interval)
+    return watch.value
+
+
+async def wait_for_async(
+    condition: Callable[[], T], timeout: float = 30.0, what: str = "a condition", interval: float = 0.02
+) -> T:
+    """:func:`wait_for` inside an event loop: between two calls the loop runs its other
+    tasks (the work being waited for), rather than the thread sleeping."""
+    watch = _Watch(condition, timeout, what)
+    while not watch.looked():  # noqa: ASYNC110 (a condition of any kind: no event to wait on)
+        await asyncio.sleep(interval)
+    return watch.value
+
+
+class _Watch:
+    """One wait of :func:`wait_for` or :func:`wait_for_async`: ``looked()`` calls the
+    condition once and says whether the wait is over (``value`` then holds what it gave)."""
+
+    def __init__(self, condition: Callable[[], T], timeout: float, what: str):
+        self.condition, self.what = condition, what
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.last: object = None
+        self.value = None
+
+    def looked(self) -> bool:
         try:
-            value = condition()
+            value = self.condition()
         except AssertionError:
             raise
         except Exception as e:
-            value, last = None, f"{type(e).__name__}: {e}"
+            value, self.last = None, f"{type(e).__name__}: {e}"
         else:
-            last = value
+            self.last = value
         if value:
-            return value
-        if time.monotonic() >= deadline:
-            shown = repr(last)
+            self.value = value
+            return True
+        if time.monotonic() >= self.deadline:
+            shown = repr(self.last)
             shown = shown if len(shown) <= 2000 else shown[:2000] + "…"
-            waited = time.monotonic() - start
-            raise AssertionError(f"timed out after {waited:.1f} s waiting for {what}; last: {shown}")
-        time.sleep(interval)
+            waited = time.monotonic() - self.start
+            raise AssertionError(f"timed out after {waited:.1f} s waiting for {self.what}; last: {shown}")
+        return False

@@ -8,8 +8,6 @@ for is a wait, not a failure."""
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -20,6 +18,8 @@ from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.waiting import wait_for
+
+from .sleepers import sleeping
 
 GiB = 2**30
 SLICE = Slice("GPU-real-0", 0, "a card", 80 * GiB, 40 * GiB, 100)
@@ -49,11 +49,8 @@ class Driver:
 @pytest.fixture
 def processes():
     """Two real processes: a kernel and a child of it that held GPU memory."""
-    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
-    yield [p.pid for p in started]
-    for p in started:
-        p.kill()
-        p.wait()
+    with sleeping(2) as pids:
+        yield pids
 
 
 def restore(driver: Driver, pids: list[int], suspended_by_us: bool = True, **fields):

@@ -7,8 +7,6 @@ process's bytes off it, a restore puts them back). The same driver calls on the 
 (docs/design.md, the twelfth try)."""
 
 import asyncio
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,17 +15,15 @@ from jupyter_vgpu.host.checkpoint import CheckpointError, NoRoom
 from jupyter_vgpu.node import books
 
 from .answering import Answering
+from .sleepers import sleeping
 from .test_room_ahead import CARD, CONTEXT, decided, node
 
 
 @pytest.fixture
 def processes():
     """Six real processes, for the card model's six kernels."""
-    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(6)]
-    yield [p.pid for p in started]
-    for p in started:
-        p.kill()
-        p.wait()
+    with sleeping(6) as pids:
+        yield pids
 
 
 def evening(arbiter) -> None:

@@ -9,8 +9,6 @@ fails: ``tests/unit/test_vmm_native.py``; the kernel's: ``tests/unit/test_arbite
 import asyncio
 import dataclasses
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,6 +20,7 @@ from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.slice import Slice
 
 from .answering import Answering
+from .sleepers import sleeping
 from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided
 
 GiB, MiB = 2**30, 2**20
@@ -44,11 +43,8 @@ class Kernel(Answering):
 
 @pytest.fixture
 def processes():
-    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)]
-    yield [p.pid for p in started]
-    for p in started:
-        p.kill()
-        p.wait()
+    with sleeping(4) as pids:
+        yield pids
 
 
 def node(pids: list[int], on_demand: bool = True, version: int = 4, free: int = 3 * GiB):

@@ -6,8 +6,6 @@ bytes off it). The same on the real card and driver: ``tests/gpu/test_room_ahead
 
 import asyncio
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,6 +20,7 @@ from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.waiting import wait_for
 
 from .answering import Answering
+from .sleepers import sleeping
 
 GiB, MiB = 2**30, 2**20
 CONTEXT = 700 * MiB
@@ -83,11 +82,8 @@ class Checkpoint:
 
 @pytest.fixture
 def processes():
-    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(7)]
-    yield [p.pid for p in started]
-    for p in started:
-        p.kill()
-        p.wait()
+    with sleeping(7) as pids:
+        yield pids
 
 
 def node(
