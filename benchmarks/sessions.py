@@ -74,7 +74,7 @@ H200) keeps the difference out of the kernels' and the arbiter's reach, by ``--c
   calibration's ``session_peak_bytes`` less its context), granted about 4.3 GiB as they
   started, grow into the H200's memory unasked (``grown`` 0), and each of 8 prefetches
   that suspended paused kernels for its return was refused after them: the card still
-  read full (seeds 7, 11, 23 at e44a354, ``benchmarks/results/sessions-h100.json``).
+  read full or nearly (seeds 7, 11, 23 at e44a354, ``benchmarks/results/sessions-h100.json``).
 ``--solo-here`` times five solo cells on this machine's card too (the row's
 ``solo_here``): the runs are judged against the calibration's solo cell, and this says
 how far this card's own differs. Such a row also carries ``compute_share_here``, the
@@ -461,6 +461,7 @@ def start_arbiter(directory: Path, args, watermark: float | None = None) -> Arbi
     settings.append(f"--ArbiterApp.even_contexts={args.node_even_contexts}")
     settings.append(f"--ArbiterApp.grant_on_demand={args.grant_on_demand}")
     settings.append(f"--ArbiterApp.grant_margin={args.grant_margin}")
+    settings.append(f"--ArbiterApp.suspend_wait={args.suspend_wait}")
     # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
     settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
@@ -1000,6 +1001,13 @@ def main() -> None:
         "brings back plus --grant-margin, the rest made when it grows (the row's grown says how often)",
     )
     parser.add_argument(
+        "--suspend-wait",
+        type=float,
+        default=0.0,
+        help="the arbiter's suspend_wait: seconds a cell whose room would need paused kernels "
+        "suspended waits for a running cell on its card to end first (default 0: it does not)",
+    )
+    parser.add_argument(
         "--card-cap",
         choices=["reserve", "ballast"],
         default=None,
@@ -1121,6 +1129,7 @@ def main() -> None:
         "even_contexts": args.node_even_contexts,
         "grant_on_demand": args.grant_on_demand,
         "grant_margin": args.grant_margin,
+        "suspend_wait": args.suspend_wait,
         "poll_seconds": 0.25,
         "decisions_kept": DECISIONS_KEPT,
     }

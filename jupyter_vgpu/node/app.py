@@ -438,10 +438,27 @@ class ArbiterApp(Application):
         arbiter takes idle kernels off the card, then is made again (kernels of protocol
         version 4; older ones keep the whole budget). A cell is admitted only where the
         budgets of all the card's running cells fit what the card could give them at once,
-        so a cell below its budget never meets an out-of-memory error. Off by default until
-        measured at 12x: with whole budgets, cells promised 17 GiB that used about 2.5 GiB
-        had paused kernels suspended for them as they started, the tail of 48 MLP sessions
-        (docs/design.md, the thirteenth try and "Growth on demand").""",
+        so a cell below its budget never meets an out-of-memory error. For cells that use
+        well below their budget (a budget set for the largest cell a user may run); a cell
+        that uses about all of it gains nothing and waits for its room as it grows rather
+        than as it starts. Off by default: not yet measured where a card's memory ends
+        (docs/design.md, "Growth on demand" and the fourteenth try).""",
+    ).tag(config=True)
+
+    suspend_wait = Float(
+        0.0,
+        min=0.0,
+        help="""Seconds a cell waits for another cell running on its card to end, where its
+        room would otherwise need a paused kernel suspended (its CUDA context taken off the
+        card by the driver's checkpoint); then the suspends are made. Meanwhile the room
+        made ahead of prefetched cells on that card pauses but suspends nobody. 0 (the
+        default): suspends at once. Cells that meet share the card's compute by time
+        slices, so a group of cells ends at about the same time whether they run together
+        or a cell waits for another to end, and the wait costs no checkpoints, no host
+        memory for them and no restores later; a long-running cell holds a waiting cell
+        up by this much at most. At 12x on the H100 (48 MLP sessions) two cells of 16.7 GiB
+        fit beside the other 46 kernels' contexts, a third needs 5 contexts off the card
+        and a fourth 27 (docs/design.md, the fourteenth try).""",
     ).tag(config=True)
 
     grant_margin = ByteSize(

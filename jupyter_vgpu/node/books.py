@@ -369,10 +369,9 @@ def start_asks(kernel: Kernel, margin: int, card: str | None = None) -> int:
     (:func:`held`), what it brings back there (:func:`prefetch_need`) and ``margin``
     bytes, at most its budget; the rest is made when the cell grows (:func:`grow_asks`).
 
-    A grant of the whole budget made every running cell's room at its start: on 48 MLP
-    sessions, cells promised 17 GiB each that used about 2.5 GiB had paused and suspended
-    kernels taken off the card for them as they were sent, the tail of the cells' times
-    (docs/design.md, the thirteenth try)."""
+    A grant of the whole budget makes every running cell's room at its start, whatever
+    the cell will use; on demand, a cell that uses well below its budget has no idle
+    kernel taken off the card for the rest (docs/design.md, "Growth on demand")."""
     return min(kernel.budget, held(kernel, card) + prefetch_need(kernel, card) + margin)
 
 
@@ -664,6 +663,14 @@ def covering(
         if freed >= short:
             break
     return out
+
+
+def running_cells(kernels: list[Kernel]) -> list[Kernel]:
+    """Those of ``kernels`` that run a cell with its room granted (``active``, ``granted``
+    above 0; a prefetched kernel's cell counts from its grant): a kernel that reports a
+    cell started but waits for its room does not, so two cells waiting for room never wait
+    for each other."""
+    return [k for k in kernels if k.state == ACTIVE and k.granted > 0]
 
 
 def quiet(card_kernels: list[Kernel]) -> bool:

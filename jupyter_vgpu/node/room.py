@@ -69,9 +69,19 @@ class _Leaving(Exception):
     """A kernel asks for room while a room ahead takes it off the card (:meth:`Rooms.room`)."""
 
 
-class _NotAdmitted(str):
-    """Why a cell waits that no room made for it would help: the running cells' budgets and
-    its own pass the card (:func:`books.admission_short`), a note of :meth:`Rooms.make_room`."""
+class _Waiting(str):
+    """Why a cell waits with nobody taken off the card for it, a note of
+    :meth:`Rooms.make_room`: said as it is, with no word of the memory needed."""
+
+
+class _NotAdmitted(_Waiting):
+    """No room made for the cell would help: the running cells' budgets and its own pass
+    the card (:func:`books.admission_short`)."""
+
+
+class _ForACell(_Waiting):
+    """The cell's room would need a paused kernel suspended, and it waits for a cell
+    running on its card to end instead (``ArbiterApp.suspend_wait``)."""
 
 
 class Rooms:
@@ -205,7 +215,7 @@ class Rooms:
                 short, ahead = books.room_ahead(
                     kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
                 )
-                ahead = self._still_to_take(ahead)
+                ahead = self._still_to_take(ahead, kernel)
                 # its cell's room held for it (:meth:`.books.Kernel.holding`; a slice of one
                 # card, as the room ahead: its growth is that card's)
                 if a.config.room_held_seconds > 0 and not kernel.slice.more_gpus:
@@ -252,7 +262,7 @@ class Rooms:
         kernels' contexts; seed 11 at 76fac3b, ``benchmarks/results/sessions-h100.json``)."""
         a = self.arbiter
         order = books.covering(kernel, short, others, a.config.suspend_after, time.monotonic(), uuid)
-        order = self._still_to_take(order)
+        order = self._still_to_take(order, kernel)
         if not order:
             return short, free
         step = self._head_step(order, short, uuid)  # one look at the host, used twice
@@ -262,14 +272,19 @@ class Rooms:
         free = (await a.read(uuid)).free
         return books.prefetch_short(kernel, free, others, uuid), free
 
-    def _still_to_take(self, order: list) -> list:
-        """``order`` (``[(victim, action)]``) less the victims a room ahead leaves: one whose
-        state changed since it was chosen (it ran, or was taken off for another), one that
-        declined a moment ago, one with a move under way (``moving``: a spill, say), one
-        whose kernel left, and every suspend where the driver's checkpoint is not available."""
+    def _still_to_take(self, order: list, kernel: Kernel) -> list:
+        """``order`` (``[(victim, action)]``, a room ahead of ``kernel``'s cell) less the
+        victims a room ahead leaves: one whose state changed since it was chosen (it ran,
+        or was taken off for another), one that declined a moment ago, one with a move
+        under way (``moving``: a spill, say), one whose kernel left, every suspend where the
+        driver's checkpoint is not available, and every suspend while a cell other than
+        ``kernel``'s runs on the victim's card where ``ArbiterApp.suspend_wait`` is set (a
+        cell that has started waits for such a cell to end before suspending anyone; one
+        that has not started does not suspend beside it either)."""
         a = self.arbiter
         now = time.monotonic()
         wanted = {"pause": books.IDLE, "suspend": books.PAUSED}
+        waits = a.config.suspend_wait > 0
         return [
             (victim, action)
             for victim, action in order
@@ -278,6 +293,11 @@ class Rooms:
             and victim.moving is None
             and a.conns.get(victim.pid) is not None
             and (action == "pause" or a.checkpoint is not None)
+            and not (
+                action == "suspend"
+                and waits
+                and books.running_cells([k for k in a.on_card(victim.slice.gpu_uuid) if k is not kernel])
+            )
         ]
 
     def _ahead(self, conn: Connection, uuid: str, ahead: list, short: int) -> None:
@@ -326,7 +346,7 @@ class Rooms:
                 async with a.locks[uuid]:
                     if conn.ahead_stop:  # its cell asked while this step waited for the card
                         return
-                    order = self._still_to_take(order)
+                    order = self._still_to_take(order, kernel)
                     if not order:
                         return
                     step = self._head_step(order, left, uuid)
@@ -440,9 +460,13 @@ class Rooms:
                         raise _Leaving
                     if admit:  # what it holds and brings back, as it is now, and the margin
                         kernel.asks = books.start_asks(kernel, a.config.grant_margin, uuid)
-                    short, reading = await self.make_room(kernel, uuid, tell, notes, host_first, admit)
+                    # ArbiterApp.suspend_wait: while it lasts, no suspend for this cell where another
+                    # runs; over a second before the request would be denied (queue_timeout)
+                    suspends = time.monotonic() >= min(t0 + a.config.suspend_wait, deadline - 1.0)
+                    asked = (tell, notes, host_first, admit, suspends)
+                    short, reading = await self.make_room(kernel, uuid, *asked)
                     for card in kernel.slice.gpu_uuids[1:]:
-                        more = await self.make_room(kernel, card, tell, notes, host_first, admit)
+                        more = await self.make_room(kernel, card, *asked)
                         short = max(short, more[0])
                     # the kernel's word (``restore``) or the books: whichever says the driver holds
                     # it, the driver is asked (a kernel reports itself active as soon as its cell
@@ -522,7 +546,7 @@ class Rooms:
                 failpoints.hit("arbiter.grant")
                 return
             running = [k for k in a.on_card(uuid) if k.state == ACTIVE and k is not kernel]
-            if notes and isinstance(notes[-1], _NotAdmitted):
+            if notes and isinstance(notes[-1], _Waiting):
                 message = f"waiting on GPU {kernel.slice.gpu_index}: {notes[-1]}"
             else:
                 message = (
@@ -546,10 +570,19 @@ class Rooms:
                 a.decide("queued", server=kernel.server.key, gpu=uuid, message=message)
                 told = True
             await tell(message)
-            await a.wait_for_change(1.0)
+            # a cell waiting to be let suspend (suspend_wait) looks again as its wait ends
+            until = min(t0 + a.config.suspend_wait, deadline - 1.0) - time.monotonic()
+            await a.wait_for_change(min(1.0, until) if until > 0 else 1.0)
 
     async def make_room(
-        self, kernel: Kernel, uuid: str, tell=None, notes=None, host_first=None, admit: bool = False
+        self,
+        kernel: Kernel,
+        uuid: str,
+        tell=None,
+        notes=None,
+        host_first=None,
+        admit: bool = False,
+        suspends: bool = True,
     ) -> tuple[int, Reading]:
         """Pause or suspend idle kernels until ``kernel`` fits; returns what is still short
         (bytes) and the card's last reading. ``await tell(message)`` hears what is being
@@ -557,7 +590,10 @@ class Rooms:
         victims whose pause waits for host memory to be made (:meth:`.moves.Moves.take_off`).
         ``admit``: growth is granted on demand, and the kernel waits, nobody taken off the
         card for it, while the running cells' budgets and its own do not fit the card
-        (:func:`books.admission_short`, the bytes short then)."""
+        (:func:`books.admission_short`, the bytes short then). ``suspends`` False
+        (``ArbiterApp.suspend_wait`` not over yet): where another cell runs on the card
+        (:func:`books.running_cells`) and pausing idle kernels would not cover what is
+        short, nobody is taken off the card and the kernel waits for that cell to end."""
         a = self.arbiter
         reading = await a.read(uuid)
         others = [k for k in a.on_card(uuid) if k is not kernel]
@@ -589,6 +625,19 @@ class Rooms:
             for victim, action in books.victims(others, kernel, a.config.suspend_after)
             if action == "pause" or a.checkpoint is not None
         ]
+        running = books.running_cells(others)
+        if not suspends and running and any(action == "suspend" for _, action in order):
+            pauses = [(victim, action) for victim, action in order if action == "pause"]
+            if sum(books.held(victim, uuid) for victim, _ in pauses) < short:
+                if notes is not None:
+                    notes.append(
+                        _ForACell(
+                            f"its room would need paused kernels suspended: waiting for one of the "
+                            f"{len(running)} running cell(s) to end (up to {a.config.suspend_wait:g} s)"
+                        )
+                    )
+                return short, reading
+            order = pauses
         while order:
             if order[0][0].declined(order[0][1], time.monotonic(), REFUSAL_SECONDS):
                 victim, action = order.pop(0)

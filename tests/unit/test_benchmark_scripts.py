@@ -32,6 +32,7 @@ ARBITER_ARGS = argparse.Namespace(
     node_even_contexts=False,
     grant_on_demand=False,
     grant_margin="1G",
+    suspend_wait=0.0,
     gpu_uuids=[],
 )
 
