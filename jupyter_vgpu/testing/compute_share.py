@@ -46,6 +46,7 @@ def simulate(
     think_s: float = 0.0,
     cycles: int = 1,
     discipline: str = SHARE,
+    at_once: int | None = None,
 ) -> list[tuple[int, float, float]]:
     """Cells of sessions on one card, each ``cell_s`` seconds of work alone.
 
@@ -58,6 +59,10 @@ def simulate(
         cycles: cells per session (>= 1).
         discipline: ``"share"`` (cells that meet advance at ``1/k`` of their speed each)
             or ``"one at a time"`` (in the order they were sent).
+        at_once: with ``"share"``, the most cells that run together (the first sent);
+            a later one waits for one of them to end (a card whose memory holds that
+            many running cells, the rest waiting rather than taking room by suspends).
+            None: no limit. ``"one at a time"`` is ``at_once`` 1.
 
     Returns:
         ``(session, start, latency)`` for every cell, in the order they ended; seconds.
@@ -68,6 +73,8 @@ def simulate(
     """
     if not cell_s > 0 or think_s < 0 or cycles < 1:
         raise ValueError(f"cell_s must be > 0, think_s >= 0, cycles >= 1: {cell_s}, {think_s}, {cycles}")
+    if at_once is not None and at_once < 1:
+        raise ValueError(f"at_once must be >= 1 or None: {at_once}")
     if discipline not in DISCIPLINES:
         raise ValueError(f"discipline must be one of {DISCIPLINES}, not {discipline!r}")
     pending = [(float(start), session, 0) for session, start in enumerate(first_starts)]
@@ -77,10 +84,11 @@ def simulate(
     done: list[tuple[int, float, float]] = []
     now = 0.0
     while pending or running:
+        active = list(running)[:at_once] if discipline == SHARE else list(running)[:1]  # in send order
         if running:
             if discipline == SHARE:
-                nxt = min(running, key=running.__getitem__)
-                finish = now + running[nxt] * len(running)
+                nxt = min(active, key=running.__getitem__)
+                finish = now + running[nxt] * len(active)
             else:
                 nxt = next(iter(running))
                 finish = now + running[nxt]
@@ -90,8 +98,8 @@ def simulate(
         elapsed = min(arrival, finish) - now
         if running and elapsed > 0:
             if discipline == SHARE:
-                step = elapsed / len(running)
-                for key in running:
+                step = elapsed / len(active)
+                for key in active:
                     running[key] -= step
             else:
                 running[nxt] -= elapsed

@@ -39,6 +39,19 @@ def test_one_at_a_time_delays_only_the_second():
     )
 
 
+def test_cells_past_the_most_at_once_wait_for_one_to_end():
+    # two share from 0 and end at 2 s; the third waits, then runs alone
+    assert by_session(simulate([0.0, 0.0, 0.0], 1.0, at_once=2)) == pytest.approx({0: 2.0, 1: 2.0, 2: 3.0})
+    # the group ends when it would have shared the card whole: the tail is no longer
+    assert max(by_session(simulate([0.0, 0.1, 0.2, 0.3], 1.0, at_once=2)).values()) <= max(
+        by_session(simulate([0.0, 0.1, 0.2, 0.3], 1.0)).values()
+    )
+    assert by_session(simulate([0.0, 0.0, 0.0], 1.0, at_once=1)) == by_session(
+        simulate([0.0, 0.0, 0.0], 1.0, discipline=ONE_AT_A_TIME)
+    )
+    assert by_session(simulate([0.0, 0.5], 1.0, at_once=5)) == by_session(simulate([0.0, 0.5], 1.0))
+
+
 def test_three_cells_share_in_thirds():
     # all three from 0: each ends at 3 s
     assert sorted(by_session(simulate([0.0, 0.0, 0.0], 1.0)).values()) == pytest.approx([3.0, 3.0, 3.0])
@@ -62,6 +75,7 @@ def test_cells_of_different_cards_do_not_meet():
         (lambda: simulate([0.0], 1.0, think_s=-1.0), "think_s >= 0"),
         (lambda: simulate([0.0], 1.0, cycles=0), "cycles >= 1"),
         (lambda: simulate([0.0], 1.0, discipline="fifo"), "discipline must be one of"),
+        (lambda: simulate([0.0], 1.0, at_once=0), "at_once must be >= 1"),
         (lambda: latencies_of([0.0], [0, 1], 1.0), "1 starts for 2 cards"),
         (lambda: expected(0, 1.0, 10.0), "must be >= 1"),
         (lambda: summary([], 1.0), "no values"),
