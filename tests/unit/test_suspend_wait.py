@@ -14,22 +14,9 @@ import pytest
 from jupyter_vgpu.node import books
 from jupyter_vgpu.testing.waiting import wait_for_async
 
-from .answering import Answering
 from .sleepers import sleeping
-from .test_room_ahead import CONTEXT, decided, node, prefetch
-
-
-class Pausing(Answering):
-    """A kernel's connection whose pause leaves its context alone on the card model."""
-
-    def __init__(self, kernel: books.Kernel, card):
-        super().__init__(kernel)
-        self.card = card
-
-    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
-        if msg["type"] == "pause":
-            self.card.held[self.pid] = CONTEXT
-        return await super().ask(msg, timeout, sent)
+from .test_grant_on_demand import Kernel as Pausing
+from .test_room_ahead import decided, node, prefetch
 
 
 @pytest.fixture
@@ -44,7 +31,7 @@ def card_with_a_running_cell(pids: list[int], suspend_wait: float, granted: int 
     arbiter, card, kernels = node(pids, short_contexts=2)
     arbiter.config.suspend_wait = suspend_wait
     arbiter.config.queue_timeout = 60.0
-    arbiter.conns[pids[5]] = Pausing(kernels[5], card)
+    arbiter.conns[pids[5]] = Pausing(kernels[5], card, 4)  # its pause leaves its context alone
     kernels[5].state, kernels[5].granted = books.ACTIVE, granted
     return arbiter, card, kernels
 
