@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.nvml import NVMLUnavailable
@@ -72,6 +72,16 @@ class _Leaving(Exception):
 class _Waiting(str):
     """Why a cell waits with nobody taken off the card for it, a note of
     :meth:`Rooms.make_room`: said as it is, with no word of the memory needed."""
+
+
+class _Prefetch(NamedTuple):
+    """What :meth:`Rooms._prefetch_locked` decided: a step toward the kernel's return to
+    make (``step``), the driver's restore to make (``restore``, the kernel's state before,
+    ``was``), or neither: the prefetch was answered."""
+
+    step: list | None = None
+    restore: bool = False
+    was: str | None = None
 
 
 class _NotAdmitted(_Waiting):
@@ -149,7 +159,12 @@ class Rooms:
         user (all their servers); otherwise denied, and the cell asks for its room when it
         runs. Once granted, the room its cell will need is made while it comes back
         (:func:`books.room_ahead`, :meth:`_take_ahead`): what the cell would otherwise
-        wait for after its user pressed run."""
+        wait for after its user pressed run. Where the kernel's own return does not fit,
+        one step of paused kernels' suspends may be made for it (:meth:`_return_step`),
+        outside the card's lock as the room ahead's steps are, and the card is looked at
+        again: held under the lock, such a step of four suspends (1.19 s) kept another
+        user's cell waiting 1.16 s for a pause of 0.08 s (48 MLP sessions, seed 7 at
+        e44a354, ``benchmarks/results/sessions-h100.json``)."""
         a = self.arbiter
         kernel = conn.kernel
         uuid = kernel.slice.gpu_uuid
@@ -165,21 +180,52 @@ class Rooms:
         if last is not None and now - last < a.config.prefetch_interval:
             await deny("too soon", f"one prefetch per {a.config.prefetch_interval:g} s per user")
             return
+        stepped = False  # a step toward its return made already: one at most
+        while True:
+            decided = await self._prefetch_locked(conn, rid, deny, now, stepped)
+            if not decided.step:
+                break
+            stepped = True
+            await self._take_step(kernel, uuid, decided.step)
+        if not decided.restore:
+            return  # answered under the card's lock
+        was = decided.was
+        # outside the card's lock, its room held
+        ok, why = await a.moves.restore(kernel)
+        if not ok:
+            conn.ahead_stop = True  # nothing came back: no room is made for its cell ahead of it
+            kernel.state, kernel.granted = was, 0
+            kernel.end_hold()
+            await a.notify()
+            await deny("no room", why or "the restore failed")
+            return
+        await self._grant_prefetch(conn, rid)
+
+    async def _prefetch_locked(
+        self, conn: Connection, rid: int, deny, now: float, stepped: bool
+    ) -> _Prefetch:
+        """The decision of :meth:`prefetch` under the card's lock (``deny``: its refusal,
+        ``now``: when it was asked, ``stepped``: a step toward the kernel's return was made
+        already): answered here (refused, or granted where the kernel comes back from host
+        memory itself), a step to make first, or the driver's restore to make."""
+        a = self.arbiter
+        kernel = conn.kernel
+        uuid = kernel.slice.gpu_uuid
         async with contextlib.AsyncExitStack() as locked:
             # a slice of several cards: every card's lock, in the order room takes them
             for card in sorted(kernel.slice.gpu_uuids):
                 await locked.enter_async_context(a.locks[card])
             if kernel.moving in ("pause", "suspend"):  # a room ahead takes it off the card now
                 await deny("leaving", f"this kernel's {kernel.moving} is under way: its cell brings it back")
-                return
+                return _Prefetch()
             if kernel.moving == EVEN:  # the driver holds it a second: its cell waits for that
                 await deny("evening", "the driver is taking this kernel's context off the GPU and back")
-                return
+                return _Prefetch()
             # its state may read active already: a kernel reports so as it starts coming back
             held = kernel.state == SUSPENDED or kernel.checkpoint_bytes > 0
             if not held and kernel.state != PAUSED and kernel.paused_bytes == 0:
                 await deny("not away", "nothing to bring back: none of the kernel's memory is off the GPU")
-                return
+                return _Prefetch()
             # each card by what the kernel brings back to it (a slice of several: its share)
             free: dict[str, int] = {}
             for card, index in zip(kernel.slice.gpu_uuids, kernel.slice.gpu_indices, strict=True):
@@ -187,7 +233,7 @@ class Rooms:
                     reading = await a.read(card)
                 except NVMLUnavailable as e:
                     await deny("card unreadable", f"GPU {index} does not answer: {e}")
-                    return
+                    return _Prefetch()
                 # kernels idle past their idle_seconds go first, down to the watermark, even
                 # where the prefetch fits: the background look leaves them while a cell runs
                 if await self._pause_owed(kernel, card, reading):
@@ -195,15 +241,17 @@ class Rooms:
                 free[card] = reading.free
                 others = [k for k in a.on_card(card) if k is not kernel]
                 short = books.prefetch_short(kernel, reading.free, others, card)
-                if short > 0 and a.config.room_ahead and not kernel.slice.more_gpus:
-                    short, free[card] = await self._room_to_return(kernel, card, others, short, free[card])
+                if short > 0 and a.config.room_ahead and not kernel.slice.more_gpus and not stepped:
+                    step = self._return_step(kernel, card, others, short)
+                    if step:  # made outside the card's lock; then the card is looked at again
+                        return _Prefetch(step=step)
                 if short > 0:
                     where = f" on GPU {index}" if kernel.slice.more_gpus else ""
                     await deny(
                         "no room",
                         f"no room to come back ahead of the cell ({format_bytes(short)} short{where})",
                     )
-                    return
+                    return _Prefetch()
             self._prefetched[kernel.server.user] = now
             # the cell's room, decided on the card as it is before the kernel comes back
             # (each card of a slice of several: the cell's own request makes theirs)
@@ -227,35 +275,23 @@ class Rooms:
             if not (held and a.checkpoint is not None):
                 await self._grant_prefetch(conn, rid)  # it comes back from host memory itself, now
                 self._ahead(conn, uuid, ahead, short)  # meanwhile
-                return
+                return _Prefetch()
             # the room ahead begins beside the driver's restore (its steps wait for this lock):
             # after it, the restore (0.76-0.89 s) was on the cell's path too; two prefetched
             # kernels' cells waited 2 s for the suspends ahead that began once it ended (48 MLP
             # sessions, seed 7 at 76fac3b, ``benchmarks/results/sessions-h100.json``)
             self._ahead(conn, uuid, ahead, short)
-        # outside the card's lock, its room held
-        ok, why = await a.moves.restore(kernel)
-        if not ok:
-            conn.ahead_stop = True  # nothing came back: no room is made for its cell ahead of it
-            kernel.state, kernel.granted = was, 0
-            kernel.end_hold()
-            await a.notify()
-            await deny("no room", why or "the restore failed")
-            return
-        await self._grant_prefetch(conn, rid)
+            return _Prefetch(restore=True, was=was)
 
-    async def _room_to_return(
-        self, kernel: Kernel, uuid: str, others: list[Kernel], short: int, free: int
-    ) -> tuple[int, int]:
+    def _return_step(self, kernel: Kernel, uuid: str, others: list[Kernel], short: int) -> list:
         """For a prefetch of ``kernel`` that is ``short`` bytes short of coming back to card
-        ``uuid`` (its lock held; :func:`books.prefetch_short`; ``free``: the card's free
-        bytes it was decided on): one step of the room ahead (:meth:`_take_head`) among the
-        victims it may take (:func:`books.covering`: paused kernels' contexts, kernels idle
-        past their ``idle_seconds``); ``(short, free)`` read again after it, or as given
-        where nobody moved (bytes; short 0: it comes back). One step only, the lock being held
-        for it, and only where what that step's victims hold covers ``short``: otherwise
-        nobody moves for a prefetch that would be refused anyway, and the cell makes the
-        room when it runs.
+        ``uuid`` (its lock held; :func:`books.prefetch_short`): one step of the room ahead
+        (:meth:`_head_step`) among the victims it may take (:func:`books.covering`: paused
+        kernels' contexts, kernels idle past their ``idle_seconds``), its victims marked
+        ``moving`` (no other room or background move takes them), ``[(victim, action)]``
+        for :meth:`_take_step` to make outside the lock; ``[]`` where what that step's
+        victims hold does not cover ``short``: nobody moves for a prefetch that would be
+        refused anyway, and the cell makes the room when it runs.
 
         Refused instead, 10 of 48 prefetches on 48 MLP sessions left their cell to bring
         the kernel back after its user pressed run (0.4 to 2 GiB short, a few paused
@@ -264,13 +300,29 @@ class Rooms:
         order = books.covering(kernel, short, others, a.config.suspend_after, time.monotonic(), uuid)
         order = self._still_to_take(order, kernel)
         if not order:
-            return short, free
-        step = self._head_step(order, short, uuid)  # one look at the host, used twice
+            return []
+        step = self._head_step(order, short, uuid)
         if sum(books.held(victim, uuid) for victim, _ in step) < short:
-            return short, free
-        await self._take_head(kernel, uuid, order, short, Reason.AHEAD, host_first=[], step=step)
-        free = (await a.read(uuid)).free
-        return books.prefetch_short(kernel, free, others, uuid), free
+            return []
+        for victim, action in step:
+            victim.moving = action
+        return step
+
+    async def _take_step(self, kernel: Kernel, uuid: str, step: list) -> None:
+        """Take ``step`` (``[(victim, action)]``, marked ``moving`` under card ``uuid``'s lock)
+        off the card for ``kernel``'s return, together, the lock let go: a cell that asks
+        meanwhile is decided at once (:meth:`make_room` waits for these victims only where
+        what they hold covers what it lacks). Whoever is woken by their leaving is told."""
+        a = self.arbiter
+        await asyncio.gather(
+            *(
+                a.moves.take_off(
+                    victim, action, Reason.AHEAD, for_whom=kernel.server.key, host_first=[], claimed=True
+                )
+                for victim, action in step
+            )
+        )
+        await a.notify()
 
     def _still_to_take(self, order: list, kernel: Kernel) -> list:
         """``order`` (``[(victim, action)]``, a room ahead of ``kernel``'s cell) less the

@@ -313,6 +313,41 @@ def test_a_prefetch_short_of_its_return_is_refused_where_one_step_does_not_cover
     assert [k.state for k in kernels[1:5]] == [books.PAUSED] * 4
 
 
+def test_another_users_cell_is_decided_while_suspends_for_a_prefetchs_return_are_in_the_driver(processes):
+    # the step toward the grower's own return is made outside the card's lock: user6's
+    # cell, which fits beside it, is granted while the suspends are still in the driver,
+    # where under the lock it waited for them
+    arbiter, card, kernels = node(processes, short_contexts=3.5)
+    kernels[0].paused_bytes = asyncio.run(card.read(CARD)).free + int(1.5 * CONTEXT)
+    grower, other = arbiter.conns[processes[0]], arbiter.conns[processes[6]]
+    checkpoint = arbiter.checkpoint
+    checkpoint.held = threading.Event()
+    told_meanwhile = []
+
+    async def scenario():
+        await arbiter.rooms.request(grower, 1, "prefetch")
+        assert await asyncio.to_thread(checkpoint.entered.wait, 10), "no suspend for the return"
+        await arbiter.rooms.request(other, 5, "run")
+        await asyncio.wait_for(other.room_task, 5)
+        told_meanwhile.extend(other.told)
+        checkpoint.held.set()
+        await grower.room_task
+        if grower.ahead_task is not None:
+            await grower.ahead_task
+
+    asyncio.run(scenario())
+    assert told_meanwhile == [{"type": "grant", "id": 5}]
+    suspends = decided(arbiter, "suspend")
+    assert sorted(d["server"] for d in suspends) == ["user1/", "user2/"], suspends
+    assert {d["reason"] for d in suspends} == {"room ahead for user0/"}
+    # the card looked at again after the step: the room user6's cell was granted meanwhile
+    # (its growth to its 2 GiB budget) counts, and the return no longer fits
+    [answer] = grower.told
+    assert answer["type"] == "deny", answer
+    assert "no room to come back ahead of the cell (674.00 MiB short)" in answer["message"], answer
+    assert all(k.moving is None for k in kernels), [k.moving for k in kernels]
+
+
 def test_room_ahead_off_refuses_a_prefetch_short_of_its_return(processes):
     arbiter, kernels = short_of_return(processes, 1.5)
     arbiter.config.room_ahead = False
