@@ -416,6 +416,7 @@ def ballasts(uuids: list[str], nbytes: int):
     Raises:
         AssertionError: a card could not give the ballast its bytes
             (:func:`jupyter_vgpu.testing.card_holder.hold`).
+        RuntimeError: NVML shows no per-process figure for the ballast.
     """
     held: list[subprocess.Popen] = []
     try:
@@ -430,6 +431,8 @@ def ballasts(uuids: list[str], nbytes: int):
                 probe.wait(30)
             held.append(card_holder.hold(max(0, nbytes - context), env=env))
             figures.append(nvml.process_memory(uuid).get(held[-1].pid, 0))
+            if not figures[-1]:  # the arbiter's books need NVML's per-process figures as much
+                raise RuntimeError(f"NVML shows no memory of the ballast's process on {uuid}")
         yield figures
     finally:
         for process in held:
