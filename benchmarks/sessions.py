@@ -686,6 +686,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "node_even_contexts": node_evened(books["decisions"]) if args.node_even_contexts else None,
                 # --grant-on-demand: the cells' requests to grow the arbiter granted
                 "grown": grown(books["decisions"]) if args.grant_on_demand else None,
+                # --suspend-wait: the cells that waited for a running cell instead of suspends
+                "waited_for_a_cell": waited_for_a_cell(books["decisions"]) if args.suspend_wait else None,
                 # --card-cap ballast: what each card's ballast held (NVML), the watermark beside it
                 "card_cap": args.card_cap,
                 "ballast_bytes": held or None,
@@ -762,6 +764,20 @@ def grown(decisions: list[dict]) -> dict:
         "max_s": max(seconds, default=None),
         "bytes": sum(d["bytes"] for d in decisions if d["what"] == "grown"),
     }
+
+
+#: What the arbiter says of a cell that waits for a running cell rather than suspending
+#: paused kernels (``ArbiterApp.suspend_wait``; :class:`jupyter_vgpu.node.room._ForACell`)
+WAITED_FOR_A_CELL = "running cell(s) to end"
+
+
+def waited_for_a_cell(decisions: list[dict]) -> dict:
+    """The cells of a run that waited for a running cell to end rather than have paused
+    kernels suspended for their room (``--suspend-wait``), from the arbiter's ``queued``
+    decisions: how many, and whose (their servers, in order; each cell's time outside its
+    code is in ``cells_detail``)."""
+    servers = [d["server"] for d in decisions if d["what"] == "queued" and WAITED_FOR_A_CELL in d["message"]]
+    return {"cells": len(servers), "servers": servers}
 
 
 def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:

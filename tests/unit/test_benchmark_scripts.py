@@ -497,3 +497,17 @@ def test_a_ballasts_watermark_pauses_where_the_smaller_cards_would(monkeypatch):
         sessions.watermark_beside(0.6, card, total, total)
     with pytest.raises(ValueError, match="watermark"):
         sessions.watermark_beside(1.5, card, ballast, total)
+
+
+def test_a_row_counts_the_cells_that_waited_for_a_running_cell_from_the_arbiters_decisions(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its neighbours import, as when it runs
+    sessions = load("sessions")
+    decisions = [
+        {"what": "queued", "server": "user3/", "message": "waiting on GPU 0: its room would need paused "
+         "kernels suspended: waiting for one of the 2 running cell(s) to end (up to 3 s)"},
+        {"what": "queued", "server": "user4/", "message": "waiting for GPU memory on GPU 0: ..."},
+        {"what": "suspend", "server": "user9/", "reason": "room for user4/"},
+        {"what": "queued", "server": "user7/", "message": "waiting for one of the 1 running cell(s) to end"},
+    ]  # fmt: skip
+    assert sessions.waited_for_a_cell(decisions) == {"cells": 2, "servers": ["user3/", "user7/"]}
+    assert sessions.waited_for_a_cell([]) == {"cells": 0, "servers": []}
