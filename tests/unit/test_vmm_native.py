@@ -706,8 +706,9 @@ class FakeArbiter:
     Unix socket server on threads of its own, one per connection.
 
     Each connection's first line must be :data:`CHANNEL_LINE`; ``channel(index)`` (index:
-    0, 1, ... the connections in order) says how it is answered: ``"ok"``, ``"error"`` (an
-    error line, then the connection closed) or ``"close"`` (closed without a word). Each
+    0, 1, ... the connections in order) says how it is answered: ``"ok"`` (every one,
+    where ``channel`` is None), ``"error"`` (an error line, then the connection closed)
+    or ``"close"`` (closed without a word). Each
     room line is handed to ``on_room(arbiter, send, msg)``, which answers with ``send``
     (a dict as a JSON line; bytes as they are) and may make room first
     (:meth:`make_room`). The fake device's capacity is a file its driver reads at every
@@ -721,13 +722,13 @@ class FakeArbiter:
         most_outstanding: the most room requests unanswered at once.
     """
 
-    def __init__(self, directory: Path, on_room, channel=lambda index: "ok"):
+    def __init__(self, directory: Path, on_room, channel=None):
         self.path = str(directory / "grow.sock")
         self.capacity_file = directory / "capacity"
         self.capacity = CAPACITY
         self._lock = threading.Lock()
         self.make_room(0)
-        self.on_room, self.channel = on_room, channel
+        self.on_room, self.channel = on_room, channel or (lambda index: "ok")
         self.lines: list[list[bytes]] = []
         self.rooms: list[tuple[float, dict]] = []
         self.problems: list[str] = []
@@ -897,17 +898,23 @@ print(json.dumps(out))
 """
 
 
-def run_grow(native, arbiter: FakeArbiter, body: str, timeout: float = 30, **extra: str) -> dict:
+def run_grow(
+    native, directory: Path, on_room, body: str, channel=None, timeout: float = 30, **extra: str
+) -> tuple[dict, FakeArbiter]:
     """:data:`GROW`, then ``body`` (dedented), in a preloaded process over the stand-ins,
-    beside ``arbiter``."""
-    return run(
-        native,
-        GROW + textwrap.dedent(body),
-        timeout=timeout,
-        GROW_SOCKET=arbiter.path,
-        **arbiter.env(),
-        **extra,
-    )
+    beside a :class:`FakeArbiter` in ``directory`` answering with ``on_room`` (and
+    ``channel``, where given); returns what the program printed and that arbiter, ended,
+    its lines kept."""
+    with FakeArbiter(directory, on_room, channel) as arbiter:
+        got = run(
+            native,
+            GROW + textwrap.dedent(body),
+            timeout=timeout,
+            GROW_SOCKET=arbiter.path,
+            **arbiter.env(),
+            **extra,
+        )
+    return got, arbiter
 
 
 def test_an_allocation_past_the_room_asks_the_arbiter_and_gets_it(native, short_dir):
@@ -915,25 +922,25 @@ def test_an_allocation_past_the_room_asks_the_arbiter_and_gets_it(native, short_
     ask the arbiter over the grow channel (connected at the first ask), each for the size
     of the physical allocation refused, before the caller sees an error; room made, the
     allocation succeeds."""
-    with FakeArbiter(short_dir, grants) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            out = {}
-            p = u64()
-            out["cuMemAlloc"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(5 * 2**20 + 1))  # 6 MiB of memory
-            ctypes.memset(p.value, 1, 5 * 2**20 + 1)
-            q = vp()
-            out["cudaMalloc"] = rt.cudaMalloc(ctypes.byref(q), size_t(3 * 2**20))  # 4 MiB
-            ctypes.memset(q.value, 2, 3 * 2**20)
-            out["malloc"] = A.malloc(2 * 2**20) > 0
-            out["figures"] = A.grow_figures()
-            out["used"] = used()
-            print(json.dumps(out))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        grants,
+        """
+        A.set_grow_channel(SOCKET)
+        out = {}
+        p = u64()
+        out["cuMemAlloc"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(5 * 2**20 + 1))  # 6 MiB of memory
+        ctypes.memset(p.value, 1, 5 * 2**20 + 1)
+        q = vp()
+        out["cudaMalloc"] = rt.cudaMalloc(ctypes.byref(q), size_t(3 * 2**20))  # 4 MiB
+        ctypes.memset(q.value, 2, 3 * 2**20)
+        out["malloc"] = A.malloc(2 * 2**20) > 0
+        out["figures"] = A.grow_figures()
+        out["used"] = used()
+        print(json.dumps(out))
+        """,
+    )
     assert got == {"cuMemAlloc": 0, "cudaMalloc": 0, "malloc": True, "figures": [3, 3], "used": 28 * MiB}
     assert arbiter.lines == [
         [
@@ -949,24 +956,24 @@ def test_an_allocation_past_the_room_asks_the_arbiter_and_gets_it(native, short_
 def test_cumemcreate_and_stream_ordered_allocations_ask_too(native, short_dir):
     """Other libraries' cuMemCreate and stream-ordered allocations (large, and small ones
     in a 2 MiB chunk) past the room ask for it before they fail."""
-    with FakeArbiter(short_dir, grants) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            out = {}
-            prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)  # pinned, fd handles, on device 0
-            h = u64()
-            out["cuMemCreate"] = cuda.cuMemCreate(ctypes.byref(h), size_t(4 * 2**20), prop, u64(0))
-            p = u64()
-            out["cuMemAllocAsync"] = cuda.cuMemAllocAsync(ctypes.byref(p), size_t(8 * 2**20), None)
-            q = vp()
-            out["cudaMallocAsync, small"] = rt.cudaMallocAsync(ctypes.byref(q), size_t(1000), None)
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        grants,
+        """
+        A.set_grow_channel(SOCKET)
+        out = {}
+        prop = (ctypes.c_int * 8)(1, 1, 1, 0, 0, 0, 0, 0)  # pinned, fd handles, on device 0
+        h = u64()
+        out["cuMemCreate"] = cuda.cuMemCreate(ctypes.byref(h), size_t(4 * 2**20), prop, u64(0))
+        p = u64()
+        out["cuMemAllocAsync"] = cuda.cuMemAllocAsync(ctypes.byref(p), size_t(8 * 2**20), None)
+        q = vp()
+        out["cudaMallocAsync, small"] = rt.cudaMallocAsync(ctypes.byref(q), size_t(1000), None)
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """,
+    )
     assert got == {"cuMemCreate": 0, "cuMemAllocAsync": 0, "cudaMallocAsync, small": 0, "figures": [3, 3]}
     assert arbiter.asked() == [4 * MiB, 8 * MiB, 2 * MiB]
     assert arbiter.ids() == [1, 2, 3]
@@ -978,28 +985,28 @@ def test_an_ask_not_granted_leaves_the_out_of_memory_as_it_was(native, short_dir
     channel turned off again, an allocation past the room fails the same way (code, name,
     the library's words); the arbiter is asked once per allocation, and never once off. A
     path too long for a Unix socket is refused, the channel left as it was."""
-    with FakeArbiter(short_dir, denies) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            out = {"none": attempt()}
-            tries = {"denied": SOCKET, "unreachable": SOCKET + ".nobody", "off": None}
-            for name, path in tries.items():
-                A.set_grow_channel(path)
-                out[name] = attempt()
-                out["asks " + name] = A.grow_figures()[0]
-            A.set_grow_channel(SOCKET)
-            try:
-                A.set_grow_channel("/" + "x" * 107)
-            except ValueError as e:
-                out["too long"] = str(e)
-            A.set_grow_channel("/" + "x" * 106)  # 107 bytes: taken
-            A.set_grow_channel(None)
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        denies,
+        """
+        out = {"none": attempt()}
+        tries = {"denied": SOCKET, "unreachable": SOCKET + ".nobody", "off": None}
+        for name, path in tries.items():
+            A.set_grow_channel(path)
+            out[name] = attempt()
+            out["asks " + name] = A.grow_figures()[0]
+        A.set_grow_channel(SOCKET)
+        try:
+            A.set_grow_channel("/" + "x" * 107)
+        except ValueError as e:
+            out["too long"] = str(e)
+        A.set_grow_channel("/" + "x" * 106)  # 107 bytes: taken
+        A.set_grow_channel(None)
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """,
+    )
     assert got["none"] == OUT_OF_MEMORY
     assert got["denied"] == got["unreachable"] == got["off"] == got["none"]
     assert [got["asks denied"], got["asks unreachable"], got["asks off"]] == [3, 6, 6]
@@ -1015,18 +1022,19 @@ def test_a_channel_refused_or_ended_answers_no_room_and_the_next_ask_connects_ag
     ask is answered no room (the allocation fails as it would have), and the next ask
     connects again."""
     answers = ["error", "close", "ok"]
-    with FakeArbiter(short_dir, grants, channel=lambda index: answers[index]) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            p = u64()
-            out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(3)]}
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        grants,
+        """
+        A.set_grow_channel(SOCKET)
+        p = u64()
+        out = {"codes": [cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)) for _ in range(3)]}
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """,
+        channel=lambda index: answers[index],
+    )
     assert got == {"codes": [2, 2, 0], "figures": [3, 1]}
     assert arbiter.lines == [
         [CHANNEL_LINE],
@@ -1054,12 +1062,12 @@ def test_wait_lines_and_lines_of_other_ids_are_read_past_to_the_answer(native, s
         arbiter.make_room(msg["bytes"])
         send(b'{"id":%d,"type": "grant"}\n' % rid)
 
-    with FakeArbiter(short_dir, waits_then_grants) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            TWO_ASKS,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        waits_then_grants,
+        TWO_ASKS,
+    )
     assert got == {"codes": [0, 0], "figures": [2, 2]}
     assert arbiter.ids() == [1, 2]
     assert len(arbiter.lines) == 1
@@ -1076,12 +1084,12 @@ def test_a_line_past_64_kib_closes_the_channel(native, short_dir):
         else:
             grants(arbiter, send, msg)
 
-    with FakeArbiter(short_dir, rambles_once) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            TWO_ASKS,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        rambles_once,
+        TWO_ASKS,
+    )
     assert got == {"codes": [2, 0], "figures": [2, 1]}
     assert [len(lines) for lines in arbiter.lines] == [2, 2]
     assert arbiter.ids() == [1, 2]
@@ -1100,23 +1108,23 @@ def test_a_silent_arbiter_is_given_up_after_the_silence(native, short_dir):
             send({"type": "wait", "id": msg["id"], "message": "suspending kernel k2"})
         grants(arbiter, send, msg)
 
-    with FakeArbiter(short_dir, silent_then_slow) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            p = u64()
-            out = {"codes": [], "seconds": []}
-            for _ in range(2):
-                t0 = time.monotonic()
-                out["codes"].append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)))
-                out["seconds"].append(time.monotonic() - t0)
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
-            JUPYTER_VGPU_GROW_SILENCE_S="1",
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        silent_then_slow,
+        """
+        A.set_grow_channel(SOCKET)
+        p = u64()
+        out = {"codes": [], "seconds": []}
+        for _ in range(2):
+            t0 = time.monotonic()
+            out["codes"].append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)))
+            out["seconds"].append(time.monotonic() - t0)
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """,
+        JUPYTER_VGPU_GROW_SILENCE_S="1",
+    )
     assert got["codes"] == [2, 0]
     assert 0.9 < got["seconds"][0] < 5
     assert 1.7 < got["seconds"][1] < 6
@@ -1127,17 +1135,17 @@ def test_a_silent_arbiter_is_given_up_after_the_silence(native, short_dir):
 def test_an_allocation_asks_four_times_at_most(native, short_dir):
     """An arbiter that grants when no room was made: the allocation is tried again after
     each of four asks, then fails as it would have."""
-    with FakeArbiter(short_dir, claims) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            p = u64()
-            r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-            print(json.dumps({"r": r, "message": A.last_message, "figures": A.grow_figures()}))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        claims,
+        """
+        A.set_grow_channel(SOCKET)
+        p = u64()
+        r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+        print(json.dumps({"r": r, "message": A.last_message, "figures": A.grow_figures()}))
+        """,
+    )
     assert got == {"r": 2, "message": "33554432 bytes on device 0", "figures": [4, 0]}
     assert arbiter.ids() == [1, 2, 3, 4]
     assert arbiter.asked() == [32 * MiB] * 4
@@ -1151,28 +1159,28 @@ def test_two_threads_asking_at_once_ask_one_after_the_other(native, short_dir):
         time.sleep(0.3)
         grants(arbiter, send, msg)
 
-    with FakeArbiter(short_dir, slowly_grants) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            barrier = threading.Barrier(2)
-            codes = []
-            def allocate():
-                start()
-                p = u64()
-                barrier.wait()
-                codes.append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)))
-            threads = [threading.Thread(target=allocate) for _ in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            print(json.dumps({"codes": codes, "figures": A.grow_figures()}))
-            """,
-            JUPYTER_VGPU_GROW_SILENCE_S="5",  # an answer taken by the other thread: given up
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        slowly_grants,
+        """
+        A.set_grow_channel(SOCKET)
+        barrier = threading.Barrier(2)
+        codes = []
+        def allocate():
+            start()
+            p = u64()
+            barrier.wait()
+            codes.append(cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20)))
+        threads = [threading.Thread(target=allocate) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(json.dumps({"codes": codes, "figures": A.grow_figures()}))
+        """,
+        JUPYTER_VGPU_GROW_SILENCE_S="5",  # an answer taken by the other thread: given up
+    )
     assert got["codes"] == [0, 0]
     assert got["figures"][1] == 2
     assert arbiter.most_outstanding == 1
@@ -1185,31 +1193,31 @@ def test_the_pause_engines_threads_and_a_child_of_fork_never_ask(native, short_d
     """The machinery's allocations (the pause engine's work areas, marked threads) and a
     child of fork()'s get the error at once, the child saying nothing on the channel it
     inherited; the kernel's own still ask, on the same channel."""
-    with FakeArbiter(short_dir, denies) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            A.set_grow_channel(SOCKET)
-            p = u64()
-            out = {"kernel": cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))}  # connects
-            with A.machinery():
-                out["machinery"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-                try:
-                    A.malloc(32 * 2**20)
-                except _vmm.DeviceFull:
-                    out["machinery malloc"] = "DeviceFull"
-            out["asks by the machinery"] = A.grow_figures()[0] - 1
-            child = os.fork()
-            if child == 0:
-                r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-                os._exit(0 if r == 2 and A.grow_figures() == (0, 0) else 1)
-            out["child"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-            out["kernel again"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        denies,
+        """
+        A.set_grow_channel(SOCKET)
+        p = u64()
+        out = {"kernel": cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))}  # connects
+        with A.machinery():
+            out["machinery"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            try:
+                A.malloc(32 * 2**20)
+            except _vmm.DeviceFull:
+                out["machinery malloc"] = "DeviceFull"
+        out["asks by the machinery"] = A.grow_figures()[0] - 1
+        child = os.fork()
+        if child == 0:
+            r = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+            os._exit(0 if r == 2 and A.grow_figures() == (0, 0) else 1)
+        out["child"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+        out["kernel again"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(32 * 2**20))
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """,
+    )
     assert got == {
         "kernel": 2,
         "machinery": 2,
@@ -1235,29 +1243,29 @@ def test_the_ask_needs_no_lock_of_pythons(native, short_dir):
             time.sleep(1)  # the other thread takes Python's lock meanwhile
         claims(arbiter, send, msg)
 
-    with FakeArbiter(short_dir, first_slowly) as arbiter:
-        got = run_grow(
-            native,
-            arbiter,
-            """
-            libc = ctypes.PyDLL("libc.so.6")  # its calls keep Python's lock
-            A.set_grow_channel(SOCKET)
-            out = {}
-            def allocate():
-                start()
-                p = u64()
-                out["r"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20))
-            t = threading.Thread(target=allocate)
-            t.start()
-            time.sleep(0.3)  # the allocation is in the library, its first ask sent
-            out["held from"] = time.monotonic()
-            libc.sleep(3)
-            out["held until"] = time.monotonic()
-            t.join()
-            out["figures"] = A.grow_figures()
-            print(json.dumps(out))
-            """,
-        )
+    got, arbiter = run_grow(
+        native,
+        short_dir,
+        first_slowly,
+        """
+        libc = ctypes.PyDLL("libc.so.6")  # its calls keep Python's lock
+        A.set_grow_channel(SOCKET)
+        out = {}
+        def allocate():
+            start()
+            p = u64()
+            out["r"] = cuda.cuMemAlloc_v2(ctypes.byref(p), size_t(4 * 2**20))
+        t = threading.Thread(target=allocate)
+        t.start()
+        time.sleep(0.3)  # the allocation is in the library, its first ask sent
+        out["held from"] = time.monotonic()
+        libc.sleep(3)
+        out["held until"] = time.monotonic()
+        t.join()
+        out["figures"] = A.grow_figures()
+        print(json.dumps(out))
+        """,
+    )
     assert got["r"] == 2
     assert got["figures"] == [4, 0]
     times = [t for t, _ in arbiter.rooms]
