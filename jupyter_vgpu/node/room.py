@@ -186,7 +186,7 @@ class Rooms:
             if not decided.step:
                 break
             stepped = True
-            await self._take_step(kernel, uuid, decided.step)
+            await self._take_step(kernel, decided.step)
         if not decided.restore:
             return  # answered under the card's lock
         was = decided.was
@@ -308,13 +308,15 @@ class Rooms:
             victim.moving = action
         return step
 
-    async def _take_step(self, kernel: Kernel, uuid: str, step: list) -> None:
-        """Take ``step`` (``[(victim, action)]``, marked ``moving`` under card ``uuid``'s lock)
-        off the card for ``kernel``'s return, together, the lock let go: a cell that asks
-        meanwhile is decided at once (:meth:`make_room` waits for these victims only where
-        what they hold covers what it lacks). Whoever is woken by their leaving is told."""
+    async def _take_step(self, kernel: Kernel, step: list) -> list[bool]:
+        """Take ``step`` (``[(victim, action)]``, marked ``moving`` under their card's lock)
+        off the card ahead of ``kernel``'s cell or return, together, the lock let go: a
+        cell that asks meanwhile is decided at once (:meth:`make_room` waits for these
+        victims only where what they hold covers what it lacks), and is woken once they
+        are off. Returns whether each left the card (no trim or spill of host memory is
+        made for them: ``host_first``)."""
         a = self.arbiter
-        await asyncio.gather(
+        moved = await asyncio.gather(
             *(
                 a.moves.take_off(
                     victim, action, Reason.AHEAD, for_whom=kernel.server.key, host_first=[], claimed=True
@@ -322,7 +324,8 @@ class Rooms:
                 for victim, action in step
             )
         )
-        await a.notify()
+        await a.notify()  # a cell waiting for these kernels to leave (:meth:`make_room`)
+        return moved
 
     def _still_to_take(self, order: list, kernel: Kernel) -> list:
         """``order`` (``[(victim, action)]``, a room ahead of ``kernel``'s cell) less the
@@ -407,15 +410,7 @@ class Rooms:
                     for victim, action in step:  # theirs: no other room or background move takes them
                         victim.moving = action
                 # outside the card's lock: a cell that asks meanwhile is decided at once
-                moves = [
-                    a.moves.take_off(
-                        victim, action, Reason.AHEAD, for_whom=kernel.server.key, host_first=[], claimed=True
-                    )
-                    for victim, action in step
-                ]
-                moved = await asyncio.gather(*moves)
-                await a.notify()  # a cell waiting for these kernels to leave (:meth:`make_room`)
-                if any(moved):
+                if any(await self._take_step(kernel, step)):
                     left -= freed
         except Exception as e:
             log.error("making room ahead of %s's cell failed", kernel.server.key, exc_info=e)
@@ -716,7 +711,6 @@ class Rooms:
         tell=None,
         notes=None,
         host_first=None,
-        step: list | None = None,
     ) -> tuple[int, bool]:
         """Take the head of ``order`` (``[(victim, action)]``, consumed) off card ``uuid`` for
         ``kernel``'s room, ``short`` bytes missing: the suspends at its head at once
@@ -724,10 +718,9 @@ class Rooms:
         :meth:`.moves.Moves.take_off` does (``tell``, ``notes``, ``host_first`` as there; a
         word each second to ``tell``). Returns what the victims taken held on the card
         (:func:`books.held`, read before they moved; bytes) and whether a lone victim left
-        the card (True for suspends made together, each said for itself). ``step``: its
-        :meth:`_head_step`, where the caller has looked already."""
+        the card (True for suspends made together, each said for itself)."""
         a = self.arbiter
-        step = step or self._head_step(order, short, uuid)
+        step = self._head_step(order, short, uuid)
         together = [victim for victim, _ in step] if len(step) > 1 else []
         if together:
             del order[: len(together)]
