@@ -14,9 +14,13 @@ blocks, batch 61,440 rows, bf16, AdamW) in one process, gives every allocation b
 (``cuMemGetInfo``, bytes; the only process on its card) after each of:
 
 - ``cublas``: PyTorch's cuBLAS workspaces cleared;
-- ``stack``: the per-thread stack limit set back to the driver's start value
-  (``CU_LIMIT_STACK_SIZE``; the driver frees the local memory grown past it);
-- ``again``: three more steps (timed; the local memory grows back as kernels need it).
+- ``stack_low``: the per-thread stack limit (``CU_LIMIT_STACK_SIZE``) set to the
+  smallest the driver takes (0, else 16, 256, 1024 bytes: the first it accepts): the
+  local memory a pause could give back beside the allocations;
+- ``stack_back``: the limit set back to what the steps had grown it to, as a resume
+  would before any code runs (how long the call takes, what it holds again);
+- ``again``: five more steps (timed), then every allocation given back once more: does
+  the local memory grow past ``stack_back``'s?
 
 Writes ``--out`` (JSON: bytes, seconds; the limits before and after).
 
@@ -66,6 +70,7 @@ def main() -> None:
 
     torch.cuda.init()
     torch.zeros(1, device="cuda")
+    torch.cuda.empty_cache()
     before_any = used()  # a context and PyTorch's first kernel
     start_limits = read_limits()
 
@@ -104,9 +109,32 @@ def main() -> None:
     torch.cuda.empty_cache()
     parts["after_cublas"] = used()
 
-    check(cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, start_limits["stack_bytes"]))
-    parts["after_stack"] = used()
-    parts["limits_after_stack"] = read_limits()
+    # what a pause could give back too: the local memory grown past the smallest stack
+    # the driver takes, and what taking it back before a resume costs (a resume that
+    # cannot regrow it stays paused; a launch that cannot is a raw error in user code)
+    grown = read_limits()["stack_bytes"]
+    parts["stack_low"] = None
+    for asked in (0, 16, 256, 1024):
+        t = time.perf_counter()
+        err = cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, asked)[0]
+        took = time.perf_counter() - t
+        if err == cu.CUresult.CUDA_SUCCESS:
+            parts["stack_low"] = {
+                "asked_bytes": asked,
+                "stack_bytes": read_limits()["stack_bytes"],
+                "used": used(),
+                "call_s": took,
+            }
+            break
+        parts.setdefault("stack_low_refused", []).append({"asked_bytes": asked, "error": str(err)})
+    t = time.perf_counter()
+    check(cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, grown))
+    parts["stack_back"] = {
+        "asked_bytes": grown,
+        "stack_bytes": read_limits()["stack_bytes"],
+        "used": used(),
+        "call_s": time.perf_counter() - t,
+    }
 
     # back as before, and the steps again: the local memory grows back as kernels need it
     for p, saved in zip(model.parameters(), params, strict=True):
