@@ -133,6 +133,7 @@ import provenance  # noqa: E402
 from gpu_common import require_gpu  # noqa: E402
 
 from jupyter_vgpu import channel, nvml  # noqa: E402
+from jupyter_vgpu.node.app import ArbiterApp  # noqa: E402
 from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing import card_holder  # noqa: E402
@@ -1022,9 +1023,10 @@ def main() -> None:
     parser.add_argument(
         "--suspend-wait",
         type=float,
-        default=0.0,
+        default=ArbiterApp.suspend_wait.default_value,
         help="the arbiter's suspend_wait: seconds a cell whose room would need paused kernels "
-        "suspended waits for a running cell on its card to end first (default 0: it does not)",
+        "suspended waits for a running cell on its card to end first (default: the "
+        "arbiter's, %(default)s; 0: it does not)",
     )
     parser.add_argument(
         "--card-cap",

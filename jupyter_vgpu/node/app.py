@@ -446,19 +446,21 @@ class ArbiterApp(Application):
     ).tag(config=True)
 
     suspend_wait = Float(
-        0.0,
+        3.0,
         min=0.0,
         help="""Seconds a cell waits for another cell running on its card to end, where its
         room would otherwise need a paused kernel suspended (its CUDA context taken off the
         card by the driver's checkpoint); then the suspends are made. Meanwhile the room
-        made ahead of prefetched cells on that card pauses but suspends nobody. 0 (the
-        default): suspends at once. Cells that meet share the card's compute by time
-        slices, so a group of cells ends at about the same time whether they run together
-        or a cell waits for another to end, and the wait costs no checkpoints, no host
-        memory for them and no restores later; a long-running cell holds a waiting cell
-        up by this much at most. At 12x on the H100 (48 MLP sessions) two cells of 16.7 GiB
-        fit beside the other 46 kernels' contexts, a third needs 5 contexts off the card
-        and a fourth 27 (docs/design.md, the fourteenth try).""",
+        made ahead of prefetched cells on that card pauses but suspends nobody. 0: suspends
+        at once. Cells that meet share the card's compute by time slices, so a group of
+        cells ends at about the same time whether they run together or a cell waits for
+        another to end, and the wait costs no checkpoints, no host memory for them and no
+        restores later; a long-running cell holds a waiting cell up by this much at most.
+        At 12x on the H100 (48 MLP sessions) two cells of 16.7 GiB fit beside the other 46
+        kernels' contexts, a third needs 5 contexts off the card and a fourth 27; with 3 s
+        the memory path's share of p95 fell on all three seeds (from 70.7, 29.7 and 74.4
+        points of a solo cell to 9.2, 25.9 and 30.3; suspends from 33, 12 and 42 to 15, 11
+        and 13; docs/design.md, the fifteenth try), hence on by default.""",
     ).tag(config=True)
 
     grant_margin = ByteSize(
