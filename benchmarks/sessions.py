@@ -285,7 +285,15 @@ class Session(Kernel):
     channel directory of its own, whose ``server.json`` :attr:`server` writes as its
     server would (the kernel reports its state there: :meth:`report`)."""
 
-    def __init__(self, index: int, runtime: Path, socket: str, gpu_uuid: str, log: Path | None = None):
+    def __init__(
+        self,
+        index: int,
+        runtime: Path,
+        socket: str,
+        gpu_uuid: str,
+        log: Path | None = None,
+        args: tuple[str, ...] = (),
+    ):
         self.channel = runtime / f"channel-{index}"
         self.channel.mkdir(exist_ok=True)  # a second try at starting the kernel finds it
         self.server = ServerState(self.channel, None)  # the arbiter's slice wins over its None
@@ -295,7 +303,7 @@ class Session(Kernel):
             CUDA_VISIBLE_DEVICES=gpu_uuid,  # the slice's card only, as the spawner sets it
             SESSION=str(index),
         )
-        super().__init__(runtime, env, load_extension=True, ready_timeout=120, log=log)
+        super().__init__(runtime, env, load_extension=True, ready_timeout=120, log=log, args=args)
         self.index = index
 
     def report(self) -> dict:
@@ -522,7 +530,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 log = args.logs / f"kernel-{i}.log" if args.logs else None
                 for left in range(tries - 1, -1, -1):
                     try:
-                        started.put(Session(i, tmp, socket, slices[i % len(slices)].gpu_uuid, log))
+                        slice_ = slices[i % len(slices)]
+                        started.put(Session(i, tmp, socket, slice_.gpu_uuid, log, kernel_settings(args)))
                         return
                     except RuntimeError as e:
                         if left == 0:
@@ -871,6 +880,11 @@ def dump_stacks(pid: int, path: Path) -> str:
 
 
 @contextlib.contextmanager
+def kernel_settings(args) -> tuple[str, ...]:
+    """The kernels' command-line settings of this run (``--local-memory``)."""
+    return (f"--VGPUKernel.give_back_local_memory={args.local_memory}",)
+
+
 def solo_session(args, gpu):
     """One session alone on ``gpu``, its slice the whole card, its working set built
     (``--workload``): yields the session; its arbiter and kernel end after."""
@@ -879,7 +893,7 @@ def solo_session(args, gpu):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         arbiter = start_arbiter(tmp, args)
-        s = Session(0, tmp, str(arbiter.socket), gpu.uuid)
+        s = Session(0, tmp, str(arbiter.socket), gpu.uuid, args=kernel_settings(args))
         try:
             with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
@@ -1027,6 +1041,12 @@ def main() -> None:
         help="the arbiter's suspend_wait: seconds a cell whose room would need paused kernels "
         "suspended waits for a running cell on its card to end first (default: the "
         "arbiter's, %(default)s; 0: it does not)",
+    )
+    parser.add_argument(
+        "--local-memory",
+        action="store_true",
+        help="the kernels' give_back_local_memory: a pause gives back the CUDA context's "
+        "local memory too, a resume takes it back first",
     )
     parser.add_argument(
         "--card-cap",
@@ -1209,6 +1229,7 @@ def main() -> None:
         if here is not None:
             row["solo_here"] = here
         row["seed"] = args.seed
+        row["local_memory"] = args.local_memory  # the kernels' give_back_local_memory
         row["same_checkpoint"] = args.same_checkpoint
         row["share_pieces"] = args.share_pieces
         row["percentiles"] = RULE  # each run says its rule: a file may hold runs of several

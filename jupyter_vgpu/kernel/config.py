@@ -70,6 +70,16 @@ class VGPUKernel(Configurable):
         that shares pieces (its ``ArbiterApp.share_pieces``), and on the GPU path.""",
     ).tag(config=True)
 
+    give_back_local_memory = Bool(
+        False,
+        help="""A pause gives back the CUDA context's local memory too (the threads' stacks,
+        reserved for every thread the card holds: on an H100, 264 MiB of every context at
+        the start's 1 KiB a thread, more once a kernel needed more), and a resume takes it
+        back before any code runs, or stays paused where the card has no room for it.
+        Off until measured on a card (benchmarks/context_parts.py); at 12x the paused
+        kernels' contexts are 44% of an H100.""",
+    ).tag(config=True)
+
     prepare_pinned = Bool(
         True,
         help="""Once the kernel has been idle ``prepare_after`` seconds after a cell, pin in a

@@ -162,6 +162,7 @@ class MemoryPath:
             scratch_bytes=cfg.scratch_bytes,
             host_cap_bytes=cfg.host_cap_bytes,
             spill_dir=cfg.spill_dir or None,
+            local_memory=cfg.give_back_local_memory,
         )
         count = torch.cuda.device_count()
         if count > 1:  # a slice of several cards: memory may lie on any of them

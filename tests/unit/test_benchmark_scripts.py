@@ -33,6 +33,7 @@ ARBITER_ARGS = argparse.Namespace(
     grant_on_demand=False,
     grant_margin="1G",
     suspend_wait=0.0,
+    local_memory=False,
     gpu_uuids=[],
 )
 

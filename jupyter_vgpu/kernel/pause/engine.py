@@ -47,6 +47,7 @@ from ..codec.host import HostPath
 from ..codec.pinned_arena import PinnedArena
 from ..codec.zstd import Codec, CodecError
 from . import devmem, spill, vmm
+from .local_memory import LocalMemory, LocalMemoryError
 from .outcomes import Outcome, PauseError, ResumeError
 from .ranges import live_ranges, spans
 from .sharing import PieceSharing
@@ -92,6 +93,9 @@ class PauseEngine:
             and leaves the others' to theirs. False (one engine for the process): a
             pause refuses while any unit lies on another device, since it would leave
             that memory on its card.
+        local_memory: a pause gives back the CUDA context's local memory too, and a
+            resume takes it back first (:mod:`.local_memory`); counted in
+            :attr:`paused_bytes`.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class PauseEngine:
         spill_dir=None,
         threads: int | None = None,
         among_devices: bool = False,
+        local_memory: bool = False,
     ):
         self.torch, self.vmm, self.device = torch, allocator, device
         self.among_devices = among_devices
@@ -139,6 +144,16 @@ class PauseEngine:
         self.sharing: PieceSharing | None = None
         #: where the time of the last resume from the disk tier went (None before one)
         self.last_resume_disk: spill.DiskResume | None = None
+        #: the context's local memory, given back by a pause (None: kept on the card)
+        self.local: LocalMemory | None = None
+        #: why the local memory stays on the card where it was asked for (None: it is not)
+        self.local_reason: str | None = None
+        if local_memory and device is not None:
+            try:
+                self.local = LocalMemory(device)
+            except (ImportError, LocalMemoryError) as e:
+                self.local_reason = str(e)
+        self._local_taken = 0  # what the resume under way took back of it, bytes
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -253,6 +268,7 @@ class PauseEngine:
                 raise PauseError(f"pausing failed and was undone: {e}") from e
             self._give_back(scratch)
             self._paused = paused
+            self._give_back_local()
             self.state = PauseState.PAUSED
             self.last_pause = Outcome(
                 time.perf_counter() - t0,
@@ -378,8 +394,19 @@ class PauseEngine:
 
     @property
     def paused_bytes(self) -> int:
-        """Device memory a resume needs (the paused segments), bytes."""
-        return sum(p.segment.size for p in self._paused)
+        """Device memory a resume needs (the paused segments, and the context's local
+        memory where the pause gave it back), bytes."""
+        return sum(p.segment.size for p in self._paused) + (self.local.owed if self.local is not None else 0)
+
+    def _give_back_local(self) -> None:
+        """Once the pause has every allocation off the card (the device idle): the
+        context's local memory too. A driver that refuses leaves it; the pause stands."""
+        if self.local is None:
+            return
+        try:
+            self.local.give_back()
+        except LocalMemoryError as e:
+            log.warning("jupyter-vgpu: the CUDA context's local memory stays on the card: %s", e)
 
     def _live_bytes(self) -> int:
         """Bytes of the paused segments that hold data (stored), wherever they are now."""
@@ -418,9 +445,18 @@ class PauseEngine:
         :meth:`_write_back`, or :meth:`_undo_map_back` where the resume goes no further.
 
         Raises:
-            vmm.DeviceFull: no room for the units or the scratch: nothing stays mapped.
+            vmm.DeviceFull: no room for the units, the scratch or the context's local
+                memory: nothing stays mapped.
+            LocalMemoryError: the driver refused the local memory otherwise.
         """
-        self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
+        self._local_taken = self.local.owed if self.local is not None else 0
+        if self.local is not None:
+            self.local.take_back()  # first: every launch after needs it (DeviceFull)
+        try:
+            self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
+        except BaseException:
+            self._give_back_local()
+            raise
         mapped: list[_Paused] = list(self._paused)
         failpoints.hit("kernel.resume.mapped")
         needs_device = any(r.path == "device" for p in self._paused for r in p.ranges)
@@ -504,7 +540,11 @@ class PauseEngine:
             self._spill.remove_later()  # its blocks freed off the resume's path
             self._spill = None
         self.last_resume = Outcome(
-            time.perf_counter() - t0, self.paused_bytes, live_bytes, host, tuple(sorted(used))
+            time.perf_counter() - t0,
+            self.paused_bytes + self._local_taken,
+            live_bytes,
+            host,
+            tuple(sorted(used)),
         )
         self._paused = []
         self.state = PauseState.ACTIVE
@@ -657,8 +697,11 @@ class PauseEngine:
         return (self._spill.nbytes if self._spill is not None else 0) + self.store.stats()["disk_bytes"]
 
     def _unmap(self, mapped: list[_Paused]) -> None:
+        """Undo a resume's mapping: the units released again, and the context's local
+        memory given back again; the engine stays paused as it was."""
         for p in mapped:
             self.vmm.unmap(p.segment.ptr)
+        self._give_back_local()
 
     # -- figures -----------------------------------------------------------------------
 
