@@ -14,13 +14,15 @@ blocks, batch 61,440 rows, bf16, AdamW) in one process, gives every allocation b
 (``cuMemGetInfo``, bytes; the only process on its card) after each of:
 
 - ``cublas``: PyTorch's cuBLAS workspaces cleared;
-- ``stack_low``: the per-thread stack limit (``CU_LIMIT_STACK_SIZE``) set to the
-  smallest the driver takes (0, else 16, 256, 1024 bytes: the first it accepts): the
-  local memory a pause could give back beside the allocations;
-- ``stack_back``: the limit set back to what the steps had grown it to, as a resume
-  would before any code runs (how long the call takes, what it holds again);
+- ``local_given_back``: the per-thread stack limit (``CU_LIMIT_STACK_SIZE``) set to the
+  smallest the driver takes, by the pause's own code
+  (``jupyter_vgpu.kernel.pause.local_memory``, ``VGPUKernel.give_back_local_memory``):
+  the local memory a pause gives back beside the allocations, as the card shows it and
+  as the engine counts it;
+- ``local_taken_back``: the limit set back, as a resume does before any code runs (how
+  long the call takes, what the card holds again);
 - ``again``: five more steps (timed), then every allocation given back once more: does
-  the local memory grow past ``stack_back``'s?
+  the local memory grow past ``local_taken_back``'s?
 
 Writes ``--out`` (JSON: bytes, seconds; the limits before and after).
 
@@ -32,10 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-import provenance  # benchmarks/provenance.py, beside this file
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import provenance  # noqa: E402 - benchmarks/provenance.py, beside this file
 
 WIDTH, LAYERS, BATCH = 4096, 2, 61440
 
@@ -109,28 +115,23 @@ def main() -> None:
     torch.cuda.empty_cache()
     parts["after_cublas"] = used()
 
-    # what a pause could give back too: the local memory grown past the smallest stack
-    # the driver takes, and what taking it back before a resume costs (a resume that
-    # cannot regrow it stays paused; a launch that cannot is a raw error in user code)
-    grown = read_limits()["stack_bytes"]
-    parts["stack_low"] = None
-    for asked in (0, 16, 256, 1024):
-        t = time.perf_counter()
-        err = cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, asked)[0]
-        took = time.perf_counter() - t
-        if err == cu.CUresult.CUDA_SUCCESS:
-            parts["stack_low"] = {
-                "asked_bytes": asked,
-                "stack_bytes": read_limits()["stack_bytes"],
-                "used": used(),
-                "call_s": took,
-            }
-            break
-        parts.setdefault("stack_low_refused", []).append({"asked_bytes": asked, "error": str(err)})
+    # what a pause gives back too with VGPUKernel.give_back_local_memory, through the
+    # kernel's own code (jupyter_vgpu.kernel.pause.local_memory), and what taking it
+    # back before a resume costs
+    from jupyter_vgpu.kernel.pause.local_memory import LocalMemory
+
+    local = LocalMemory(torch.cuda.current_device())
     t = time.perf_counter()
-    check(cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, grown))
-    parts["stack_back"] = {
-        "asked_bytes": grown,
+    given = local.give_back()
+    parts["local_given_back"] = {
+        "counted_bytes": given,  # the limit's fall times the threads the card holds
+        "stack_bytes": read_limits()["stack_bytes"],
+        "used": used(),
+        "call_s": time.perf_counter() - t,
+    }
+    t = time.perf_counter()
+    local.take_back()
+    parts["local_taken_back"] = {
         "stack_bytes": read_limits()["stack_bytes"],
         "used": used(),
         "call_s": time.perf_counter() - t,
