@@ -232,3 +232,18 @@ def test_a_resume_refused_room_for_the_units_gives_the_local_memory_back_again(p
     engine.resume()
     assert driver.stack == 1024
     assert np.array_equal(array(ptr, 6 * MiB), data)
+
+
+def test_a_driver_that_refuses_the_take_back_otherwise_leaves_the_kernel_paused_with_its_bytes(paused):
+    from jupyter_vgpu.kernel.pause.engine import ResumeError
+
+    engine, driver, ptr, data, _, _ = paused
+    refuse = driver.cuCtxSetLimit
+    driver.cuCtxSetLimit = lambda limit, value: (driver.CUresult.CUDA_ERROR_INVALID_VALUE,)
+    with pytest.raises(ResumeError, match="still paused") as failed:
+        engine.resume()
+    assert engine.state == "paused"
+    assert failed.value.paused_bytes == 6 * MiB + (1024 - 16) * THREADS
+    driver.cuCtxSetLimit = refuse
+    engine.resume()
+    assert np.array_equal(array(ptr, 6 * MiB), data)

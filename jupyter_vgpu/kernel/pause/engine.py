@@ -400,12 +400,13 @@ class PauseEngine:
 
     def _give_back_local(self) -> None:
         """Once the pause has every allocation off the card (the device idle): the
-        context's local memory too. A driver that refuses leaves it; the pause stands."""
+        context's local memory too. Whatever goes wrong leaves it on the card; the pause
+        stands (its data is on the host, its units released)."""
         if self.local is None:
             return
         try:
             self.local.give_back()
-        except LocalMemoryError as e:
+        except Exception as e:  # an extra of a pause that has happened: it stands
             log.warning("jupyter-vgpu: the CUDA context's local memory stays on the card: %s", e)
 
     def _live_bytes(self) -> int:
@@ -447,11 +448,18 @@ class PauseEngine:
         Raises:
             vmm.DeviceFull: no room for the units, the scratch or the context's local
                 memory: nothing stays mapped.
-            LocalMemoryError: the driver refused the local memory otherwise.
+            ResumeError: the driver refused the local memory otherwise; still paused.
         """
         self._local_taken = self.local.owed if self.local is not None else 0
         if self.local is not None:
-            self.local.take_back()  # first: every launch after needs it (DeviceFull)
+            try:
+                self.local.take_back()  # first: every launch after needs it (DeviceFull)
+            except LocalMemoryError as e:
+                raise ResumeError(
+                    f"resuming failed; still paused, the host copy is kept: {e}",
+                    paused_bytes=self.paused_bytes,
+                    host_bytes=self._stored_bytes(),
+                ) from e
         try:
             self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
         except BaseException:
