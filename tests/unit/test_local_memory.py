@@ -5,7 +5,6 @@ threads the card holds, reallocated by ``cuCtxSetLimit`` at once, refused for wa
 (``CUDA_ERROR_OUT_OF_MEMORY``) with nothing changed, and every call needs a context
 current. What the real driver does is ``tests/gpu/test_local_memory_gpu.py``'s."""
 
-import ctypes
 import enum
 
 import numpy as np
@@ -13,6 +12,8 @@ import pytest
 
 from jupyter_vgpu.kernel.pause import vmm
 from jupyter_vgpu.kernel.pause.local_memory import LocalMemory
+
+from .host_units import array, host_allocator
 
 MiB = 1 << 20
 SMS, PER_SM = 132, 2048  # an H100's SMs and threads per SM
@@ -147,16 +148,7 @@ def test_a_second_give_back_before_a_take_back_changes_nothing():
 @pytest.fixture(scope="module")
 def allocator():
     pytest.importorskip("torch", reason="needs PyTorch (scripts/install brings its CPU build)")
-    lib = vmm.load()
-    if lib.backend == 0:
-        lib.init(vmm.HOST)
-    if lib.backend != vmm.HOST:
-        pytest.skip("this process's allocator runs on CUDA")
-    return lib
-
-
-def array(ptr: int, nbytes: int) -> np.ndarray:
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+    return host_allocator()
 
 
 class RefusingMap:

@@ -2,7 +2,6 @@
 back bit-exact at the same addresses, the memory really goes back to the system, and
 failures leave nothing half done."""
 
-import ctypes
 import dataclasses
 import itertools
 
@@ -21,22 +20,15 @@ from jupyter_vgpu.kernel.pause.ranges import live_ranges, spans
 from jupyter_vgpu.kernel.pause.states import PauseState
 from jupyter_vgpu.kernel.pause.workarea import WorkArea
 
+from .host_units import array, host_allocator
+
 MiB = 1 << 20
 rng = np.random.default_rng(11)
 
 
 @pytest.fixture(scope="module")
 def allocator():
-    lib = vmm.load()
-    if lib.backend == 0:
-        lib.init(vmm.HOST)
-    if lib.backend != vmm.HOST:
-        pytest.skip("this process's allocator runs on CUDA")
-    return lib
-
-
-def array(ptr: int, nbytes: int) -> np.ndarray:
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+    return host_allocator()
 
 
 @pytest.fixture
