@@ -32,6 +32,14 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
   context went too and was restored for the cell), as ``"<own> beside <other>"``; and
   ``alone``, steps that met no other cell. Their number and seconds at p10, p50 and p90;
   pooled too. Two cells sharing the card evenly take twice a step alone each.
+- ``slowest_cells``: the cells from the one just below the run's p95 up (the fourth
+  slowest of 48 and the three above it), slowest first: their seconds in and outside
+  their code and the model's latency for them; whether they waited for a running cell
+  (a ``queued`` decision after the send: ``ArbiterApp.suspend_wait``); the pauses and
+  suspends made for their room (``pinned_again`` as above); their own restore's seconds;
+  a suspend of their own kernel as room ahead for another's cell in the window before
+  the send, and refused prefetches; and the seconds of their steps that ran beside a
+  kernel restored from a suspend while theirs was only paused.
 
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
@@ -101,21 +109,74 @@ def _steps(cell: dict) -> list[tuple[float, float]]:
     return spans
 
 
+def _pairs(cell: dict, cells: list[dict]) -> list[tuple[str, float]]:
+    """``(pair, seconds)`` of each step of ``cell`` that ran alone or beside exactly one
+    other cell of ``cells`` (``steps_by_pair`` above); steps beside more are left out."""
+    out = []
+    for span in _steps(cell):
+        met = [(_overlap(span, _window(c)[1:]), c) for c in cells if c is not cell]
+        met = [(covered, c) for covered, c in met if covered > 0]
+        if not met:
+            out.append(("alone", span[1] - span[0]))
+        elif len(met) == 1 and met[0][0] >= PAIR_COVER * (span[1] - span[0]):
+            out.append((f"{cell['state_at_edit']} beside {met[0][1]['state_at_edit']}", span[1] - span[0]))
+    return out
+
+
 def steps_by_pair(cells: list[dict]) -> dict[str, list[float]]:
     """Step seconds of ``cells`` by the pair of states that met (``steps_by_pair`` above)."""
-    code = [(_window(c)[1:], c) for c in cells]
     found: dict[str, list[float]] = {}
     for cell in cells:
-        for span in _steps(cell):
-            met = [(_overlap(span, w), c) for w, c in code if c is not cell and _overlap(span, w) > 0]
-            if not met:
-                key = "alone"
-            elif len(met) == 1 and met[0][0] >= PAIR_COVER * (span[1] - span[0]):
-                key = f"{cell['state_at_edit']} beside {met[0][1]['state_at_edit']}"
-            else:
-                continue
-            found.setdefault(key, []).append(span[1] - span[0])
+        for key, seconds in _pairs(cell, cells):
+            found.setdefault(key, []).append(seconds)
     return dict(sorted(found.items()))
+
+
+def slowest(cells: list[dict], model: list[float], decisions: list[dict], cold: set[float]) -> list[dict]:
+    """The cells from the one below the p95 up (``slowest_cells`` above), slowest first:
+    ``cells`` in send order, ``model`` their compute-sharing latencies, ``cold`` the end
+    times of the pauses that pinned their slabs again."""
+    order = sorted(range(len(cells)), key=lambda i: cells[i]["cell_s"])
+    out = []
+    for i in reversed(order[int(0.95 * (len(cells) - 1)) :]):
+        cell = cells[i]
+        server = f"user{cell['session']}/"
+        sent, code, _ = _window(cell)
+        mine = [
+            d for d in decisions if d.get("server") == server and sent - PREFETCH_WINDOW_S < d["time"] <= code
+        ]
+        room = [
+            {
+                "what": d["what"],
+                "server": d["server"],
+                "seconds": d.get("seconds"),
+                "pinned_again": d["time"] in cold,
+            }
+            for d in decisions
+            if d.get("reason") == f"room for {server}" and sent < d["time"] <= code + SLACK_S
+        ]
+        beside = [seconds for key, seconds in _pairs(cell, cells) if key == "paused beside suspended"]
+        out.append(
+            {
+                "session": cell["session"],
+                "cell_s": cell["cell_s"],
+                "inner_s": cell["inner_s"],
+                "outside_s": code - sent,
+                "model_s": model[i],
+                "state_at_edit": cell.get("state_at_edit"),
+                "waited_for_a_running_cell": any(d["what"] == "queued" and d["time"] >= sent for d in mine),
+                "room_made_for_it": room,
+                "own_restore_s": next((d["seconds"] for d in mine if d["what"] == "restored"), None),
+                "own_suspend_ahead_of_another": [
+                    d["reason"]
+                    for d in mine
+                    if d["what"] == "suspend" and d["time"] > sent - PREFETCH_WINDOW_S
+                ],
+                "prefetch_refused": [d.get("message") for d in mine if d["what"] == "prefetch refused"],
+                "steps_beside_a_restored_kernel_s": beside,
+            }
+        )
+    return out
 
 
 def _spread(values: list[float]) -> dict:
@@ -176,6 +237,7 @@ def of_run(run: dict) -> dict:
         by_running[str(running) if running < 2 else "2+"].append(d["seconds"])
 
     by_slabs: dict[str, list[float]] = {"warm": [], "pinned_again": []}
+    cold: set[float] = set()  # end times of the pauses that pinned again
     let_go: set[str] = set()  # kernels whose slabs went since their last pause
     for d in sorted(decisions, key=lambda d: d["time"]):
         key = f"{d.get('server')}{d.get('pid')}"
@@ -184,6 +246,8 @@ def of_run(run: dict) -> dict:
         elif d["what"] == "pause" and d.get("released"):
             if d["time"] >= cells[0]["start"]:
                 by_slabs["pinned_again" if key in let_go else "warm"].append(d["seconds"])
+            if key in let_go:
+                cold.add(d["time"])
             let_go.discard(key)
 
     outside = [w["outside_s"] for w in waited]
@@ -212,6 +276,7 @@ def of_run(run: dict) -> dict:
             for k, v in by_slabs.items()
         },
         "steps_by_pair": {k: {**_spread(v), "seconds": v} for k, v in steps_by_pair(cells).items()},
+        "slowest_cells": slowest(cells, model, decisions, cold),
     }
 
 
@@ -240,6 +305,15 @@ def main() -> None:
             f"{w['without_room_ahead']} with no room ahead); inner excess p95 "
             f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls {run['driver_overlap_r']:.2f}"
         )
+        for c in run["slowest_cells"]:
+            made = [(m["what"], m["server"], m["seconds"], m["pinned_again"]) for m in c["room_made_for_it"]]
+            print(
+                f"  user{c['session']}/: {c['cell_s']:.3f} s ({c['inner_s']:.3f} in its code, model "
+                f"{c['model_s']:.3f}), {c['state_at_edit']} at its edit; waited for a running cell: "
+                f"{c['waited_for_a_running_cell']}; room made for it: {made}; "
+                f"own restore {c['own_restore_s']} s; beside a restored kernel: "
+                f"{[round(s, 3) for s in c['steps_beside_a_restored_kernel_s']]}"
+            )
     pooled = {
         k: [s for run in runs for s in run["pauses_by_cells_running"][k]["seconds"]] for k in ("0", "1", "2+")
     }

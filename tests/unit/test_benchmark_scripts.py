@@ -363,12 +363,15 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
         "cells_detail": [cell(1, 10, 0.6), cell(2, 30, 0.5), cell(3, 50, 0.05)],
         "decisions": [
             said("pause", 0, "user9/", reason="idle", seconds=0.08, released=1),
+            # user8's slabs let go: the pause made for user1 below pins again
+            said("trim", 5, "user8/", message="1.50 GiB of pinned host memory let go"),
             # user1: prefetched, then its room made as its cell began (a pause of 0.55 s, a cell running)
             said("prefetch", 8.5, "user1/"),
             said("pause", 10.55, "user8/", reason="room for user1/", seconds=0.5, released=1),
             # user2: prefetched with a room ahead, and still a suspend at its start
             said("prefetch", 28.2, "user2/"),
             said("suspend", 29.0, "user7/", reason="room ahead for user2/", seconds=0.8),
+            said("queued", 30.05, "user2/", message="waiting for one of the 1 running cell(s) to end"),
             said("suspend", 30.45, "user6/", reason="room for user2/", seconds=0.4),
             # user3: not prefetched, its room made at its start: not counted
             said("pause", 50.04, "user5/", reason="room for user3/", seconds=0.03, released=1),
@@ -390,7 +393,17 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
     pauses = out["pauses_by_cells_running"]
     assert (pauses["0"]["pauses"], pauses["0"]["seconds"]) == (4, [0.5, 0.03, 0.7, 0.1])
     slabs = out["pauses_by_slabs"]
-    assert (slabs["warm"]["seconds"], slabs["pinned_again"]["seconds"]) == ([0.5, 0.03, 0.1], [0.7])
+    assert (slabs["warm"]["seconds"], slabs["pinned_again"]["seconds"]) == ([0.03, 0.1], [0.5, 0.7])
+    # the cells from the one below the p95 up, slowest first: user1, then user2
+    first, second = out["slowest_cells"]
+    assert (first["session"], second["session"]) == (1, 2)
+    assert first["outside_s"] == pytest.approx(0.6)
+    assert first["room_made_for_it"] == [
+        {"what": "pause", "server": "user8/", "seconds": 0.5, "pinned_again": True}
+    ]
+    assert not first["waited_for_a_running_cell"]
+    assert second["waited_for_a_running_cell"]
+    assert [m["what"] for m in second["room_made_for_it"]] == ["suspend"]
 
 
 def test_the_tail_sorts_steps_by_the_pair_of_states_that_shared_the_card(monkeypatch):
