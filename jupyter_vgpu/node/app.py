@@ -458,7 +458,7 @@ class ArbiterApp(Application):
         restores later; a long-running cell holds a waiting cell up by this much at most.
         At 12x on the H100 (48 MLP sessions) two cells of 16.7 GiB fit beside the other 46
         kernels' contexts, a third needs 5 contexts off the card and a fourth 27; with 3 s
-        the memory path's share of p95 fell on all three seeds (from 70.7, 29.7 and 74.4
+        the memory path's share of p95 fell on seeds 7, 23 and 11 (from 70.7, 29.7 and 74.4
         points of a solo cell to 9.2, 25.9 and 30.3; suspends from 33, 12 and 42 to 15, 11
         and 13; docs/design.md, the fifteenth try), hence on by default.""",
     ).tag(config=True)
