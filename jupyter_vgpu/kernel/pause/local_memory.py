@@ -3,9 +3,9 @@
 The driver reserves local memory (the threads' stacks and spills) for every thread a card
 can hold, context wide: the per-thread stack limit (``CU_LIMIT_STACK_SIZE``, 1 KiB at the
 start) times the threads an SM holds times the SMs (NVIDIA's CUDA Driver API,
-``cuCtxSetLimit``; "Local memory management", NVIDIA developer forums, 2024). A launch
-that needs more grows it, and the driver keeps the most any kernel needed
-(``CU_CTX_LMEM_RESIZE_TO_MAX`` is the only behaviour since CUDA 12). On an H100, 1 KiB
+``cuCtxSetLimit``; "Local memory management", NVIDIA developer forums). A launch that
+needs more grows it, and the driver keeps the most any kernel needed (the Driver API's
+note on ``CU_CTX_LMEM_RESIZE_TO_MAX``: now the only behaviour). On an H100, 1 KiB
 a thread is 132 x 2,048 x 1 KiB = 264 MiB of every context, paused or not; at 12x (48
 MLP sessions) the contexts are 44% of the card (``benchmarks/results/sessions-h100.json``,
 ``context_bytes``: 0.73 GiB each).
