@@ -474,6 +474,9 @@ class Rooms:
         uuid = kernel.slice.gpu_uuid
         t0 = time.monotonic()
         deadline = t0 + a.config.queue_timeout
+        # ArbiterApp.suspend_wait: until then, no suspend for this cell where another runs;
+        # over a second before the request would be denied (queue_timeout)
+        suspends_from = min(t0 + a.config.suspend_wait, deadline - 1.0)
         told = False
         growing = purpose == "grow"
         admit = not growing and self.on_demand(conn)
@@ -507,10 +510,7 @@ class Rooms:
                         raise _Leaving
                     if admit:  # what it holds and brings back, as it is now, and the margin
                         kernel.asks = books.start_asks(kernel, a.config.grant_margin, uuid)
-                    # ArbiterApp.suspend_wait: while it lasts, no suspend for this cell where another
-                    # runs; over a second before the request would be denied (queue_timeout)
-                    suspends = time.monotonic() >= min(t0 + a.config.suspend_wait, deadline - 1.0)
-                    asked = (tell, notes, host_first, admit, suspends)
+                    asked = (tell, notes, host_first, admit, time.monotonic() >= suspends_from)
                     short, reading = await self.make_room(kernel, uuid, *asked)
                     for card in kernel.slice.gpu_uuids[1:]:
                         more = await self.make_room(kernel, card, *asked)
@@ -618,7 +618,7 @@ class Rooms:
                 told = True
             await tell(message)
             # a cell waiting to be let suspend (suspend_wait) looks again as its wait ends
-            until = min(t0 + a.config.suspend_wait, deadline - 1.0) - time.monotonic()
+            until = suspends_from - time.monotonic()
             await a.wait_for_change(min(1.0, until) if until > 0 else 1.0)
 
     async def make_room(
