@@ -153,7 +153,6 @@ class PauseEngine:
                 self.local = LocalMemory(device)
             except (ImportError, LocalMemoryError) as e:
                 self.local_reason = str(e)
-        self._local_taken = 0  # what the resume under way took back of it, bytes
 
     def _make_device_codec(self) -> DeviceCodec:
         piece = 8 * MiB
@@ -440,26 +439,23 @@ class PauseEngine:
         t0 = time.perf_counter()
         return self._write_back(self._map_back(), t0)
 
-    def _map_back(self) -> tuple[list[_Paused], tuple | None]:
-        """First half of a resume: physical memory mapped again behind every paused unit
-        (all or none) and the GPU path's scratch taken; returns them for
-        :meth:`_write_back`, or :meth:`_undo_map_back` where the resume goes no further.
+    def _map_back(self) -> tuple[list[_Paused], tuple | None, int]:
+        """First half of a resume: the context's local memory taken back, physical memory
+        mapped again behind every paused unit (all or none) and the GPU path's scratch
+        taken; returns them (the local memory as its bytes) for :meth:`_write_back`, or
+        :meth:`_undo_map_back` where the resume goes no further.
 
         Raises:
             vmm.DeviceFull: no room for the units, the scratch or the context's local
                 memory: nothing stays mapped.
             ResumeError: the driver refused the local memory otherwise; still paused.
         """
-        self._local_taken = self.local.owed if self.local is not None else 0
+        local = self.local.owed if self.local is not None else 0
         if self.local is not None:
             try:
                 self.local.take_back()  # first: every launch after needs it (DeviceFull)
             except LocalMemoryError as e:
-                raise ResumeError(
-                    f"resuming failed; still paused, the host copy is kept: {e}",
-                    paused_bytes=self.paused_bytes,
-                    host_bytes=self._stored_bytes(),
-                ) from e
+                raise self._resume_failed(e) from e
         try:
             self.vmm.map_many([p.segment.ptr for p in self._paused])  # all or none (DeviceFull)
         except BaseException:
@@ -472,22 +468,30 @@ class PauseEngine:
         if needs_device and scratch is None:
             self._unmap(mapped)
             raise vmm.DeviceFull(2, f"resuming needs {self.room_needed()} free bytes on device {self.device}")
-        return mapped, scratch
+        return mapped, scratch, local
 
-    def _undo_map_back(self, taken: tuple[list[_Paused], tuple | None]) -> None:
+    def _resume_failed(self, e: BaseException) -> ResumeError:
+        """The error of a resume that failed for ``e`` and left the engine paused."""
+        return ResumeError(
+            f"resuming failed; still paused, the host copy is kept: {e}",
+            paused_bytes=self.paused_bytes,
+            host_bytes=self._stored_bytes(),
+        )
+
+    def _undo_map_back(self, taken: tuple[list[_Paused], tuple | None, int]) -> None:
         """Give back what :meth:`_map_back` took; the engine stays paused, nothing written."""
-        mapped, scratch = taken
+        mapped, scratch, _ = taken
         self._give_back(scratch)
         self._unmap(mapped)
 
-    def _write_back(self, taken: tuple[list[_Paused], tuple | None], t0: float) -> Outcome:
+    def _write_back(self, taken: tuple[list[_Paused], tuple | None, int], t0: float) -> Outcome:
         """Second half of a resume: every stored byte written back and checked, the host
         copy let go, the engine active (figures from ``t0``, :func:`time.perf_counter`).
 
         Raises:
             ResumeError: damaged or unreadable host data: unmapped again, still paused.
         """
-        mapped, scratch = taken
+        mapped, scratch, local = taken
         used = set()
         staging = None
         try:
@@ -529,11 +533,7 @@ class PauseEngine:
             self._give_back(staging)
             self._unmap(mapped)
             if isinstance(e, (DeviceCodecError, CodecError, OSError)):
-                raise ResumeError(
-                    f"resuming failed; still paused, the host copy is kept: {e}",
-                    paused_bytes=self.paused_bytes,
-                    host_bytes=self._stored_bytes(),
-                ) from e
+                raise self._resume_failed(e) from e
             raise
         self._give_back(scratch)
         self._give_back(staging)
@@ -549,7 +549,7 @@ class PauseEngine:
             self._spill = None
         self.last_resume = Outcome(
             time.perf_counter() - t0,
-            self.paused_bytes + self._local_taken,
+            self.paused_bytes + local,
             live_bytes,
             host,
             tuple(sorted(used)),
