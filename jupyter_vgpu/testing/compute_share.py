@@ -84,7 +84,7 @@ def simulate(
     done: list[tuple[int, float, float]] = []
     now = 0.0
     while pending or running:
-        active = list(running)[:at_once] if discipline == SHARE else list(running)[:1]  # in send order
+        active = list(running)[:at_once]  # those that share the card ("share"), in send order
         if running:
             if discipline == SHARE:
                 nxt = min(active, key=running.__getitem__)
