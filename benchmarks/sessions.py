@@ -879,12 +879,12 @@ def dump_stacks(pid: int, path: Path) -> str:
     return path.name
 
 
-@contextlib.contextmanager
 def kernel_settings(args) -> tuple[str, ...]:
     """The kernels' command-line settings of this run (``--local-memory``)."""
     return (f"--VGPUKernel.give_back_local_memory={args.local_memory}",)
 
 
+@contextlib.contextmanager
 def solo_session(args, gpu):
     """One session alone on ``gpu``, its slice the whole card, its working set built
     (``--workload``): yields the session; its arbiter and kernel end after."""

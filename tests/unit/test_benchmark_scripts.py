@@ -110,6 +110,25 @@ def test_an_earlier_record_moves_into_the_history_once():
     assert provenance.stamped(doc, now) == doc  # the run's own record is not history
 
 
+@pytest.mark.parametrize("local_memory", [False, True])
+def test_the_kernels_settings_of_a_sessions_run_reach_the_kernel_side(monkeypatch, local_memory):
+    """What ``--local-memory`` puts on the kernels' command lines sets the kernel's trait
+    (a misspelt setting would be ignored by traitlets, not refused), and the solo session
+    that carries it is still a context manager."""
+    from traitlets.config.loader import KVArgParseConfigLoader
+
+    from jupyter_vgpu.kernel.config import VGPUKernel
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    argv = list(sessions.kernel_settings(argparse.Namespace(local_memory=local_memory)))
+    config = KVArgParseConfigLoader(argv=argv).load_config()
+    assert VGPUKernel(config=config).give_back_local_memory is local_memory
+    made = sessions.solo_session(argparse.Namespace(), None)  # nothing runs before it is entered
+    assert hasattr(made, "__enter__")
+    assert hasattr(made, "__exit__")
+
+
 def test_same_checkpoint_sessions_load_one_checkpoint_and_only_the_adapters_differ(tmp_path, monkeypatch):
     import argparse
     import ast
