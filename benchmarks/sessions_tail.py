@@ -113,9 +113,9 @@ def _pairs(cell: dict, cells: list[dict]) -> list[tuple[str, float]]:
     """``(pair, seconds)`` of each step of ``cell`` that ran alone or beside exactly one
     other cell of ``cells`` (``steps_by_pair`` above); steps beside more are left out."""
     out = []
+    code = [(_window(c)[1:], c) for c in cells if c is not cell]  # the others' code, once
     for span in _steps(cell):
-        met = [(_overlap(span, _window(c)[1:]), c) for c in cells if c is not cell]
-        met = [(covered, c) for covered, c in met if covered > 0]
+        met = [(_overlap(span, w), c) for w, c in code if _overlap(span, w) > 0]
         if not met:
             out.append(("alone", span[1] - span[0]))
         elif len(met) == 1 and met[0][0] >= PAIR_COVER * (span[1] - span[0]):
