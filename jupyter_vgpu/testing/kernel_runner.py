@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
+import weakref
 from pathlib import Path
 
 from jupyter_client import KernelManager
@@ -13,7 +16,15 @@ from .output_text import output_text
 
 
 class Kernel:
-    """A real ipykernel in its own process; ``run`` executes code and returns its text."""
+    """A real ipykernel in its own process; ``run`` executes code and returns its text.
+
+    Its channels are Unix sockets (ZeroMQ's ``ipc`` transport) in a directory of its
+    own, not TCP ports: jupyter_client picks a TCP port by binding port 0 and letting it
+    go, and the kernel binds it again later, so any process on the host (another test
+    worker's kernel) may take it between the two and the kernel dies at start ("Address
+    already in use"). A path of its own cannot be taken. The directory is short (under
+    ``/tmp``, whatever ``runtime`` is) because a Unix socket's path is at most 107 bytes;
+    it is removed when the kernel object is collected or the process exits."""
 
     def __init__(
         self,
@@ -31,8 +42,13 @@ class Kernel:
         file for the kernel's stdout and stderr (default: this process's); ``args`` are
         more command-line settings of the kernel (``--VGPUKernel.resume_timeout=5``)."""
         self.id = str(uuid.uuid4())
+        sockets = tempfile.mkdtemp(prefix="vgpu-kernel-", dir="/tmp")
+        weakref.finalize(self, shutil.rmtree, sockets, ignore_errors=True)
         self.manager = KernelManager(
-            kernel_name="python3", connection_file=str(runtime / f"kernel-{self.id}.json")
+            kernel_name="python3",
+            connection_file=str(runtime / f"kernel-{self.id}.json"),
+            transport="ipc",
+            ip=os.path.join(sockets, "channel"),
         )
         self.manager.kernel_spec.argv[0] = sys.executable
         if load_extension:
