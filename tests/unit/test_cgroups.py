@@ -252,7 +252,6 @@ def server_in_cgroup():
         wait_for(lambda: not cgroups.procs(directory), 10, f"{directory} to empty")
         directory.rmdir()
         host.mount.directory(host.parent).rmdir()
-        _remove_if_empty(host.mount.directory(host.parent).parent)
 
 
 @needs_cgroups
@@ -289,14 +288,6 @@ def test_a_daemon_leaves_the_process_tree_but_not_its_cgroup(server_in_cgroup, h
     finally:
         server_cgroup.kill_all(directory)
     wait_for(lambda: not peers.alive(daemon) or _zombie(daemon), 10, f"daemon {daemon} to be ended")
-
-
-def _remove_if_empty(directory: Path) -> None:
-    """Remove the tests' top cgroup when no other test (a Hub's) still uses it."""
-    try:
-        directory.rmdir()
-    except OSError:
-        pass
 
 
 def _zombie(pid: int) -> bool:
@@ -398,4 +389,3 @@ def test_the_hub_page_warns_where_users_share_an_account():
         directory = mount.directory(parent)
         if directory is not None and directory.is_dir():
             directory.rmdir()
-            _remove_if_empty(directory.parent)
