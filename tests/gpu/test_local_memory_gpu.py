@@ -66,24 +66,39 @@ print(json.dumps(dict(alone=alone, smaller=smaller, owed=owed, same=same,
     assert got["stack"] is None, "taken back"
 
 
+BLOCKER = """
+import sys, torch
+leave = int(sys.argv[1])
+free, _ = torch.cuda.mem_get_info()
+held = torch.empty(free - leave, dtype=torch.uint8, device="cuda")
+print("full", flush=True)
+sys.stdin.readline()
+"""
+
+
 def test_a_resume_with_no_room_for_the_local_memory_stays_paused_and_keeps_the_data():
     got = run(
         SETUP
+        + f"BLOCKER = {BLOCKER!r}\n"
         + """
+import subprocess, sys
 engine = PauseEngine(torch, allocator, 0, local_memory=True)
 assert engine.local is not None, engine.local_reason
 engine.pause()
 owed = engine.local.owed
-free, _ = torch.cuda.mem_get_info()
-filler = torch.empty(free - owed // 2, dtype=torch.uint8, device=dev)  # the card less than it needs
+# another process takes the card less half of what the local memory needs (as in
+# test_pause_engine: a process of its own, without the pausable allocator)
+blocker = subprocess.Popen([sys.executable, "-c", BLOCKER, str(owed // 2)],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+assert blocker.stdout.readline().strip() == "full"
 refused = None
 try:
     engine.resume()
 except vmm.DeviceFull as e:
     refused = str(e)
 state = str(engine.state)
-del filler
-torch.cuda.empty_cache()
+blocker.stdin.write("done\\n"); blocker.stdin.flush(); blocker.wait(60)
 engine.resume()
 same = {k: bool(torch.equal(v, t_.detach().cpu())) for (k, v), t_ in zip(before.items(), (w, y, s))}
 print(json.dumps(dict(refused=refused, state=state, same=same, owed=owed)))
