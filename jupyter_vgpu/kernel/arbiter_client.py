@@ -53,7 +53,7 @@ _STATES.update(suspending="paused", suspended="suspended", resuming="active")
 MAX_BACKOFF = 1.0
 #: Protocol version of the hello this client sends first (an arbiter that refuses it is
 #: spoken to in the version below, and so on down to 1).
-HELLO_VERSION = 4
+HELLO_VERSION = 5
 #: Answers that end a request for room (``gone``: this client's own, the link dropped);
 #: an answer after one of them is not taken.
 FINAL_ANSWERS = ("grant", "deny", "gone", "failed")
@@ -170,12 +170,15 @@ class ArbiterClient:
 
     def _bytes(self, f: dict) -> dict:
         """The byte figures of a hello or state, as far as the version spoken has them
-        (``disk_bytes`` from version 2, ``pausable_bytes`` from 3, where known)."""
+        (``disk_bytes`` from version 2, ``pausable_bytes`` from 3 and ``cached_bytes`` from
+        5, where known)."""
         out = {k: int(f[k]) for k in ("resident", "paused_bytes", "host_bytes")}
         if self._hello_version >= 2:
             out["disk_bytes"] = int(f["disk_bytes"])
         if self._hello_version >= 3 and f.get("pausable_bytes") is not None:
             out["pausable_bytes"] = int(f["pausable_bytes"])
+        if self._hello_version >= 5 and f.get("cached_bytes") is not None:
+            out["cached_bytes"] = int(f["cached_bytes"])
         return out
 
     def _hello(self) -> dict:
@@ -347,7 +350,7 @@ class ArbiterClient:
             self.adopt_slice(msg["slice"])
         elif kind in ("grant", "wait", "deny", "failed"):
             self._answer(msg)
-        elif kind in ("pause", "suspend", "spill", "trim"):
+        elif kind in ("pause", "suspend", "spill", "trim", "release"):
             threading.Thread(target=self._obey, args=(msg,), name="jupyter-vgpu-pause", daemon=True).start()
         elif kind == "notice":
             self.pausing.last_notice = msg["message"][:1000]
@@ -397,6 +400,8 @@ class ArbiterClient:
                 self.pausing.spill(str(msg.get("dir") or self.disk_dir or ""))
             elif msg["type"] == "trim":
                 reply["released"] = self.pausing.trim()
+            elif msg["type"] == "release":
+                reply["released"] = self.pausing.release_cache()
             else:
                 self.pausing.prepare_suspend()
             ok, message = True, f"done in {time.monotonic() - t0:.3f} s"

@@ -23,8 +23,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from .pause.states import PauseState
+
+T = TypeVar("T")
 
 #: The gate's states: the kernel's (:class:`~.pause.states.PauseState`), but ``busy``
 #: where the kernel reports itself ``active`` (handlers run).
@@ -159,6 +162,21 @@ class Gate:
             raise
         with self._cond:
             self._set(to)
+
+    def while_idle(self, work: Callable[[], T]) -> T:
+        """Run ``work`` while the kernel is idle and stays so: no handler starts and no
+        pause or suspend begins until it returns (they wait on the gate's lock, so
+        ``work`` must be short: a release of the allocator's cached blocks, milliseconds).
+        Returns what ``work`` returns.
+
+        Raises:
+            Refused: the kernel is not idle.
+            Exception: whatever ``work`` raised.
+        """
+        with self._cond:
+            if self.state != IDLE:
+                raise Refused(f"the kernel is {self.state}")
+            return work()
 
     def back(self, work: Callable[[str], None]) -> bool:
         """Bring a paused or suspended kernel back while no handler runs (a prefetch ahead

@@ -199,7 +199,9 @@ class KernelHook:
         ``resident``, ``paused_bytes``, ``host_bytes`` (host memory held for paused data:
         pinned slabs and the store's entries), ``disk_bytes``, ``pausable_bytes`` (what a
         pause would store at most, before compression, while resident on a real card:
-        :meth:`.memory_path.MemoryPath.pausable_bytes`; else None), ``budget``,
+        :meth:`.memory_path.MemoryPath.pausable_bytes`; else None), ``cached_bytes`` (the
+        allocator's cached free blocks a release gives back, likewise while resident on a
+        real card: :meth:`.memory_path.MemoryPath.cached_bytes`; else None), ``budget``,
         ``idle_seconds`` and ``resume_seconds`` (the last resume's, once)."""
         st = self.pausing.stats()
         away = st["state"] in OFF_THE_CARD
@@ -218,6 +220,7 @@ class KernelHook:
                 # what its restore needs back, for an arbiter that meets it suspended
                 resident = sum(self.pausing.suspend_need.values())
         pausable = None if away or self.simulated else self.pausing.pausable_bytes()
+        cached = None if away or self.simulated else self.pausing.cached_bytes()
         seconds = st.get("last_resume_seconds")
         fresh = seconds if seconds is not None and seconds != self._resume_sent else None
         self._resume_sent = seconds
@@ -228,6 +231,7 @@ class KernelHook:
             "host_bytes": host,
             "disk_bytes": disk,
             "pausable_bytes": pausable,
+            "cached_bytes": cached,
             "budget": self.slice.memory_limit if self.slice else None,
             "idle_seconds": self.pausing.gate.idle_seconds,
             "resume_seconds": fresh,

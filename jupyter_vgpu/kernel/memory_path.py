@@ -119,6 +119,23 @@ class MemoryPath:
             log.debug("jupyter-vgpu: what a pause would store is not known: %s", e)
             return None
 
+    def cached_bytes(self) -> int | None:
+        """The free blocks PyTorch's CUDA allocator keeps cached on every device the kernel
+        initialized (``memory_reserved - memory_allocated``, bytes): what a release
+        (:meth:`.pausing.PauseControl.release_cache`) gives back. None where PyTorch has not
+        initialized CUDA (nothing cached), or the figure could not be read (logged). Makes
+        no CUDA call."""
+        torch = self._torch()
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        from .pause.torch_calls import cached_free_bytes  # no torch import of its own
+
+        try:
+            return cached_free_bytes(torch, range(torch.cuda.device_count()))
+        except Exception as e:  # a figure, never a failure of what sends it
+            log.debug("jupyter-vgpu: the cached free bytes are not known: %s", e)
+            return None
+
     def _engine(self):
         """The engine, made on first use; None while the GPU holds nothing of this kernel.
 

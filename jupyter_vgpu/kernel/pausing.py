@@ -213,6 +213,37 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         self.trim_while_paused()
         return outcome
 
+    def release_cache(self) -> int:
+        """Give back the free blocks PyTorch's CUDA allocator keeps cached
+        (``torch.cuda.empty_cache``) while the kernel is idle, for another kernel's room
+        (the arbiter's ``release``): nothing is stored, every tensor stays on the card,
+        and the next cell needs no resume, only allocating its working memory again.
+        Returns the bytes given back: ``memory_reserved`` before less after, summed over
+        every device the kernel initialized (0 where it has not initialized CUDA: a
+        simulated card, or a kernel that never used the GPU).
+
+        It runs under the gate (:meth:`.gate.Gate.while_idle`): no cell starts and no
+        pause begins meanwhile, so the frees never meet the allocator's gate closed by a
+        pause (which would take them for a call to bring the kernel back for). Code
+        between cells (a thread) may allocate meanwhile: ``empty_cache`` takes the
+        allocator's lock and frees only blocks no tensor holds, as when a user calls it.
+
+        Raises:
+            gate.Refused: the kernel is not idle (it runs a message, or is paused or
+                suspended: its memory is not on the card).
+        """
+        torch = self._torch()
+
+        def release() -> int:
+            if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return 0
+            devices = range(torch.cuda.device_count())
+            before = sum(torch.cuda.memory_reserved(d) for d in devices)
+            torch.cuda.empty_cache()
+            return max(0, before - sum(torch.cuda.memory_reserved(d) for d in devices))
+
+        return self.gate.while_idle(release)
+
     def take_off(self) -> dict:
         """Free the GPU of this idle kernel as the node arbiter would: pause it, or suspend
         it where a pause is not safe (:meth:`blockers`), or pause it in part where it can

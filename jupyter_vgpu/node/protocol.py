@@ -1,16 +1,17 @@
-"""The arbiter's socket protocol: one JSON object per line, both ways, version 4.
+"""The arbiter's socket protocol: one JSON object per line, both ways, version 5.
 
 Kernels (any user) may send:
 
-- ``{"type": "hello", "version": 3, "kernel_id": str, "state": <state>, "resident": int,
+- ``{"type": "hello", "version": 5, "kernel_id": str, "state": <state>, "resident": int,
   "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "pausable_bytes": int,
-  "budget": int | null, "idle_seconds": number}`` once, first: who it is and where its memory is, so that an
-  arbiter started after the kernel (a restart, an upgrade) rebuilds its books from the
-  kernels themselves. Figures only, like ``state``; ``budget`` is the budget the kernel
-  applies (the slice's is the arbiter's). Version 2 is the same without
-  ``pausable_bytes``; a kernel whose hello an older arbiter refuses speaks the version
-  below. Version 1 (``{"type": "hello", "version": 1,
-  "kernel_id": str}``, kernels started before an upgrade) is still accepted. The arbiter
+  "cached_bytes": int, "budget": int | null, "idle_seconds": number}`` once, first: who
+  it is and where its memory is, so that an arbiter started after the kernel (a
+  restart, an upgrade) rebuilds its books from the kernels themselves. Figures only,
+  like ``state``; ``budget`` is the budget the kernel applies (the slice's is the
+  arbiter's). Versions 3 and 4 are the same without ``cached_bytes``, version 2 without
+  ``pausable_bytes`` either; a kernel whose hello an older arbiter refuses speaks the
+  version below. Version 1 (``{"type": "hello", "version": 1, "kernel_id": str}``,
+  kernels started before an upgrade) is still accepted. The arbiter
   answers ``{"type": "welcome", "slice": <slice> | null, "server": "user/name" | null,
   "disk_dir": str | null}`` (``disk_dir``: where the kernel's disk tier lives), with
   ``"grow": true`` where the arbiter grants growth on demand (``ArbiterApp.grant_on_demand``)
@@ -18,16 +19,19 @@ Kernels (any user) may send:
   allocator asks it.
 - ``{"type": "state", "state": "active"|"idle"|"paused"|"suspended", "resident": int,
   "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "pausable_bytes": int,
-  "resume_seconds": number | null}``: figures only; ``resident`` (bytes on the card)
+  "cached_bytes": int, "resume_seconds": number | null}``: figures only; ``resident`` (bytes on the card)
   counts only on a simulated GPU, where NVML has nothing to say, and while suspended
   (what the driver's checkpoint took off the card, NVML's figure just before it: what
   the restore needs back);
   ``host_bytes`` is the host memory the kernel holds for its paused data, ``disk_bytes``
   what it keeps in the disk tier; ``pausable_bytes`` (version 3, a resident kernel on
   the GPU path) what a pause of it as it is now would store at most, before compression
-  (:func:`.tiers.host_need` estimates a pause's host memory from it); ``resume_seconds``
-  is the last resume's duration, once. (``disk_bytes`` may be left out: version 1;
-  ``pausable_bytes`` where the kernel cannot tell, and before version 3.)
+  (:func:`.tiers.host_need` estimates a pause's host memory from it); ``cached_bytes``
+  (version 5, a resident kernel on a real card) the free blocks its allocator keeps
+  cached on the card, which a ``release`` gives back; ``resume_seconds`` is the last
+  resume's duration, once. (``disk_bytes`` may be left out: version 1;
+  ``pausable_bytes`` and ``cached_bytes`` where the kernel cannot tell, and before
+  versions 3 and 5.)
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch"}``: may I run?
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
   at once, granted only where the card has room once the kernels idle past their
@@ -44,8 +48,8 @@ Kernels (any user) may send:
   "message": str}`` where deciding failed on a fault of the arbiter's own (the message
   names it): the kernel goes on as it does without an arbiter, at once.
 - ``{"type": "reply", "id": int, "ok": bool, "message": str, "released": int | null}``:
-  the answer to a request; ``released`` is the device memory a pause gave back, or the
-  host memory a trim gave back (bytes; null for a suspend or a spill), a figure only: 0
+  the answer to a request; ``released`` is the device memory a pause or a release gave
+  back, or the host memory a trim gave back (bytes; null for a suspend or a spill), a figure only: 0
   spares the arbiter its wait for NVML to drop, and what the card has free is still read
   from NVML before any room is granted.
 
@@ -64,7 +68,11 @@ checkpoints the process), ``{"type": "spill", "id": int, "dir": str}`` (move the
 data from host memory to files in ``dir``, the kernel's directory of the disk tier),
 ``{"type": "trim", "id": int}`` (an idle kernel lets go of the pinned host memory it
 keeps warm for its next pause, a paused one of what its process holds for nothing until
-its next cell: the host needs it), and notices: ``{"type": "slice",
+its next cell: the host needs it), ``{"type": "release", "id": int}`` (version 5: an idle
+kernel gives back the free blocks its allocator keeps cached on the card, PyTorch's
+``empty_cache``; nothing is stored and the kernel stays on the card, so its next cell
+needs no resume: :meth:`.room.Rooms.make_room` asks it before any pause, where
+``ArbiterApp.release_first``), and notices: ``{"type": "slice",
 "slice": <slice>}``, ``{"type": "notice", "message": str}``, ``{"type": "node",
 "host_used": int, "host_limit": int, "disk_used": int}`` (the host memory the node's
 kernels hold for their GPU memory, its budget, and the disk tier's bytes; for ``%vgpu
@@ -114,6 +122,9 @@ MAX_LINE = 64 * 1024
 #: The version from which a kernel asks for room to grow (``room`` ``for: grow``) and is
 #: told in its welcome that the arbiter answers it (``grow``).
 GROW_VERSION = 4
+#: The version from which a kernel says its cached free bytes (``cached_bytes``) and
+#: answers ``release``.
+RELEASE_VERSION = 5
 #: What only trusted clients may send.
 TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
 

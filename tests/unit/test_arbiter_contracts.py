@@ -38,6 +38,15 @@ TO_ARBITER = [
         "type": "state", "state": "active", "resident": 1, "paused_bytes": 0, "host_bytes": 0,
         "resume_seconds": None,
     },
+    {
+        "type": "hello", "version": 5, "kernel_id": "k", "state": "idle", "resident": 17 * GiB,
+        "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0, "pausable_bytes": 2 * GiB,
+        "cached_bytes": 14 * GiB, "budget": None, "idle_seconds": 1.5,
+    },
+    {
+        "type": "state", "state": "idle", "resident": 1, "paused_bytes": 0, "host_bytes": 0,
+        "disk_bytes": 0, "pausable_bytes": 1, "cached_bytes": 0, "resume_seconds": None,
+    },
     {"type": "room", "id": 1, "for": "run"},
     {"type": "room", "id": 2, "for": "grow", "bytes": 2**30},
     {"type": "channel", "version": 4, "for": "grow"},
@@ -64,6 +73,7 @@ FROM_ARBITER = [
     {"type": "pause", "id": 3},
     {"type": "suspend", "id": 3},
     {"type": "trim", "id": 3},
+    {"type": "release", "id": 3},
     {"type": "spill", "id": 3, "dir": "/var/lib/jupyter-vgpu/disk/1000/k"},
     {"type": "notice", "message": "over budget"},
     {"type": "error", "message": "say hello first"},
@@ -251,11 +261,12 @@ def test_a_kernel_drops_what_breaks_the_contract_and_keeps_its_link(arbiter_sock
     assert "notice.message: must be a string" in text
 
 
-@pytest.mark.parametrize("speaks", [4, 3, 2, 1])
+@pytest.mark.parametrize("speaks", [5, 4, 3, 2, 1])
 def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time(tmp_path, speaks):
-    """A version-3 kernel says what its pause would store (``pausable_bytes``); an arbiter
-    that refuses its hello's version is spoken to in the version below, down to its own,
-    and is never sent a field of a later version."""
+    """A version-3 kernel says what its pause would store (``pausable_bytes``), a version-5
+    one its cached free blocks (``cached_bytes``); an arbiter that refuses its hello's
+    version is spoken to in the version below, down to its own, and is never sent a
+    field of a later version."""
     path = str(tmp_path / "arbiter.sock")
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -284,6 +295,7 @@ def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time
                 continue
             if speaks >= 2:
                 assert ("pausable_bytes" in hello) == (speaks >= 3)
+                assert ("cached_bytes" in hello) == (speaks >= 5)
             conn.sendall(b'{"type": "welcome", "slice": null, "server": null}\n')
             states.extend(json.loads(line) for line in reader)
             return
@@ -291,7 +303,8 @@ def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time
     threading.Thread(target=serve, daemon=True).start()
     figures = {
         "state": "idle", "resident": 0, "paused_bytes": 0, "host_bytes": 0, "disk_bytes": 0,
-        "pausable_bytes": 5, "budget": None, "idle_seconds": 0.0, "resume_seconds": None,
+        "pausable_bytes": 5, "cached_bytes": 7, "budget": None, "idle_seconds": 0.0,
+        "resume_seconds": None,
     }  # fmt: skip
     client = ArbiterClient(path, "k", lambda _: None, lambda: figures, Pausing(), lambda *a, **k: None)
     client.start()
@@ -302,6 +315,7 @@ def test_a_kernel_speaks_the_version_of_an_older_arbiter_one_step_down_at_a_time
         server.close()
     assert hellos == list(range(HELLO_VERSION, speaks - 1, -1))
     assert ("pausable_bytes" in states[0]) == (speaks >= 3)
+    assert ("cached_bytes" in states[0]) == (speaks >= 5)
     assert ("disk_bytes" in states[0]) == (speaks >= 2)
 
 
