@@ -376,6 +376,7 @@ class HostMemory:
 COUNTERS = {
     "pauses": ("jupyter_vgpu_pauses_total", {}),
     "suspends": ("jupyter_vgpu_suspends_total", {}),
+    "releases": ("jupyter_vgpu_releases_total", {}),
     "spills": ("jupyter_vgpu_spills_total", {}),
     "prefetches": ("jupyter_vgpu_prefetches_total", {"outcome": "granted"}),
 }
@@ -474,6 +475,7 @@ def start_arbiter(directory: Path, args, watermark: float | None = None) -> Arbi
     settings.append(f"--ArbiterApp.grant_on_demand={args.grant_on_demand}")
     settings.append(f"--ArbiterApp.grant_margin={args.grant_margin}")
     settings.append(f"--ArbiterApp.suspend_wait={args.suspend_wait}")
+    settings.append(f"--ArbiterApp.release_first={args.release_first}")
     # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
     settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
     # this run's cards alone: runs on other cards of the host (--first-gpu) are not its own
@@ -677,11 +679,12 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "pauses": counted["pauses"],
                 "suspends": counted["suspends"],
                 "spills": counted["spills"],
+                "releases": counted["releases"],  # --release-first: caches given back instead
                 # within the decisions the arbiter kept (decisions_kept, the latest)
                 "queued": sum(d["what"] == "queued" for d in books["decisions"]),
                 "trims": sum(d["what"] == "trim" for d in books["decisions"]),
                 "decisions_kept": len(books["decisions"]),
-                "counted": "pauses, suspends, spills, prefetches: the arbiter's Prometheus "
+                "counted": "pauses, suspends, spills, releases, prefetches: the arbiter's Prometheus "
                 "counters over the whole run, setups included; queued, trims: in decisions_kept",
                 "host_used_peak_bytes": host.peak_used,
                 "host_total_bytes": host.total,
@@ -1043,6 +1046,12 @@ def main() -> None:
         "arbiter's, %(default)s; 0: it does not)",
     )
     parser.add_argument(
+        "--release-first",
+        action="store_true",
+        help="the arbiter's release_first: idle kernels give back their cached free blocks for "
+        "a cell's room where those cover it, before anyone is paused (the row's releases say how often)",
+    )
+    parser.add_argument(
         "--local-memory",
         action="store_true",
         help="the kernels' give_back_local_memory: a pause gives back the CUDA context's "
@@ -1171,6 +1180,7 @@ def main() -> None:
         "grant_on_demand": args.grant_on_demand,
         "grant_margin": args.grant_margin,
         "suspend_wait": args.suspend_wait,
+        "release_first": args.release_first,
         "poll_seconds": 0.25,
         "decisions_kept": DECISIONS_KEPT,
     }

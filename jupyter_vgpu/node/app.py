@@ -445,6 +445,20 @@ class ArbiterApp(Application):
         (docs/design.md, "Growth on demand" and the fourteenth try).""",
     ).tag(config=True)
 
+    release_first = Bool(
+        False,
+        help="""Before pausing or suspending anyone for a cell's room, ask idle kernels to
+        give back the free blocks their allocator keeps cached on the card (PyTorch's
+        empty_cache; kernels of protocol version 5 say how much they hold), where those
+        cover what is short: nothing is stored, the kernels stay on the card, and their
+        next cells need no resume. A kernel idle after an MLP cell of the 12x benchmark
+        holds 16.7 GiB, of which about 14 GiB is cached free blocks: about the room the
+        next starting cell needs. Where they do not cover it, the pauses are made as
+        without (a pause releases the cache too). The books are read from NVML after each
+        release, never from what a kernel says it gave back. Off by default: not yet
+        measured (docs/design.md, "Release before pause").""",
+    ).tag(config=True)
+
     suspend_wait = Float(
         3.0,
         min=0.0,

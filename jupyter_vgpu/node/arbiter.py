@@ -247,6 +247,7 @@ class Arbiter(Registry):
                     "host_bytes": k.host_bytes,
                     "disk_bytes": k.disk_bytes,
                     "pausable_bytes": k.pausable,  # what it says its pause would store (None: not said)
+                    "cached_bytes": k.cached,  # what it says a release would give back (0: not said)
                     "process_bytes": procs.resident_bytes(k.pid),
                     "process_private_bytes": procs.private_bytes(k.pid),
                     # RSS, PSS, anonymous, shared: read in the background (process_memory)

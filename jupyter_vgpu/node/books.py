@@ -129,6 +129,10 @@ class Kernel:
             compression, as it last said (``pausable_bytes``, version 3; never past its
             budget), or None where it did not say: :func:`.tiers.host_need` takes it
             for its estimate of a pause's host memory.
+        cached: the free blocks its allocator keeps cached on its cards, as it last said
+            (``cached_bytes``, version 5, a resident kernel on a real card; 0 where it did
+            not say): what a release would give back (:func:`releasable`, never past what
+            NVML shows it holding).
         checkpoint_bytes: bytes the driver's checkpoint took off the card when it was
             suspended (its resident bytes then; held in host memory while suspended).
         checkpoint_need: those bytes per card (NVML UUID), for a restore to check each
@@ -190,6 +194,7 @@ class Kernel:
     host_bytes: int = 0
     disk_bytes: int = 0
     pausable: int | None = None
+    cached: int = 0
     checkpoint_bytes: int = 0
     checkpoint_need: dict[str, int] = dataclasses.field(default_factory=dict)
     granted: int = 0
@@ -211,8 +216,8 @@ class Kernel:
     restored_context: bool = False
     capped: bool = False  # a figure of its passed its bound (logged once)
     driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
-    #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``, ``even``): no
-    #: other begins meanwhile
+    #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``, ``release``,
+    #: ``even``): no other begins meanwhile
     moving: str | None = None
 
     @contextlib.contextmanager
@@ -615,6 +620,36 @@ def victims(
         + [(k, "suspend") for k in rest]
         + [(k, "pause") for k in holding]
     )
+
+
+def releasable(kernel: Kernel, card: str | None = None) -> int:
+    """Bytes a release of ``kernel`` would give back on ``card`` (an NVML UUID): the free
+    blocks it says its allocator keeps cached (:attr:`Kernel.cached`), never more than it
+    holds there (:func:`held`, NVML's); 0 unless it is idle with no move under way."""
+    if kernel.state != IDLE or kernel.moving is not None:
+        return 0
+    return max(0, min(kernel.cached, held(kernel, card)))
+
+
+def releases(order: list, short: int, card: str | None = None) -> list[Kernel]:
+    """The idle kernels to ask for a release before anyone is paused or suspended for a
+    room ``short`` bytes short on ``card``: those of ``order`` (:func:`victims`, in its
+    order, pauses only) with something to release (:func:`releasable`), up to the first
+    whose releases together cover ``short``; ``[]`` where all of them together would not
+    (the pauses that room needs release the caches anyway, and a release first would be a
+    round trip for nothing)."""
+    picked, total = [], 0
+    if short <= 0:
+        return picked
+    for kernel, action in order:
+        nbytes = releasable(kernel, card) if action == "pause" else 0
+        if nbytes <= 0:
+            continue
+        picked.append(kernel)
+        total += nbytes
+        if total >= short:
+            return picked
+    return []
 
 
 def room_ahead(

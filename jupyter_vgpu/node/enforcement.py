@@ -81,7 +81,9 @@ class Enforcement:
         pause (:attr:`.books.Kernel.measured`); host and disk bytes at most its budget
         plus :data:`FIGURE_SLACK`, disk bytes at most what its directory of the disk tier
         holds (:attr:`.books.Kernel.disk_measured`); a simulated card's resident bytes at
-        most the card. A figure past its bound is logged once, and the bound is used."""
+        most the card. A figure past its bound is logged once, and the bound is used. Its
+        cached free bytes (``cached_bytes``) are taken as said, 0 where left out: a release
+        is chosen by them, but what it made is read from NVML (:func:`.books.releasable`)."""
         budget = kernel.budget
         held = budget + FIGURE_SLACK
         bounds = {
@@ -103,6 +105,10 @@ class Enforcement:
             setattr(kernel, key, min(value, bound))
         if "pausable_bytes" in msg:  # an estimate's figure: a kernel's word lowers only its own bound
             kernel.pausable = min(msg["pausable_bytes"], budget)
+        # a figure for choosing a release (version 5), bounded where it is used by what NVML
+        # shows the kernel holding; left out (not known, or paused): nothing to release
+        if msg.get("type") in ("hello", "state"):
+            kernel.cached = msg.get("cached_bytes", 0)
 
     def heard(self, kernel: Kernel, action: str, answer: dict) -> None:
         """Note a kernel's answer to ``action``: a refusal stands a while

@@ -56,6 +56,13 @@ class Metrics:
         self.suspends = Counter(
             "jupyter_vgpu_suspends", "Kernels suspended by the arbiter.", ["gpu"], registry=r
         )
+        self.releases = Counter(
+            "jupyter_vgpu_releases",
+            "Idle kernels asked to give back their allocator's cached free blocks for a cell's room "
+            "(ArbiterApp.release_first), and that did.",
+            ["gpu"],
+            registry=r,
+        )
         self.evens = Counter(
             "jupyter_vgpu_contexts_evened",
             "Paused kernels' CUDA contexts taken through the driver's checkpoint and straight back "

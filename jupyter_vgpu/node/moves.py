@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from jupyter_vgpu import failpoints
 from jupyter_vgpu.host import peers, procs
 
-from . import cards, tiers
+from . import cards, protocol, tiers
 from .books import PAUSED, SUSPENDED, Kernel, Reason
 
 if TYPE_CHECKING:
@@ -228,6 +228,43 @@ class Moves:
             action, server=kernel.server.key, pid=kernel.pid, reason=said, seconds=round(took, 3), **fields
         )
         return True
+
+    async def release(self, kernel: Kernel, for_whom: str, notes: list[str] | None = None) -> int:
+        """Ask idle ``kernel`` to give back the free blocks its allocator keeps cached on
+        its card (``release``, protocol version 5; :attr:`.books.Kernel.cached`), for
+        ``for_whom``'s room: nothing is stored and it stays on the card, idle. Returns the
+        bytes it says it gave back, a figure only (0: refused, unanswered, nothing to give,
+        or a kernel of an older version, which is not asked); where that is not 0, NVML is
+        read until it shows them free (:meth:`settle`), and the room is decided on NVML's
+        figures alone. Its cached figure is set to 0 whatever it answers, until it says
+        anew (its state message after the release): a kernel that said more than it gave
+        is not asked twice for the same room. ``notes`` hears why it gave nothing."""
+        a = self.arbiter
+        conn = a.conns.get(kernel.pid)
+        version = ((conn.hello or {}).get("version", 1)) if conn is not None else 0
+        if conn is None or version < protocol.RELEASE_VERSION or self._moving(kernel, False, notes):
+            return 0
+        uuid = kernel.slice.gpu_uuid
+        with kernel.move("release"):
+            t0 = time.monotonic()
+            reading = await a.read(uuid)
+            kernel.cached = 0
+            answer = await conn.ask({"type": "release"}, a.config.pause_timeout)
+            a.enforcement.heard(kernel, "release", answer)
+            if not answer.get("ok"):
+                a.decide("release refused", server=kernel.server.key, message=answer.get("message", ""))
+                if notes is not None:
+                    notes.append(f"{kernel.server.key} kept its cached memory: {answer.get('message', '')}")
+                return 0
+            released = answer.get("released") or 0
+            if released:
+                await self.settle(uuid, reading, [kernel.pid])
+            a.metrics.releases.labels(gpu=uuid).inc()
+            a.decide(
+                "release", server=kernel.server.key, pid=kernel.pid, reason=f"room for {for_whom}",
+                seconds=round(time.monotonic() - t0, 3), released=released,
+            )  # fmt: skip
+            return released
 
     async def _footprint(
         self, kernel: Kernel, group: list[procs.Identity], read: dict[str, cards.Reading] | None = None

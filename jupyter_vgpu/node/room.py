@@ -640,7 +640,11 @@ class Rooms:
         (:func:`books.admission_short`, the bytes short then). ``suspends`` False
         (``ArbiterApp.suspend_wait`` not over yet): where another cell runs on the card
         (:func:`books.running_cells`) and pausing idle kernels would not cover what is
-        short, nobody is taken off the card and the kernel waits for that cell to end."""
+        short, nobody is taken off the card and the kernel waits for that cell to end.
+        With ``ArbiterApp.release_first``, idle kernels whose cached free blocks cover what
+        is short (:func:`books.releases`) are asked to give them back first
+        (:meth:`.moves.Moves.release`), nobody paused; the card is then read again, and
+        what is still short is made as without."""
         a = self.arbiter
         reading = await a.read(uuid)
         others = [k for k in a.on_card(uuid) if k is not kernel]
@@ -667,11 +671,23 @@ class Rooms:
                 names = ", ".join(k.server.key for k in leaving)
                 notes.append(f"{len(leaving)} idle kernel(s) leaving the card: {names}")
             return short, reading
-        order = [
-            (victim, action)
-            for victim, action in books.victims(others, kernel, a.config.suspend_after)
-            if action == "pause" or a.checkpoint is not None
-        ]
+        order = self._order(kernel, others)
+        asked = books.releases(order, short, uuid) if a.config.release_first else []
+        if asked:
+            # the caches alone cover it: nobody stored, nobody to bring back later
+            for victim in asked:
+                if tell is not None:
+                    await tell(
+                        f"making room on GPU {kernel.slice.gpu_index}: {victim.server.key} gives back "
+                        f"its cached memory, {format_bytes(short)} still to free"
+                    )
+                await a.moves.release(victim, kernel.server.key, notes)
+            reading = await a.read(uuid)
+            others = [k for k in a.on_card(uuid) if k is not kernel]
+            short = books.shortfall(kernel, reading.free, others, uuid)
+            if short <= 0:
+                return short, reading
+            order = self._order(kernel, others)  # what they hold now: pauses as without
         running = books.running_cells(others)
         if not suspends and running and any(action == "suspend" for _, action in order):
             pauses = [(victim, action) for victim, action in order if action == "pause"]
@@ -700,6 +716,16 @@ class Rooms:
             if short <= 0:
                 break
         return short, reading
+
+    def _order(self, kernel: Kernel, others: list[Kernel]) -> list:
+        """The victims for ``kernel``'s room among ``others`` (:func:`books.victims`), less
+        the suspends where the driver's checkpoint is not available."""
+        a = self.arbiter
+        return [
+            (victim, action)
+            for victim, action in books.victims(others, kernel, a.config.suspend_after)
+            if action == "pause" or a.checkpoint is not None
+        ]
 
     async def _take_head(
         self,

@@ -74,21 +74,25 @@ class Attack:
                     shutil.rmtree(disk)
 
 
-def hello(state: str = "idle", resident: int = 0, paused: int = 0, host: int = 0, idle: float = 0.0) -> dict:
-    """A version-2 hello's fields (the peer adds type and version)."""
+def hello(
+    state: str = "idle", resident: int = 0, paused: int = 0, host: int = 0, idle: float = 0.0, **more
+) -> dict:
+    """A version-2 hello's fields (the peer adds type and version), and ``more`` of a
+    later version's (``cached_bytes``)."""
     return {
         "kernel_id": "k", "state": state, "resident": resident, "paused_bytes": paused,
-        "host_bytes": host, "disk_bytes": 0, "budget": None, "idle_seconds": idle,
+        "host_bytes": host, "disk_bytes": 0, "budget": None, "idle_seconds": idle, **more,
     }  # fmt: skip
 
 
-def state(state: str, resident: int = 0, paused: int = 0, host: int = 0, disk: int = 0) -> dict:
+def state(state: str, resident: int = 0, paused: int = 0, host: int = 0, disk: int = 0, **more) -> dict:
     return {
         "state": state,
         "resident": resident,
         "paused_bytes": paused,
         "host_bytes": host,
         "disk_bytes": disk,
+        **more,
     }
 
 
@@ -97,12 +101,13 @@ def _owner_mode(path: Path) -> tuple[int, int]:
     return info.st_uid, stat.S_IMODE(info.st_mode)
 
 
-def _kernel_of(scene: SecurityScene, who: str, **plan):
+def kernel_of(scene: SecurityScene, who: str, version: int = 2, **plan):
     """A peer of ``who`` registered as the root of a server of its own (the Hub's part:
-    root registers it, with the account's uid), its hello sent once it is registered."""
+    root registers it, with the account's uid), its hello (of protocol ``version``) sent
+    once it is registered."""
     peer = scene.peer(who, hello=None, **{k: v for k, v in plan.items() if k != "hello"})
     scene.register(peer.pid, who, scene.slice, uid=scene.account(who).pw_uid)
-    peer.command({"send": {"type": "hello", "version": 2, **plan.get("hello", hello())}})
+    peer.command({"send": {"type": "hello", "version": version, **plan.get("hello", hello())}})
     peer.received("welcome", where=lambda m: m.get("slice") is not None)
     return peer
 
@@ -127,7 +132,7 @@ def disk_made_first(scene: SecurityScene) -> Outcome:
     if made.wait(30) != 0:
         return Outcome(False, "the attacker could not make the directory first (the scene is wrong)")
     scene.start()
-    _kernel_of(
+    kernel_of(
         scene, "attacker", hello=hello("paused", paused=500 * MiB, host=500 * MiB, idle=3600),
         answers={"spill": {"do": "ok", "after": state("paused", paused=500 * MiB, disk=500 * MiB)}},
     )  # fmt: skip
@@ -148,7 +153,7 @@ def disk_kernel_dir_link(scene: SecurityScene) -> Outcome:
     (target / "precious").write_text("root's")
     scene.args.append("--ArbiterApp.host_memory_limit=100M")
     scene.start()
-    peer = _kernel_of(
+    peer = kernel_of(
         scene, "attacker", hello=hello("paused", paused=200 * MiB, host=200 * MiB, idle=3600),
         answers={"spill": {"do": "ok", "after": state("paused", paused=200 * MiB, disk=200 * MiB)}},
     )  # fmt: skip
@@ -169,7 +174,7 @@ def disk_root_is_the_arbiters(scene: SecurityScene) -> Outcome:
     """The attacker tries to put something of theirs into the disk tier's root (a
     directory for another uid, or a link), or to move their own directory away."""
     scene.start()
-    _kernel_of(scene, "victim")  # the arbiter made its root at start
+    kernel_of(scene, "victim")  # the arbiter made its root at start
     root = scene.disk_dir
     tries = scene.run_as(
         "attacker", SYSTEM_PYTHON, "-c",
@@ -301,20 +306,47 @@ def false_host_figure(scene: SecurityScene) -> Outcome:
     node's host budget reads full: another user's cell must still get its room."""
     scene.args += ["--ArbiterApp.host_memory_limit=1G", "--queue-timeout=20"]
     scene.start()
-    _kernel_of(
+    kernel_of(
         scene, "attacker", hello=hello("paused", paused=600 * MiB, host=12 * 1024 * MiB, idle=3600),
         answers={"spill": {"do": "refuse", "message": "RuntimeError: no"}},
     )  # fmt: skip
     paused = state("paused", paused=700 * MiB, host=700 * MiB)
-    _kernel_of(
+    kernel_of(
         scene, "victim", hello=hello("idle", resident=700 * MiB, idle=600),
         answers={"pause": {"do": "ok", "released": 0, "after": paused}},
     )  # fmt: skip
-    runner = _kernel_of(scene, "victim", hello=hello("idle"))
+    runner = kernel_of(scene, "victim", hello=hello("idle"))
     runner.command({"room": "run"})
     runner.received("grant", timeout=40)  # AssertionError (the attack worked) when it never comes
     capped = [d for d in scene.decisions("figure capped") if d["server"] == "attacker/"]
     return Outcome(bool(capped), capped[-1]["message"] if capped else "granted, but no figure was capped")
+
+
+def false_cached_figure(scene: SecurityScene) -> Outcome:
+    """An idle kernel says 600 MiB of its 700 are cached free blocks (protocol version 5)
+    so that the arbiter asks it for a release instead of a pause, then says it gave them
+    back and gives nothing: another user's cell must still get its room, the liar
+    paused for it, and asked for a release once only."""
+    scene.args += ["--ArbiterApp.release_first=True", "--queue-timeout=20"]
+    scene.start()
+    liar = kernel_of(
+        scene, "attacker", version=5,
+        hello=hello("idle", resident=700 * MiB, idle=600, cached_bytes=600 * MiB),
+        answers={
+            "release": {"do": "ok", "released": 600 * MiB},  # and its figures as they were
+            "pause": {"do": "ok", "released": 0, "after": state("paused", paused=700 * MiB)},
+        },
+    )  # fmt: skip
+    runner = kernel_of(scene, "victim", version=5, hello=hello("idle"))
+    runner.command({"room": "run"})
+    runner.received("grant", timeout=40)  # AssertionError (the attack worked) when it never comes
+    asked = [e["msg"]["type"] for e in liar.drain() if e.get("event") == "received"]
+    released = [d for d in scene.decisions("release") if d["server"] == "attacker/"]
+    paused = [d for d in scene.decisions("pause") if d["server"] == "attacker/"]
+    return Outcome(
+        asked.count("release") == 1 and len(released) == 1 and len(paused) == 1,
+        f"asked {asked}; paused for: {paused[-1]['reason'] if paused else 'never paused'}",
+    )
 
 
 def false_disk_error(scene: SecurityScene) -> Outcome:
@@ -322,11 +354,11 @@ def false_disk_error(scene: SecurityScene) -> Outcome:
     not be taken for failing, and another kernel's spill goes on."""
     scene.args.append("--ArbiterApp.host_memory_limit=250M")  # the victim alone is over the spill mark
     scene.start()
-    _kernel_of(
+    kernel_of(
         scene, "attacker", hello=hello("paused", paused=300 * MiB, host=300 * MiB, idle=7200),
         answers={"spill": {"do": "refuse", "message": "OSError: [Errno 28] No space left on device"}},
     )  # fmt: skip
-    victim = _kernel_of(
+    victim = kernel_of(
         scene, "victim", hello=hello("paused", paused=300 * MiB, host=300 * MiB, idle=3600),
         answers={"spill": {"do": "ok", "after": state("paused", paused=300 * MiB, disk=300 * MiB)}},
     )  # fmt: skip
@@ -342,9 +374,9 @@ def silent_kernel(scene: SecurityScene) -> Outcome:
     never twice, for its silence."""
     scene.args += ["--ArbiterApp.pause_timeout=2", "--queue-timeout=6"]
     scene.start()
-    attacker = _kernel_of(scene, "attacker", hello=hello("idle", resident=700 * MiB, idle=600),
+    attacker = kernel_of(scene, "attacker", hello=hello("idle", resident=700 * MiB, idle=600),
                           answers={"pause": {"do": "silent"}})  # fmt: skip
-    runner = _kernel_of(scene, "victim", hello=hello("idle"))
+    runner = kernel_of(scene, "victim", hello=hello("idle"))
     for _ in range(2):
         runner.command({"room": "run"})
         runner.received("deny", timeout=30)
@@ -380,7 +412,7 @@ def connection_flood(scene: SecurityScene) -> Outcome:
     )  # fmt: skip
     out, _ = flood.communicate(timeout=120)
     held, closed = (int(x) for x in out.split())
-    _kernel_of(scene, "victim")  # AssertionError (the attack worked) when it cannot join
+    kernel_of(scene, "victim")  # AssertionError (the attack worked) when it cannot join
     grown = scene.arbiter.log_path.stat().st_size - size_before
     logged = scene.log().count("connection refused")
     ok = closed == held == 1100 and 0 < logged <= 100 and grown < 2 * MiB
@@ -396,10 +428,10 @@ def message_flood(scene: SecurityScene) -> Outcome:
     scene.args.append("--queue-timeout=10")
     scene.start()
     scene.slice = SLICE.replace(gpu_memory=4 * GiB)
-    attacker = _kernel_of(scene, "attacker", hello=hello("idle"))
+    attacker = kernel_of(scene, "attacker", hello=hello("idle"))
     attacker.command({"flood": {"type": "room", "id": 1, "for": "run"}, "count": 10_000})
     attacker.command({"flood": {"type": "state", "resume_seconds": None, **state("idle")}, "count": 100_000})
-    runner = _kernel_of(scene, "victim", hello=hello("idle"))
+    runner = kernel_of(scene, "victim", hello=hello("idle"))
     runner.command({"room": "run"})
     runner.received("grant", timeout=60)
     rss = _rss(scene.arbiter.process.pid)
@@ -512,7 +544,7 @@ def protocol_abuse(scene: SecurityScene) -> Outcome:
     and huge messages, and a budget of its own in its hello: each refused, its slice the
     Hub's."""
     scene.start()
-    peer = _kernel_of(scene, "attacker", hello={**hello(), "budget": 80 * 1024 * MiB})
+    peer = kernel_of(scene, "attacker", hello={**hello(), "budget": 80 * 1024 * MiB})
     sent = [
         {"type": "register", "pid": peer.pid, "user": "attacker", "server": "", "slice": {}},
         {"type": "books"},
@@ -545,6 +577,7 @@ ALL = [
     Attack("server-pid-reuse", "arbiter socket", "medium", server_pid_reuse),
     Attack("kernel-of-another-uid", "arbiter socket", "high", kernel_of_another_uid),
     Attack("false-host-figure", "arbiter socket", "high", false_host_figure),
+    Attack("false-cached-figure", "arbiter socket", "medium", false_cached_figure),
     Attack("false-disk-error", "arbiter socket", "high", false_disk_error),
     Attack("silent-kernel", "arbiter socket", "high", silent_kernel),
     Attack("connection-flood", "arbiter socket", "high", connection_flood),

@@ -9,7 +9,7 @@ from a copy in a directory every user can read. ``PLAN`` is a JSON object:
 - ``hello``: the hello to send (a version-2 hello's fields; ``null``: none), or
   ``connect_only`` true to connect and say nothing;
 - ``answers``: how to answer each request type (``pause``, ``suspend``, ``spill``,
-  ``trim``): ``"ok"`` (with ``"after"``: the figures of the state message sent first),
+  ``trim``, ``release``): ``"ok"`` (with ``"after"``: the figures of the state message sent first),
   ``"refuse"`` (with ``"message"``), or ``"silent"``;
 - ``commands``: read from standard input, one JSON object a line: ``{"send": {...}}``
   sends a message as it is; ``{"room": "run"}`` asks for room; ``{"hand_over": true}``
@@ -78,7 +78,7 @@ class Peer:
             except ValueError:
                 continue
             say("received", msg=msg)
-            if isinstance(msg, dict) and msg.get("type") in ("pause", "suspend", "spill", "trim"):
+            if isinstance(msg, dict) and msg.get("type") in ("pause", "suspend", "spill", "trim", "release"):
                 self.answer(msg)
         say("closed")
 

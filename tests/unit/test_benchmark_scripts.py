@@ -33,6 +33,7 @@ ARBITER_ARGS = argparse.Namespace(
     grant_on_demand=False,
     grant_margin="1G",
     suspend_wait=0.0,
+    release_first=False,
     local_memory=False,
     gpu_uuids=[],
 )
@@ -179,12 +180,18 @@ def test_sessions_count_what_the_arbiter_did_from_its_counters_not_its_kept_deci
     metrics.prefetches.labels(gpu="GPU-a", outcome="granted").inc()
     metrics.prefetches.labels(gpu="GPU-a", outcome="no room").inc()
     metrics.spills.inc()
+    for _ in range(3):
+        metrics.releases.labels(gpu="GPU-b").inc()
     page = generate_latest(metrics.registry).decode()
-    assert sessions.counts_from_metrics(page) == {"pauses": 251, "suspends": 81, "spills": 1, "prefetches": 1}
+    assert sessions.counts_from_metrics(page) == {
+        "pauses": 251, "suspends": 81, "releases": 3, "spills": 1, "prefetches": 1
+    }  # fmt: skip
 
     arbiter = sessions.start_arbiter(tmp_path, ARBITER_ARGS)
     try:
-        assert sessions.arbiter_counts(arbiter) == {"pauses": 0, "suspends": 0, "spills": 0, "prefetches": 0}
+        assert sessions.arbiter_counts(arbiter) == {
+            "pauses": 0, "suspends": 0, "releases": 0, "spills": 0, "prefetches": 0
+        }  # fmt: skip
     finally:
         arbiter.stop()
 
