@@ -241,8 +241,9 @@ class Moves:
         is not asked twice for the same room. ``notes`` hears why it gave nothing."""
         a = self.arbiter
         conn = a.conns.get(kernel.pid)
-        version = ((conn.hello or {}).get("version", 1)) if conn is not None else 0
-        if conn is None or version < protocol.RELEASE_VERSION or self._moving(kernel, False, notes):
+        if conn is None or (conn.hello or {}).get("version", 1) < protocol.RELEASE_VERSION:
+            return 0  # an older kernel knows no release
+        if self._moving(kernel, False, notes):
             return 0
         uuid = kernel.slice.gpu_uuid
         with kernel.move("release"):
