@@ -8,7 +8,6 @@ fails: ``tests/unit/test_vmm_native.py``; the kernel's: ``tests/unit/test_arbite
 
 import asyncio
 import dataclasses
-import os
 import time
 
 import pytest
@@ -21,7 +20,7 @@ from jupyter_vgpu.slice import Slice
 
 from .answering import Answering
 from .sleepers import sleeping
-from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided
+from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided, joined
 
 GiB, MiB = 2**30, 2**20
 BUDGET = 8 * GiB
@@ -63,9 +62,7 @@ def node(pids: list[int], on_demand: bool = True, version: int = 4, free: int = 
     now = time.monotonic()
     kernels = []
     for i, pid in enumerate(pids):
-        server = arbiter.register(pid, f"user{i}", "", Slice(CARD, 0, "H100", 80 * GiB, BUDGET, 50))
-        kernel = books.Kernel(pid, server, f"k{i}", uid=os.getuid(), identity=procs.Identity.of(pid))
-        kernel.resident = held[pid]
+        kernel = joined(arbiter, pid, i, BUDGET, held[pid])
         kernel.state, kernel.since = books.IDLE, now - (3600 if i == 1 else 1)
         arbiter.conns[pid] = Kernel(kernel, card, version if i == 0 else 4)
         kernels.append(kernel)

@@ -9,12 +9,10 @@ back decides only whom to ask: the room is read from the card. The kernel's side
 ``tests/gpu/test_release_gpu.py`` (PyTorch's cache on a real card)."""
 
 import asyncio
-import os
 import time
 
 import pytest
 
-from jupyter_vgpu.host import procs
 from jupyter_vgpu.node import books
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
@@ -22,7 +20,7 @@ from jupyter_vgpu.slice import Slice
 
 from .answering import Answering
 from .sleepers import sleeping
-from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided
+from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided, joined
 
 GiB, MiB = 2**30, 2**20
 #: The 12x MLP's figures (docs/design.md): a cell's kernel grows to about 17 GiB; one
@@ -84,9 +82,7 @@ def node(pids: list[int], release_first: bool = True, free: int = 4 * GiB, versi
     now = time.monotonic()
     kernels = []
     for i, pid in enumerate(pids):
-        server = arbiter.register(pid, f"user{i}", "", Slice(CARD, 0, "H100", 80 * GiB, BUDGET, 50))
-        kernel = books.Kernel(pid, server, f"k{i}", uid=os.getuid(), identity=procs.Identity.of(pid))
-        kernel.resident = held[pid]
+        kernel = joined(arbiter, pid, i, BUDGET, held[pid])
         kernel.cached = CACHED if i == 1 else 0
         kernel.pausable = LIVE  # what a pause of it would store (its hello says so)
         kernel.state, kernel.since = books.IDLE, now - (3600 if i == 2 else 1)

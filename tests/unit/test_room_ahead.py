@@ -86,6 +86,16 @@ def processes():
         yield pids
 
 
+def joined(arbiter: Arbiter, pid: int, i: int, budget: int, resident: int) -> books.Kernel:
+    """The kernel of process ``pid``, ``user{i}``'s, on the card model's card (80 GiB, a
+    slice of ``budget`` bytes), in ``arbiter``'s books holding ``resident`` bytes; its
+    state and connection are the caller's to set."""
+    server = arbiter.register(pid, f"user{i}", "", Slice(CARD, 0, "H100", 80 * GiB, budget, 50))
+    kernel = books.Kernel(pid, server, f"k{i}", uid=os.getuid(), identity=procs.Identity.of(pid))
+    kernel.resident = resident
+    return kernel
+
+
 def node(
     pids: list[int], short_contexts: float, idle_pid_seconds: float = 0.0, host_limit: int | None = None
 ):
@@ -109,10 +119,7 @@ def node(
     now = time.monotonic()
     kernels = []
     for i, pid in enumerate(pids[:7]):
-        size = {0: budget, 6: 2 * GiB}.get(i, 4 * GiB)
-        server = arbiter.register(pid, f"user{i}", "", Slice(CARD, 0, "H100", 80 * GiB, size, 50))
-        kernel = books.Kernel(pid, server, f"k{i}", uid=os.getuid(), identity=procs.Identity.of(pid))
-        kernel.resident = held[pid]
+        kernel = joined(arbiter, pid, i, {0: budget, 6: 2 * GiB}.get(i, 4 * GiB), held[pid])
         if i < 5:
             kernel.state, kernel.since = books.PAUSED, now - 60
             kernel.paused_bytes = 100 * MiB if i == 0 else GiB
