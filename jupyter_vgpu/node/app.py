@@ -454,7 +454,9 @@ class ArbiterApp(Application):
         next cells need no resume. A kernel idle after an MLP cell of the 12x benchmark
         holds 16.7 GiB, of which about 14 GiB is cached free blocks: about the room the
         next starting cell needs. Where they do not cover it, the pauses are made as
-        without (a pause releases the cache too). The books are read from NVML after each
+        without (a pause releases the cache too). A prefetch's room ahead of its cell asks
+        them as well, kernels idle within their idle_seconds among them (a release takes
+        nobody off the card). The books are read from NVML after each
         release, never from what a kernel says it gave back. Off by default: not yet
         measured (docs/design.md, "Release before pause").""",
     ).tag(config=True)

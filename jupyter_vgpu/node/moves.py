@@ -229,16 +229,20 @@ class Moves:
         )
         return True
 
-    async def release(self, kernel: Kernel, for_whom: str, notes: list[str] | None = None) -> int:
+    async def release(
+        self, kernel: Kernel, for_whom: str, notes: list[str] | None = None, reason: Reason = Reason.ROOM
+    ) -> int:
         """Ask idle ``kernel`` to give back the free blocks its allocator keeps cached on
         its card (``release``, protocol version 5; :attr:`.books.Kernel.cached`), for
-        ``for_whom``'s room: nothing is stored and it stays on the card, idle. Returns the
-        bytes it says it gave back, a figure only (0: refused, unanswered, nothing to give,
-        or a kernel of an older version, which is not asked); where that is not 0, NVML is
-        read until it shows them free (:meth:`settle`), and the room is decided on NVML's
-        figures alone. Its cached figure is set to 0 whatever it answers, until it says
-        anew (its state message after the release): a kernel that said more than it gave
-        is not asked twice for the same room. ``notes`` hears why it gave nothing."""
+        ``for_whom``'s room (``reason``: a cell's, or the room ahead of a prefetched
+        cell, :data:`.books.Reason.AHEAD`): nothing is stored and it stays on the card,
+        idle. Returns the bytes it says it gave back, a figure only (0: refused,
+        unanswered, nothing to give, or a kernel of an older version, which is not asked);
+        where that is not 0, NVML is read until it shows them free (:meth:`settle`), and
+        the room is decided on NVML's figures alone. Its cached figure is set to 0 whatever
+        it answers, until it says anew (its state message after the release): a kernel
+        that said more than it gave is not asked twice for the same room. ``notes`` hears
+        why it gave nothing."""
         a = self.arbiter
         conn = a.conns.get(kernel.pid)
         if conn is None or (conn.hello or {}).get("version", 1) < protocol.RELEASE_VERSION:
@@ -262,7 +266,7 @@ class Moves:
                 await self.settle(uuid, reading, [kernel.pid])
             a.metrics.releases.labels(gpu=uuid).inc()
             a.decide(
-                "release", server=kernel.server.key, pid=kernel.pid, reason=f"room for {for_whom}",
+                "release", server=kernel.server.key, pid=kernel.pid, reason=f"{reason.value} for {for_whom}",
                 seconds=round(time.monotonic() - t0, 3), released=released,
             )  # fmt: skip
             return released

@@ -260,6 +260,8 @@ class Rooms:
                 kernel.asks = books.start_asks(kernel, a.config.grant_margin, uuid)
             if a.config.room_ahead:
                 others = [k for k in a.on_card(uuid) if k is not kernel]
+                if a.config.release_first and not kernel.slice.more_gpus:
+                    free[uuid] = await self._release_ahead(kernel, uuid, free[uuid], others)
                 short, ahead = books.room_ahead(
                     kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
                 )
@@ -282,6 +284,22 @@ class Rooms:
             # sessions, seed 7 at 76fac3b, ``benchmarks/results/sessions-h100.json``)
             self._ahead(conn, uuid, ahead, short)
             return _Prefetch(restore=True, was=was)
+
+    async def _release_ahead(self, kernel: Kernel, uuid: str, free: int, others: list[Kernel]) -> int:
+        """With ``ArbiterApp.release_first``, for a granted prefetch of ``kernel`` (card
+        ``uuid``'s lock held, ``free`` bytes free on it): where the cached blocks of idle
+        kernels cover its cell's room (:func:`books.room_ahead`'s shortfall, the rooms
+        other prefetches hold counted; :func:`books.releases`), they are given back now
+        (:meth:`.moves.Moves.release`, milliseconds each), kernels idle within their
+        ``idle_seconds`` among them: a release takes nobody off the card, where the room
+        ahead pauses none of those. Returns the card's free bytes after (read again), or
+        ``free`` where nobody was asked."""
+        a = self.arbiter
+        short = books.shortfall(kernel, free, others, uuid, holds=True, now=time.monotonic())
+        asked = books.releases(self._order(kernel, others), short, uuid)
+        for victim in asked:
+            await a.moves.release(victim, kernel.server.key, reason=Reason.AHEAD)
+        return (await a.read(uuid)).free if asked else free
 
     def _return_step(self, kernel: Kernel, uuid: str, others: list[Kernel], short: int) -> list:
         """For a prefetch of ``kernel`` that is ``short`` bytes short of coming back to card

@@ -20,7 +20,7 @@ from jupyter_vgpu.slice import Slice
 
 from .answering import Answering
 from .sleepers import sleeping
-from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided, joined
+from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided, joined, prefetch
 
 GiB, MiB = 2**30, 2**20
 #: The 12x MLP's figures (docs/design.md): a cell's kernel grows to about 17 GiB; one
@@ -153,6 +153,34 @@ def test_a_kernel_of_an_older_version_is_never_asked_to_release(processes):
     assert "release" not in asked(arbiter, processes[1])
     assert decided(arbiter, "release") == []
     assert kernels[1].state == books.PAUSED
+
+
+def away(arbiter: Arbiter, card: Card, kernel: books.Kernel) -> None:
+    """``kernel`` paused: its live bytes off the card, its context on it."""
+    kernel.state, kernel.paused_bytes = books.PAUSED, LIVE
+    card.held[kernel.pid] = kernel.resident = CONTEXT
+
+
+@pytest.mark.parametrize("release_first", [True, False])
+def test_a_prefetch_has_the_caches_of_kernels_that_ran_a_moment_ago_given_back_for_its_cell(
+    processes, release_first
+):
+    # user0 edits a paused kernel's cell; user1's cell ended a second ago: the room ahead
+    # pauses nobody within their idle_seconds, but a release takes nobody off the card
+    arbiter, card, kernels = node(processes, release_first, free=6 * GiB)
+    away(arbiter, card, kernels[0])
+    conn = arbiter.conns[processes[0]]
+    prefetch(arbiter, conn, 1)
+    assert {"type": "grant", "id": 1} in conn.told
+    released = decided(arbiter, "release")
+    assert kernels[1].state == books.IDLE  # never paused for a cell that has not started
+    if release_first:
+        assert [d["reason"] for d in released] == ["room ahead for user0/"]
+        assert card.held[processes[1]] == LIVE
+        assert decided(arbiter, "pause") == decided(arbiter, "suspend") == []  # the caches covered it
+    else:
+        assert released == []
+        assert card.held[processes[1]] == LIVE + CACHED
 
 
 def test_releasable_bytes_are_an_idle_kernels_cache_never_past_what_it_holds():
