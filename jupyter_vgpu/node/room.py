@@ -289,17 +289,33 @@ class Rooms:
         """With ``ArbiterApp.release_first``, for a granted prefetch of ``kernel`` (card
         ``uuid``'s lock held, ``free`` bytes free on it): where the cached blocks of idle
         kernels cover its cell's room (:func:`books.room_ahead`'s shortfall, the rooms
-        other prefetches hold counted; :func:`books.releases`), they are given back now
-        (:meth:`.moves.Moves.release`, milliseconds each), kernels idle within their
-        ``idle_seconds`` among them: a release takes nobody off the card, where the room
-        ahead pauses none of those. Returns the card's free bytes after (read again), or
-        ``free`` where nobody was asked."""
-        a = self.arbiter
+        other prefetches hold counted), they are given back now (:meth:`_release`),
+        kernels idle within their ``idle_seconds`` among them: a release takes nobody off
+        the card, where the room ahead pauses none of those. Returns the card's free bytes
+        after (read again), or ``free`` where nobody was asked."""
         short = books.shortfall(kernel, free, others, uuid, holds=True, now=time.monotonic())
-        asked = books.releases(self._order(kernel, others), short, uuid)
+        if not await self._release(kernel, uuid, self._order(kernel, others), short, Reason.AHEAD):
+            return free
+        return (await self.arbiter.read(uuid)).free
+
+    async def _release(
+        self, kernel: Kernel, uuid: str, order: list, short: int, reason: Reason, tell=None, notes=None
+    ) -> bool:
+        """Ask the idle kernels of ``order`` (:meth:`_order`) whose cached blocks cover
+        ``short`` bytes on card ``uuid`` (:func:`books.releases`) to give them back for
+        ``kernel``'s room (:meth:`.moves.Moves.release`, ``reason``: its cell's or the room
+        ahead of it), milliseconds each; ``tell`` hears each as it starts, ``notes`` why one
+        gave nothing. Whether anyone was asked: the card is then the caller's to read again."""
+        a = self.arbiter
+        asked = books.releases(order, short, uuid)
         for victim in asked:
-            await a.moves.release(victim, kernel.server.key, reason=Reason.AHEAD)
-        return (await a.read(uuid)).free if asked else free
+            if tell is not None:
+                await tell(
+                    f"making room on GPU {kernel.slice.gpu_index}: {victim.server.key} gives back "
+                    f"its cached memory, {format_bytes(short)} still to free"
+                )
+            await a.moves.release(victim, kernel.server.key, notes, reason)
+        return bool(asked)
 
     def _return_step(self, kernel: Kernel, uuid: str, others: list[Kernel], short: int) -> list:
         """For a prefetch of ``kernel`` that is ``short`` bytes short of coming back to card
@@ -690,16 +706,10 @@ class Rooms:
                 notes.append(f"{len(leaving)} idle kernel(s) leaving the card: {names}")
             return short, reading
         order = self._order(kernel, others)
-        asked = books.releases(order, short, uuid) if a.config.release_first else []
-        if asked:
-            # the caches alone cover it: nobody stored, nobody to bring back later
-            for victim in asked:
-                if tell is not None:
-                    await tell(
-                        f"making room on GPU {kernel.slice.gpu_index}: {victim.server.key} gives back "
-                        f"its cached memory, {format_bytes(short)} still to free"
-                    )
-                await a.moves.release(victim, kernel.server.key, notes)
+        released = a.config.release_first and await self._release(
+            kernel, uuid, order, short, Reason.ROOM, tell, notes
+        )
+        if released:  # the caches alone cover it: nobody stored, nobody to bring back later
             reading = await a.read(uuid)
             others = [k for k in a.on_card(uuid) if k is not kernel]
             short = books.shortfall(kernel, reading.free, others, uuid)
