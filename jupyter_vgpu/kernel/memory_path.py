@@ -69,11 +69,18 @@ class MemoryPath:
         allocator.set_grow_channel(socket_path)
         return True
 
+    def _torch_cuda(self):
+        """The torch module once PyTorch has initialized CUDA (it has devices and cached
+        figures to read), else None; no CUDA call."""
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch
+        return None
+
     def _on_gpu(self) -> bool:
         """True once the kernel has a CUDA context: PyTorch initialized CUDA, or any library
         (CuPy, JAX) made the allocator's driver calls, or NVML lists the process."""
-        torch = self._torch()
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if self._torch_cuda() is not None:
             return True
         allocator = self._allocator()
         if allocator is not None and allocator.backend == 1:  # vmm.CUDA: a driver call was made
@@ -87,8 +94,7 @@ class MemoryPath:
         """True once the kernel has a CUDA context, known without asking the driver (safe
         while suspended): PyTorch initialized CUDA, or a library made the allocator's
         driver calls."""
-        torch = self._torch()
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if self._torch_cuda() is not None:
             return True
         allocator = self._allocator()
         return allocator is not None and allocator.backend == 1  # vmm.CUDA
@@ -125,8 +131,8 @@ class MemoryPath:
         (:meth:`.pausing.PauseControl.release_cache`) gives back. None where PyTorch has not
         initialized CUDA (nothing cached), or the figure could not be read (logged). Makes
         no CUDA call."""
-        torch = self._torch()
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        torch = self._torch_cuda()
+        if torch is None:
             return None
         from .pause.torch_calls import cached_free_bytes  # no torch import of its own
 

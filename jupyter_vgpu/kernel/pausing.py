@@ -232,10 +232,10 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
             gate.Refused: the kernel is not idle (it runs a message, or is paused or
                 suspended: its memory is not on the card).
         """
-        torch = self._torch()
 
         def release() -> int:
-            if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            torch = self._torch_cuda()  # read under the gate, as the rest
+            if torch is None:
                 return 0
             devices = range(torch.cuda.device_count())
             before = sum(torch.cuda.memory_reserved(d) for d in devices)
