@@ -2,10 +2,7 @@
 
 import os
 
-TESTS_CGROUP = "/jupyter-vgpu-tests"
-"""The cgroup every test's cgroups go under (Hubs' servers, probes). It is left in place
-while tests run, since a worker removing it while it is empty races another worker
-making a cgroup under it; it is removed here once, at the end of the whole run."""
+from jupyter_vgpu.testing.server_process import TEST_CGROUP
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -14,7 +11,7 @@ def pytest_sessionfinish(session, exitstatus):
     from jupyter_vgpu.host import cgroups
 
     for mount in cgroups.mounts():
-        top = mount.directory(TESTS_CGROUP)
+        top = mount.directory(TEST_CGROUP)
         if top is not None and top.is_dir():
             try:
                 top.rmdir()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hub_spawner import server_cgroup as spawner_cgroup
 from jupyter_vgpu.host import cgroups
+from jupyter_vgpu.testing.server_process import TEST_CGROUP
 
 GiB = 1 << 30
 HOLD = 4 * GiB
@@ -92,7 +93,7 @@ def took_time(output: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def server_cgroup(pid: int, parent: str = "/jupyter-vgpu-tests/gpu") -> tuple[cgroups.Cgroup | None, str]:
+def server_cgroup(pid: int, parent: str = f"{TEST_CGROUP}/gpu") -> tuple[cgroups.Cgroup | None, str]:
     """Move ``pid`` (before any user code of it runs) into a new cgroup under ``parent``,
     as the local spawner would have started it there: ``(cgroup, "")``, or ``(None, why
     not)`` where this machine lets no cgroup be made (not root, read-only hierarchies)."""

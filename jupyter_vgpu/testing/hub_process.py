@@ -26,7 +26,7 @@ import psutil
 import requests
 
 from hub_spawner import ports
-from jupyter_vgpu.testing.server_process import free_port, worker_share, xdist_worker
+from jupyter_vgpu.testing.server_process import TEST_CGROUP, free_port, worker_share, xdist_worker
 from jupyter_vgpu.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ class HubProcess:
             "JUPYTER_VGPU_DEMO_HUB_PORT": str(free_port()),
             "JUPYTER_VGPU_DEMO_PASSWORD": PASSWORD,
             "JUPYTER_VGPU_DEMO_SIMULATE": "1",
-            "JUPYTER_VGPU_DEMO_CGROUP_PARENT": f"/jupyter-vgpu-tests/{self.state_dir.name}",
+            "JUPYTER_VGPU_DEMO_CGROUP_PARENT": f"{TEST_CGROUP}/{self.state_dir.name}",
             # servers outlive a Hub the tests stop (restart() shows the Hub adopting them)
             "JUPYTER_VGPU_DEMO_KEEP_SERVERS": "1",
             "JUPYTER_VGPU_DEMO_ACCOUNT_PREFIX": account_prefix(),

@@ -28,6 +28,10 @@ KERNEL_CONFIG = Path(__file__).resolve().parents[2] / "jupyter-config/ipython/ip
 #: Ports of the tests' own servers, Hubs and proxies: outside the OS's ephemeral range,
 #: which kernels' ZeroMQ sockets draw from, and the local spawners' default range.
 TEST_PORTS = (30000, 32767)
+#: The cgroup every test's cgroups go under (Hubs' servers, probes, escapes). It stays
+#: while tests run (a worker removing it when it looked empty raced another making a
+#: cgroup under it); ``tests/conftest.py`` removes it once, at the end of the run.
+TEST_CGROUP = "/jupyter-vgpu-tests"
 
 
 def xdist_worker() -> int | None:

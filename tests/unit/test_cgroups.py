@@ -21,6 +21,7 @@ from jupyter_vgpu.host.cgroups import V2, Cgroup
 from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.testing.server_process import TEST_CGROUP
 from jupyter_vgpu.testing.waiting import wait_for
 
 GiB = 2**30
@@ -218,7 +219,7 @@ def server_in_cgroup():
     spawner makes it, running as the unprivileged account nobody; yields
     ``(process, cgroup, directory)``; everything in it is ended afterwards."""
     try:
-        host = server_cgroup.probe("cgroupfs", f"/jupyter-vgpu-tests/unit-{os.getpid()}")
+        host = server_cgroup.probe("cgroupfs", f"{TEST_CGROUP}/unit-{os.getpid()}")
     except server_cgroup.CgroupUnavailable as e:
         pytest.skip(str(e))
     cgroup = Cgroup(host.hierarchy, f"{host.parent}/server-{time.monotonic_ns()}")
@@ -370,7 +371,7 @@ def test_the_hub_page_warns_where_users_share_an_account():
     from hub_spawner.spawner import VGPUSimpleSpawner, VGPUSpawner
 
     log = logging.getLogger("test")
-    parent = f"/jupyter-vgpu-tests/page-{os.getpid()}"  # where a probe may make its parent
+    parent = f"{TEST_CGROUP}/page-{os.getpid()}"  # where a probe may make its parent
     config = Config({"Spawner": {"cgroup_parent": parent}})
     assert isolation.summary(VGPUSpawner, config, [], log)["warning"] is None
     assert "run as one Unix account" in isolation.summary(VGPUSimpleSpawner, config, [], log)["warning"]
