@@ -14,13 +14,12 @@ import pytest
 
 from jupyter_vgpu.host import procs
 from jupyter_vgpu.node import books
-from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.slice import Slice
 
 from .answering import Answering
 from .sleepers import sleeping
-from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided, joined
+from .test_room_ahead import CARD, CONTEXT, Card, card_arbiter, decided, joined
 
 GiB, MiB = 2**30, 2**20
 BUDGET = 8 * GiB
@@ -55,10 +54,7 @@ def node(pids: list[int], on_demand: bool = True, version: int = 4, free: int = 
     card = Card(80 * GiB, 0)
     card.held = held
     card.reserve = card.total - free - sum(held.values())
-    config = ArbiterApp(registrars="none", host_reserve=1, suspend_after=3600.0, watermark=0.99)
-    config.grant_on_demand = on_demand
-    arbiter = Arbiter(config, checkpoint=Checkpoint(card))
-    arbiter.read = card.read
+    arbiter = card_arbiter(card, grant_on_demand=on_demand)
     now = time.monotonic()
     kernels = []
     for i, pid in enumerate(pids):

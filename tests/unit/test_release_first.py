@@ -14,13 +14,12 @@ import time
 import pytest
 
 from jupyter_vgpu.node import books
-from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.slice import Slice
 
 from .answering import Answering
 from .sleepers import sleeping
-from .test_room_ahead import CARD, CONTEXT, Card, Checkpoint, decided, joined, prefetch
+from .test_room_ahead import CARD, CONTEXT, Card, card_arbiter, decided, joined, prefetch
 
 GiB, MiB = 2**30, 2**20
 #: The 12x MLP's figures (docs/design.md): a cell's kernel grows to about 17 GiB; one
@@ -72,13 +71,8 @@ def node(pids: list[int], release_first: bool = True, free: int = 4 * GiB, versi
     card = Card(80 * GiB, 0)
     card.held = dict(held)
     card.reserve = card.total - free - sum(held.values())
-    config = ArbiterApp(
-        registrars="none", host_reserve=1, suspend_after=3600.0, watermark=0.99, queue_timeout=10.0
-    )
-    config.release_first = release_first
-    config.host_memory_limit = 1 << 40  # the host's own memory is not what these tests are about
-    arbiter = Arbiter(config, checkpoint=Checkpoint(card))
-    arbiter.read = card.read
+    # the host's own memory is not what these tests are about
+    arbiter = card_arbiter(card, queue_timeout=10.0, release_first=release_first, host_memory_limit=1 << 40)
     now = time.monotonic()
     kernels = []
     for i, pid in enumerate(pids):

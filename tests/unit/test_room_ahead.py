@@ -86,6 +86,16 @@ def processes():
         yield pids
 
 
+def card_arbiter(card: Card, **settings) -> Arbiter:
+    """An arbiter of the card model ``card`` (its reading stands in for NVML's, its
+    checkpoint for the driver's), with these tests' settings (no suspend within the hour
+    in the background, the watermark out of the way) and ``settings``."""
+    config = ArbiterApp(registrars="none", host_reserve=1, suspend_after=3600.0, watermark=0.99, **settings)
+    arbiter = Arbiter(config, checkpoint=Checkpoint(card))
+    arbiter.read = card.read
+    return arbiter
+
+
 def joined(arbiter: Arbiter, pid: int, i: int, budget: int, resident: int) -> books.Kernel:
     """The kernel of process ``pid``, ``user{i}``'s, on the card model's card (80 GiB, a
     slice of ``budget`` bytes), in ``arbiter``'s books holding ``resident`` bytes; its
@@ -111,11 +121,7 @@ def node(
     card = Card(80 * GiB, 0)
     card.reserve = card.total - free - sum(held.values())
     card.held = held
-    config = ArbiterApp(registrars="none", host_reserve=1, suspend_after=3600.0, watermark=0.99)
-    if host_limit is not None:
-        config.host_memory_limit = host_limit
-    arbiter = Arbiter(config, checkpoint=Checkpoint(card))
-    arbiter.read = card.read
+    arbiter = card_arbiter(card, **({} if host_limit is None else {"host_memory_limit": host_limit}))
     now = time.monotonic()
     kernels = []
     for i, pid in enumerate(pids[:7]):
