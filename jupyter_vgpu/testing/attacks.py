@@ -101,7 +101,7 @@ def _owner_mode(path: Path) -> tuple[int, int]:
     return info.st_uid, stat.S_IMODE(info.st_mode)
 
 
-def kernel_of(scene: SecurityScene, who: str, version: int = 2, **plan):
+def _kernel_of(scene: SecurityScene, who: str, version: int = 2, **plan):
     """A peer of ``who`` registered as the root of a server of its own (the Hub's part:
     root registers it, with the account's uid), its hello (of protocol ``version``) sent
     once it is registered."""
@@ -132,7 +132,7 @@ def disk_made_first(scene: SecurityScene) -> Outcome:
     if made.wait(30) != 0:
         return Outcome(False, "the attacker could not make the directory first (the scene is wrong)")
     scene.start()
-    kernel_of(
+    _kernel_of(
         scene, "attacker", hello=hello("paused", paused=500 * MiB, host=500 * MiB, idle=3600),
         answers={"spill": {"do": "ok", "after": state("paused", paused=500 * MiB, disk=500 * MiB)}},
     )  # fmt: skip
@@ -153,7 +153,7 @@ def disk_kernel_dir_link(scene: SecurityScene) -> Outcome:
     (target / "precious").write_text("root's")
     scene.args.append("--ArbiterApp.host_memory_limit=100M")
     scene.start()
-    peer = kernel_of(
+    peer = _kernel_of(
         scene, "attacker", hello=hello("paused", paused=200 * MiB, host=200 * MiB, idle=3600),
         answers={"spill": {"do": "ok", "after": state("paused", paused=200 * MiB, disk=200 * MiB)}},
     )  # fmt: skip
@@ -174,7 +174,7 @@ def disk_root_is_the_arbiters(scene: SecurityScene) -> Outcome:
     """The attacker tries to put something of theirs into the disk tier's root (a
     directory for another uid, or a link), or to move their own directory away."""
     scene.start()
-    kernel_of(scene, "victim")  # the arbiter made its root at start
+    _kernel_of(scene, "victim")  # the arbiter made its root at start
     root = scene.disk_dir
     tries = scene.run_as(
         "attacker", SYSTEM_PYTHON, "-c",
@@ -306,16 +306,16 @@ def false_host_figure(scene: SecurityScene) -> Outcome:
     node's host budget reads full: another user's cell must still get its room."""
     scene.args += ["--ArbiterApp.host_memory_limit=1G", "--queue-timeout=20"]
     scene.start()
-    kernel_of(
+    _kernel_of(
         scene, "attacker", hello=hello("paused", paused=600 * MiB, host=12 * 1024 * MiB, idle=3600),
         answers={"spill": {"do": "refuse", "message": "RuntimeError: no"}},
     )  # fmt: skip
     paused = state("paused", paused=700 * MiB, host=700 * MiB)
-    kernel_of(
+    _kernel_of(
         scene, "victim", hello=hello("idle", resident=700 * MiB, idle=600),
         answers={"pause": {"do": "ok", "released": 0, "after": paused}},
     )  # fmt: skip
-    runner = kernel_of(scene, "victim", hello=hello("idle"))
+    runner = _kernel_of(scene, "victim", hello=hello("idle"))
     runner.command({"room": "run"})
     runner.received("grant", timeout=40)  # AssertionError (the attack worked) when it never comes
     capped = [d for d in scene.decisions("figure capped") if d["server"] == "attacker/"]
@@ -329,7 +329,7 @@ def false_cached_figure(scene: SecurityScene) -> Outcome:
     paused for it, and asked for a release once only."""
     scene.args += ["--ArbiterApp.release_first=True", "--queue-timeout=20"]
     scene.start()
-    liar = kernel_of(
+    liar = _kernel_of(
         scene, "attacker", version=5,
         hello=hello("idle", resident=700 * MiB, idle=600, cached_bytes=600 * MiB),
         answers={
@@ -337,7 +337,7 @@ def false_cached_figure(scene: SecurityScene) -> Outcome:
             "pause": {"do": "ok", "released": 0, "after": state("paused", paused=700 * MiB)},
         },
     )  # fmt: skip
-    runner = kernel_of(scene, "victim", version=5, hello=hello("idle"))
+    runner = _kernel_of(scene, "victim", version=5, hello=hello("idle"))
     runner.command({"room": "run"})
     runner.received("grant", timeout=40)  # AssertionError (the attack worked) when it never comes
     asked = [e["msg"]["type"] for e in liar.drain() if e.get("event") == "received"]
@@ -354,11 +354,11 @@ def false_disk_error(scene: SecurityScene) -> Outcome:
     not be taken for failing, and another kernel's spill goes on."""
     scene.args.append("--ArbiterApp.host_memory_limit=250M")  # the victim alone is over the spill mark
     scene.start()
-    kernel_of(
+    _kernel_of(
         scene, "attacker", hello=hello("paused", paused=300 * MiB, host=300 * MiB, idle=7200),
         answers={"spill": {"do": "refuse", "message": "OSError: [Errno 28] No space left on device"}},
     )  # fmt: skip
-    victim = kernel_of(
+    victim = _kernel_of(
         scene, "victim", hello=hello("paused", paused=300 * MiB, host=300 * MiB, idle=3600),
         answers={"spill": {"do": "ok", "after": state("paused", paused=300 * MiB, disk=300 * MiB)}},
     )  # fmt: skip
@@ -374,9 +374,9 @@ def silent_kernel(scene: SecurityScene) -> Outcome:
     never twice, for its silence."""
     scene.args += ["--ArbiterApp.pause_timeout=2", "--queue-timeout=6"]
     scene.start()
-    attacker = kernel_of(scene, "attacker", hello=hello("idle", resident=700 * MiB, idle=600),
+    attacker = _kernel_of(scene, "attacker", hello=hello("idle", resident=700 * MiB, idle=600),
                           answers={"pause": {"do": "silent"}})  # fmt: skip
-    runner = kernel_of(scene, "victim", hello=hello("idle"))
+    runner = _kernel_of(scene, "victim", hello=hello("idle"))
     for _ in range(2):
         runner.command({"room": "run"})
         runner.received("deny", timeout=30)
@@ -412,7 +412,7 @@ def connection_flood(scene: SecurityScene) -> Outcome:
     )  # fmt: skip
     out, _ = flood.communicate(timeout=120)
     held, closed = (int(x) for x in out.split())
-    kernel_of(scene, "victim")  # AssertionError (the attack worked) when it cannot join
+    _kernel_of(scene, "victim")  # AssertionError (the attack worked) when it cannot join
     grown = scene.arbiter.log_path.stat().st_size - size_before
     logged = scene.log().count("connection refused")
     ok = closed == held == 1100 and 0 < logged <= 100 and grown < 2 * MiB
@@ -428,10 +428,10 @@ def message_flood(scene: SecurityScene) -> Outcome:
     scene.args.append("--queue-timeout=10")
     scene.start()
     scene.slice = SLICE.replace(gpu_memory=4 * GiB)
-    attacker = kernel_of(scene, "attacker", hello=hello("idle"))
+    attacker = _kernel_of(scene, "attacker", hello=hello("idle"))
     attacker.command({"flood": {"type": "room", "id": 1, "for": "run"}, "count": 10_000})
     attacker.command({"flood": {"type": "state", "resume_seconds": None, **state("idle")}, "count": 100_000})
-    runner = kernel_of(scene, "victim", hello=hello("idle"))
+    runner = _kernel_of(scene, "victim", hello=hello("idle"))
     runner.command({"room": "run"})
     runner.received("grant", timeout=60)
     rss = _rss(scene.arbiter.process.pid)
@@ -544,7 +544,7 @@ def protocol_abuse(scene: SecurityScene) -> Outcome:
     and huge messages, and a budget of its own in its hello: each refused, its slice the
     Hub's."""
     scene.start()
-    peer = kernel_of(scene, "attacker", hello={**hello(), "budget": 80 * 1024 * MiB})
+    peer = _kernel_of(scene, "attacker", hello={**hello(), "budget": 80 * 1024 * MiB})
     sent = [
         {"type": "register", "pid": peer.pid, "user": "attacker", "server": "", "slice": {}},
         {"type": "books"},
