@@ -1,10 +1,12 @@
 """The panel's other states in a real ``jupyter lab``: no slice, and a budget nearly full."""
 
 import re
+import time
 
 import pytest
 from playwright.sync_api import expect
 
+from jupyter_vgpu import channel
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.server_process import JupyterServer
 
@@ -54,6 +56,22 @@ def open_new_notebook(lab, page, name: str) -> None:
     page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
     wait_for_lab(page)
     wait_for_kernel(page)
+
+
+def _prefetch_trail(lab, requests_seen: list[str], answers: list[int]) -> str:
+    """Where a prefetch stopped, for a failure's message: the page's requests and their
+    answers, what the server wrote to its kernels (``server.json``), each kernel's last
+    report (its state, and how old it is: a report that stopped coming names a kernel
+    whose channel thread stalled), and the end of the server's log."""
+    directory = lab.root / "channel"
+    lines = [f"prefetch requests from the page: {requests_seen}, answers: {answers}"]
+    lines.append(f"server.json: {channel.read_json(channel.server_path(directory))}")
+    for path in sorted(directory.glob("kernel-*.json")):
+        report = channel.read_json(path) or {}
+        age = time.time() - report.get("updated", 0.0)
+        lines.append(f"{path.name}: state {report.get('state')!r}, written {age:.1f} s ago")
+    lines.append(f"server log (end):\n{lab.log_path.read_text()[-3000:]}")
+    return "\n".join(lines)
 
 
 def test_without_a_slice_the_panel_says_so(lab_without_slice, page):
@@ -114,10 +132,11 @@ def test_a_paused_kernel_comes_back_as_its_user_clicks_into_its_notebook(lab_sma
     server, which tells the kernel; the panel shows it back, no cell having run."""
     lab = lab_small_budget
     open_new_notebook(lab, page, "prefetch.ipynb")
-    requests_seen = []
+    requests_seen, answers = [], []
     # the server's prefetch endpoint only (the notebook's own name holds "prefetch" too)
     endpoint = re.compile(r"/api/vgpu/kernels/[^/]+/prefetch$")
     page.on("request", lambda r: endpoint.search(r.url.split("?")[0]) and requests_seen.append(r.method))
+    page.on("response", lambda r: endpoint.search(r.url.split("?")[0]) and answers.append(r.status))
     run_cell(page, "import torch\nweights = torch.zeros(16 * 2**20)\n%vgpu pause")
     show_panel(page)
     details = page.locator("#jupyter-vgpu-panel tbody:has-text('prefetch.ipynb') .jp-vgpu-kernel-details")
@@ -126,6 +145,9 @@ def test_a_paused_kernel_comes_back_as_its_user_clicks_into_its_notebook(lab_sma
     before = prompts.all_inner_texts()
 
     page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first.click()
-    expect(details).to_have_attribute("data-state", "idle", timeout=30_000)
+    try:
+        expect(details).to_have_attribute("data-state", "idle", timeout=30_000)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_prefetch_trail(lab, requests_seen, answers)}") from None
     assert requests_seen == ["POST"], requests_seen  # one request, however many events
     assert prompts.all_inner_texts() == before  # nothing ran
