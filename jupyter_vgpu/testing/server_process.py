@@ -8,6 +8,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import requests
@@ -71,7 +72,20 @@ class JupyterServer:
     """
 
     def __init__(self, root: Path, env: dict[str, str], app: str = "jupyter_server", args=(), vgpu=False):
+        """Start the server and wait (60 s) until it answers ``/api/status``.
+
+        Its kernels' channels are Unix sockets (``KernelManager.transport=ipc``) in a
+        short runtime directory of its own under ``/tmp``, removed by :meth:`stop`, for
+        the reason :class:`.kernel_runner.Kernel`'s are: a TCP port jupyter_client picks
+        can be taken by another process before the kernel binds it.
+
+        Raises:
+            AssertionError: the server exited or did not answer in time.
+        """
         self.root = Path(root)
+        self.runtime = Path(tempfile.mkdtemp(prefix="vgpu-rt-", dir="/tmp"))
+        env = {"JUPYTER_RUNTIME_DIR": str(self.runtime), **env}
+        args = [*args, "--KernelManager.transport=ipc"]
         self.root.mkdir(parents=True, exist_ok=True)
         if vgpu:
             args = [*args, VGPU_ON]
@@ -121,8 +135,12 @@ class JupyterServer:
         return self.request("GET", path, **kwargs)
 
     def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 15 s) and remove its runtime
+        directory."""
         self.proc.terminate()
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(15)
+        shutil.rmtree(self.runtime, ignore_errors=True)
