@@ -44,7 +44,9 @@ print(json.dumps(dict(cached=cached, released=released, held=held, after=after, 
 def test_an_idle_kernel_gives_back_its_cache_and_keeps_every_tensor():
     got = run(CODE)
     assert got["cached"] > 1 << 30, got  # the step's activations, freed and cached
-    assert got["released"] == got["cached"], got
+    # all of it but what shares a segment with a live tensor (a bias in a 2 MiB block of
+    # the small pool): empty_cache frees whole segments only
+    assert got["cached"] - (8 << 20) <= got["released"] <= got["cached"], got
     # NVML counts in 2 MiB pages: the process shrank by what it said, within 8 MiB
     assert abs((got["held"] - got["after"]) - got["released"]) <= 8 << 20, got
     assert got["same"], "every parameter kept its bytes"
