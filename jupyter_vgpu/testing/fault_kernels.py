@@ -188,18 +188,13 @@ def served_kernel(tmp: Path, arbiter: ArbiterProcess, user: str = "ada") -> Serv
     """
     from .server_process import JupyterServer  # a server's parts only where one is started
 
-    runtime = tmp / "runtime"
-    env = {
-        "JUPYTER_VGPU_ARBITER": str(arbiter.socket),
-        "JUPYTER_VGPU_SLICE": fault_scene.SLICE.to_json(),
-        "JUPYTER_RUNTIME_DIR": str(runtime),
-    }
+    env = {"JUPYTER_VGPU_ARBITER": str(arbiter.socket), "JUPYTER_VGPU_SLICE": fault_scene.SLICE.to_json()}
     server = JupyterServer(tmp / user, env, args=[f"--VGPUServer.channel_dir={tmp / 'channel'}"], vgpu=True)
     try:
         with arbiter.control() as c:
             c.register(server.proc.pid, user, "", fault_scene.SLICE)
         kid = server.request("POST", "api/kernels", json={"name": "python3"}).json()["id"]
-        kernel = Attached(runtime / f"kernel-{kid}.json", gone=lambda: kernel_gone(server, kid))
+        kernel = Attached(server.runtime / f"kernel-{kid}.json", gone=lambda: kernel_gone(server, kid))
         pid = wait_for(lambda: kernel_of(arbiter, f"{user}/"), 60, f"{user}'s kernel in the books")
     except BaseException as e:
         server.stop()

@@ -80,11 +80,15 @@ class JupyterServer:
         can be taken by another process before the kernel binds it.
 
         Raises:
+            ValueError: ``env`` sets ``JUPYTER_RUNTIME_DIR`` (the server's is its own:
+                :attr:`runtime`, where its kernels' connection files are).
             AssertionError: the server exited or did not answer in time.
         """
+        if "JUPYTER_RUNTIME_DIR" in env:
+            raise ValueError("a test server's runtime directory is its own (JupyterServer.runtime)")
         self.root = Path(root)
         self.runtime = Path(tempfile.mkdtemp(prefix="vgpu-rt-", dir="/tmp"))
-        env = {"JUPYTER_RUNTIME_DIR": str(self.runtime), **env}
+        env = {**env, "JUPYTER_RUNTIME_DIR": str(self.runtime)}
         args = [*args, "--KernelManager.transport=ipc"]
         self.root.mkdir(parents=True, exist_ok=True)
         if vgpu:
