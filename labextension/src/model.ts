@@ -22,17 +22,26 @@ export type Connection = 'connecting' | 'stream' | 'polling' | 'error';
  * `fetch`, credentials in headers); when the stream fails the model polls
  * `/api/vgpu/usage` every `pollSeconds` instead. A document of another layout version
  * than this panel reads (`CONTRACT_VERSIONS.usage`) is refused with an error.
+ *
+ * A stream or a poll that stays silent is taken for failed too (a server whose event loop
+ * stopped, a proxy that holds the connection open): the stream once no document came for
+ * `silentSeconds` or three times the longest gap between two of its documents, whichever
+ * is longer; a poll once it has waited `silentSeconds` (the connection is then `error`).
+ * So the panel never shows an old document as live.
  */
 export class UsageModel {
   constructor(options: UsageModel.IOptions = {}) {
     this.historySeconds = options.historySeconds ?? 300;
     this.pollSeconds = options.pollSeconds ?? 2;
+    this.silentSeconds = options.silentSeconds ?? 10;
   }
 
   /** Seconds of history kept for the chart. */
   readonly historySeconds: number;
   /** Seconds between two polls when the stream is not available. */
   readonly pollSeconds: number;
+  /** Seconds of silence after which a stream or a poll is taken for failed (at least). */
+  readonly silentSeconds: number;
 
   get usage(): IUsage | null {
     return this._usage;
@@ -76,6 +85,7 @@ export class UsageModel {
     this._started = false;
     this._stream?.abort();
     this._stream = null;
+    this._stopWatchdog();
     if (this._timer !== null) {
       window.clearTimeout(this._timer);
       this._timer = null;
@@ -117,7 +127,22 @@ export class UsageModel {
     const stream = new AbortController();
     this._stream = stream;
     this._setConnection('connecting');
+    let last = Date.now();
+    let longestGap = 0;
+    this._watchdog = window.setInterval(() => {
+      const silent = (Date.now() - last) / 1000;
+      const limit = Math.max(this.silentSeconds, 3 * longestGap);
+      if (silent > limit) {
+        this._error = `no usage sample for ${Math.round(silent)} s`;
+        stream.abort(); // the stream ends quietly; the model polls
+      }
+    }, 1000);
     const onData = (data: string) => {
+      const now = Date.now();
+      if (this._connection === 'stream') {
+        longestGap = Math.max(longestGap, (now - last) / 1000);
+      }
+      last = now;
       this._setConnection('stream');
       try {
         this.push(JSON.parse(data) as IUsage);
@@ -133,6 +158,7 @@ export class UsageModel {
       .finally(() => {
         if (this._stream === stream) {
           this._stream = null;
+          this._stopWatchdog();
           this._startPolling();
         }
       });
@@ -149,7 +175,8 @@ export class UsageModel {
         return;
       }
       try {
-        this.push(await requestAPI<IUsage>('usage'));
+        const signal = AbortSignal.timeout(this.silentSeconds * 1000);
+        this.push(await requestAPI<IUsage>('usage', { signal }));
         this._setConnection('polling');
       } catch (error) {
         this._error = `${error}`;
@@ -160,6 +187,13 @@ export class UsageModel {
       }
     };
     void poll();
+  }
+
+  private _stopWatchdog(): void {
+    if (this._watchdog !== null) {
+      window.clearInterval(this._watchdog);
+      this._watchdog = null;
+    }
   }
 
   private _setConnection(connection: Connection): void {
@@ -176,6 +210,7 @@ export class UsageModel {
   private _started = false;
   private _stream: AbortController | null = null;
   private _timer: number | null = null;
+  private _watchdog: number | null = null;
   private _changed = new Signal<this, void>(this);
 }
 
@@ -185,5 +220,10 @@ export namespace UsageModel {
     historySeconds?: number;
     /** Seconds between polls when the stream fails (default 2). */
     pollSeconds?: number;
+    /**
+     * Seconds without a document after which the stream, or a poll, is taken for failed
+     * (default 10: ten of the server's samples at its default `sample_seconds` of 1 s).
+     */
+    silentSeconds?: number;
   }
 }

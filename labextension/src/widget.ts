@@ -306,6 +306,12 @@ export class UsagePanel extends Widget {
       error: 'Disconnected'
     };
     const c = this.model.connection;
-    return h('footer', { class: `jp-vgpu-footer jp-vgpu-connection-${c}` }, h('i', {}), labels[c]);
+    let label = labels[c];
+    const at = this.model.usage?.timestamp;
+    if (c === 'error' && at) {
+      // the figures above stay on screen: say how old they are
+      label += `: the figures above are from ${new Date(at * 1000).toLocaleTimeString()}`;
+    }
+    return h('footer', { class: `jp-vgpu-footer jp-vgpu-connection-${c}` }, h('i', {}), label);
   }
 }

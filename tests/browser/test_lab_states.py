@@ -1,6 +1,8 @@
 """The panel's other states in a real ``jupyter lab``: no slice, and a budget nearly full."""
 
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -83,6 +85,30 @@ def test_without_a_slice_the_panel_says_so(lab_without_slice, page):
     show_panel(page)
     expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-notice[data-state='no-slice']")).to_be_visible()
     expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-meter")).to_have_count(0)
+
+
+def test_a_server_that_goes_silent_is_shown_disconnected_never_live(lab_small_budget, page):
+    """A usage stream that stops without closing (here the server is stopped with SIGSTOP,
+    its connections left open, as a hung event loop or a proxy holding the connection
+    would) is taken for failed: the footer leaves "Live" for "Disconnected", with the time
+    of the figures still shown, while the server says nothing, and the panel polls again
+    once it answers."""
+    lab = lab_small_budget
+    prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
+    page.goto(f"{lab.url}/lab?reset&token={lab.token}")
+    wait_for_lab(page)
+    show_panel(page)
+    footer = page.locator("#jupyter-vgpu-panel .jp-vgpu-footer")
+    expect(footer).to_have_class(re.compile(r"\bjp-vgpu-connection-stream\b"), timeout=60_000)
+    os.kill(lab.proc.pid, signal.SIGSTOP)
+    try:
+        # silent 10 s: the stream is dropped; a poll waits 10 s more, then "Disconnected"
+        expect(footer).to_have_class(re.compile(r"\bjp-vgpu-connection-error\b"), timeout=60_000)
+        expect(footer).to_have_text(re.compile(r"^Disconnected: the figures above are from \S"))
+        screenshot(page, "panel-disconnected", "#jupyter-vgpu-panel", docs=False)
+    finally:
+        os.kill(lab.proc.pid, signal.SIGCONT)
+    expect(footer).to_have_class(re.compile(r"\bjp-vgpu-connection-polling\b"), timeout=60_000)
 
 
 def test_above_90_percent_of_the_budget_the_status_bar_warns(lab_small_budget, page):
