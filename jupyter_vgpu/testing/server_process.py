@@ -127,9 +127,12 @@ class JupyterServer:
                 raise AssertionError(f"jupyter server exited:\n{self.log_path.read_text()[-3000:]}")
             return self.get("api/status").status_code == 200
 
-        wait_for(
-            started, 60, f"jupyter server on port {self.port} to answer /api/status (log: {self.log_path})"
-        )
+        what = f"jupyter server on port {self.port} to answer /api/status (log: {self.log_path})"
+        try:
+            wait_for(started, 60, what)
+        except BaseException:
+            self.stop()  # no caller holds it yet
+            raise
 
     def request(self, method: str, path: str, **kwargs) -> requests.Response:
         headers = {"Authorization": f"token {self.token}", **kwargs.pop("headers", {})}
