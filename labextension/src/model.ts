@@ -27,7 +27,9 @@ export type Connection = 'connecting' | 'stream' | 'polling' | 'error';
  * stopped, a proxy that holds the connection open): the stream once no document came for
  * `silentSeconds` or three times the longest gap between two of its documents, whichever
  * is longer; a poll once it has waited `silentSeconds` (the connection is then `error`).
- * So the panel never shows an old document as live.
+ * So the panel never shows an old document as live. A stream dropped for its silence is
+ * opened again once a poll is answered; one that failed otherwise (an older server without
+ * it, a browser without `ReadableStream`) leaves the model polling.
  */
 export class UsageModel {
   constructor(options: UsageModel.IOptions = {}) {
@@ -134,6 +136,7 @@ export class UsageModel {
       const limit = Math.max(this.silentSeconds, 3 * longestGap);
       if (silent > limit) {
         this._error = `no usage sample for ${Math.round(silent)} s`;
+        this._silenced = true;
         stream.abort(); // the stream ends quietly; the model polls
       }
     }, 1000);
@@ -177,6 +180,11 @@ export class UsageModel {
       try {
         const signal = AbortSignal.timeout(this.silentSeconds * 1000);
         this.push(await requestAPI<IUsage>('usage', { signal }));
+        if (this._silenced) {
+          this._silenced = false;
+          this._openStream(); // the server answers again: back to its stream
+          return;
+        }
         this._setConnection('polling');
       } catch (error) {
         this._error = `${error}`;
@@ -211,6 +219,8 @@ export class UsageModel {
   private _stream: AbortController | null = null;
   private _timer: number | null = null;
   private _watchdog: number | null = null;
+  /** The stream was dropped for its silence alone: it is opened again once a poll is answered. */
+  private _silenced = false;
   private _changed = new Signal<this, void>(this);
 }
 

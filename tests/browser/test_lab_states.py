@@ -91,8 +91,8 @@ def test_a_server_that_goes_silent_is_shown_disconnected_never_live(lab_small_bu
     """A usage stream that stops without closing (here the server is stopped with SIGSTOP,
     its connections left open, as a hung event loop or a proxy holding the connection
     would) is taken for failed: the footer leaves "Live" for "Disconnected", with the time
-    of the figures still shown, while the server says nothing, and the panel polls again
-    once it answers."""
+    of the figures still shown, while the server says nothing; once it answers a poll
+    again, the panel goes back to its stream."""
     lab = lab_small_budget
     prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
     page.goto(f"{lab.url}/lab?reset&token={lab.token}")
@@ -108,7 +108,8 @@ def test_a_server_that_goes_silent_is_shown_disconnected_never_live(lab_small_bu
         screenshot(page, "panel-disconnected", "#jupyter-vgpu-panel", docs=False)
     finally:
         os.kill(lab.proc.pid, signal.SIGCONT)
-    expect(footer).to_have_class(re.compile(r"\bjp-vgpu-connection-polling\b"), timeout=60_000)
+    expect(footer).to_have_class(re.compile(r"\bjp-vgpu-connection-stream\b"), timeout=60_000)
+    expect(footer).to_have_text("Live")
 
 
 def test_above_90_percent_of_the_budget_the_status_bar_warns(lab_small_budget, page):
