@@ -3,7 +3,9 @@
 - ``GET /api/vgpu/usage``: the usage document (contract ``usage``: the slice, the GPU,
   per-kernel usage and totals; see :mod:`jupyter_vgpu.server.sampler`).
 - ``GET /api/vgpu/usage/stream``: the same documents as Server-Sent Events, one
-  ``data: <document>`` per sample, for the JupyterLab panel.
+  ``data: <document>`` per sample, for the JupyterLab panel; between two samples, a
+  comment line (``: alive``) at least every :data:`HEARTBEAT_SECONDS`, so that a reader
+  can tell a slow sampling period from a server that stopped answering.
 - ``POST /api/vgpu/kernels/<kernel id>/prefetch``: the user started working in the
   kernel's notebook (opened, focused or edited it): a paused or suspended kernel comes
   back ahead of the cell where the card has room (the node arbiter decides). 202 when
@@ -46,6 +48,12 @@ class UsageHandler(VGPUHandler):
         self.finish(json.dumps(await self.sampler.current()))
 
 
+#: Seconds between two writes of the usage stream at most: a sample, or a comment line
+#: where no new sample is due (``sample_seconds`` may be longer). The panel takes a
+#: stream silent for 10 s for a server that stopped answering (``labextension/src/model.ts``).
+HEARTBEAT_SECONDS = 4.0
+
+
 class UsageStreamHandler(VGPUHandler):
     @web.authenticated
     @authorized
@@ -53,12 +61,17 @@ class UsageStreamHandler(VGPUHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
+        sent = None
         try:
             while True:
                 document = await self.sampler.current()
-                self.write(f"data: {json.dumps(document)}\n\n")
+                if document is sent:  # no new sample yet: a comment, which readers skip
+                    self.write(": alive\n\n")
+                else:
+                    self.write(f"data: {json.dumps(document)}\n\n")
+                    sent = document
                 await self.flush()
-                await asyncio.sleep(self.sampler.config.sample_seconds)
+                await asyncio.sleep(min(self.sampler.config.sample_seconds, HEARTBEAT_SECONDS))
         except StreamClosedError:
             return
 

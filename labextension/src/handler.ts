@@ -30,7 +30,9 @@ export async function requestAPI<T>(endPoint = '', init: RequestInit = {}): Prom
 
 /**
  * Read a server-sent-events endpoint below `/api/vgpu`, calling `onData` with the
- * `data` of each event, until the server ends the stream or `signal` aborts it.
+ * `data` of each event, and `onAlive` (if given) on every chunk read (an event or a
+ * comment line, such as the server's heartbeat), until the server ends the stream or
+ * `signal` aborts it.
  *
  * The request is made with `fetch` through `ServerConnection.makeRequest`, so it
  * carries JupyterLab's own credentials (the token in the `Authorization` header, or
@@ -43,7 +45,8 @@ export async function requestAPI<T>(endPoint = '', init: RequestInit = {}): Prom
 export async function streamAPI(
   endPoint: string,
   onData: (data: string) => void,
-  signal: AbortSignal
+  signal: AbortSignal,
+  onAlive?: () => void
 ): Promise<void> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, API_NAMESPACE, endPoint);
@@ -72,6 +75,7 @@ export async function streamAPI(
       if (done) {
         return;
       }
+      onAlive?.();
       buffer += decoder.decode(value, { stream: true });
       let end: number;
       while ((end = buffer.indexOf('\n\n')) >= 0) {

@@ -24,9 +24,10 @@ export type Connection = 'connecting' | 'stream' | 'polling' | 'error';
  * than this panel reads (`CONTRACT_VERSIONS.usage`) is refused with an error.
  *
  * A stream or a poll that stays silent is taken for failed too (a server whose event loop
- * stopped, a proxy that holds the connection open): the stream once no document came for
- * `silentSeconds` or three times the longest gap between two of its documents, whichever
- * is longer; a poll once it has waited `silentSeconds` (the connection is then `error`).
+ * stopped, a proxy that holds the connection open): the stream once nothing came for
+ * `silentSeconds` (the server writes at least every 4 s: a document, or a heartbeat
+ * comment between samples); a poll once it has waited `silentSeconds` (the connection
+ * is then `error`).
  * So the panel never shows an old document as live. A stream dropped for its silence is
  * opened again once a poll is answered; one that failed otherwise (an older server without
  * it, a browser without `ReadableStream`) leaves the model polling.
@@ -42,7 +43,7 @@ export class UsageModel {
   readonly historySeconds: number;
   /** Seconds between two polls when the stream is not available. */
   readonly pollSeconds: number;
-  /** Seconds of silence after which a stream or a poll is taken for failed (at least). */
+  /** Seconds of silence after which a stream or a poll is taken for failed. */
   readonly silentSeconds: number;
 
   get usage(): IUsage | null {
@@ -130,22 +131,15 @@ export class UsageModel {
     this._stream = stream;
     this._setConnection('connecting');
     let last = Date.now();
-    let longestGap = 0;
     this._watchdog = window.setInterval(() => {
       const silent = (Date.now() - last) / 1000;
-      const limit = Math.max(this.silentSeconds, 3 * longestGap);
-      if (silent > limit) {
+      if (silent > this.silentSeconds) {
         this._error = `no usage sample for ${Math.round(silent)} s`;
         this._silenced = true;
         stream.abort(); // the stream ends quietly; the model polls
       }
     }, 1000);
     const onData = (data: string) => {
-      const now = Date.now();
-      if (this._connection === 'stream') {
-        longestGap = Math.max(longestGap, (now - last) / 1000);
-      }
-      last = now;
       this._setConnection('stream');
       try {
         this.push(JSON.parse(data) as IUsage);
@@ -154,7 +148,9 @@ export class UsageModel {
         this._changed.emit();
       }
     };
-    streamAPI('usage/stream', onData, stream.signal)
+    streamAPI('usage/stream', onData, stream.signal, () => {
+      last = Date.now();
+    })
       .catch(error => {
         this._error = `${error}`;
       })
@@ -231,8 +227,8 @@ export namespace UsageModel {
     /** Seconds between polls when the stream fails (default 2). */
     pollSeconds?: number;
     /**
-     * Seconds without a document after which the stream, or a poll, is taken for failed
-     * (default 10: ten of the server's samples at its default `sample_seconds` of 1 s).
+     * Seconds of silence after which the stream, or a poll, is taken for failed (default
+     * 10: two of the stream's heartbeats, which come at least every 4 s).
      */
     silentSeconds?: number;
   }

@@ -1,6 +1,8 @@
 """The server extension in a real jupyter server, with real kernels."""
 
+import itertools
 import json
+import time
 
 import pytest
 import requests
@@ -123,6 +125,35 @@ def test_stream_sends_server_sent_events(server):
     assert events[0]["slice"]["memory_limit"] == 6 * GiB
     assert events[1]["timestamp"] > events[0]["timestamp"]
     contracts.validate("usage", events[1])
+
+
+def test_between_slow_samples_the_stream_says_it_is_alive(tmp_path):
+    """With samples 30 s apart, the stream still writes within the panel's 10 s of
+    silence (``silentSeconds`` in labextension/src/model.ts): a comment line, which SSE
+    readers skip, so that the panel tells a slow sampling period from a stopped server."""
+    slow = JupyterServer(
+        tmp_path,
+        {"JUPYTER_VGPU_SLICE": SLICE.to_json(), "JUPYTERHUB_API_URL": ""},
+        args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}", "--VGPUServer.sample_seconds=30"],
+    )
+    try:
+        lines = []  # (monotonic seconds, line) of the first three non-empty lines
+        # a read that waits 12 s fails the test (requests' ReadTimeout): the panel would
+        # have dropped the stream after 10
+        url, headers = f"{slow.url}/api/vgpu/usage/stream", {"Authorization": f"token {slow.token}"}
+        with requests.get(url, headers=headers, stream=True, timeout=(10, 12)) as r:
+            for line in r.iter_lines(decode_unicode=True):
+                if line:
+                    lines.append((time.monotonic(), line))
+                if len(lines) == 3:
+                    break
+    finally:
+        slow.stop()
+    texts = [text for _, text in lines]
+    assert texts[0].startswith("data: "), texts
+    assert texts[1:] == [": alive", ": alive"], texts
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(lines)]
+    assert max(gaps) < 10, gaps
 
 
 def test_unauthenticated_requests_are_refused(server):
