@@ -1,4 +1,5 @@
-"""The panel's other states in a real ``jupyter lab``: no slice, and a budget nearly full."""
+"""The panel's other states in a real ``jupyter lab``: no slice, a silent server, a budget
+nearly full, code between cells, and a paused kernel brought back by its user's click."""
 
 import os
 import re
@@ -50,13 +51,18 @@ def lab_small_budget(tmp_path):
     server.stop()
 
 
+def open_lab(lab, page, path: str = "lab") -> None:
+    """``lab``'s page ``path`` (``lab``, or ``lab/tree/<notebook>``) open in a freshly
+    reset light lab."""
+    prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
+    page.goto(f"{lab.url}/{path}?reset&token={lab.token}")
+    wait_for_lab(page)
+
+
 def open_new_notebook(lab, page, name: str) -> None:
     """A new notebook ``name`` open in a freshly reset light lab, its kernel idle."""
-    headers = {"Authorization": f"token {lab.token}"}
-    prepare_lab(lab.url, "light", headers)
-    create_notebook(lab.url, headers, name)
-    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
-    wait_for_lab(page)
+    create_notebook(lab.url, {"Authorization": f"token {lab.token}"}, name)
+    open_lab(lab, page, f"lab/tree/{name}")
     wait_for_kernel(page)
 
 
@@ -77,10 +83,7 @@ def _prefetch_trail(lab, requests_seen: list[str], answers: list[int]) -> str:
 
 
 def test_without_a_slice_the_panel_says_so(lab_without_slice, page):
-    lab = lab_without_slice
-    prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
-    page.goto(f"{lab.url}/lab?reset&token={lab.token}")
-    wait_for_lab(page)
+    open_lab(lab_without_slice, page)
     expect(page.locator(".jp-vgpu-indicator")).to_have_text("vGPU: no slice", timeout=60_000)
     show_panel(page)
     expect(page.locator("#jupyter-vgpu-panel .jp-vgpu-notice[data-state='no-slice']")).to_be_visible()
@@ -94,9 +97,7 @@ def test_a_server_that_goes_silent_is_shown_disconnected_never_live(lab_small_bu
     of the figures still shown, while the server says nothing; once it answers a poll
     again, the panel goes back to its stream."""
     lab = lab_small_budget
-    prepare_lab(lab.url, "light", {"Authorization": f"token {lab.token}"})
-    page.goto(f"{lab.url}/lab?reset&token={lab.token}")
-    wait_for_lab(page)
+    open_lab(lab, page)
     show_panel(page)
     footer = page.locator("#jupyter-vgpu-panel .jp-vgpu-footer")
     expect(footer).to_have_class(re.compile(r"\bjp-vgpu-connection-stream\b"), timeout=60_000)
