@@ -26,14 +26,21 @@ SLICE = Slice(
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server")
-    s = JupyterServer(
+def start_server(root, sample_seconds: float) -> JupyterServer:
+    """A server of :data:`SLICE` in ``root`` (no Hub), sampling every ``sample_seconds``."""
+    return JupyterServer(
         root,
         {"JUPYTER_VGPU_SLICE": SLICE.to_json(), "JUPYTERHUB_API_URL": ""},
-        args=[f"--VGPUServer.channel_dir={root / 'channel'}", "--VGPUServer.sample_seconds=0.2"],
+        args=[
+            f"--VGPUServer.channel_dir={root / 'channel'}",
+            f"--VGPUServer.sample_seconds={sample_seconds}",
+        ],
     )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("server"), 0.2)
     yield s
     s.stop()
 
@@ -131,11 +138,7 @@ def test_between_slow_samples_the_stream_says_it_is_alive(tmp_path):
     """With samples 30 s apart, the stream still writes within the panel's 10 s of
     silence (``silentSeconds`` in labextension/src/model.ts): a comment line, which SSE
     readers skip, so that the panel tells a slow sampling period from a stopped server."""
-    slow = JupyterServer(
-        tmp_path,
-        {"JUPYTER_VGPU_SLICE": SLICE.to_json(), "JUPYTERHUB_API_URL": ""},
-        args=[f"--VGPUServer.channel_dir={tmp_path / 'channel'}", "--VGPUServer.sample_seconds=30"],
-    )
+    slow = start_server(tmp_path, 30)
     try:
         lines = []  # (monotonic seconds, line) of the first three non-empty lines
         # a read that waits 12 s fails the test (requests' ReadTimeout): the panel would
