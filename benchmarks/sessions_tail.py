@@ -150,6 +150,7 @@ def slowest(cells: list[dict], model: list[float], decisions: list[dict], cold: 
                 "what": d["what"],
                 "server": d["server"],
                 "seconds": d.get("seconds"),
+                "released": d.get("released"),  # bytes: a pause's or a release's
                 "pinned_again": d["time"] in cold,
             }
             for d in decisions
@@ -303,10 +304,14 @@ def main() -> None:
             f"{run['commit'][:7]} seed {run['seed']}: {w['cells']} of {run['prefetched_cells']} prefetched "
             f"cells waited for room at their start ({w['over_0_4_s']} over {LONG_WAIT_S} s, "
             f"{w['without_room_ahead']} with no room ahead); inner excess p95 "
-            f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls {run['driver_overlap_r']:.2f}"
+            f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls "
+            f"{'none (no suspend or restore)' if run['driver_overlap_r'] is None else format(run['driver_overlap_r'], '.2f')}"
         )
         for c in run["slowest_cells"]:
-            made = [(m["what"], m["server"], m["seconds"], m["pinned_again"]) for m in c["room_made_for_it"]]
+            made = [
+                (m["what"], m["server"], m["seconds"], m.get("released"), m["pinned_again"])
+                for m in c["room_made_for_it"]
+            ]
             print(
                 f"  user{c['session']}/: {c['cell_s']:.3f} s ({c['inner_s']:.3f} in its code, model "
                 f"{c['model_s']:.3f}), {c['state_at_edit']} at its edit; waited for a running cell: "
