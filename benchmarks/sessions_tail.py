@@ -281,6 +281,11 @@ def of_run(run: dict) -> dict:
     }
 
 
+def _r(r: float | None) -> str:
+    """Pearson's r as printed: none where the run made no suspend or restore."""
+    return "none (no suspend or restore)" if r is None else f"{r:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", required=True, help="a benchmarks/sessions.py output")
@@ -305,7 +310,7 @@ def main() -> None:
             f"cells waited for room at their start ({w['over_0_4_s']} over {LONG_WAIT_S} s, "
             f"{w['without_room_ahead']} with no room ahead); inner excess p95 "
             f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls "
-            f"{'none (no suspend or restore)' if run['driver_overlap_r'] is None else format(run['driver_overlap_r'], '.2f')}"
+            f"{_r(run['driver_overlap_r'])}"
         )
         for c in run["slowest_cells"]:
             made = [

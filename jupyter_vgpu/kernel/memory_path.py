@@ -103,12 +103,12 @@ class MemoryPath:
         """What a pause of the kernel as it is now would store at most, before compression
         (bytes): the pausable allocator's mapped pausable bytes (:meth:`.pause.vmm.VMM.figures`,
         ``own`` and ``others``) less PyTorch's cached free bytes on every device it
-        initialized (``memory_reserved - memory_allocated``), which a pause releases
-        unstored; a codec never stores more than the bytes it is given, but for its chunks'
-        alignment. None where that is unknown: no pausable allocator on CUDA (a simulated
-        card, the stand-in), or a figure that could not be read (logged). Needs no engine
-        (one is made at the first pause or pin-ahead, after the state this figure goes
-        with), and makes no CUDA call."""
+        initialized that ``empty_cache`` frees (:func:`.pause.torch_calls.cached_free_bytes`),
+        which a pause releases unstored; a codec never stores more than the bytes it is
+        given, but for its chunks' alignment. None where that is unknown: no pausable
+        allocator on CUDA (a simulated card, the stand-in), or a figure that could not be
+        read (logged). Needs no engine (one is made at the first pause or pin-ahead, after
+        the state this figure goes with), and makes no CUDA call."""
         allocator = self._allocator()
         if allocator is None or allocator.backend != 1:  # vmm.CUDA
             return None
@@ -127,7 +127,8 @@ class MemoryPath:
 
     def cached_bytes(self) -> int | None:
         """The free blocks PyTorch's CUDA allocator keeps cached on every device the kernel
-        initialized (``memory_reserved - memory_allocated``, bytes): what a release
+        initialized, bytes, less what shares a segment with a live tensor
+        (:func:`.pause.torch_calls.cached_free_bytes`): what a release
         (:meth:`.pausing.PauseControl.release_cache`) gives back. None where PyTorch has not
         initialized CUDA (nothing cached), or the figure could not be read (logged). Makes
         no CUDA call."""

@@ -33,10 +33,12 @@ pc = PauseControl(VGPUKernel(), lambda: torch, lambda: False)
 cached, held = pc.cached_bytes(), used()
 released = pc.release_cache()
 after = used()
+said_after = pc.cached_bytes()  # what it would say if asked again
 same = all(torch.equal(before[n], p.detach().cpu()) for n, p in model.named_parameters())
 step()
 ran = all(bool(torch.isfinite(p).all()) for p in model.parameters())
 print(json.dumps(dict(cached=cached, released=released, held=held, after=after, same=same, ran=ran,
+    said_after=said_after,
     cached_after=pc.cached_bytes(), state=str(pc.state))))
 """
 
@@ -44,9 +46,10 @@ print(json.dumps(dict(cached=cached, released=released, held=held, after=after, 
 def test_an_idle_kernel_gives_back_its_cache_and_keeps_every_tensor():
     got = run(CODE)
     assert got["cached"] > 1 << 30, got  # the step's activations, freed and cached
-    # all of it but what shares a segment with a live tensor (a bias in a 2 MiB block of
-    # the small pool): empty_cache frees whole segments only
-    assert got["cached"] - (8 << 20) <= got["released"] <= got["cached"], got
+    # what it says is what empty_cache frees: whole free segments, not the free bytes beside
+    # live tensors (on an H200 at f922f59, which counted those: 3.19 GiB said, 2.0 GiB given)
+    assert got["released"] == got["cached"], got
+    assert got["said_after"] == 0, got  # asked again, it says it has nothing to give
     # NVML counts in 2 MiB pages: the process shrank by what it said, within 8 MiB
     assert abs((got["held"] - got["after"]) - got["released"]) <= 8 << 20, got
     assert got["same"], "every parameter kept its bytes"
