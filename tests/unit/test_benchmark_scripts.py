@@ -425,7 +425,7 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
     assert (first["session"], second["session"]) == (1, 2)
     assert first["outside_s"] == pytest.approx(0.6)
     assert first["room_made_for_it"] == [
-        {"what": "pause", "server": "user8/", "seconds": 0.5, "pinned_again": True}
+        {"what": "pause", "server": "user8/", "seconds": 0.5, "released": 1, "pinned_again": True}
     ]
     assert not first["waited_for_a_running_cell"]
     assert second["waited_for_a_running_cell"]
