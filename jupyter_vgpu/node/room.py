@@ -228,18 +228,24 @@ class Rooms:
                 return _Prefetch()
             # each card by what the kernel brings back to it (a slice of several: its share)
             free: dict[str, int] = {}
+            later: list = []  # pauses owed to the watermark that its return does not need
             for card, index in zip(kernel.slice.gpu_uuids, kernel.slice.gpu_indices, strict=True):
                 try:
                     reading = await a.read(card)
                 except NVMLUnavailable as e:
                     await deny("card unreadable", f"GPU {index} does not answer: {e}")
                     return _Prefetch()
-                # kernels idle past their idle_seconds go first, down to the watermark, even
-                # where the prefetch fits: the background look leaves them while a cell runs
-                if await self._pause_owed(kernel, card, reading):
-                    reading = await a.read(card)
-                free[card] = reading.free
                 others = [k for k in a.on_card(card) if k is not kernel]
+                # kernels idle past their idle_seconds go, down to the watermark, even where
+                # the prefetch fits (the background look leaves them while a cell runs); made
+                # now only where its return needs them, else after the grant (_pause_owed)
+                owed = self._owed(kernel, card, reading, others)
+                if owed and books.prefetch_short(kernel, reading.free, others, card) > 0:
+                    if await self._pause_owed(owed):
+                        reading = await a.read(card)
+                    owed = []
+                later += owed
+                free[card] = reading.free
                 short = books.prefetch_short(kernel, reading.free, others, card)
                 if short > 0 and a.config.room_ahead and not kernel.slice.more_gpus and not stepped:
                     step = self._return_step(kernel, card, others, short)
@@ -253,6 +259,14 @@ class Rooms:
                     )
                     return _Prefetch()
             self._prefetched[kernel.server.user] = now
+            # what the owed pauses made after the grant will free counts as free for the cell's
+            # room below (what they hold, as in books.covering)
+            pending = sum(books.held(v, uuid) for v, _ in later if uuid in v.slice.gpu_uuids)
+            if later:  # marked here, under the lock: no room or other move takes them meanwhile
+                for victim, _ in later:
+                    victim.moving = "pause"
+                a.spawn(self._pause_owed(later, claimed=True))
+            free[uuid] += pending
             # the cell's room, decided on the card as it is before the kernel comes back
             # (each card of a slice of several: the cell's own request makes theirs)
             short, ahead = 0, []
@@ -261,7 +275,7 @@ class Rooms:
             if a.config.room_ahead:
                 others = [k for k in a.on_card(uuid) if k is not kernel]
                 if a.config.release_first and not kernel.slice.more_gpus:
-                    free[uuid] = await self._release_ahead(kernel, uuid, free[uuid], others)
+                    free[uuid] = await self._release_ahead(kernel, uuid, free[uuid], others, pending)
                 short, ahead = books.room_ahead(
                     kernel, free[uuid], others, a.config.suspend_after, time.monotonic(), uuid
                 )
@@ -285,18 +299,21 @@ class Rooms:
             self._ahead(conn, uuid, ahead, short)
             return _Prefetch(restore=True, was=was)
 
-    async def _release_ahead(self, kernel: Kernel, uuid: str, free: int, others: list[Kernel]) -> int:
+    async def _release_ahead(
+        self, kernel: Kernel, uuid: str, free: int, others: list[Kernel], pending: int = 0
+    ) -> int:
         """With ``ArbiterApp.release_first``, for a granted prefetch of ``kernel`` (card
         ``uuid``'s lock held, ``free`` bytes free on it): where the cached blocks of idle
         kernels cover its cell's room (:func:`books.room_ahead`'s shortfall, the rooms
         other prefetches hold counted), they are given back now (:meth:`_release`),
         kernels idle within their ``idle_seconds`` among them: a release takes nobody off
         the card, where the room ahead pauses none of those. Returns the card's free bytes
-        after (read again), or ``free`` where nobody was asked."""
+        after (read again, plus ``pending``: what pauses under way will free, counted in
+        ``free`` too), or ``free`` where nobody was asked."""
         short = books.shortfall(kernel, free, others, uuid, holds=True, now=time.monotonic())
         if not await self._release(kernel, uuid, self._order(kernel, others), short, Reason.AHEAD):
             return free
-        return (await self.arbiter.read(uuid)).free
+        return (await self.arbiter.read(uuid)).free + pending
 
     async def _release(
         self, kernel: Kernel, uuid: str, order: list, short: int, reason: Reason, tell=None, notes=None
@@ -455,29 +472,52 @@ class Rooms:
                 message=f"{type(e).__name__}: {e}",
             )
 
-    async def _pause_owed(self, kernel: Kernel, card: str, reading: Reading) -> bool:
-        """For a prefetch of ``kernel`` to ``card`` (its lock held): pause the kernels idle
-        past their slice's ``idle_seconds`` until the card, counting the prefetch and the
-        running cells' promises, is at its watermark (:func:`books.prefetch_owed`). The
-        background look pauses those only while no cell runs on the card
-        (:func:`books.quiet`); where many users share a card one always does, and those
-        kernels kept the card full. A prefetch runs seconds before its cell, which would
-        take them off itself (:meth:`make_room`), and its user waits in the meantime: 28
-        of 44 transformer sessions' cells found their kernel paused, their prefetch
-        refused for room such kernels held (``benchmarks/results/sessions-h100.json``).
-        Pauses only, never a suspend, and nobody within their ``idle_seconds``; a kernel
-        whose pause waits for host memory to be made stays. Returns whether any left the
-        card."""
-        a = self.arbiter
-        others = [k for k in a.on_card(card) if k is not kernel]
+    def _owed(self, kernel: Kernel, card: str, reading: Reading, others: list[Kernel]) -> list:
+        """For a prefetch of ``kernel`` to ``card`` (its lock held, ``reading`` just taken,
+        ``others`` its other kernels): the kernels idle past their slice's ``idle_seconds``
+        to pause until the card, counting the prefetch and the running cells' promises, is at
+        its watermark (:func:`books.prefetch_owed`), ``[(victim, "pause")]``, less those that
+        declined a moment ago or have a move under way. The background look pauses those
+        only while no cell runs on the card (:func:`books.quiet`); where many users share a
+        card one always does, and those kernels kept the card full. A prefetch runs seconds
+        before its cell, which would take them off itself (:meth:`make_room`), and its user
+        waits in the meantime: 28 of 44 transformer sessions' cells found their kernel
+        paused, their prefetch refused for room such kernels held
+        (``benchmarks/results/sessions-h100.json``). Pauses only, never a suspend, and
+        nobody within their ``idle_seconds``."""
         owed = books.prefetch_owed(
-            kernel, reading.used, reading.total, others, a.config.watermark, time.monotonic(), card
+            kernel, reading.used, reading.total, others, self.arbiter.config.watermark, time.monotonic(), card
         )
+        now = time.monotonic()
+        return [
+            (v, action)
+            for v, action in owed
+            if v.moving is None and not v.declined(action, now, REFUSAL_SECONDS)
+        ]
+
+    async def _pause_owed(self, owed: list, claimed: bool = False) -> bool:
+        """Pause ``owed`` (:meth:`_owed`) one after another; a kernel whose pause waits for
+        host memory to be made stays. Returns whether any left the card.
+
+        Where the prefetch fits without them, they are made after its grant, outside the
+        card's lock (``claimed``: marked ``moving`` under it, so that no room or other move
+        takes them meanwhile; each mark goes as its move ends): made before it, under the
+        lock, the prefetch waited for them, up to nine pauses and 7.9 s where their host
+        memory was pinned anew, and a cell sent meanwhile waited for its kernel's return
+        (2.35 s for one of seed 11's, 48 MLP sessions at f922f59,
+        ``benchmarks/results/sessions-h100.json``)."""
+        a = self.arbiter
         moved = False
-        for victim, action in owed:
-            if victim.declined(action, time.monotonic(), REFUSAL_SECONDS):
-                continue
-            moved |= await a.moves.take_off(victim, action, Reason.IDLE, host_first=[])
+        for i, (victim, action) in enumerate(owed):
+            try:
+                moved |= await a.moves.take_off(victim, action, Reason.IDLE, host_first=[], claimed=claimed)
+            except BaseException:
+                if claimed:  # the rest are left for the next look, their marks taken off
+                    for rest, _ in owed[i + 1 :]:
+                        rest.moving = None
+                raise
+        if claimed and moved:
+            await a.notify()  # a room request waiting for them to leave
         return moved
 
     def on_demand(self, conn: Connection) -> bool:

@@ -17,7 +17,7 @@ from jupyter_vgpu.node.app import ArbiterApp
 from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.node.cards import Reading
 from jupyter_vgpu.slice import Slice
-from jupyter_vgpu.testing.waiting import wait_for
+from jupyter_vgpu.testing.waiting import wait_for, wait_for_async
 
 from .answering import Answering
 from .sleepers import sleeping
@@ -184,6 +184,59 @@ def test_a_prefetch_with_room_enough_takes_nobody_off(processes):
     assert grower.told == [{"type": "grant", "id": 1}]
     assert decided(arbiter, "suspend") == decided(arbiter, "pause") == []
     assert [k.state for k in kernels[1:]] == [books.PAUSED] * 4 + [books.IDLE]
+
+
+class SlowToPause(Answering):
+    """A kernel whose pause lasts until the test lets it end (its pinned memory made anew:
+    2.5 s on the H200, seed 11 at f922f59)."""
+
+    def __init__(self, kernel: books.Kernel):
+        super().__init__(kernel)
+        self.pausing, self.go_on = asyncio.Event(), asyncio.Event()
+
+    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
+        if msg["type"] == "pause":
+            self.pausing.set()
+            await self.go_on.wait()
+        return await super().ask(msg, timeout, sent)
+
+
+def test_pauses_owed_to_the_watermark_are_made_after_the_grant_of_a_prefetch_that_fits(processes):
+    # the card above its watermark with a kernel idle past its idle_seconds: the prefetch
+    # fits beside it, so its pause, slow, is made after the grant and outside the card's lock
+    arbiter, _, kernels = node(processes[:6], short_contexts=0, idle_pid_seconds=400)
+    arbiter.config.watermark = 0.5
+    idle = arbiter.conns[processes[5]] = SlowToPause(kernels[5])
+    grower = arbiter.conns[processes[0]]
+
+    async def run():
+        await asyncio.wait_for(arbiter.rooms.prefetch(grower, 1), 5)  # not waiting for the pause
+        assert grower.told == [{"type": "grant", "id": 1}]
+        await asyncio.wait_for(idle.pausing.wait(), 5)
+        assert kernels[5].moving == "pause"  # marked: no room or other move takes it meanwhile
+        assert arbiter.locks[CARD].locked() is False  # made outside the card's lock
+        idle.go_on.set()
+        await wait_for_async(lambda: kernels[5].moving is None, 5, "the owed pause to end")
+
+    asyncio.run(run())
+    pauses = decided(arbiter, "pause")
+    assert [(d["server"], d["reason"]) for d in pauses] == [("user5/", "idle")]
+    assert decided(arbiter, "suspend") == []
+
+
+def test_pauses_owed_to_the_watermark_are_made_before_a_prefetch_whose_return_needs_them(processes):
+    # 3 GiB short of the kernel's own return: the idle kernel's pause is what makes it fit
+    arbiter, card, kernels = node(processes[:6], short_contexts=0, idle_pid_seconds=400)
+    arbiter.config.watermark = 0.5
+    kernels[0].paused_bytes = 9 * GiB
+    reading = asyncio.run(card.read(CARD))
+    assert books.prefetch_short(kernels[0], reading.free, kernels[1:], CARD) > 0
+    grower = arbiter.conns[processes[0]]
+    prefetch(arbiter, grower, 1)
+    pauses = decided(arbiter, "pause")
+    assert [(d["server"], d["reason"]) for d in pauses][:1] == [("user5/", "idle")]
+    order = [d["what"] for d in arbiter.decisions]
+    assert order.index("pause") < order.index("prefetch")  # made before it was granted
 
 
 def test_a_fault_making_room_ahead_is_a_decision_and_the_prefetch_stands(processes):
