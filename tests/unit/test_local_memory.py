@@ -38,8 +38,18 @@ class Driver:
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
         CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39
 
-    def __init__(self, stack: int = 1024, smallest: int = 16, refuse_zero: bool = True, free: int = 80 << 30):
+    def __init__(
+        self,
+        stack: int = 1024,
+        smallest: int = 16,
+        refuse_zero: bool = True,
+        free: int = 80 << 30,
+        frames: int = 0,
+    ):
         self.stack, self.smallest, self.refuse_zero, self.free = stack, smallest, refuse_zero, free
+        #: local memory a thread holds past the stack limit, grown by kernels whose frames
+        #: need it; a change of the limit frees it, and only such a kernel's launch grows it
+        self.frames = frames
         self.current: list[str] = []
         self.retained = 0
 
@@ -80,9 +90,13 @@ class Driver:
         grows = (value - self.stack) * THREADS
         if grows > self.free:
             return (self.CUresult.CUDA_ERROR_OUT_OF_MEMORY,)
-        self.free -= grows
-        self.stack = value
+        self.free -= grows - self.frames * THREADS
+        self.stack, self.frames = value, 0
         return (self.ok,)
+
+    def held(self) -> int:
+        """The process's local memory on the card, bytes (NVML's figure, less the rest)."""
+        return (self.stack + self.frames) * THREADS
 
 
 def test_a_pause_gives_back_the_local_memory_past_the_smallest_stack_and_a_resume_takes_it_back():
@@ -107,6 +121,26 @@ def test_a_stack_a_kernel_grew_comes_back_at_its_grown_size():
     assert local.give_back() == (8192 - 16) * THREADS
     local.take_back()
     assert driver.stack == 8192
+
+
+def test_local_memory_a_kernel_grew_past_the_stack_limit_is_counted_as_given_back_from_nvml():
+    # a sort's frames held 225 bytes a thread past the 1 KiB limit: the limit's fall frees
+    # them too (on an H200: 322 MiB where the limit's fall counts 264 MiB)
+    driver = Driver(stack=1024, smallest=16, frames=225, free=1 << 30)
+    local = LocalMemory(0, driver=driver, held=driver.held)
+    given = local.give_back()
+    assert given == (1024 + 225 - 16) * THREADS
+    assert driver.free == (1 << 30) + given
+    assert local.owed == given, "what a resume asks room for"
+    local.take_back()
+    assert driver.stack == 1024, "the limit as it was; the frames grow at such a kernel's launch"
+    assert local.owed == 0
+
+
+def test_where_nvml_cannot_say_the_limits_fall_is_counted():
+    driver = Driver(stack=1024, smallest=16, frames=225)
+    local = LocalMemory(0, driver=driver, held=lambda: None)
+    assert local.give_back() == (1024 - 16) * THREADS
 
 
 def test_a_card_without_room_refuses_the_take_back_and_nothing_changes():

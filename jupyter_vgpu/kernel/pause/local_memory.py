@@ -16,11 +16,21 @@ anything: the driver reallocates at once, so a card with no room for it refuses 
 resume (:class:`~.vmm.DeviceFull`, still paused) instead of failing a launch in the
 user's code later. What it gives back is counted in the engine's ``paused_bytes`` (what a
 resume needs). ``benchmarks/context_parts.py`` measures both calls on a real card.
+
+What a fall of the limit frees is read from NVML (the process's own bytes on the card,
+before and after), not only reckoned from the limit: a kernel whose frames need more local
+memory than the stack limit (a sort's, say) grows the context past ``limit x threads``,
+and the fall frees that too. On an H200 a pause gave back 322 MiB where the limit's fall
+was 264 MiB (``benchmarks/results/gpu-tests-h200x2.log``, f922f59); the limit's return
+takes back 264 MiB at once and such a kernel's next launch the rest, into the room the
+resume asked for.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 
 from .vmm import DeviceFull
 
@@ -42,15 +52,18 @@ class LocalMemory:
     Args:
         device: CUDA ordinal (as the process numbers its cards).
         driver: the ``cuda.bindings.driver`` module (tests give a stand-in).
+        held: this process's bytes on the card now, or None where unknown (default: NVML's
+            figure for the card's UUID, :func:`jupyter_vgpu.nvml.process_memory`).
 
     Raises:
         LocalMemoryError: the driver could not say the card's SMs or threads per SM.
     """
 
-    def __init__(self, device: int, driver=None):
+    def __init__(self, device: int, driver=None, held: Callable[[], int | None] | None = None):
         if driver is None:
             from cuda.bindings import driver
         self._cu = driver
+        self._held = held if held is not None else self._nvml_held
         self.device = device
         err, self._dev = driver.cuDeviceGet(device)
         self._ok(err, "cuDeviceGet")
@@ -72,6 +85,23 @@ class LocalMemory:
         err, value = self._cu.cuDeviceGetAttribute(which, self._dev)
         self._ok(err, "cuDeviceGetAttribute")
         return int(value)
+
+    def _nvml_held(self) -> int | None:
+        """This process's bytes on the card per NVML (the card by the driver's UUID), or
+        None where NVML or the UUID cannot say (a figure, never a failure)."""
+        try:
+            cu = self._cu
+            get = getattr(cu, "cuDeviceGetUuid_v2", None) or cu.cuDeviceGetUuid
+            err, uuid = get(self._dev)
+            self._ok(err, "cuDeviceGetUuid")
+            h = bytes(uuid.bytes).hex()
+            from jupyter_vgpu import nvml
+
+            name = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+            return nvml.process_memory(name).get(os.getpid())
+        except Exception as e:
+            log.debug("jupyter-vgpu: this process's bytes on device %d are not known: %s", self.device, e)
+            return None
 
     def _in_context(self, call):
         """``call()`` with the device's primary context current in this thread; its
@@ -101,9 +131,11 @@ class LocalMemory:
 
     def give_back(self) -> int:
         """Set the stack limit to the smallest the driver takes (:data:`SMALLEST`), the
-        device idle and every allocation given back; returns the bytes given back (the
-        limit's fall times :attr:`threads`; 0 where the driver took none of them or the
-        limit was at its smallest already). Call it once a pause; :meth:`take_back` undoes it.
+        device idle and every allocation given back; returns the bytes given back: what
+        the process's bytes on the card fell by (``held``, read before and after), and at
+        least the limit's fall times :attr:`threads` (all of it where ``held`` cannot
+        say); 0 where the driver took none of them or the limit was at its smallest
+        already. Call it once a pause; :meth:`take_back` undoes it.
 
         Raises:
             LocalMemoryError: the driver could not say the limit.
@@ -111,13 +143,18 @@ class LocalMemory:
         if self.kept is not None:
             return self.owed
         was = self._stack()
+        before = None
         for asked in SMALLEST:
             if asked >= was:
                 break
+            if before is None:
+                before = self._held()
             err = self._set(asked)
             if err == self._cu.CUresult.CUDA_SUCCESS:
                 now = self._stack()
-                self.kept, self.owed = was, max(0, was - now) * self.threads
+                after = self._held()
+                fell = before - after if before is not None and after is not None else 0
+                self.kept, self.owed = was, max((was - now) * self.threads, fell, 0)
                 return self.owed
             log.debug("jupyter-vgpu: the driver refused a stack limit of %d bytes: %s", asked, err)
         return 0
