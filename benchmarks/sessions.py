@@ -1047,9 +1047,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--release-first",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=ArbiterApp.release_first.default_value,
         help="the arbiter's release_first: idle kernels give back their cached free blocks for "
-        "a cell's room where those cover it, before anyone is paused (the row's releases say how often)",
+        "a cell's room where those cover it, before anyone is paused (the row's releases say how "
+        "often; default: the arbiter's, %(default)s)",
     )
     parser.add_argument(
         "--local-memory",
