@@ -511,11 +511,22 @@ class Rooms:
         for i, (victim, action) in enumerate(owed):
             try:
                 moved |= await a.moves.take_off(victim, action, Reason.IDLE, host_first=[], claimed=claimed)
-            except BaseException:
-                if claimed:  # the rest are left for the next look, their marks taken off
-                    for rest, _ in owed[i + 1 :]:
-                        rest.moving = None
-                raise
+            except BaseException as e:
+                if not claimed:
+                    raise  # the prefetch's own request: it answers with the fault
+                for rest, _ in owed[i + 1 :]:  # left for the next look, their marks taken off
+                    rest.moving = None
+                if not isinstance(e, Exception):
+                    raise  # cancelled: the arbiter stops
+                # a task of its own, after the grant: nobody else would hear of it
+                log.exception("pausing %s for the watermark failed", victim.server.key)
+                a.decide(
+                    "pause failed",
+                    server=victim.server.key,
+                    pid=victim.pid,
+                    message=f"{type(e).__name__}: {e}",
+                )
+                break
         if claimed and moved:
             await a.notify()  # a room request waiting for them to leave
         return moved

@@ -224,6 +224,32 @@ def test_pauses_owed_to_the_watermark_are_made_after_the_grant_of_a_prefetch_tha
     assert decided(arbiter, "suspend") == []
 
 
+class BreaksOnPause(Answering):
+    """A kernel whose connection fails as it is asked to pause (a fault of the arbiter's
+    own path, not a refusal)."""
+
+    async def ask(self, msg: dict, timeout: float, sent=None) -> dict:
+        if msg["type"] == "pause":
+            raise RuntimeError("the connection broke, for the test")
+        return await super().ask(msg, timeout, sent)
+
+
+def test_a_fault_of_an_owed_pause_after_the_grant_is_a_decision_and_leaves_no_mark(processes):
+    arbiter, _, kernels = node(processes[:6], short_contexts=0, idle_pid_seconds=400)
+    arbiter.config.watermark = 0.5
+    arbiter.conns[processes[5]] = BreaksOnPause(kernels[5])
+    grower = arbiter.conns[processes[0]]
+
+    async def run():
+        await asyncio.wait_for(arbiter.rooms.prefetch(grower, 1), 5)
+        await wait_for_async(lambda: decided(arbiter, "pause failed"), 5, "the owed pause's fault decided")
+
+    asyncio.run(run())
+    assert grower.told == [{"type": "grant", "id": 1}], "the prefetch stands"
+    assert "RuntimeError: the connection broke" in decided(arbiter, "pause failed")[0]["message"]
+    assert kernels[5].moving is None, "left for the next look"
+
+
 def test_pauses_owed_to_the_watermark_are_made_before_a_prefetch_whose_return_needs_them(processes):
     # 3 GiB short of the kernel's own return: the idle kernel's pause is what makes it fit
     arbiter, card, kernels = node(processes[:6], short_contexts=0, idle_pid_seconds=400)
