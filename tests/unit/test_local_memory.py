@@ -6,6 +6,8 @@ threads the card holds, reallocated by ``cuCtxSetLimit`` at once, refused for wa
 current. What the real driver does is ``tests/gpu/test_local_memory_gpu.py``'s."""
 
 import enum
+import os
+import types
 
 import numpy as np
 import pytest
@@ -141,6 +143,30 @@ def test_where_nvml_cannot_say_the_limits_fall_is_counted():
     driver = Driver(stack=1024, smallest=16, frames=225)
     local = LocalMemory(0, driver=driver, held=lambda: None)
     assert local.give_back() == (1024 - 16) * THREADS
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [bytes(range(0xF0, 0x100)), [b - 256 if b > 127 else b for b in range(0xF0, 0x100)]],
+    ids=["bytes", "signed chars"],
+)
+def test_by_default_the_process_bytes_are_nvmls_for_the_cards_uuid(monkeypatch, raw):
+    from jupyter_vgpu import nvml
+
+    asked = []
+
+    def process_memory(uuid):
+        asked.append(uuid)
+        return {os.getpid(): 5 * MiB}
+
+    monkeypatch.setattr(nvml, "process_memory", process_memory)
+    driver = Driver()
+    driver.cuDeviceGetUuid = lambda dev: (driver.ok, types.SimpleNamespace(bytes=raw))
+    local = LocalMemory(0, driver=driver)
+    assert local._held() == 5 * MiB
+    assert asked == ["GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff"]
+    monkeypatch.setattr(nvml, "process_memory", lambda uuid: 1 / 0)
+    assert local._held() is None, "a figure, never a failure"
 
 
 def test_a_card_without_room_refuses_the_take_back_and_nothing_changes():

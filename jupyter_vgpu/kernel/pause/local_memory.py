@@ -94,7 +94,10 @@ class LocalMemory:
             get = getattr(cu, "cuDeviceGetUuid_v2", None) or cu.cuDeviceGetUuid
             err, uuid = get(self._dev)
             self._ok(err, "cuDeviceGetUuid")
-            h = bytes(uuid.bytes).hex()
+            raw = uuid.bytes  # char[16]: bytes, or a sequence of (signed) ints
+            if isinstance(raw, str):
+                raw = raw.encode("latin-1")
+            h = (raw if isinstance(raw, bytes) else bytes(b & 0xFF for b in raw)).hex()
             from jupyter_vgpu import nvml
 
             name = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
