@@ -21,9 +21,10 @@ What a fall of the limit frees is read from NVML (the process's own bytes on the
 before and after), not only reckoned from the limit: a kernel whose frames need more local
 memory than the stack limit (a sort's, say) grows the context past ``limit x threads``,
 and the fall frees that too. On an H200 a pause gave back 322 MiB where the limit's fall
-was 264 MiB (``benchmarks/results/gpu-tests-h200x2.log``, f922f59); the limit's return
-takes back 264 MiB at once and such a kernel's next launch the rest, into the room the
-resume asked for.
+was 264 MiB (``benchmarks/results/gpu-tests-h200x2.log``, f922f59). A resume asks room
+for all of it; the limit's return takes back the 264 MiB at once, and such a kernel's next
+launch grows the rest, which the room made for the resume leaves free unless another
+kernel has taken it by then (that launch then fails as any launch on a full card).
 """
 
 from __future__ import annotations
