@@ -551,3 +551,12 @@ def test_a_row_counts_the_cells_that_waited_for_a_running_cell_from_the_arbiters
     ]  # fmt: skip
     assert sessions.waited_for_a_cell(decisions) == {"cells": 2, "servers": ["user3/", "user7/"]}
     assert sessions.waited_for_a_cell([]) == {"cells": 0, "servers": []}
+
+
+@pytest.mark.parametrize("commit", ["COMMIT_SHA", "f922f59", ""])
+def test_gpu_steps_refuses_to_start_without_the_full_commit_its_records_will_name(commit, tmp_path):
+    script = ROOT / "scripts" / "gpu-steps"
+    env = {"PATH": "/usr/bin:/bin", "JUPYTER_VGPU_COMMIT": commit, "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(script), "start", "parts"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2, done
+    assert "must be the full commit" in done.stderr
