@@ -38,10 +38,13 @@ class ComingBack:
         without an arbiter, a paused kernel comes back where NVML shows room. Nothing is
         printed (no cell runs); a cell arriving meanwhile waits for it. True when the
         kernel came back; False when it was not away, or the prefetch was refused or
-        failed (the kernel stays as it was, and its next cell brings it back as usual)."""
+        failed (the kernel stays as it was, and its next cell brings it back as usual;
+        ``prefetch_refusal`` says why, None where it was not away)."""
+        self.prefetch_refusal = None
         try:
             return self.gate.back(lambda prior: self._come_back(prior, prefetch=True))
         except Exception as e:
+            self.prefetch_refusal = str(e)
             log.info("jupyter-vgpu: no prefetch: %s", e)
             return False
 

@@ -87,6 +87,8 @@ class KernelHook:
         self.slice_error: str | None = None
         self._server_mtime: float | None = None
         self._prefetch_seen = time.time()  # requests older than the kernel are not for it
+        #: the last prefetch asked of this kernel and what came of it (:meth:`_prefetch_if_asked`)
+        self.last_prefetch: dict | None = None
         self._torch_hook = TorchImportHook(self._on_torch)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -289,9 +291,38 @@ class KernelHook:
         if isinstance(at, bool) or not isinstance(at, (int, float)) or at <= self._prefetch_seen:
             return
         self._prefetch_seen = at
-        if time.time() - at > PREFETCH_FRESH or self.pausing.state not in AWAY:
+        now = time.time()
+        if now - at > PREFETCH_FRESH:
+            late = f"seen {now - at:.1f} s after it was asked (over {PREFETCH_FRESH:g} s)"
+            self._prefetched(at, "late", late)
             return
-        threading.Thread(target=self.pausing.prefetch, name="jupyter-vgpu-prefetch", daemon=True).start()
+        state = self.pausing.state
+        if state not in AWAY:
+            self._prefetched(at, "not away", f"the kernel was {state}: nothing to bring back")
+            return
+        self._prefetched(at, "under way")
+        threading.Thread(target=self._prefetch, args=(at,), name="jupyter-vgpu-prefetch", daemon=True).start()
+
+    def _prefetch(self, at: float) -> None:
+        """The prefetch asked at ``at`` (unix seconds), in its own thread; its outcome goes
+        into the report at once."""
+        if self.pausing.prefetch():
+            self._prefetched(at, "back")
+        else:
+            why = self.pausing.prefetch_refusal or "the kernel was not away by then"
+            self._prefetched(at, "refused", why)
+        self.write_report()
+
+    def _prefetched(self, at: float, outcome: str, message: str | None = None) -> None:
+        """Keep what came of the prefetch asked at ``at`` (:attr:`last_prefetch`, in the
+        report and ``%vgpu status``): ``late`` (past :data:`PREFETCH_FRESH`), ``not away``,
+        ``under way``, ``back`` or ``refused`` (``message``: why). A request the kernel
+        dropped was said nowhere before: a user's click that brought nothing back could not
+        be told from one that never reached the kernel."""
+        now = time.time()
+        self.last_prefetch = {"asked_at": at, "outcome": outcome, "message": message, "decided_at": now}
+        if outcome != "under way":
+            log.info("jupyter-vgpu: prefetch asked at %.3f: %s (%s)", at, outcome, message or "")
 
     # -- torch ---------------------------------------------------------------------------
 
@@ -399,6 +430,7 @@ class KernelHook:
             "pause": pause,
             "tier": tier_of(pause),
             "node": self.arbiter.node if self.arbiter is not None else None,
+            "last_prefetch": self.last_prefetch,
         }
 
     def write_report(self) -> None:

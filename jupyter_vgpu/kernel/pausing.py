@@ -107,6 +107,7 @@ class PauseControl(MemoryPath, HeldCalls, Blockers, Suspending, ComingBack, Host
         self.gate = g.Gate(self._come_back, on_change=self._changed, on_wait=self._while_busy)
         self.last_refusal: str | None = None
         self.last_error: str | None = None  # why the last pause after a cell failed
+        self.prefetch_refusal: str | None = None  # why the last prefetch did not bring it back
         self.last_notice: str | None = None  # the node arbiter's last word (over budget)
         #: asks the node arbiter for room, blocking: (purpose, progress) -> None, purpose
         #: "run" | "resume" | "restore"; raises MemoryError when it refuses and

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from jupyter_vgpu.units import format_bytes
 
 from .hook import KernelHook
@@ -61,6 +63,13 @@ def _rows(hook: KernelHook) -> list[tuple[str, str]]:
     rows += _tier_rows(hook)
     if hook.pausing.last_notice:
         rows.append(("node arbiter", hook.pausing.last_notice))
+    last = hook.last_prefetch
+    if last is not None:
+        ago = time.time() - last["asked_at"]
+        text = f"{last['outcome']}, asked {ago:.0f} s ago (the notebook opened, focused or edited)"
+        if last.get("message"):
+            text += f": {last['message']}"
+        rows.append(("last prefetch", text))
     return rows
 
 

@@ -77,7 +77,10 @@ def _prefetch_trail(lab, requests_seen: list[str], answers: list[int]) -> str:
     for path in sorted(directory.glob("kernel-*.json")):
         report = channel.read_json(path) or {}
         age = time.time() - report.get("updated", 0.0)
-        lines.append(f"{path.name}: state {report.get('state')!r}, written {age:.1f} s ago")
+        lines.append(
+            f"{path.name}: state {report.get('state')!r}, written {age:.1f} s ago, "
+            f"last prefetch {report.get('last_prefetch')!r}"
+        )
     lines.append(f"server log (end):\n{lab.log_path.read_text()[-3000:]}")
     return "\n".join(lines)
 

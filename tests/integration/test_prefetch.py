@@ -67,6 +67,13 @@ def test_a_paused_kernel_comes_back_before_its_cell_when_its_user_starts_working
     out = scene.run(ada, scene.BACK + scene.DIGEST)
     assert out.text.splitlines()[0] == "back", out.text  # nothing waited for before the code ran
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+    row = next(line for line in scene.run(ada, "%vgpu status").text.splitlines() if "last prefetch" in line)
+    assert "back, asked" in row, row
+    # the report that carries it keeps to its contract: the server takes it
+    usage = server.request("GET", "api/vgpu/usage").json()
+    mine = next(k for k in usage["kernels"] if k["id"] == kid)
+    assert mine["report_error"] is None, mine
+    assert mine["reported"] is True, mine
 
 
 def test_a_prefetch_takes_nobody_off_the_card_within_their_idle_seconds(node):
@@ -84,6 +91,10 @@ def test_a_prefetch_takes_nobody_off_the_card_within_their_idle_seconds(node):
     # the cell still brings ada back, pausing bob as usual
     out = scene.run(ada, scene.BACK + scene.DIGEST)
     assert out.text.strip().splitlines()[-1] == scene.digest(1, 16 * MiB), out.text
+    # and her kernel says what came of the prefetch, with the arbiter's word
+    row = next(line for line in scene.run(ada, "%vgpu status").text.splitlines() if "last prefetch" in line)
+    assert "refused" in row, row
+    assert "no room" in row, row
 
 
 @pytest.mark.parametrize(
