@@ -305,13 +305,13 @@ class KernelHook:
 
     def _prefetch(self, at: float) -> None:
         """The prefetch asked at ``at`` (unix seconds), in its own thread; its outcome goes
-        into the report at once."""
+        into the watcher's next report (this thread writes none: a report reads PyTorch,
+        which only the watcher does as the kernel's own calls)."""
         if self.pausing.prefetch():
             self._prefetched(at, "back")
         else:
             why = self.pausing.prefetch_refusal or "the kernel was not away by then"
             self._prefetched(at, "refused", why)
-        self.write_report()
 
     def _prefetched(self, at: float, outcome: str, message: str | None = None) -> None:
         """Keep what came of the prefetch asked at ``at`` (:attr:`last_prefetch`, in the
@@ -320,6 +320,7 @@ class KernelHook:
         dropped was said nowhere before: a user's click that brought nothing back could not
         be told from one that never reached the kernel."""
         now = time.time()
+        message = message[:4000] if message else message  # the report's contract: text of 4,000 at most
         self.last_prefetch = {"asked_at": at, "outcome": outcome, "message": message, "decided_at": now}
         if outcome != "under way":
             log.info("jupyter-vgpu: prefetch asked at %.3f: %s (%s)", at, outcome, message or "")

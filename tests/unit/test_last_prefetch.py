@@ -33,7 +33,6 @@ class Pausing:
 def hook(pausing: Pausing) -> KernelHook:
     h = KernelHook.__new__(KernelHook)  # the decision alone: no shell, channel or thread
     h.kernel_id, h._prefetch_seen, h.last_prefetch, h.pausing = "k1", 0.0, None, pausing
-    h.write_report = lambda: None
     return h
 
 
@@ -58,12 +57,16 @@ def decided(h: KernelHook) -> dict:
     return wait_for(lambda: h.last_prefetch["outcome"] != "under way" and h.last_prefetch, 5, "its outcome")
 
 
-def test_a_refusal_carries_the_arbiters_word():
+def test_a_refusal_carries_the_arbiters_word_within_the_reports_limit():
     h = hook(Pausing(PauseState.PAUSED, refusal="no room to come back ahead of the cell (2 GiB short)"))
     h._prefetch_if_asked({"k1": time.time()})
     last = decided(h)
     assert last["outcome"] == "refused"
     assert "2 GiB short" in last["message"]
+
+    long = hook(Pausing(PauseState.PAUSED, refusal="x" * 10_000))
+    long._prefetch_if_asked({"k1": time.time()})
+    assert len(decided(long)["message"]) == 4000
 
 
 def test_a_kernel_that_came_back_says_back():
