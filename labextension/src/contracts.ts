@@ -130,6 +130,11 @@ export interface IKernelReport {
   tier?: Tier | null;
   /** The node's host memory and disk tier as the node arbiter last told the kernel, or null. */
   node?: INodeTiers | null;
+  /**
+   * The last prefetch asked of the kernel (its user opened, focused or edited its notebook) and
+   * what came of it, or null before one.
+   */
+  last_prefetch?: { asked_at: number; outcome: 'late' | 'not away' | 'under way' | 'back' | 'refused'; message: string | null; decided_at: number; } | null;
 }
 
 /** A GPU not in MIG mode, or a MIG instance, as NVML lists it on the node. */
