@@ -681,11 +681,17 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "spills": counted["spills"],
                 "releases": counted["releases"],  # --release-first: caches given back instead
                 # within the decisions the arbiter kept (decisions_kept, the latest)
+                # releases that gave back nothing: a kernel's cached figure past what
+                # empty_cache frees (306 of 374 at f922f59, before the figure was mended)
+                "releases_empty": sum(
+                    d["what"] == "release" and not d.get("released") for d in books["decisions"]
+                ),
                 "queued": sum(d["what"] == "queued" for d in books["decisions"]),
                 "trims": sum(d["what"] == "trim" for d in books["decisions"]),
                 "decisions_kept": len(books["decisions"]),
                 "counted": "pauses, suspends, spills, releases, prefetches: the arbiter's Prometheus "
-                "counters over the whole run, setups included; queued, trims: in decisions_kept",
+                "counters over the whole run, setups included; releases_empty, queued, trims: in "
+                "decisions_kept",
                 "host_used_peak_bytes": host.peak_used,
                 "host_total_bytes": host.total,
                 # each kernel process's own host memory at the end, by the arbiter's books
