@@ -76,8 +76,11 @@ class VGPUKernel(Configurable):
         reserved for every thread the card holds: on an H100, 264 MiB of every context at
         the start's 1 KiB a thread, more once a kernel needed more), and a resume takes it
         back before any code runs, or stays paused where the card has no room for it.
-        Off until measured on a card (benchmarks/context_parts.py); at 12x the paused
-        kernels' contexts are 44% of an H100.""",
+        Measured on an H200 (benchmarks/results/context-parts-h200.json): 264 MiB of a
+        0.79 GB context given back, taken back in 1.0 ms. Off: at 12x with release_first
+        it lowered the memory path's share of p95 on seed 11 (31.5 to 17.8 points) and
+        raised it on seeds 7 and 23 (-26.6 to 9.2, -41.6 to 22.2), one run each
+        (docs/design.md, the sixteenth try).""",
     ).tag(config=True)
 
     prepare_pinned = Bool(
