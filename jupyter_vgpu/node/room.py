@@ -240,13 +240,14 @@ class Rooms:
                 # the prefetch fits (the background look leaves them while a cell runs); made
                 # now only where its return needs them, else after the grant (_pause_owed)
                 owed = self._owed(kernel, card, reading, others)
-                if owed and books.prefetch_short(kernel, reading.free, others, card) > 0:
+                short = books.prefetch_short(kernel, reading.free, others, card)
+                if owed and short > 0:
                     if await self._pause_owed(owed):
                         reading = await a.read(card)
+                        short = books.prefetch_short(kernel, reading.free, others, card)
                     owed = []
                 later += owed
                 free[card] = reading.free
-                short = books.prefetch_short(kernel, reading.free, others, card)
                 if short > 0 and a.config.room_ahead and not kernel.slice.more_gpus and not stepped:
                     step = self._return_step(kernel, card, others, short)
                     if step:  # made outside the card's lock; then the card is looked at again
@@ -485,10 +486,9 @@ class Rooms:
         paused, their prefetch refused for room such kernels held
         (``benchmarks/results/sessions-h100.json``). Pauses only, never a suspend, and
         nobody within their ``idle_seconds``."""
-        owed = books.prefetch_owed(
-            kernel, reading.used, reading.total, others, self.arbiter.config.watermark, time.monotonic(), card
-        )
         now = time.monotonic()
+        watermark = self.arbiter.config.watermark
+        owed = books.prefetch_owed(kernel, reading.used, reading.total, others, watermark, now, card)
         return [
             (v, action)
             for v, action in owed

@@ -626,8 +626,8 @@ class PauseEngine:
         """Bytes a pause of the kernel as it is now would store, at most: the pausable
         bytes mapped (:meth:`.vmm.VMM.figures`, ``own`` and ``others``) less PyTorch's
         cached free bytes that ``empty_cache`` frees (:func:`.torch_calls.cached_free_bytes`),
-        which a pause releases unstored. 0 on the host stand-in and on the zstandard path, which store into
-        memory of their own."""
+        which a pause releases unstored. 0 on the host stand-in and on the zstandard path,
+        which store into memory of their own."""
         if self.device is None or self.device_codec is None or self.state != PauseState.ACTIVE:
             return 0
         if self.among_devices:  # this device's share alone
