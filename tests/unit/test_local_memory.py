@@ -161,10 +161,18 @@ def test_by_default_the_process_bytes_are_nvmls_for_the_cards_uuid(monkeypatch, 
 
     monkeypatch.setattr(nvml, "process_memory", process_memory)
     driver = Driver()
-    driver.cuDeviceGetUuid = lambda dev: (driver.ok, types.SimpleNamespace(bytes=raw))
+    uuids = []
+
+    def uuid_of(dev):
+        uuids.append(dev)
+        return driver.ok, types.SimpleNamespace(bytes=raw)
+
+    driver.cuDeviceGetUuid = uuid_of
     local = LocalMemory(0, driver=driver)
     assert local._held() == 5 * MiB
-    assert asked == ["GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff"]
+    assert local._held() == 5 * MiB
+    assert asked == ["GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff"] * 2
+    assert len(uuids) == 1, "the card's UUID asked of the driver once"
     monkeypatch.setattr(nvml, "process_memory", lambda uuid: 1 / 0)
     assert local._held() is None, "a figure, never a failure"
 

@@ -65,6 +65,7 @@ class LocalMemory:
             from cuda.bindings import driver
         self._cu = driver
         self._held = held if held is not None else self._nvml_held
+        self._uuid_name: str | None = None  # the card's, as NVML names it (:meth:`_uuid`)
         self.device = device
         err, self._dev = driver.cuDeviceGet(device)
         self._ok(err, "cuDeviceGet")
@@ -87,10 +88,14 @@ class LocalMemory:
         self._ok(err, "cuDeviceGetAttribute")
         return int(value)
 
-    def _nvml_held(self) -> int | None:
-        """This process's bytes on the card per NVML (the card by the driver's UUID), or
-        None where NVML or the UUID cannot say (a figure, never a failure)."""
-        try:
+    def _uuid(self) -> str:
+        """The card's UUID as NVML names it (``GPU-…``), from the driver; read once (a
+        card's UUID does not change).
+
+        Raises:
+            LocalMemoryError: the driver could not say it.
+        """
+        if self._uuid_name is None:
             cu = self._cu
             get = getattr(cu, "cuDeviceGetUuid_v2", None) or cu.cuDeviceGetUuid
             err, uuid = get(self._dev)
@@ -99,10 +104,16 @@ class LocalMemory:
             if isinstance(raw, str):
                 raw = raw.encode("latin-1")
             h = (raw if isinstance(raw, bytes) else bytes(b & 0xFF for b in raw)).hex()
+            self._uuid_name = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        return self._uuid_name
+
+    def _nvml_held(self) -> int | None:
+        """This process's bytes on the card per NVML (the card by the driver's UUID), or
+        None where NVML or the UUID cannot say (a figure, never a failure)."""
+        try:
             from jupyter_vgpu import nvml
 
-            name = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-            return nvml.process_memory(name).get(os.getpid())
+            return nvml.process_memory(self._uuid()).get(os.getpid())
         except Exception as e:
             log.debug("jupyter-vgpu: this process's bytes on device %d are not known: %s", self.device, e)
             return None
