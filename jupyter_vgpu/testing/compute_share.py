@@ -19,7 +19,15 @@ meet.
 
 The model takes a cell as ``cell_s`` seconds of work on an empty card, all of it shared
 (the few milliseconds a cell spends in messages count as shared work too), and cells of
-different cards as independent. ``discipline="one at a time"`` runs a card's cells one
+different cards as independent.
+
+Even sharing leaves out what time-slicing itself costs: the driver's switches between
+contexts are time in which no context advances. Two fp32 workers on an H200 advanced at
+0.448 of their speed alone each, not 0.5 (``benchmarks/results/restore-fairness-h200.json``,
+``neither restored``). ``rates`` gives the model the speed measured for each number of
+contexts (``benchmarks/time_slicing.py``: the MLP sessions' own steps, 1 to 4 processes
+on one card), so that the difference between a run and the model is the memory path's
+alone; without it the model shares evenly, and the switches count as the memory path's. ``discipline="one at a time"`` runs a card's cells one
 after the other in the order they were sent instead: not what the card does, but the
 lower bound of the tail for cells of one length, since sharing can only delay the first
 of two cells that meet and a queue delays only the second.
@@ -30,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from jupyter_vgpu.testing.percentiles import percentile
 
@@ -47,6 +55,7 @@ def simulate(
     cycles: int = 1,
     discipline: str = SHARE,
     at_once: int | None = None,
+    rates: Mapping[int, float] | None = None,
 ) -> list[tuple[int, float, float]]:
     """Cells of sessions on one card, each ``cell_s`` seconds of work alone.
 
@@ -63,13 +72,18 @@ def simulate(
             a later one waits for one of them to end (a card whose memory holds that
             many running cells, the rest waiting rather than taking room by suspends).
             None: no limit. ``"one at a time"`` is ``at_once`` 1.
+        rates: with ``"share"``, each cell's speed (its work seconds per second, 1.0 being
+            alone on the card) while ``k`` cells share it, by ``k`` (2, 3, ...: each
+            number up to the largest given); past the largest the card's total stays
+            that of the largest (``k * rate`` held). None: ``1/k`` (even sharing, no
+            cost of its own). See :func:`speed`.
 
     Returns:
         ``(session, start, latency)`` for every cell, in the order they ended; seconds.
 
     Raises:
-        ValueError: ``cell_s`` <= 0, ``think_s`` < 0, ``cycles`` < 1, or an unknown
-            ``discipline``.
+        ValueError: ``cell_s`` <= 0, ``think_s`` < 0, ``cycles`` < 1, an unknown
+            ``discipline``, or ``rates`` as :func:`speed` refuses them.
     """
     if not cell_s > 0 or think_s < 0 or cycles < 1:
         raise ValueError(f"cell_s must be > 0, think_s >= 0, cycles >= 1: {cell_s}, {think_s}, {cycles}")
@@ -77,6 +91,7 @@ def simulate(
         raise ValueError(f"at_once must be >= 1 or None: {at_once}")
     if discipline not in DISCIPLINES:
         raise ValueError(f"discipline must be one of {DISCIPLINES}, not {discipline!r}")
+    speed(1, rates)  # refuses bad rates before any cell
     pending = [(float(start), session, 0) for session, start in enumerate(first_starts)]
     heapq.heapify(pending)
     running: dict[tuple[int, int], float] = {}  # (session, cycle) -> seconds of work left; in send order
@@ -88,7 +103,7 @@ def simulate(
         if running:
             if discipline == SHARE:
                 nxt = min(active, key=running.__getitem__)
-                finish = now + running[nxt] * len(active)
+                finish = now + running[nxt] / speed(len(active), rates)
             else:
                 nxt = next(iter(running))
                 finish = now + running[nxt]
@@ -98,7 +113,7 @@ def simulate(
         elapsed = min(arrival, finish) - now
         if running and elapsed > 0:
             if discipline == SHARE:
-                step = elapsed / len(active)
+                step = elapsed * speed(len(active), rates)
                 for key in active:
                     running[key] -= step
             else:
@@ -117,12 +132,41 @@ def simulate(
     return done
 
 
+def speed(k: int, rates: Mapping[int, float] | None = None) -> float:
+    """Each cell's speed while ``k`` cells share a card (1.0: alone), by :func:`simulate`'s
+    ``rates``: ``rates[k]`` where given, ``1/k`` where ``rates`` is None, and past the
+    largest ``k`` given, that one's total speed split ``k`` ways.
+
+    Raises:
+        ValueError: ``k`` < 1; ``rates`` empty, keyed below 2, missing a number between 2
+            and its largest, or holding a speed outside (0, 1].
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1: {k}")
+    if rates is None:
+        return 1.0 / k
+    if not rates or min(rates) < 2 or sorted(rates) != list(range(2, max(rates) + 1)):
+        raise ValueError(f"rates must be given for 2, 3, ... with none missing: {sorted(rates or ())}")
+    if not all(0 < r <= 1 for r in rates.values()):
+        raise ValueError(f"rates must lie in (0, 1]: {dict(rates)}")
+    if k == 1:
+        return 1.0
+    if k in rates:
+        return rates[k]
+    top = max(rates)
+    return top * rates[top] / k
+
+
 def latencies_of(
-    starts: Sequence[float], cards: Sequence[int], cell_s: float, discipline: str = SHARE
+    starts: Sequence[float],
+    cards: Sequence[int],
+    cell_s: float,
+    discipline: str = SHARE,
+    rates: Mapping[int, float] | None = None,
 ) -> list[float]:
     """The model's latency of cells sent at ``starts`` (seconds), cell ``i`` on card
-    ``cards[i]``, in the order of ``starts``. Raises ValueError as :func:`simulate`, and
-    if the two sequences differ in length."""
+    ``cards[i]``, in the order of ``starts``; ``rates`` as :func:`simulate`'s. Raises
+    ValueError as :func:`simulate`, and if the two sequences differ in length."""
     if len(starts) != len(cards):
         raise ValueError(f"{len(starts)} starts for {len(cards)} cards")
     origin = min(starts, default=0.0)  # epoch seconds would cost the sums their last digits
@@ -130,7 +174,7 @@ def latencies_of(
     out = [0.0] * len(starts)
     for card in set(cards):
         index = [i for i, c in enumerate(cards) if c == card]
-        for j, _, latency in simulate([starts[i] for i in index], cell_s, discipline=discipline):
+        for j, _, latency in simulate([starts[i] for i in index], cell_s, discipline=discipline, rates=rates):
             out[index[j]] = latency
     return out
 
@@ -151,15 +195,20 @@ def summary(latencies: Sequence[float], solo_s: float) -> dict:
     }
 
 
-def of_cells(cells: Sequence[dict], gpus: int, solo_s: float) -> dict:
+def of_cells(
+    cells: Sequence[dict], gpus: int, solo_s: float, rates: Mapping[int, float] | None = None
+) -> dict:
     """The model's latencies for the cells of a sessions run: each a dict with ``"start"``
     (its send time, seconds) and ``"session"`` (session ``i`` is on card ``i % gpus``),
-    each ``solo_s`` seconds alone. Returns :func:`summary` of them plus ``"met_another"``,
-    the fraction of cells that shared the card for any part of their time. Raises
-    ValueError on no cells."""
+    each ``solo_s`` seconds alone; ``rates`` as :func:`simulate`'s. Returns
+    :func:`summary` of them plus ``"met_another"``, the fraction of cells that shared the
+    card for any part of their time. Raises ValueError on no cells, and as
+    :func:`simulate`."""
     if not cells:
         raise ValueError("no cells")
-    latencies = latencies_of([c["start"] for c in cells], [c["session"] % gpus for c in cells], solo_s)
+    latencies = latencies_of(
+        [c["start"] for c in cells], [c["session"] % gpus for c in cells], solo_s, rates=rates
+    )
     return {**summary(latencies, solo_s), "met_another": _met(latencies, solo_s)}
 
 

@@ -10,6 +10,7 @@ from jupyter_vgpu.testing.compute_share import (
     latencies_of,
     of_cells,
     simulate,
+    speed,
     summary,
 )
 
@@ -120,3 +121,49 @@ def test_a_runs_cells_are_modelled_on_their_own_cards():
     assert of_cells(epoch[:1], 1, 1.0)["met_another"] == 0
     with pytest.raises(ValueError, match="no cells"):
         of_cells([], 1, 1.0)
+
+
+def test_measured_rates_slow_cells_that_meet_and_only_those():
+    rates = {2: 0.45, 3: 0.3}
+    # apart: alone, whatever the rates
+    assert by_session(simulate([0.0, 5.0], 1.0, rates=rates)) == {0: 1.0, 1: 1.0}
+    # together: 1/0.45 s each where even sharing gives 2 s
+    assert by_session(simulate([0.0, 0.0], 1.0, rates=rates)) == pytest.approx({0: 1 / 0.45, 1: 1 / 0.45})
+    # 0.5 s alone, then both at 0.45: the first's last 0.5 s take 0.5 / 0.45; the second
+    # has done 0.5 of its work by then and ends its last 0.5 alone
+    first = 0.5 + 0.5 / 0.45
+    assert by_session(simulate([0.0, 0.5], 1.0, rates=rates)) == pytest.approx({0: first, 1: first})
+    assert by_session(simulate([0.0, 0.0, 0.0], 1.0, rates=rates)) == pytest.approx({i: 1 / 0.3 for i in range(3)})
+
+
+def test_rates_past_the_largest_keep_its_total():
+    rates = {2: 0.45, 3: 0.3}
+    assert speed(1, rates) == 1.0
+    assert speed(2, rates) == 0.45
+    assert speed(6, rates) == pytest.approx(0.9 / 6)
+    assert speed(4) == 0.25  # no rates: even
+    assert by_session(simulate([0.0] * 4, 1.0, rates=rates)) == pytest.approx({i: 4 / 0.9 for i in range(4)})
+
+
+@pytest.mark.parametrize(
+    "rates, says",
+    [
+        ({}, "with none missing"),
+        ({1: 1.0, 2: 0.5}, "with none missing"),
+        ({2: 0.45, 4: 0.2}, "with none missing"),
+        ({2: 0.0}, "in \\(0, 1\\]"),
+        ({2: 1.2}, "in \\(0, 1\\]"),
+    ],
+)
+def test_bad_rates_are_refused(rates, says):
+    with pytest.raises(ValueError, match=says):
+        simulate([0.0], 1.0, rates=rates)
+
+
+def test_a_runs_cells_with_rates_are_slower_where_they_met():
+    cells = [{"start": 0.0, "session": 0}, {"start": 0.0, "session": 1}, {"start": 9.0, "session": 2}]
+    even = of_cells(cells, 1, 1.0)
+    sliced = of_cells(cells, 1, 1.0, rates={2: 0.4})
+    # latencies 2.5, 2.5 and 1.0 s against 2, 2 and 1: the p95 lies between the two met
+    assert (even["p95_cell_s"], sliced["p95_cell_s"]) == pytest.approx((2.0, 2.5))
+    assert sliced["met_another"] == even["met_another"] == pytest.approx(2 / 3)
