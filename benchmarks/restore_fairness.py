@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,9 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout, not an installed copy
 
 import provenance  # noqa: E402
+import step_workers  # noqa: E402 - benchmarks/step_workers.py, beside this file
 
-WORKER = r"""
-import json, sys, time
+SETUP = r"""
+import sys
 import torch
 torch.backends.cuda.matmul.allow_tf32 = False
 n, k = int(sys.argv[1]), int(sys.argv[2])
@@ -54,18 +54,7 @@ def step():
     torch.cuda.synchronize()
 for _ in range(3):
     step()
-print("ready", flush=True)
-for line in sys.stdin:
-    start, seconds = map(float, line.split())
-    while time.time() < start:
-        time.sleep(0.0005)
-    steps = []
-    while time.time() < start + seconds:
-        t0 = time.time(); step(); steps.append((t0, time.time()))
-    print(json.dumps(steps), flush=True)
 """
-
-TRIM_S = 0.3
 
 
 def checkpoint_and_restore(pid: int, *, lock_only: bool = False) -> float:
@@ -103,28 +92,6 @@ def checkpoint_and_restore(pid: int, *, lock_only: bool = False) -> float:
     return time.perf_counter() - t0
 
 
-def run_together(workers: dict, seconds: float) -> dict[str, list[tuple[float, float]]]:
-    """Both workers' steps (start, end; seconds since the epoch) over one shared window."""
-    start = time.time() + 0.5
-    for w in workers.values():
-        w.stdin.write(f"{start} {seconds}\n")
-        w.stdin.flush()
-    steps = {}
-    for name, w in workers.items():
-        line = w.stdout.readline()
-        if not line:
-            raise SystemExit(f"worker {name} ended during a phase (exit status {w.poll()})")
-        steps[name] = json.loads(line)
-    return steps
-
-
-def median_step(steps, lo: float, hi: float) -> float | None:
-    import numpy as np
-
-    inside = [e - s for s, e in steps if s >= lo and e <= hi]
-    return float(np.percentile(inside, 50)) if inside else None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=4096, help="matrix side (fp32)")
@@ -134,24 +101,11 @@ def main() -> None:
     parser.add_argument("--out", help="JSON to write (stdout when absent)")
     args = parser.parse_args()
     doc = provenance.record()
-    workers = {
-        name: subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(args.size), str(args.products)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("A", "B")
-    }
-    for name, w in workers.items():
-        said = w.stdout.readline().strip()
-        if said != "ready":
-            raise SystemExit(f"worker {name} did not start (exit status {w.poll()}; said {said!r})")
+    workers = step_workers.start(SETUP, ("A", "B"), (str(args.size), str(args.products)))
     solo = {}
     for name, w in workers.items():
-        steps = run_together({name: w}, args.seconds)[name]
-        start = steps[0][0]
-        solo[name] = median_step(steps, start + TRIM_S, start + args.seconds - TRIM_S)
+        steps = step_workers.run_together({name: w}, args.seconds)
+        solo[name] = step_workers.median_step(steps[name], *step_workers.window(steps, args.seconds))
     phases = []
     plan = [  # (phase, whose process, lock only, idle seconds before)
         ("neither restored", None, False, 0.0),
@@ -163,9 +117,8 @@ def main() -> None:
     for phase, restore, lock_only, idle in plan:
         time.sleep(idle)
         restore_s = checkpoint_and_restore(workers[restore].pid, lock_only=lock_only) if restore else None
-        steps = run_together(workers, args.seconds)
-        start = min(s[0][0] for s in steps.values())
-        lo, hi = start + TRIM_S, start + args.seconds - TRIM_S
+        steps = step_workers.run_together(workers, args.seconds)
+        lo, hi = step_workers.window(steps, args.seconds)
         row = {
             "phase": phase,
             "process": restore,
@@ -174,20 +127,18 @@ def main() -> None:
             "driver_s": restore_s,
         }
         for name in workers:
-            m = median_step(steps[name], lo, hi)
+            m = step_workers.median_step(steps[name], lo, hi)
             row[name] = {"p50_step_s": m, "share": solo[name] / m if m else None, "steps": len(steps[name])}
         phases.append(row)
         print(json.dumps(row), flush=True)
-    for w in workers.values():
-        w.stdin.close()
-        w.wait(timeout=30)
+    step_workers.stop(workers)
     doc.update(
         {
             "size": args.size,
             "products_per_step": args.products,
             "phase_s": args.seconds,
             "later_s": args.later,
-            "trim_s": TRIM_S,
+            "trim_s": step_workers.TRIM_S,
             "percentiles": "numpy.percentile, linear interpolation (NumPy's default)",
             "solo_p50_step_s": solo,
             "phases": phases,

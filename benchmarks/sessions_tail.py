@@ -41,6 +41,15 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
   the send, and refused prefetches; and the seconds of their steps that ran beside a
   kernel restored from a suspend while theirs was only paused.
 
+And ``memory_path_points``: the run's p95 less the compute-sharing model's p95, in
+points of the calibration's solo cell (the host-memory issue's "memory path's own share
+of the tail"): ``even`` with the model as every run carries it (``compute_share``: even
+sharing, the driver's switches between contexts counted as the memory path's) and, with
+``--time-slicing FILE`` (``benchmarks/time_slicing.py``'s output, measured on the card
+the runs ran on), ``time_slicing``: the model with the measured speed of each number of
+contexts together (``compute_share.simulate``'s ``rates``); ``inner_excess_s`` then uses
+those rates too.
+
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
 and a cell sent before the first of them kept is left out (``cells_not_covered``).
@@ -48,7 +57,8 @@ and a cell sent before the first of them kept is left out (``cells_not_covered``
 Usage::
 
     python benchmarks/sessions_tail.py --sessions benchmarks/results/sessions-h100.json \\
-        --commits 777869e,b101c5c --out benchmarks/results/cell-tails-h100.json
+        --commits 777869e,b101c5c --out benchmarks/results/cell-tails-h100.json \\
+        [--time-slicing benchmarks/results/time-slicing-h200.json]
 """
 
 from __future__ import annotations
@@ -65,7 +75,7 @@ sys.path.insert(0, str(ROOT))
 
 import provenance  # noqa: E402
 
-from jupyter_vgpu.testing.compute_share import latencies_of  # noqa: E402
+from jupyter_vgpu.testing.compute_share import latencies_of, of_cells  # noqa: E402
 from jupyter_vgpu.testing.percentiles import RULE  # noqa: E402
 
 #: Seconds before a cell's send in which its kernel's prefetch counts as its own (the
@@ -184,16 +194,33 @@ def _spread(values: list[float]) -> dict:
     return {"steps": len(values), **{f"p{q}_s": _pct(values, q) for q in (10, 50, 90)}}
 
 
-def of_run(run: dict) -> dict:
-    """The figures above for one run of a sessions output. Raises KeyError where the run
-    has no ``cells_detail``, ``decisions`` or ``solo_here``."""
+def memory_path_points(run: dict, solo_s: float, rates: dict[int, float] | None = None) -> dict:
+    """The run's p95 cell less the compute-sharing model's p95 for its cells, in points
+    of ``solo_s`` (the calibration's solo cell, seconds): ``even`` (the model as the run
+    carries it, computed again) and, where ``rates`` are given, ``time_slicing``.
+    Raises KeyError where the run has no ``cells_detail`` or ``p95_cell_s``."""
+    gpus = run.get("gpus", 1)
+    models = {"even": None, **({"time_slicing": rates} if rates else {})}
+    return {
+        name: (run["p95_cell_s"] - of_cells(run["cells_detail"], gpus, solo_s, rates=r)["p95_cell_s"])
+        / solo_s
+        * 100
+        for name, r in models.items()
+    }
+
+
+def of_run(run: dict, rates: dict[int, float] | None = None, calibration_solo_s: float | None = None) -> dict:
+    """The figures above for one run of a sessions output; ``rates`` as
+    ``compute_share.simulate``'s, ``calibration_solo_s`` the output's ``solo_cell_s``
+    (``memory_path_points`` left out without it). Raises KeyError where the run has no
+    ``cells_detail``, ``decisions`` or ``solo_here``."""
     cells = sorted(run["cells_detail"], key=lambda c: c["start"])
     decisions = run["decisions"]
     first_kept = min(d["time"] for d in decisions)
     covered = [c for c in cells if c["start"] - PREFETCH_WINDOW_S >= first_kept]
     solo = run["solo_here"]["solo_p50_cell_s"]
     model = latencies_of(
-        [c["start"] for c in cells], [c["session"] % run.get("gpus", 1) for c in cells], solo
+        [c["start"] for c in cells], [c["session"] % run.get("gpus", 1) for c in cells], solo, rates=rates
     )
 
     prefetched, waited = 0, []
@@ -266,6 +293,9 @@ def of_run(run: dict) -> dict:
             "outside_s_max": max(outside) if outside else None,
             "each": waited,
         },
+        "memory_path_points": (
+            memory_path_points(run, calibration_solo_s, rates) if calibration_solo_s else None
+        ),
         "inner_excess_s": {"p50": _pct(excess, 50), "p95": _pct(excess, 95)},
         "driver_overlap_r": r,
         "pauses_by_cells_running": {
@@ -293,12 +323,20 @@ def main() -> None:
         "--commits", required=True, help="the runs of these commits (prefixes, comma-separated)"
     )
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--time-slicing", help="benchmarks/time_slicing.py's output: the model with its measured rates too"
+    )
     args = parser.parse_args()
     record = provenance.record()
     prefixes = tuple(args.commits.split(","))
+    rates = None
+    if args.time_slicing:
+        measured = json.loads(Path(args.time_slicing).read_text())["rates"]
+        rates = {int(k): float(v) for k, v in measured.items()}
+    sessions = json.loads(Path(args.sessions).read_text())
     runs = [
-        of_run(run)
-        for run in json.loads(Path(args.sessions).read_text())["runs"]
+        of_run(run, rates, sessions.get("solo_cell_s"))
+        for run in sessions["runs"]
         if str(run.get("commit", "")).startswith(prefixes) and run.get("decisions") and run.get("solo_here")
     ]
     if not runs:
@@ -310,7 +348,8 @@ def main() -> None:
             f"cells waited for room at their start ({w['over_0_4_s']} over {LONG_WAIT_S} s, "
             f"{w['without_room_ahead']} with no room ahead); inner excess p95 "
             f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls "
-            f"{_r(run['driver_overlap_r'])}"
+            f"{_r(run['driver_overlap_r'])}; memory path's points of p95: "
+            f"{ {k: round(v, 1) for k, v in (run['memory_path_points'] or {}).items()} }"
         )
         for c in run["slowest_cells"]:
             made = [
@@ -345,6 +384,7 @@ def main() -> None:
         "percentiles": RULE,
         "sessions": args.sessions,
         "prefetch_window_s": PREFETCH_WINDOW_S,
+        "time_slicing": {"file": args.time_slicing, "rates": rates} if rates else None,
         "runs": runs,
         "pauses_by_cells_running": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90)} for k, v in pooled.items()

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 #: Modules the scripts share, not scripts themselves.
-SHARED = {"gpu_common.py", "provenance.py"}
+SHARED = {"gpu_common.py", "provenance.py", "step_workers.py"}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in SHARED)
 
 #: ``sessions.start_arbiter``'s arguments as its command line gives them: no card of its
@@ -430,6 +430,56 @@ def test_the_tail_counts_prefetched_cells_that_waited_at_their_start_for_room_ma
     assert not first["waited_for_a_running_cell"]
     assert second["waited_for_a_running_cell"]
     assert [m["what"] for m in second["room_made_for_it"]] == ["suspend"]
+
+
+def test_the_tail_sets_a_runs_p95_beside_the_model_evenly_shared_and_time_sliced(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    tail = load("sessions_tail")
+    # two cells that met from their start, one alone: the model gives 2, 2 and 1 s
+    # evenly, 2.5, 2.5 and 1 s where two together run at 0.4 of their speed each
+    run = {
+        "gpus": 1,
+        "p95_cell_s": 2.6,
+        "cells_detail": [
+            {"start": 0.0, "session": 0},
+            {"start": 0.0, "session": 1},
+            {"start": 9.0, "session": 2},
+        ],
+    }
+    points = tail.memory_path_points(run, 1.0, {2: 0.4})
+    assert points == pytest.approx({"even": 60.0, "time_slicing": 10.0})
+    # a solo cell of 2 s: the model's cells take 4, 4 and 2 s, and the points are of 2 s
+    assert tail.memory_path_points(run, 2.0) == pytest.approx({"even": -70.0})
+
+
+def test_step_workers_run_together_in_one_window_and_time_the_steps_inside_it():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import step_workers
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    workers = step_workers.start("import time\ndef step():\n    time.sleep(0.02)\n", ["A", "B"])
+    try:
+        steps = step_workers.run_together(workers, 1.0)
+    finally:
+        step_workers.stop(workers)
+    lo, hi = step_workers.window(steps, 1.0)
+    assert hi - lo == pytest.approx(1.0 - 2 * step_workers.TRIM_S)
+    for name in ("A", "B"):
+        assert steps[name][0][0] == pytest.approx(lo - step_workers.TRIM_S, abs=0.05)  # one instant for both
+        assert 0.02 <= step_workers.median_step(steps[name], lo, hi) < 0.1
+    assert step_workers.median_step(steps["A"], hi, hi) is None
+
+
+def test_time_slicings_workers_run_the_sessions_own_mlp_cell(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    slicing = load("time_slicing")
+    # the sessions' own cell at a small size, on the CPU: it builds, trains and steps
+    code = slicing.setup(64, 1, 32).replace('"cuda"', '"cpu"').replace("torch.cuda.synchronize()", "pass")
+    scope: dict = {}
+    exec(compile(code, "time_slicing.setup", "exec"), scope)
+    scope["step"]()
+    assert len(scope["step_seconds"]) == 1
 
 
 def test_the_tail_sorts_steps_by_the_pair_of_states_that_shared_the_card(monkeypatch):
