@@ -45,13 +45,19 @@ assert engine.local is not None, engine.local_reason
 out = engine.pause()
 smaller = used()
 owed = engine.local.owed
+# the limit set back alone, then given back again: what it takes on the card is what is owed
+engine.local.take_back()
+grown = used() - smaller
+engine.local.give_back()
+again_smaller = used()
 t = time.perf_counter()
 back = engine.resume()
 took = time.perf_counter() - t
 same = {k: bool(torch.equal(v, t_.detach().cpu())) for (k, v), t_ in zip(before.items(), (w, y, s))}
 again, _ = torch.sort(torch.randn(1 << 22, device=dev))
 z = (x @ x).float()
-print(json.dumps(dict(alone=alone, smaller=smaller, owed=owed, same=same,
+print(json.dumps(dict(alone=alone, smaller=smaller, owed=owed, grown=grown, again_smaller=again_smaller,
+    same=same,
     released=out.segment_bytes, back=back.segment_bytes, resume_s=took,
     runs=bool(torch.isfinite(z).all()) and bool((again[1:] >= again[:-1]).all()),
     stack=engine.local.kept)))
@@ -60,8 +66,14 @@ print(json.dumps(dict(alone=alone, smaller=smaller, owed=owed, same=same,
     assert all(got["same"].values()), got["same"]
     assert got["runs"], "kernels ran after the resume"
     assert got["owed"] > 0, "the local memory past the smallest stack was given back"
-    # NVML counts in 2 MiB pages: what the process gave back is what the engine counts, within 8 MiB
-    assert abs((got["alone"] - got["smaller"]) - got["owed"]) <= 8 << 20, got
+    # NVML counts in 2 MiB pages. The local memory a resume takes back is what the engine
+    # counts, within 8 MiB, and a second give-back leaves the process as small as the first
+    assert abs(got["grown"] - got["owed"]) <= 8 << 20, got
+    assert abs(got["again_smaller"] - got["smaller"]) <= 8 << 20, got
+    # and the pause leaves the process smaller than a pause that keeps the local memory, by
+    # at least that (on an H200 by 58 MiB more: that pause's state differs beside the
+    # local memory, benchmarks/results/gpu-tests-h200x2.log)
+    assert got["alone"] - got["smaller"] >= got["owed"] - (8 << 20), got
     assert got["released"] == got["back"], got
     assert got["stack"] is None, "taken back"
 
