@@ -82,6 +82,12 @@ compute-sharing model of its cells with this card's own solo cell: ``compute_sha
 takes the calibration's, and a card that runs the cell 3% slower (an H200 kept to an
 H100's memory: 1.077 s against 1.046 s) has its cells meet longer and more often, which
 that model leaves out (seed 7 at 777869e: p95 3.003 s against 2.829 s).
+``--time-slicing FILE`` (``benchmarks/time_slicing.py``'s output for this card) adds
+``compute_share_sliced``: the model with time-slicing's own cost, each context's speed
+measured by how many share the card (two MLP steps together on an H200: 0.46 each, not
+0.5; ``benchmarks/results/time-slicing-h200.json``), so that what is left between a run
+and it is the memory path's alone; ``compute_share`` stays the even model, as in every
+earlier row.
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
@@ -138,7 +144,7 @@ from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing import card_holder  # noqa: E402
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess  # noqa: E402
-from jupyter_vgpu.testing.compute_share import of_cells  # noqa: E402
+from jupyter_vgpu.testing.compute_share import load_rates, of_cells  # noqa: E402
 from jupyter_vgpu.testing.kernel_runner import Kernel  # noqa: E402
 from jupyter_vgpu.testing.percentiles import RULE, percentile, percentile_or_none  # noqa: E402
 from jupyter_vgpu.testing.preloaded import environment  # noqa: E402
@@ -1120,6 +1126,11 @@ def main() -> None:
         help="with --calibration: measure five solo cells on this machine's card too, each run's "
         "`solo_here` (the runs are still judged against the calibration's solo cell)",
     )
+    parser.add_argument(
+        "--time-slicing",
+        help="benchmarks/time_slicing.py's output for this card: each run also carries "
+        "`compute_share_sliced`, the model with those measured speeds",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument(
         "--logs",
@@ -1134,6 +1145,10 @@ def main() -> None:
         parser.error("--same-checkpoint is the transformer's: add --workload transformer")
     if args.solo_here and not args.calibration:
         parser.error("--solo-here times this card beside a --calibration made on another")
+    try:
+        rates = load_rates(args.time_slicing) if args.time_slicing else None
+    except (OSError, ValueError) as e:
+        parser.error(f"--time-slicing: {e}")
     require_gpu(parser)
     record = provenance.record()
     if args.seed is None:
@@ -1255,6 +1270,11 @@ def main() -> None:
             row["compute_share"] = of_cells(row["cells_detail"], len(gpus), result["solo_cell_s"])
             if here is not None:  # the same model with this card's own solo cell
                 row["compute_share_here"] = of_cells(row["cells_detail"], len(gpus), here["solo_p50_cell_s"])
+            if rates is not None:  # with time-slicing's own cost, as measured on this card
+                row["compute_share_sliced"] = of_cells(
+                    row["cells_detail"], len(gpus), result["solo_cell_s"], rates
+                )
+                row["time_slicing"] = {"file": args.time_slicing, "rates": rates}
         row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)
         print(json.dumps(row), flush=True)

@@ -75,7 +75,7 @@ sys.path.insert(0, str(ROOT))
 
 import provenance  # noqa: E402
 
-from jupyter_vgpu.testing.compute_share import latencies_of, of_cells  # noqa: E402
+from jupyter_vgpu.testing.compute_share import latencies_of, load_rates, of_cells  # noqa: E402
 from jupyter_vgpu.testing.percentiles import RULE  # noqa: E402
 
 #: Seconds before a cell's send in which its kernel's prefetch counts as its own (the
@@ -329,10 +329,10 @@ def main() -> None:
     args = parser.parse_args()
     record = provenance.record()
     prefixes = tuple(args.commits.split(","))
-    rates = None
-    if args.time_slicing:
-        measured = json.loads(Path(args.time_slicing).read_text())["rates"]
-        rates = {int(k): float(v) for k, v in measured.items()}
+    try:
+        rates = load_rates(args.time_slicing) if args.time_slicing else None
+    except (OSError, ValueError) as e:
+        parser.error(f"--time-slicing: {e}")
     sessions = json.loads(Path(args.sessions).read_text())
     runs = [
         of_run(run, rates, sessions.get("solo_cell_s"))

@@ -21,24 +21,29 @@ The model takes a cell as ``cell_s`` seconds of work on an empty card, all of it
 (the few milliseconds a cell spends in messages count as shared work too), and cells of
 different cards as independent.
 
+``discipline="one at a time"`` runs a card's cells one after the other in the order they
+were sent instead: not what the card does, but the lower bound of the tail for cells of
+one length, since sharing can only delay the first of two cells that meet and a queue
+delays only the second.
+
 Even sharing leaves out what time-slicing itself costs: the driver's switches between
-contexts are time in which no context advances. Two fp32 workers on an H200 advanced at
-0.448 of their speed alone each, not 0.5 (``benchmarks/results/restore-fairness-h200.json``,
-``neither restored``). ``rates`` gives the model the speed measured for each number of
-contexts (``benchmarks/time_slicing.py``: the MLP sessions' own steps, 1 to 4 processes
-on one card), so that the difference between a run and the model is the memory path's
-alone; without it the model shares evenly, and the switches count as the memory path's. ``discipline="one at a time"`` runs a card's cells one
-after the other in the order they were sent instead: not what the card does, but the
-lower bound of the tail for cells of one length, since sharing can only delay the first
-of two cells that meet and a queue delays only the second.
+contexts are time in which no context advances. Two, three and four processes running
+the MLP sessions' steps on an H200 each advanced at 0.460, 0.305 and 0.229 of their speed
+alone, the card's total 0.92 each time (``benchmarks/time_slicing.py``,
+``benchmarks/results/time-slicing-h200.json``); two fp32 workers, at 0.448 each
+(``restore-fairness-h200.json``, ``neither restored``). ``rates`` gives the model those
+speeds, so that the difference between a run and the model is the memory path's alone;
+without them the model shares evenly, and the switches count as the memory path's.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import random
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from jupyter_vgpu.testing.percentiles import percentile
 
@@ -155,6 +160,24 @@ def speed(k: int, rates: Mapping[int, float] | None = None) -> float:
         return rates[k]
     top = max(rates)
     return top * rates[top] / k
+
+
+def load_rates(path: str | Path) -> dict[int, float]:
+    """:func:`simulate`'s ``rates`` from a ``benchmarks/time_slicing.py`` output (its
+    ``rates``: each context's speed by how many share the card, keyed by that number as
+    a string in JSON).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON, has no ``rates``, or they are refused as by :func:`speed`.
+    """
+    try:
+        measured = json.loads(Path(path).read_text())["rates"]
+        rates = {int(k): float(v) for k, v in measured.items()}
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: no time-slicing rates ({e!r})") from e
+    speed(1, rates)
+    return rates
 
 
 def latencies_of(

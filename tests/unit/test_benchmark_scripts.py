@@ -55,6 +55,19 @@ def test_every_benchmark_answers_help(script):
     assert done.stdout.startswith("usage: "), done.stdout[:500]
 
 
+@pytest.mark.parametrize("script", ["sessions.py", "sessions_tail.py"])
+def test_a_time_slicing_file_without_rates_is_refused_with_its_name(script, tmp_path):
+    bad = tmp_path / "slicing.json"
+    bad.write_text('{"solo_p50_step_s": 0.15}')
+    args = ["--out", str(tmp_path / "out.json"), "--time-slicing", str(bad)]
+    if script == "sessions_tail.py":
+        args += ["--sessions", str(ROOT / "benchmarks/results/sessions-h100.json"), "--commits", "a15fe60"]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True)
+    assert done.returncode == 2  # argparse's usage error, before any work
+    assert f"--time-slicing: {bad}: no time-slicing rates" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_a_record_names_the_commit_the_date_the_machine_and_the_command(monkeypatch):
     provenance = load("provenance")
     monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", "--out", "x.json"])

@@ -8,6 +8,7 @@ from jupyter_vgpu.testing.compute_share import (
     ONE_AT_A_TIME,
     expected,
     latencies_of,
+    load_rates,
     of_cells,
     simulate,
     speed,
@@ -133,7 +134,8 @@ def test_measured_rates_slow_cells_that_meet_and_only_those():
     # has done 0.5 of its work by then and ends its last 0.5 alone
     first = 0.5 + 0.5 / 0.45
     assert by_session(simulate([0.0, 0.5], 1.0, rates=rates)) == pytest.approx({0: first, 1: first})
-    assert by_session(simulate([0.0, 0.0, 0.0], 1.0, rates=rates)) == pytest.approx({i: 1 / 0.3 for i in range(3)})
+    three = by_session(simulate([0.0, 0.0, 0.0], 1.0, rates=rates))
+    assert three == pytest.approx({i: 1 / 0.3 for i in range(3)})
 
 
 def test_rates_past_the_largest_keep_its_total():
@@ -146,7 +148,7 @@ def test_rates_past_the_largest_keep_its_total():
 
 
 @pytest.mark.parametrize(
-    "rates, says",
+    ("rates", "says"),
     [
         ({}, "with none missing"),
         ({1: 1.0, 2: 0.5}, "with none missing"),
@@ -167,3 +169,19 @@ def test_a_runs_cells_with_rates_are_slower_where_they_met():
     # latencies 2.5, 2.5 and 1.0 s against 2, 2 and 1: the p95 lies between the two met
     assert (even["p95_cell_s"], sliced["p95_cell_s"]) == pytest.approx((2.0, 2.5))
     assert sliced["met_another"] == even["met_another"] == pytest.approx(2 / 3)
+
+
+def test_rates_load_from_a_time_slicing_output_and_bad_ones_are_refused(tmp_path):
+    good = tmp_path / "slicing.json"
+    good.write_text('{"rates": {"2": 0.46, "3": 0.305}, "solo_p50_step_s": 0.15}')
+    assert load_rates(good) == {2: 0.46, 3: 0.305}
+    bad = [
+        ("{}", "no time-slicing rates"),
+        ("[1]", "no time-slicing rates"),
+        ("{", "no time-slicing rates"),
+        ('{"rates": {"3": 0.3}}', "with none missing"),
+    ]
+    for text, says in bad:
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ValueError, match=says):
+            load_rates(tmp_path / "bad.json")
