@@ -668,7 +668,27 @@ def _hosttier() -> dict:
     }
 
 
+def _time_sliced() -> dict:
+    runs = [r for r in load("cell-tails-a15fe60-h100.json")["runs"] if r["commit"].startswith("a15fe60")]
+    eleven = [r["memory_path_points"] for r in runs if r["seed"] == 11]
+    sliced = sorted(m["time_slicing"] for m in eleven)
+    even = sorted(m["even"] for m in eleven)
+    return {
+        "s_lo": f"{sliced[0]:.1f}",
+        "s_hi": f"{sliced[-1]:.1f}",
+        "e_lo": f"{even[0]:.0f}",
+        "e_hi": f"{even[-1]:.0f}",
+    }
+
+
 CLAIMS = [
+    Claim(
+        "sessions: seed 11 with time-slicing's cost",
+        "cell-tails-a15fe60-h100.json",
+        "on seed 11 too ({s_lo} and {s_hi} points) against the compute-sharing model with "
+        "time-slicing's measured cost, {e_lo}-{e_hi} against even sharing",
+        _time_sliced,
+    ),
     Claim(
         "hosttier: pieces held once",
         "hosttier-h100.json",
