@@ -102,25 +102,26 @@ class MemoryPath:
     def pausable_bytes(self) -> int | None:
         """What a pause of the kernel as it is now would store at most, before compression
         (bytes): the pausable allocator's mapped pausable bytes (:meth:`.pause.vmm.VMM.figures`,
-        ``own`` and ``others``) less PyTorch's cached free bytes on every device it
-        initialized that ``empty_cache`` frees (:func:`.pause.torch_calls.cached_free_bytes`),
-        which a pause releases unstored; a codec never stores more than the bytes it is
-        given, but for its chunks' alignment. None where that is unknown: no pausable
-        allocator on CUDA (a simulated card, the stand-in), or a figure that could not be
-        read (logged). Needs no engine (one is made at the first pause or pin-ahead, after
-        the state this figure goes with), and makes no CUDA call."""
+        ``own`` and ``others``) less PyTorch's free blocks on every device it initialized
+        (:func:`.pause.torch_calls.unstored_bytes`: a pause stores live ranges only, and
+        releases the rest unstored, free blocks beside live tensors included); a codec
+        never stores more than the bytes it is given, but for its chunks' alignment. None
+        where that is unknown: no pausable allocator on CUDA (a simulated card, the
+        stand-in), or a figure that could not be read (logged). Needs no engine (one is
+        made at the first pause or pin-ahead, after the state this figure goes with), and
+        makes no CUDA call."""
         allocator = self._allocator()
         if allocator is None or allocator.backend != 1:  # vmm.CUDA
             return None
-        from .pause.torch_calls import cached_free_bytes  # no torch import of its own
+        from .pause.torch_calls import unstored_bytes  # no torch import of its own
 
         try:
             figures = allocator.figures()
             torch = self._torch()
-            cached = 0
+            free = 0
             if torch is not None and torch.cuda.is_initialized():  # else no device to count
-                cached = cached_free_bytes(torch, range(torch.cuda.device_count()))
-            return max(0, figures.own + figures.others - cached)
+                free = unstored_bytes(torch, range(torch.cuda.device_count()))
+            return max(0, figures.own + figures.others - free)
         except Exception as e:  # a figure, never a failure of what sends it
             log.debug("jupyter-vgpu: what a pause would store is not known: %s", e)
             return None

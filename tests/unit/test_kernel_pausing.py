@@ -164,19 +164,23 @@ def test_a_kernel_about_to_be_suspended_gives_back_the_free_pages_of_its_heap(tm
 
 def test_what_a_pause_would_store_is_the_pausable_bytes_less_pytorchs_cached_blocks():
     """``pausable_bytes`` (what the kernel tells the arbiter its pause would store): the
-    allocator's pausable mapped bytes less PyTorch's cached free bytes on every device
-    that ``empty_cache`` frees (not those beside live tensors);
-    unknown without the allocator on CUDA, and where a figure cannot be read. The figures
-    here are stood in for: on a GPU, ``tests/gpu/test_pinned_ahead.py`` reads real ones."""
+    allocator's pausable mapped bytes less PyTorch's free blocks on every device, those
+    beside live tensors included (a pause stores live ranges only), where ``cached_bytes``
+    (what a release gives back) leaves those out; unknown without the allocator on CUDA,
+    and where a figure cannot be read. The figures here are stood in for: on a GPU,
+    ``tests/gpu/test_pinned_ahead.py`` reads real ones."""
     from types import SimpleNamespace
 
     from jupyter_vgpu.kernel.memory_path import MemoryPath
 
     reserved, allocated = {0: 10 * GiB, 1: 4 * GiB}, {0: 3 * GiB, 1: 4 * GiB}
-    split = {0: GiB, 1: 0}  # free bytes beside live tensors: a pause stores them with them
+    split = {0: GiB, 1: 0}  # free bytes beside live tensors: empty_cache cannot free them
     cuda = SimpleNamespace(
+        is_available=lambda: True,
         is_initialized=lambda: True,
         device_count=lambda: 2,
+        memory_reserved=reserved.__getitem__,
+        memory_allocated=allocated.__getitem__,
         memory_stats=lambda d: {
             "reserved_bytes.all.current": reserved[d],
             "active_bytes.all.current": allocated[d],
@@ -197,7 +201,8 @@ def test_what_a_pause_would_store_is_the_pausable_bytes_less_pytorchs_cached_blo
             return SimpleNamespace(cuda=cuda)
 
     path = Path()
-    assert path.pausable_bytes() == 13 * GiB - 6 * GiB
+    assert path.pausable_bytes() == 13 * GiB - 7 * GiB  # every free byte left out, the split one too
+    assert path.cached_bytes() == 6 * GiB  # a release cannot give the split one back
     path.backend = 2  # the allocator's host backend: no card
     assert path.pausable_bytes() is None
     path.backend = 1

@@ -53,7 +53,7 @@ from .ranges import live_ranges, spans
 from .sharing import PieceSharing
 from .states import PauseState
 from .store import HostStore
-from .torch_calls import cached_free_bytes, empty_host_cache, plain_torch
+from .torch_calls import empty_host_cache, plain_torch, unstored_bytes
 from .workarea import WorkArea
 
 log = logging.getLogger("jupyter_vgpu")
@@ -625,9 +625,12 @@ class PauseEngine:
     def pinned_ahead_target(self) -> int:
         """Bytes a pause of the kernel as it is now would store, at most: the pausable
         bytes mapped (:meth:`.vmm.VMM.figures`, ``own`` and ``others``) less PyTorch's
-        cached free bytes that ``empty_cache`` frees (:func:`.torch_calls.cached_free_bytes`),
-        which a pause releases unstored. 0 on the host stand-in and on the zstandard path,
-        which store into memory of their own."""
+        free blocks (:func:`.torch_calls.unstored_bytes`), which a pause releases
+        unstored, those beside live tensors included. Leaving those in (PyTorch's
+        ``inactive_split_bytes``, as a release must) set the target of 1 GiB of live bf16
+        placed in a 2 GiB cached block at 2 GiB, and the first pause found 1.5 GiB pinned
+        (H200, ``tests/gpu/test_pinned_ahead.py``, ``gpu-tests-h200.log``). 0 on the host
+        stand-in and on the zstandard path, which store into memory of their own."""
         if self.device is None or self.device_codec is None or self.state != PauseState.ACTIVE:
             return 0
         if self.among_devices:  # this device's share alone
@@ -637,7 +640,7 @@ class PauseEngine:
         else:
             figures = self.vmm.figures()
             mapped = figures.own + figures.others
-        return max(0, mapped - cached_free_bytes(self.torch, [self.device]))
+        return max(0, mapped - unstored_bytes(self.torch, [self.device]))
 
     def prepare(self, keep_going=lambda: True) -> int:
         """Pin ahead the host memory the next pause stores into
