@@ -8,6 +8,10 @@ model's p50, p95 and p99 over solo, both as the card runs cells (sharing) and as
 would (one at a time, the least tail any order gives cells of one length), and how a
 single run's own p95 spreads over draws. No GPU needed.
 
+``--time-slicing FILE`` (``benchmarks/time_slicing.py``'s output) adds ``share_sliced``
+to each row: the same draws with each number of cells together at its measured speed,
+time-slicing's own cost in (``compute_share.simulate``'s ``rates``).
+
 ``--annotate FILE`` also adds to every run of a ``benchmarks/sessions.py`` output that
 has its cells' send times the model's latencies for those very cells
 (``compute_share``: what the run would have measured had memory cost nothing), where
@@ -34,7 +38,9 @@ import provenance  # noqa: E402
 
 from jupyter_vgpu.testing.compute_share import (  # noqa: E402
     DISCIPLINES,
+    SHARE,
     expected,
+    load_rates,
     of_cells,
 )
 from jupyter_vgpu.testing.percentiles import RULE  # noqa: E402
@@ -80,8 +86,15 @@ def main() -> None:
         default=[],
         help="sessions outputs to add compute_share (and compute_share_here) to",
     )
+    parser.add_argument(
+        "--time-slicing", help="benchmarks/time_slicing.py's output: each row also shared at its speeds"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    try:
+        rates = load_rates(args.time_slicing) if args.time_slicing else None
+    except (OSError, ValueError) as e:
+        parser.error(f"--time-slicing: {e}")
     record = provenance.record()
     rows = []
     for cell in (float(v) for v in args.cell_seconds.split(",")):
@@ -92,6 +105,11 @@ def main() -> None:
                     n, cell, args.think, cycles=args.cycles, draws=args.draws, seed=args.seed,
                     discipline=discipline,
                 )  # fmt: skip
+            if rates is not None:
+                row["share_sliced"] = expected(
+                    n, cell, args.think, cycles=args.cycles, draws=args.draws, seed=args.seed,
+                    discipline=SHARE, rates=rates,
+                )  # fmt: skip
             rows.append(row)
             share, queue = row[DISCIPLINES[0]], row[DISCIPLINES[1]]
             spread = "/".join(f"{v:.2f}" for v in share["p95_over_solo_by_run"])
@@ -99,7 +117,8 @@ def main() -> None:
                 f"cell {cell} s, {n:3d} sessions: share p50 {share['p50_over_solo']:.3f} p95 "
                 f"{share['p95_over_solo']:.3f} p99 {share['p99_over_solo']:.3f} (a run's p95 {spread}), "
                 f"one at a time p95 {queue['p95_over_solo']:.3f}; met another {share['met_another']:.2f}; "
-                f"runs within p95 +50% {share['runs_within_p95_goal']:.3f}",
+                f"runs within p95 +50% {share['runs_within_p95_goal']:.3f}"
+                + (f"; time-sliced p95 {row['share_sliced']['p95_over_solo']:.3f}" if rates else ""),
                 flush=True,
             )
     out = {
@@ -107,6 +126,7 @@ def main() -> None:
         "percentiles": RULE,
         "model": "jupyter_vgpu/testing/compute_share.py: cells that meet on a card share its compute "
         "equally (share), or run one after another in the order sent (one at a time); no memory cost",
+        "time_slicing": {"file": args.time_slicing, "rates": rates} if rates else None,
         "think_s": args.think,
         "cycles": args.cycles,
         "draws": args.draws,

@@ -185,3 +185,10 @@ def test_rates_load_from_a_time_slicing_output_and_bad_ones_are_refused(tmp_path
         (tmp_path / "bad.json").write_text(text)
         with pytest.raises(ValueError, match=says):
             load_rates(tmp_path / "bad.json")
+
+
+def test_the_expectation_with_time_slicings_cost_has_the_longer_tail():
+    even = expected(8, 1.0, 10.0, draws=100)
+    sliced = expected(8, 1.0, 10.0, draws=100, rates={2: 0.45, 3: 0.3})
+    assert sliced["p95_over_solo"] > even["p95_over_solo"]
+    assert sliced["p50_over_solo"] >= even["p50_over_solo"]
