@@ -81,14 +81,14 @@ def simulate(
             alone on the card) while ``k`` cells share it, by ``k`` (2, 3, ...: each
             number up to the largest given); past the largest the card's total stays
             that of the largest (``k * rate`` held). None: ``1/k`` (even sharing, no
-            cost of its own). See :func:`speed`.
+            cost of its own). See :func:`speed`; :func:`check_rates` says what is refused.
 
     Returns:
         ``(session, start, latency)`` for every cell, in the order they ended; seconds.
 
     Raises:
         ValueError: ``cell_s`` <= 0, ``think_s`` < 0, ``cycles`` < 1, an unknown
-            ``discipline``, or ``rates`` as :func:`speed` refuses them.
+            ``discipline``, or ``rates`` that :func:`check_rates` refuses.
     """
     if not cell_s > 0 or think_s < 0 or cycles < 1:
         raise ValueError(f"cell_s must be > 0, think_s >= 0, cycles >= 1: {cell_s}, {think_s}, {cycles}")
@@ -96,7 +96,7 @@ def simulate(
         raise ValueError(f"at_once must be >= 1 or None: {at_once}")
     if discipline not in DISCIPLINES:
         raise ValueError(f"discipline must be one of {DISCIPLINES}, not {discipline!r}")
-    speed(1, rates)  # refuses bad rates before any cell
+    check_rates(rates)  # before any cell
     pending = [(float(start), session, 0) for session, start in enumerate(first_starts)]
     heapq.heapify(pending)
     running: dict[tuple[int, int], float] = {}  # (session, cycle) -> seconds of work left; in send order
@@ -137,23 +137,29 @@ def simulate(
     return done
 
 
-def speed(k: int, rates: Mapping[int, float] | None = None) -> float:
-    """Each cell's speed while ``k`` cells share a card (1.0: alone), by :func:`simulate`'s
-    ``rates``: ``rates[k]`` where given, ``1/k`` where ``rates`` is None, and past the
-    largest ``k`` given, that one's total speed split ``k`` ways.
+def check_rates(rates: Mapping[int, float] | None) -> None:
+    """Refuse :func:`simulate`'s ``rates`` unless given for 2, 3, ... up to their largest,
+    each a speed in (0, 1]; None (even sharing) passes.
 
     Raises:
-        ValueError: ``k`` < 1; ``rates`` empty, keyed below 2, missing a number between 2
-            and its largest, or holding a speed outside (0, 1].
+        ValueError: ``rates`` empty, keyed below 2, missing a number between 2 and its
+            largest, or holding a speed outside (0, 1].
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1: {k}")
     if rates is None:
-        return 1.0 / k
+        return
     if not rates or min(rates) < 2 or sorted(rates) != list(range(2, max(rates) + 1)):
         raise ValueError(f"rates must be given for 2, 3, ... with none missing: {sorted(rates or ())}")
     if not all(0 < r <= 1 for r in rates.values()):
         raise ValueError(f"rates must lie in (0, 1]: {dict(rates)}")
+
+
+def speed(k: int, rates: Mapping[int, float] | None = None) -> float:
+    """Each cell's speed while ``k`` (>= 1) cells share a card (1.0: alone), by
+    :func:`simulate`'s ``rates`` (as :func:`check_rates` accepts them, unchecked here):
+    ``rates[k]`` where given, ``1/k`` where ``rates`` is None, and past the largest ``k``
+    given, that one's total speed split ``k`` ways."""
+    if rates is None:
+        return 1.0 / k
     if k == 1:
         return 1.0
     if k in rates:
@@ -169,14 +175,14 @@ def load_rates(path: str | Path) -> dict[int, float]:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not JSON, has no ``rates``, or they are refused as by :func:`speed`.
+        ValueError: it is not JSON, has no ``rates``, or :func:`check_rates` refuses them.
     """
     try:
         measured = json.loads(Path(path).read_text())["rates"]
         rates = {int(k): float(v) for k, v in measured.items()}
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: no time-slicing rates ({e!r})") from e
-    speed(1, rates)
+    check_rates(rates)
     return rates
 
 
