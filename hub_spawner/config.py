@@ -123,6 +123,18 @@ class VGPUHub(SingletonConfigurable):
         in-kernel budget; nobody makes room on a full card).""",
     ).tag(config=True)
 
+    kernel_transport = Enum(
+        ["ipc", "tcp"],
+        default_value="ipc",
+        help="""How a spawned server's kernels talk to it. "ipc" (the default): Unix sockets
+        in a directory only the user can enter (--KernelManager.transport=ipc; the server
+        extension keeps their paths short, jupyter_vgpu.server.kernel_sockets). "tcp":
+        jupyter_client's default, ports on the loopback interface, where any account of
+        the host can connect: messages are signed, not encrypted, so another user who
+        subscribes to a kernel's IOPub port reads every output of its cells. A transport
+        named in Spawner.args wins over this.""",
+    ).tag(config=True)
+
     inventory = Instance(GPUInventory, help="The GPUs slices are placed on.")
 
     @default("inventory")

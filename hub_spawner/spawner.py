@@ -269,6 +269,16 @@ class VGPUSpawnerMixin(HasTraits):
         finally:
             self.vgpu_release()
 
+    def get_args(self) -> list[str]:
+        """The server's arguments, with ``--KernelManager.transport=ipc`` where
+        ``VGPUHub.kernel_transport`` is "ipc" and the arguments name no kernel manager's
+        transport (``--KernelManager.transport``, ``--ServerKernelManager.transport``)."""
+        args = list(super().get_args())  # a copy: JupyterHub's is the Spawner.args trait itself
+        named = any(a.startswith("--") and "KernelManager.transport" in a for a in args)
+        if self.vgpu_hub.kernel_transport == "ipc" and not named:
+            args.append("--KernelManager.transport=ipc")
+        return args
+
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self.vgpu_slice is not None:

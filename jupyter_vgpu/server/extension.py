@@ -18,6 +18,7 @@ from .config import VGPUServer
 from .handlers import handlers
 from .hub_report import HubReport
 from .hub_sync import HubSync
+from .kernel_sockets import keep_short
 from .sampler import Sampler
 from .state import ServerState
 
@@ -63,6 +64,7 @@ def load(serverapp) -> None:
     os.environ[channel.CHANNEL_ENV] = str(directory)  # inherited by every kernel this server starts
     if not config.channel_dir:
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    keep_short(serverapp.kernel_manager)  # kernels over ipc: sockets at paths a socket can have
     preload = _preload_kernels(slice_, config, os.environ)
     if preload:
         os.environ["LD_PRELOAD"] = preload  # read when a kernel or terminal starts, not by this process

@@ -81,6 +81,21 @@ def test_vgpu_status_in_the_kernel(ada):
     assert env.strip() == str(6 * GiB), env
 
 
+def test_the_kernels_channels_are_unix_sockets_only_its_user_can_reach(ada):
+    # over TCP any account of the host could subscribe to the kernel's IOPub port and read
+    # its outputs (VGPUHub.kernel_transport; jupyter_vgpu.server.kernel_sockets)
+    lab, kernel, _ = ada
+    out = lab.execute(
+        kernel,
+        "import json, os, stat\n"
+        "from ipykernel.connect import get_connection_info\n"
+        "info = json.loads(get_connection_info())\n"
+        "where = os.stat(os.path.dirname(info['ip']))\n"
+        "print(info['transport'], oct(stat.S_IMODE(where.st_mode)), where.st_uid == os.getuid())",
+    )
+    assert out.split() == ["ipc", "0o700", "True"], out
+
+
 def test_a_quota_change_reaches_the_running_kernel_within_5_seconds(hub, ada):
     lab, kernel, _ = ada
     r = hub.api("PUT", "/vgpu/quotas/users/ada", json={"memory_limit": "3G", "compute_share": 20})

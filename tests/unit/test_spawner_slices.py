@@ -117,3 +117,15 @@ async def test_another_kinds_running_server_is_recognised_not_loaded(hub):
     assert spawner._vgpu_foreign == slurm
     assert spawner.vgpu_slice is None
     assert spawner.pid == 0
+
+
+def test_a_spawned_servers_kernels_use_unix_sockets_unless_told_otherwise(hub):
+    spawner = spawner_of(hub)
+    assert spawner.get_args() == ["--KernelManager.transport=ipc"]
+    assert spawner.get_args() == ["--KernelManager.transport=ipc"], "asked again, added once"
+    assert spawner.args == [], "the Spawner.args setting itself is left as it was"
+    spawner.args = ["--ServerKernelManager.transport=tcp", "--debug"]
+    assert spawner.get_args() == ["--ServerKernelManager.transport=tcp", "--debug"], "an admin's own wins"
+    spawner.args = []
+    spawner.vgpu_hub.kernel_transport = "tcp"
+    assert spawner.get_args() == []
