@@ -42,7 +42,11 @@ def test_a_test_servers_kernels_talk_over_unix_sockets_in_a_directory_it_removes
         wait_for(connection.exists, 30, f"kernel {kernel['id']}'s connection file in {server.runtime}")
         info = json.loads(connection.read_text())
         assert info["transport"] == "ipc"
-        assert os.path.dirname(info["ip"]) == str(server.runtime)
+        # the package's server extension gives them a directory of their own (0700),
+        # removed when the server exits (jupyter_vgpu.server.kernel_sockets)
+        sockets_dir = os.path.dirname(info["ip"])
+        assert sockets_dir.startswith("/tmp/jupyter-vgpu-"), sockets_dir
+        assert stat.S_IMODE(os.stat(sockets_dir).st_mode) == 0o700
         assert len(f"{info['ip']}-{info['shell_port']}") < 108
         wait_for(
             lambda: all(os.path.exists(path) for path in _sockets(info)),
@@ -53,3 +57,4 @@ def test_a_test_servers_kernels_talk_over_unix_sockets_in_a_directory_it_removes
     finally:
         server.stop()
     assert not server.runtime.exists()
+    assert not os.path.exists(sockets_dir)

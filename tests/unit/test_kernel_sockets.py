@@ -5,6 +5,7 @@ socket names runs code, TCP and a set ``KernelManager.ip`` are left alone."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import subprocess
@@ -24,7 +25,9 @@ def kernels(tmp_path, **settings) -> MultiKernelManager:
     config = Config()
     for name, value in settings.items():
         setattr(config.KernelManager, name, value)
-    return MultiKernelManager(config=config, connection_dir=str(deep))
+    # a logger of the test's own: traitlets' default one keeps the stream pytest gave it,
+    # closed by the time a failed start is logged
+    return MultiKernelManager(config=config, connection_dir=str(deep), log=logging.getLogger(__name__))
 
 
 def manager(multi: MultiKernelManager):
