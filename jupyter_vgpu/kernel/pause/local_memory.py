@@ -17,14 +17,14 @@ resume (:class:`~.vmm.DeviceFull`, still paused) instead of failing a launch in 
 user's code later. What it gives back is counted in the engine's ``paused_bytes`` (what a
 resume needs). ``benchmarks/context_parts.py`` measures both calls on a real card.
 
-What a fall of the limit frees is read from NVML (the process's own bytes on the card,
-before and after), not only reckoned from the limit: a kernel whose frames need more local
-memory than the stack limit (a sort's, say) grows the context past ``limit x threads``,
-and the fall frees that too. On an H200 a pause gave back 322 MiB where the limit's fall
-was 264 MiB (``benchmarks/results/gpu-tests-h200x2.log``, f922f59). A resume asks room
-for all of it; the limit's return takes back the 264 MiB at once, and such a kernel's next
-launch grows the rest, which the room made for the resume leaves free unless another
-kernel has taken it by then (that launch then fails as any launch on a full card).
+What a fall of the limit frees is also read from NVML (the process's own bytes on the
+card, before and after), and the larger of that and ``limit x threads`` is counted: a
+launch that needed more than the limit grew the context past ``limit x threads`` (the
+note above), and a resume asks room for whatever the fall freed. On an H200 the two
+agreed: after a sort and a matrix product the fall from 1 KiB to 0 freed 264 MiB by NVML,
+as counted (a probe at a15fe60; docs/design.md, the seventeenth try). The 322 MiB a GPU
+test once saw (``benchmarks/results/gpu-tests-h200x2.log``, f922f59) was measured beside
+a plain pause whose process was 58 MiB larger for reasons of its own, not local memory.
 """
 
 from __future__ import annotations
