@@ -117,9 +117,9 @@ class MemoryPath:
 
         try:
             figures = allocator.figures()
-            torch = self._torch()
+            torch = self._torch_cuda()
             free = 0
-            if torch is not None and torch.cuda.is_initialized():  # else no device to count
+            if torch is not None:  # else no device to count
                 free = unstored_bytes(torch, range(torch.cuda.device_count()))
             return max(0, figures.own + figures.others - free)
         except Exception as e:  # a figure, never a failure of what sends it
