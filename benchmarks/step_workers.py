@@ -34,8 +34,11 @@ for line in sys.stdin:
 TRIM_S = 0.3
 
 
-def start(setup: str, names: Iterable[str], args: Iterable[str] = ()) -> dict[str, subprocess.Popen]:
-    """One worker per name running ``setup`` (its ``sys.argv[1:]``: ``args``), each ready.
+def start(
+    setup: str, names: Iterable[str], args: Iterable[str] = (), env: dict[str, str] | None = None
+) -> dict[str, subprocess.Popen]:
+    """One worker per name running ``setup`` (its ``sys.argv[1:]``: ``args``; its
+    environment ``env``, this process's when None), each ready.
 
     Raises:
         SystemExit: a worker ended or said anything but ``ready`` first (its exit status
@@ -47,6 +50,7 @@ def start(setup: str, names: Iterable[str], args: Iterable[str] = ()) -> dict[st
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         for name in names
     }

@@ -19,6 +19,13 @@ median of its steps that lie wholly inside the window less 0.3 s at either end
 workers of their step alone over their step together: 1/k is even sharing at no cost.
 ``--rounds`` repeats the phases (rates over all rounds' medians).
 
+``--mps``: the workers are instead clients of an MPS control daemon on the first card,
+started as the arbiter starts it (:class:`jupyter_vgpu.node.mps.MPSDaemons`) and stopped
+at the end, each client with the whole card (no ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``):
+one MPS server runs every client's kernels in one context, so there are no switches
+between contexts to pay for, and a card total near 1.0 is what MPS would give the sessions
+(``"isolation"`` in the output says which was measured).
+
 Writes ``--out`` (JSON; seconds). About 60 s on an H200 with the defaults.
 
     python3 benchmarks/time_slicing.py --out benchmarks/results/time-slicing-h200.json
@@ -27,7 +34,12 @@ Writes ``--out`` (JSON; seconds). About 60 s on an H200 with the defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,21 +62,30 @@ def setup(width: int, layers: int, batch: int) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--contexts", type=int, default=4, help="the most processes together (>= 2)")
-    parser.add_argument("--seconds", type=float, default=6.0, help="each phase's length")
-    parser.add_argument("--rounds", type=int, default=2, help="times each phase runs")
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=61440)
-    parser.add_argument("--out", help="JSON to write (stdout when absent)")
-    args = parser.parse_args()
-    if args.contexts < 2 or args.rounds < 1:
-        parser.error("--contexts must be >= 2 and --rounds >= 1")
-    doc = provenance.record()
+@contextlib.contextmanager
+def mps_clients() -> Iterator[dict[str, str]]:
+    """The environment of a client of an MPS control daemon on the first card, which
+    runs while the block does. Raises MPSUnavailable (the daemon did not start)."""
+    from jupyter_vgpu import nvml
+    from jupyter_vgpu.node.mps import MPSDaemons
+
+    gpu = nvml.list_gpus()[0]
+    directory = tempfile.mkdtemp(prefix="vgpu-")  # short: the daemon's sockets must fit sun_path
+    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
+    try:
+        daemons.ensure(gpu.uuid)
+        pipe = str(daemons.directories(gpu.uuid)[0])
+        yield {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid, "CUDA_MPS_PIPE_DIRECTORY": pipe}
+    finally:
+        daemons.stop(gpu.uuid)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, env: dict[str, str] | None) -> tuple[dict, float, dict, list]:
+    """``(rates, solo_p50_step_s, solo medians by worker, phases)`` of ``args.contexts``
+    workers started with ``env`` (this process's environment when None)."""
     names = [f"W{i}" for i in range(args.contexts)]
-    workers = step_workers.start(setup(args.width, args.layers, args.batch), names)
+    workers = step_workers.start(setup(args.width, args.layers, args.batch), names, env=env)
     phases = []
     solo: dict[str, list[float]] = {name: [] for name in names}
     together: dict[int, list[float]] = {k: [] for k in range(2, args.contexts + 1)}
@@ -84,8 +105,28 @@ def main() -> None:
     step_workers.stop(workers)
     solo_s = float(np.percentile([m for v in solo.values() for m in v if m], 50))
     rates = {k: solo_s / float(np.percentile(v, 50)) for k, v in together.items() if v}
+    return rates, solo_s, solo, phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contexts", type=int, default=4, help="the most processes together (>= 2)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="each phase's length")
+    parser.add_argument("--rounds", type=int, default=2, help="times each phase runs")
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=61440)
+    parser.add_argument("--mps", action="store_true", help="the workers as clients of one MPS daemon")
+    parser.add_argument("--out", help="JSON to write (stdout when absent)")
+    args = parser.parse_args()
+    if args.contexts < 2 or args.rounds < 1:
+        parser.error("--contexts must be >= 2 and --rounds >= 1")
+    doc = provenance.record()
+    with mps_clients() if args.mps else contextlib.nullcontext() as env:
+        rates, solo_s, solo, phases = measure(args, env)
     doc.update(
         {
+            "isolation": "mps" if args.mps else "time_slicing",
             "width": args.width,
             "layers": args.layers,
             "batch": args.batch,
