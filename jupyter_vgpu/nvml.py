@@ -298,8 +298,13 @@ def process_memory(gpu: str | int) -> dict[int, int]:
     Args:
         gpu: the GPU's UUID (``GPU-…``/``MIG-…``) or NVML index.
 
-    Compute and graphics processes are both counted. NVML reports no figure for a
-    process in some containers; such processes are left out.
+    Compute, graphics and MPS clients' processes are all counted: a client of an MPS
+    daemon (the ``mps`` backend's kernels) is listed by
+    ``nvmlDeviceGetMPSComputeRunningProcesses`` alone, the daemon's server by the compute
+    list. NVML gives each list's ``usedGpuMemory`` as all the memory the process uses
+    (NVML API reference, ``nvmlDeviceGetComputeRunningProcesses_v3``), so a process in
+    two lists counts once, at the larger figure. NVML reports no figure for a process in
+    some containers; such processes are left out.
 
     Raises:
         NVMLUnavailable: no NVIDIA driver, or no such GPU.
@@ -307,14 +312,19 @@ def process_memory(gpu: str | int) -> dict[int, int]:
     nv = _nvml()
     handle = _handle(nv, gpu)
     used: dict[int, int] = {}
-    for query in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+    queries = (
+        nv.nvmlDeviceGetComputeRunningProcesses,
+        nv.nvmlDeviceGetGraphicsRunningProcesses,
+        nv.nvmlDeviceGetMPSComputeRunningProcesses,
+    )
+    for query in queries:
         try:
             processes = query(handle)
         except nv.NVMLError:
             continue
         for p in processes:
             if p.usedGpuMemory is not None:
-                used[int(p.pid)] = used.get(int(p.pid), 0) + int(p.usedGpuMemory)
+                used[int(p.pid)] = max(used.get(int(p.pid), 0), int(p.usedGpuMemory))
     return used
 
 

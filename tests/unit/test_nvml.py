@@ -127,3 +127,34 @@ def test_one_failing_card_leaves_the_others_listed_and_says_why(monkeypatch):
     assert gpus == []
     assert set(failing) == {0, 1}
     assert "JUPYTER_VGPU_NVML_FAIL" in failing[0]
+
+
+class _MPSCard:
+    """Stands in for pynvml's module on one card with an MPS daemon: NVML lists the
+    daemon's server among compute processes and its clients only among MPS compute
+    processes; a process with compute and graphics contexts is in both of those lists,
+    each figure all of its memory. tests/gpu/test_mps.py checks a real client is listed."""
+
+    class NVMLError(Exception):
+        pass
+
+    class _Process:
+        def __init__(self, pid, used):
+            self.pid, self.usedGpuMemory = pid, used
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [self._Process(100, 600 << 20), self._Process(300, 3 << 30)]  # the MPS server; a viewer
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        return [self._Process(300, 3 << 30), self._Process(400, None)]  # the viewer again; no figure
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle):
+        return [self._Process(200, 2 << 30)]  # a kernel, a client of the daemon
+
+
+def test_mps_clients_are_counted_and_a_process_in_two_lists_once(monkeypatch):
+    monkeypatch.setitem(nvml._state, "pynvml", _MPSCard())
+    assert nvml.process_memory(0) == {100: 600 << 20, 200: 2 << 30, 300: 3 << 30}
