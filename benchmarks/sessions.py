@@ -88,6 +88,13 @@ measured by how many share the card (two MLP steps together on an H200: 0.46 eac
 0.5; ``benchmarks/results/time-slicing-h200.json``), so that what is left between a run
 and it is the memory path's alone; ``compute_share`` stays the even model, as in every
 earlier row.
+``--isolation mps`` gives every session an ``mps`` slice and makes its kernel a client of
+its card's MPS control daemon, the one the arbiter keeps (the run starts it before any
+kernel makes its CUDA context, :func:`mps_daemons`, and stops it at the end), with the
+environment the spawner gives such a server (:func:`mps_environment`); the row says
+``isolation``. MPS runs the clients' kernels in one context, so cells that meet share
+the card without the driver's switches between contexts (``time_slicing.py --mps``: 2
+to 4 MLP steps together at 0.99-1.00 of the card, time-sliced 0.92).
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
@@ -140,6 +147,7 @@ from gpu_common import require_gpu  # noqa: E402
 
 from jupyter_vgpu import channel, nvml  # noqa: E402
 from jupyter_vgpu.node.app import ArbiterApp  # noqa: E402
+from jupyter_vgpu.node.mps import MPSDaemons  # noqa: E402
 from jupyter_vgpu.server.state import ServerState  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
 from jupyter_vgpu.testing import card_holder  # noqa: E402
@@ -289,7 +297,8 @@ def model_of(args) -> dict:
 class Session(Kernel):
     """One kernel, started preloaded, with the arbiter's socket in its environment and a
     channel directory of its own, whose ``server.json`` :attr:`server` writes as its
-    server would (the kernel reports its state there: :meth:`report`)."""
+    server would (the kernel reports its state there: :meth:`report`); ``more_env``: more
+    of its environment (:func:`mps_environment`)."""
 
     def __init__(
         self,
@@ -299,6 +308,7 @@ class Session(Kernel):
         gpu_uuid: str,
         log: Path | None = None,
         args: tuple[str, ...] = (),
+        more_env: dict[str, str] | None = None,
     ):
         self.channel = runtime / f"channel-{index}"
         self.channel.mkdir(exist_ok=True)  # a second try at starting the kernel finds it
@@ -308,6 +318,7 @@ class Session(Kernel):
             JUPYTER_VGPU_CHANNEL=str(self.channel),
             CUDA_VISIBLE_DEVICES=gpu_uuid,  # the slice's card only, as the spawner sets it
             SESSION=str(index),
+            **(more_env or {}),
         )
         super().__init__(runtime, env, load_extension=True, ready_timeout=120, log=log, args=args)
         self.index = index
@@ -527,7 +538,9 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
         arbiter = start_arbiter(tmp, args, watermark)
         socket = str(arbiter.socket)
         sessions: list[Session] = []
+        daemons = contextlib.ExitStack()  # --isolation mps: the cards' MPS daemons
         try:
+            pipes = daemons.enter_context(mps_daemons(args, socket, [s.gpu_uuid for s in slices]))
             started: queue.Queue[Session] = queue.Queue()
             failed: queue.Queue[str] = queue.Queue()
 
@@ -539,7 +552,10 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 for left in range(tries - 1, -1, -1):
                     try:
                         slice_ = slices[i % len(slices)]
-                        started.put(Session(i, tmp, socket, slice_.gpu_uuid, log, kernel_settings(args)))
+                        more_env = mps_environment(slice_, pipes)
+                        started.put(
+                            Session(i, tmp, socket, slice_.gpu_uuid, log, kernel_settings(args), more_env)
+                        )
                         return
                     except RuntimeError as e:
                         if left == 0:
@@ -729,6 +745,7 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                         shutil.copy(f"/proc/{s.pid}/smaps", args.logs / f"smaps-kernel-{s.index}.txt")
             for s in sessions:
                 s.shutdown()
+            daemons.close()
             arbiter.stop()
             if args.logs:
                 shutil.copy(arbiter.log_path, args.logs / f"arbiter-{n}.log")
@@ -900,15 +917,58 @@ def kernel_settings(args) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
+def mps_daemons(args, socket: str, uuids: list[str]):
+    """With ``--isolation mps``, the MPS control daemon of each card of ``uuids`` where the
+    arbiter on ``socket`` keeps it (:class:`jupyter_vgpu.node.mps.MPSDaemons`), started
+    before any kernel of the run makes its CUDA context (the arbiter, starting one in the
+    background as a kernel's ``mps`` slice registers, finds it answering) and stopped
+    after the block (daemons outlive their arbiter). Yields ``{uuid: pipe directory}``,
+    empty without ``--isolation mps``. Raises MPSUnavailable (a daemon did not start)."""
+    if args.isolation != "mps":
+        yield {}
+        return
+    daemons = MPSDaemons(socket)
+    try:
+        for uuid in dict.fromkeys(uuids):
+            daemons.ensure(uuid)
+        yield {uuid: str(daemons.directories(uuid)[0]) for uuid in uuids}
+    finally:
+        for uuid in list(daemons.started):
+            daemons.stop(uuid)
+
+
+def mps_environment(slice_: Slice, pipes: dict[str, str]) -> dict[str, str]:
+    """A kernel's environment for ``slice_`` beyond :class:`Session`'s own, as the spawner
+    gives a server of an ``mps`` slice: its daemon's pipe directory
+    (``CUDA_MPS_PIPE_DIRECTORY``) and MPS's client limits from the slice
+    (:meth:`Slice.environment`); empty where ``pipes`` (:func:`mps_daemons`) is."""
+    if not pipes:
+        return {}
+    limits = {k: v for k, v in slice_.environment().items() if k.startswith("CUDA_MPS_")}
+    return {**limits, "CUDA_MPS_PIPE_DIRECTORY": pipes[slice_.gpu_uuid]}
+
+
+@contextlib.contextmanager
 def solo_session(args, gpu):
     """One session alone on ``gpu``, its slice the whole card, its working set built
     (``--workload``): yields the session; its arbiter and kernel end after."""
     card = gpu.memory_total
-    probe = Slice(gpu.uuid, gpu.index, gpu.name, card, card, 100, placement="binpack")
-    with tempfile.TemporaryDirectory() as tmp:
+    probe = Slice(
+        gpu.uuid, gpu.index, gpu.name, card, card, 100, placement="binpack", isolation=args.isolation
+    )
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         tmp = Path(tmp)
         arbiter = start_arbiter(tmp, args)
-        s = Session(0, tmp, str(arbiter.socket), gpu.uuid, args=kernel_settings(args))
+        stack.callback(arbiter.stop)  # after the daemons: their clients end first
+        pipes = stack.enter_context(mps_daemons(args, str(arbiter.socket), [gpu.uuid]))
+        s = Session(
+            0,
+            tmp,
+            str(arbiter.socket),
+            gpu.uuid,
+            args=kernel_settings(args),
+            more_env=mps_environment(probe, pipes),
+        )
         try:
             with arbiter.control() as control:
                 control.register(s.pid, "solo", "", probe)
@@ -916,7 +976,6 @@ def solo_session(args, gpu):
             yield s
         finally:
             s.shutdown()
-            arbiter.stop()
 
 
 def solo_here(args, gpu, steps: int) -> dict:
@@ -1064,6 +1123,14 @@ def main() -> None:
         help="the arbiter's release_first: idle kernels give back their cached free blocks for "
         "a cell's room where those cover it, before anyone is paused (the row's releases say how "
         "often; default: the arbiter's, %(default)s)",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=("time-slicing", "mps"),
+        default="time-slicing",
+        help="the slices' isolation backend: mps makes every kernel a client of its card's MPS "
+        "daemon (started by the run where the arbiter keeps it; kernels' steps then share the "
+        "card without the driver's switches between contexts, benchmarks/time_slicing.py --mps)",
     )
     parser.add_argument(
         "--local-memory",
@@ -1221,6 +1288,7 @@ def main() -> None:
             placement="binpack",
             overcommit_ratio=8.0,
             idle_seconds=args.idle_seconds,
+            isolation=args.isolation,
         )
         for g in gpus
     ]
@@ -1263,6 +1331,7 @@ def main() -> None:
             row["solo_here"] = here
         row["seed"] = args.seed
         row["local_memory"] = args.local_memory  # the kernels' give_back_local_memory
+        row["isolation"] = args.isolation  # the slices' backend: the kernels MPS clients or not
         row["same_checkpoint"] = args.same_checkpoint
         row["share_pieces"] = args.share_pieces
         row["percentiles"] = RULE  # each run says its rule: a file may hold runs of several

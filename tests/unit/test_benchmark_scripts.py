@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -623,3 +625,35 @@ def test_gpu_steps_refuses_to_start_without_the_full_commit_its_records_will_nam
     done = subprocess.run(["bash", str(script), "start", "parts"], env=env, capture_output=True, text=True)
     assert done.returncode == 2, done
     assert "must be the full commit" in done.stderr
+
+
+def test_an_mps_sessions_run_gives_its_kernels_the_arbiters_daemon_and_the_slices_limits(
+    tmp_path, monkeypatch
+):
+    """``--isolation mps``: each kernel gets the pipe directory of the daemon the arbiter
+    keeps for its card (the one the spawner gives a server) and MPS's client limits from
+    its slice; without it, nothing more. Where no daemon can start (no driver here), the
+    run stops with the reason rather than measuring kernels that are no MPS clients."""
+    from jupyter_vgpu.host.socket_path import mps_pipe_directory
+    from jupyter_vgpu.node.mps import MPSUnavailable
+    from jupyter_vgpu.slice import Slice
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    short = Path(tempfile.mkdtemp(prefix="vgpu-"))  # as the run's: the daemon's sockets must fit sun_path
+    uuid, socket = "GPU-8d5b7c1e-0000-0000-0000-000000000001", str(short / "arbiter.sock")
+    budget = 17 * 2**30
+    mps = Slice(uuid, 0, "H100", 80 * 2**30, budget, 100, isolation="mps")
+    with sessions.mps_daemons(argparse.Namespace(isolation="time-slicing"), socket, [uuid]) as pipes:
+        assert pipes == {}
+        assert sessions.mps_environment(mps, pipes) == {}
+    env = sessions.mps_environment(mps, {uuid: mps_pipe_directory(socket, uuid)})
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == mps_pipe_directory(socket, uuid)
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={budget >> 20}M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert not {k for k in env if not k.startswith("CUDA_MPS_")}, "the rest is Session's own"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-cuda-mps-control
+    refused = pytest.raises(MPSUnavailable, match="nvidia-cuda-mps-control")
+    with refused, sessions.mps_daemons(argparse.Namespace(isolation="mps"), socket, [uuid]):
+        pass
+    shutil.rmtree(short)
