@@ -54,8 +54,11 @@ class VGPUHub(SingletonConfigurable):
         default_value="time-slicing",
         help="""How GPUs are shared. 'time-slicing': the memory budget is watched, the
         compute share is not enforced (shown as "not enforced (time-sliced)").
-        'mps': NVIDIA MPS enforces the compute share and a pinned memory limit (the node
-        arbiter runs the MPS daemons). 'mig': GPUs are partitioned by the admin into MIG
+        'mps': the kernels are clients of NVIDIA MPS (the node arbiter runs the daemons):
+        cells that meet share the card without time-slicing's switches, and the compute
+        share and budget are MPS's limits from the server's environment, which a user's
+        process can clear (the share is shown as not enforced; the budget is still watched
+        by the node arbiter). 'mig': GPUs are partitioned by the admin into MIG
         instances and each slice gets one whole instance. A GPU in MIG mode is always
         'mig'. Override per GPU with `gpu_isolation`.""",
     ).tag(config=True)

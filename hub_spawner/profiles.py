@@ -141,7 +141,7 @@ def describe(
     enforced_by: str | None = None,
 ) -> str:
     """One line for the spawn form: what a choice gives (``"vGPU: 8.00 GiB budget,
-    4.00 GiB guaranteed; compute share 50% (enforced by MPS); priority 50"``; for a
+    4.00 GiB guaranteed; compute share not enforced (time-sliced); priority 50"``; for a
     slice of several cards ``"vGPU: 2 GPUs, 8.00 GiB budget on each, ..."``).
 
     Args:

@@ -74,8 +74,12 @@ def compute_share_text(isolation: str, compute_share: int, mig_profile: str | No
     """What a compute share means under ``isolation``, for people to read.
 
     ``"not enforced (time-sliced)"`` under time-slicing (nothing holds a kernel to
-    its share), ``"50% (enforced by MPS)"`` under MPS, ``"MIG instance 3g.40gb
-    (hardware partition)"`` under MIG.
+    its share); ``"50% under MPS, not enforced (set in the server's environment)"``
+    under MPS: MPS holds a client to ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from its own
+    environment, which only lowers the daemon's limit (NVIDIA's MPS documentation,
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), and a process of the user's that clears it
+    gets the daemon's, the whole card; ``"MIG instance 3g.40gb (hardware partition)"``
+    under MIG.
 
     Raises:
         SliceError: unknown ``isolation``.
@@ -83,7 +87,7 @@ def compute_share_text(isolation: str, compute_share: int, mig_profile: str | No
     if isolation == "time-slicing":
         return "not enforced (time-sliced)"
     if isolation == "mps":
-        return f"{compute_share}% (enforced by MPS)"
+        return f"{compute_share}% under MPS, not enforced (set in the server's environment)"
     if isolation == "mig":
         return f"MIG instance{f' {mig_profile}' if mig_profile else ''} (hardware partition)"
     raise SliceError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
@@ -147,7 +151,8 @@ class Slice:
             each. ``0 < memory_limit``; may exceed what is free on the card when the
             Hub overcommits.
         compute_share: Percent of the GPU's streaming multiprocessors, 1-100. Only the
-            ``mps`` and ``mig`` backends enforce it.
+            ``mig`` backend enforces it; ``mps`` applies it to the processes that keep
+            the server's environment (:func:`compute_share_text`).
         placement: Policy the Hub used to pick the GPU, one of :data:`PLACEMENTS`.
         overcommit_ratio: Sum of budgets the Hub allows per GPU, as a multiple of
             ``gpu_memory`` (``>= 1.0``; exactly 1.0 for MIG instances).

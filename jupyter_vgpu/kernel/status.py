@@ -113,7 +113,7 @@ def _seconds(value: float | None) -> str:
 
 def _share(s) -> str:
     """The share and what it means: ``30%, not enforced (time-sliced)``; the backend's
-    own wording when it names the share already (``50% (enforced by MPS)``, a MIG
+    own wording when it names the share already (``50% under MPS, not enforced (...)``, a MIG
     instance)."""
     text = s.compute_share_text
     return text if text[:1].isdigit() or s.isolation == "mig" else f"{s.compute_share}%, {text}"

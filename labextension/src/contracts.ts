@@ -189,7 +189,9 @@ export interface INodeReport {
 
 /**
  * How the GPU is shared: time-slicing (memory budget watched, compute share not enforced), mps
- * (NVIDIA MPS enforces the compute share and a pinned memory limit), mig (a whole MIG instance).
+ * (kernels are NVIDIA MPS clients; the compute share and a pinned memory limit are MPS's limits
+ * from the server's environment, not enforced against the user; the memory budget is watched), mig
+ * (a whole MIG instance).
  */
 export type Isolation = 'time-slicing' | 'mps' | 'mig';
 
@@ -225,7 +227,10 @@ export interface ISlice {
   memory_limit: number;
   /** Guaranteed bytes, at most memory_limit; requests on one GPU sum to at most its memory. */
   memory_request: number;
-  /** Percent of the GPU's streaming multiprocessors. Enforced only by the mps and mig backends. */
+  /**
+   * Percent of the GPU's streaming multiprocessors. Enforced only by the mig backend; mps applies
+   * it to clients that keep the server's environment.
+   */
   compute_share: number;
   /** Higher wins when the card is short of memory (0-100, default 50). */
   priority: number;

@@ -61,14 +61,15 @@ export function formatSeconds(seconds: number | null | undefined): string {
 
 /**
  * What a slice's compute share means under its isolation backend, worded as the Hub
- * words it (`jupyter_vgpu.slice.compute_share_text`): time-slicing enforces nothing.
+ * words it (`jupyter_vgpu.slice.compute_share_text`): time-slicing enforces nothing, and
+ * MPS's share comes from the server's environment, which the user's processes can change.
  */
 export function computeShareText(slice: ISlice): string {
   switch (slice.isolation) {
     case 'time-slicing':
       return 'not enforced (time-sliced)';
     case 'mps':
-      return `${slice.compute_share}% (enforced by MPS)`;
+      return `${slice.compute_share}% under MPS, not enforced (set in the server's environment)`;
     case 'mig': {
       const profile = slice.gpu_name.split(' MIG ')[1];
       return `MIG instance${profile ? ` ${profile.trim()}` : ''} (hardware partition)`;

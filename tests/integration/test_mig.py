@@ -59,7 +59,7 @@ def test_the_spawn_form_offers_the_profiles_that_fit_the_quota(hub):
     page = session.get(f"{hub.url}/hub/spawn/mia")
     assert page.status_code == 200
     assert 'value="shared"' in page.text
-    assert "Shared GPU: up to 16.00 GiB, compute share 50% (enforced by MPS)" in page.text
+    assert "Shared GPU: up to 16.00 GiB, compute share 50% under MPS, not enforced" in page.text
     assert 'value="mig:1g.10gb"' in page.text
     assert (
         "MIG 1g.10gb: 10.00 GiB, 14% of the GPU&#x27;s SMs, a hardware partition (2 of 2 free)" in page.text
@@ -124,7 +124,7 @@ def test_without_a_profile_the_slice_goes_to_a_shared_gpu_with_mps_limits(hub):
     url = hub.spawn("sam", options={})
     s = slice_of(hub, "sam")
     assert (s["isolation"], s["gpu_index"], s["memory_limit"]) == ("mps", 0, 16 * GiB)
-    assert s["compute_share_text"] == "50% (enforced by MPS)"
+    assert s["compute_share_text"] == "50% under MPS, not enforced (set in the server's environment)"
     lab = LabClient(url, token=token)
     kernel = lab.start_kernel()
     env = lab.execute(

@@ -142,7 +142,8 @@ def test_sizes_capped_by_the_quota_field_by_field():
         size({**none, "memory_limit": 4 * GiB, "memory_request": 6 * GiB}, quota)
     assert (
         describe(Size(8 * GiB, 4 * GiB, 50, 60), "mps")
-        == "vGPU: 8.00 GiB budget, 4.00 GiB guaranteed; compute share 50% (enforced by MPS); priority 60"
+        == "vGPU: 8.00 GiB budget, 4.00 GiB guaranteed; compute share 50% under MPS, not enforced "
+        "(set in the server's environment); priority 60"
     )
     assert describe(Size(80 * GiB, 80 * GiB, 50, 60), "time-slicing", whole=True).startswith(
         "vGPU: 80.00 GiB budget, on a whole GPU, all of it guaranteed"

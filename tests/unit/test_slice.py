@@ -180,7 +180,10 @@ def test_mig_slices_are_whole_instances_without_overcommit():
 
 def test_compute_share_reads_as_what_each_backend_enforces():
     assert make().compute_share_text == "not enforced (time-sliced)"
-    assert make(isolation="mps", compute_share=25).compute_share_text == "25% (enforced by MPS)"
+    assert (
+        make(isolation="mps", compute_share=25).compute_share_text
+        == "25% under MPS, not enforced (set in the server's environment)"
+    )
     with pytest.raises(SliceError, match="isolation"):
         compute_share_text("vmware", 10)
 
