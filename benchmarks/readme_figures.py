@@ -692,7 +692,26 @@ def _time_sliced() -> dict:
     }
 
 
+def _mps_totals() -> dict:
+    """The card's total speed of 2 to 4 MLP steps together, as MPS clients and
+    time-sliced, measured one after the other on one card."""
+    mps = load("time-slicing-mps-h200.json")["card_total_by_contexts"].values()
+    sliced = load("time-slicing-33df4e6-h200.json")["card_total_by_contexts"].values()
+    return {
+        "m_lo": f"{min(mps):.2f}",
+        "m_hi": f"{max(mps):.2f}",
+        "t_lo": f"{min(sliced):.2f}",
+        "t_hi": f"{max(sliced):.2f}",
+    }
+
+
 CLAIMS = [
+    Claim(
+        "time slicing: the card's total as MPS clients",
+        "time-slicing-mps-h200.json",
+        "({m_lo}-{m_hi} of the card in all, time-sliced {t_lo}-{t_hi})",
+        _mps_totals,
+    ),
     Claim(
         "sessions: seed 11 with time-slicing's cost",
         "cell-tails-02e18cf-h100.json",

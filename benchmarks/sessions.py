@@ -94,7 +94,7 @@ kernel makes its CUDA context, :func:`mps_daemons`, and stops it at the end), wi
 environment the spawner gives such a server (:func:`mps_environment`); the row says
 ``isolation``. MPS runs the clients' kernels in one context, so cells that meet share
 the card without the driver's switches between contexts (``time_slicing.py --mps``: 2
-to 4 MLP steps together at 0.99-1.00 of the card, time-sliced 0.92).
+to 4 MLP steps together at 0.98-1.00 of the card, time-sliced 0.91-0.92).
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
