@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +29,8 @@ import provenance  # noqa: E402
 from gpu_common import require_gpu  # noqa: E402
 
 from jupyter_vgpu import nvml  # noqa: E402
-from jupyter_vgpu.node.mps import MPSDaemons  # noqa: E402
 from jupyter_vgpu.slice import Slice  # noqa: E402
-from jupyter_vgpu.testing.mps_client import client_environment  # noqa: E402
+from jupyter_vgpu.testing.mps_client import client_environment, own_daemons  # noqa: E402
 from jupyter_vgpu.testing.mps_client import run as client  # noqa: E402
 
 GiB = 1 << 30
@@ -49,10 +45,7 @@ def main() -> None:
     require_gpu(parser)
     record = provenance.record()
     gpu = nvml.list_gpus()[0]
-    directory = tempfile.mkdtemp(prefix="vgpu-")  # short: the daemon's sockets must fit sun_path
-    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
-    try:
-        daemons.ensure(gpu.uuid)
+    with own_daemons([gpu.uuid]) as daemons:
         if not daemons.running(gpu.uuid):
             raise SystemExit(f"the MPS control daemon did not start on {gpu.uuid}")
         pipe = str(daemons.directories(gpu.uuid)[0])
@@ -67,9 +60,6 @@ def main() -> None:
             "25% share, 2 GiB budget": client(env(quarter, False)),
             "25% share, 2 GiB budget, pausable allocator preloaded": client(env(quarter, True)),
         }
-    finally:
-        daemons.stop(gpu.uuid)
-        shutil.rmtree(directory, ignore_errors=True)
     whole = clients["100% share, no pinned limit"]
     parts = [v for k, v in clients.items() if k.startswith("25%")]
     result = {

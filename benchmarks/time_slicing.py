@@ -36,9 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,18 +65,12 @@ def mps_clients() -> Iterator[dict[str, str]]:
     """The environment of a client of an MPS control daemon on the first card, which
     runs while the block does. Raises MPSUnavailable (the daemon did not start)."""
     from jupyter_vgpu import nvml
-    from jupyter_vgpu.node.mps import MPSDaemons
+    from jupyter_vgpu.testing.mps_client import own_daemons
 
     gpu = nvml.list_gpus()[0]
-    directory = tempfile.mkdtemp(prefix="vgpu-")  # short: the daemon's sockets must fit sun_path
-    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
-    try:
-        daemons.ensure(gpu.uuid)
+    with own_daemons([gpu.uuid]) as daemons:
         pipe = str(daemons.directories(gpu.uuid)[0])
         yield {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid, "CUDA_MPS_PIPE_DIRECTORY": pipe}
-    finally:
-        daemons.stop(gpu.uuid)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def measure(args: argparse.Namespace, env: dict[str, str] | None) -> tuple[dict, float, dict, list]:

@@ -1,5 +1,6 @@
 """A process that reports what its MPS slice gives it, for the MPS tests and benchmark
-(``tests/gpu/test_mps.py``, ``tests/gpu/test_two_gpus.py``, ``benchmarks/mps.py``).
+(``tests/gpu/test_mps.py``, ``tests/gpu/test_two_gpus.py``, ``benchmarks/mps.py``), and
+control daemons of their own for them (:func:`own_daemons`).
 
 It reports, as one JSON line: ``sms``, the streaming multiprocessors it sees; ``matmul_s``,
 seconds of 100 bf16 8192x8192 matmuls after three warm ones; ``uuid``, its card's UUID;
@@ -8,11 +9,16 @@ seconds of 100 bf16 8192x8192 matmuls after three warm ones; ``uuid``, its card'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 
+from jupyter_vgpu.node.mps import MPSDaemons
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.preloaded import environment
 
@@ -64,3 +70,26 @@ def client_environment(slice_: Slice, pipe: str, preload: bool) -> dict[str, str
     (``CUDA_MPS_PIPE_DIRECTORY``), with the pausable allocator preloaded or not."""
     base = environment() if preload else {**os.environ}
     return {**base, **slice_.environment(), "CUDA_MPS_PIPE_DIRECTORY": pipe}
+
+
+@contextlib.contextmanager
+def own_daemons(uuids: Sequence[str]) -> Iterator[MPSDaemons]:
+    """MPS control daemons on the cards ``uuids``, started as the arbiter starts them
+    (:meth:`MPSDaemons.ensure`) for an arbiter socket in a new temporary directory, short
+    enough for the daemons' Unix sockets (``sun_path``), and stopped with the directory
+    removed when the block ends. Yields the daemons (their pipe directories:
+    :meth:`MPSDaemons.directories`).
+
+    Raises:
+        MPSUnavailable: a daemon did not start.
+    """
+    directory = tempfile.mkdtemp(prefix="vgpu-")
+    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
+    try:
+        for uuid in uuids:
+            daemons.ensure(uuid)
+        yield daemons
+    finally:
+        for uuid in uuids:
+            daemons.stop(uuid)
+        shutil.rmtree(directory, ignore_errors=True)

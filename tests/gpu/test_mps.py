@@ -13,16 +13,13 @@ Each client prints what it measured (``-rA`` shows it).
 import json
 import math
 import os
-import shutil
-import tempfile
 
 import pytest
 
 from jupyter_vgpu import nvml
-from jupyter_vgpu.node.mps import MPSDaemons
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing import card_holder
-from jupyter_vgpu.testing.mps_client import client_environment
+from jupyter_vgpu.testing.mps_client import client_environment, own_daemons
 from jupyter_vgpu.testing.mps_client import run as client
 
 pytestmark = pytest.mark.gpu
@@ -32,13 +29,9 @@ GiB = 2**30
 @pytest.fixture
 def daemon():
     gpu = nvml.list_gpus()[0]
-    directory = tempfile.mkdtemp(prefix="vgpu-")  # short: the daemon's sockets must fit sun_path
-    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
-    daemons.ensure(gpu.uuid)
-    assert daemons.running(gpu.uuid)
-    yield gpu, daemons
-    daemons.stop(gpu.uuid)
-    shutil.rmtree(directory, ignore_errors=True)
+    with own_daemons([gpu.uuid]) as daemons:
+        assert daemons.running(gpu.uuid)
+        yield gpu, daemons
 
 
 def test_a_25_percent_2_gib_slice_gets_a_quarter_of_the_sms_and_no_more_than_its_budget(daemon):

@@ -21,20 +21,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from jupyter_vgpu import nvml
-from jupyter_vgpu.node.mps import MPSDaemons
 from jupyter_vgpu.slice import Card, Slice
 from jupyter_vgpu.testing import card_holder
 from jupyter_vgpu.testing.arbiter_process import ArbiterProcess
 from jupyter_vgpu.testing.hub_process import CONFIG, HubProcess
 from jupyter_vgpu.testing.kernel_runner import Kernel
 from jupyter_vgpu.testing.lab_client import LabClient
+from jupyter_vgpu.testing.mps_client import own_daemons
 from jupyter_vgpu.testing.mps_client import run as client
 from jupyter_vgpu.testing.preloaded import environment
 from jupyter_vgpu.testing.waiting import wait_for
@@ -171,12 +169,8 @@ def test_room_on_one_card_pauses_only_that_cards_kernels_and_both_cards_come_bac
 
 
 def test_mps_runs_a_daemon_per_card_and_a_clients_share_holds_on_each():
-    directory = tempfile.mkdtemp(prefix="vgpu-")  # short: the daemons' sockets must fit sun_path
-    daemons = MPSDaemons(os.path.join(directory, "arbiter.sock"))
     cards = CARDS[:2]
-    try:
-        for card in cards:
-            daemons.ensure(card.uuid)
+    with own_daemons([card.uuid for card in cards]) as daemons:
         assert all(daemons.running(card.uuid) for card in cards)
         pipes = [str(daemons.directories(card.uuid)[0]) for card in cards]
         assert len(set(pipes)) == 2, pipes
@@ -199,10 +193,6 @@ def test_mps_runs_a_daemon_per_card_and_a_clients_share_holds_on_each():
             assert part["1_gib"] == "allocated", part
             assert part["3_gib"].startswith("refused"), part
             assert whole["3_gib"] == "allocated", whole
-    finally:
-        for card in cards:
-            daemons.stop(card.uuid)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 ELSEWHERE = """\
