@@ -48,7 +48,9 @@ sharing, the driver's switches between contexts counted as the memory path's) an
 ``--time-slicing FILE`` (``benchmarks/time_slicing.py``'s output, measured on the card
 the runs ran on), ``time_slicing``: the model with the measured speed of each number of
 contexts together (``compute_share.simulate``'s ``rates``); ``inner_excess_s`` then uses
-those rates too.
+those rates too. Runs of the two backends want each its own measurement: ``--isolation
+mps`` keeps the runs made under MPS (``sessions.py --isolation mps``), to be read with
+``time_slicing.py --mps``'s output, whose key stays ``time_slicing``.
 
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
@@ -58,7 +60,7 @@ Usage::
 
     python benchmarks/sessions_tail.py --sessions benchmarks/results/sessions-h100.json \\
         --commits 777869e,b101c5c --out benchmarks/results/cell-tails-h100.json \\
-        [--time-slicing benchmarks/results/time-slicing-h200.json]
+        [--time-slicing benchmarks/results/time-slicing-h200.json] [--isolation time-slicing]
 """
 
 from __future__ import annotations
@@ -326,6 +328,12 @@ def main() -> None:
     parser.add_argument(
         "--time-slicing", help="benchmarks/time_slicing.py's output: the model with its measured rates too"
     )
+    parser.add_argument(
+        "--isolation",
+        choices=("time-slicing", "mps"),
+        help="only the runs of this backend (a run without the field ran time-sliced); give "
+        "--time-slicing the same backend's measurement (time_slicing.py --mps for mps)",
+    )
     args = parser.parse_args()
     record = provenance.record()
     prefixes = tuple(args.commits.split(","))
@@ -337,10 +345,16 @@ def main() -> None:
     runs = [
         of_run(run, rates, sessions.get("solo_cell_s"))
         for run in sessions["runs"]
-        if str(run.get("commit", "")).startswith(prefixes) and run.get("decisions") and run.get("solo_here")
+        if str(run.get("commit", "")).startswith(prefixes)
+        and run.get("decisions")
+        and run.get("solo_here")
+        and args.isolation in (None, run.get("isolation", "time-slicing"))
     ]
     if not runs:
-        raise SystemExit(f"no run of {args.commits} with cells, decisions and solo_here in {args.sessions}")
+        of = f" under {args.isolation}" if args.isolation else ""
+        raise SystemExit(
+            f"no run of {args.commits}{of} with cells, decisions and solo_here in {args.sessions}"
+        )
     for run in runs:
         w = run["waited_for_room_at_start"]
         print(
@@ -385,6 +399,7 @@ def main() -> None:
         "sessions": args.sessions,
         "prefetch_window_s": PREFETCH_WINDOW_S,
         "time_slicing": {"file": args.time_slicing, "rates": rates} if rates else None,
+        "isolation": args.isolation,
         "runs": runs,
         "pauses_by_cells_running": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90)} for k, v in pooled.items()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,37 @@ def test_a_time_slicing_file_without_rates_is_refused_with_its_name(script, tmp_
     assert done.returncode == 2  # argparse's usage error, before any work
     assert f"--time-slicing: {bad}: no time-slicing rates" in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "out.json").exists()
+
+
+def test_sessions_tail_reads_one_backends_runs_with_that_backends_own_speeds(tmp_path):
+    # 32f9a63 ran seeds 11, 7 and 23 under MPS and seed 11 time-sliced beside the first
+    sessions = str(ROOT / "benchmarks/results/sessions-h100.json")
+    results = ROOT / "benchmarks/results"
+
+    def tail(commits, isolation, slicing):
+        out = tmp_path / f"{commits}-{isolation}.json"
+        args = ["--sessions", sessions, "--commits", commits, "--isolation", isolation, "--out", str(out)]
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "sessions_tail.py"), *args, "--time-slicing", str(slicing)],
+            capture_output=True,
+            text=True,
+        )
+        return done, out
+
+    done, out = tail("32f9a63", "mps", results / "time-slicing-mps-32f9a63-h200.json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    mps = json.loads(out.read_text())
+    assert [r["seed"] for r in mps["runs"]] == [11, 7, 23]
+    assert mps["isolation"] == "mps"
+    assert mps["time_slicing"]["file"].endswith("mps-32f9a63-h200.json")
+    done, out = tail("32f9a63", "time-slicing", results / "time-slicing-02e18cf-h200.json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["seed"] for r in json.loads(out.read_text())["runs"]] == [11]
+    # runs from before the field ran time-sliced: none of them is an MPS run
+    done, out = tail("a15fe60", "mps", results / "time-slicing-mps-h200.json")
+    assert done.returncode == 1
+    assert not out.exists()
+    assert "no run of a15fe60 under mps" in done.stderr, done.stderr[-2000:]
 
 
 def test_a_record_names_the_commit_the_date_the_machine_and_the_command(monkeypatch):
