@@ -668,9 +668,12 @@ def _hosttier() -> dict:
     }
 
 
-#: The 12x runs made with time-slicing measured, the seventeenth and eighteenth tries
-#: (docs/design.md): each commit's runs in its cell-tails file (which may hold other runs).
-TIME_SLICED_COMMITS = ("a15fe60", "02e18cf")
+#: The 12x runs made with time-slicing measured, the seventeenth to nineteenth tries
+#: (docs/design.md): each commit's time-sliced runs in its cell-tails file (which may hold
+#: other runs).
+TIME_SLICED_COMMITS = ("a15fe60", "02e18cf", "32f9a63")
+#: The 12x runs with every kernel an MPS client, the nineteenth try.
+MPS_COMMIT = "32f9a63"
 
 
 def _time_sliced() -> dict:
@@ -692,6 +695,14 @@ def _time_sliced() -> dict:
     }
 
 
+def _mps_sessions() -> dict:
+    """The memory path's share of p95 (points of the solo cell, against even sharing) of
+    the 12x runs made as MPS clients, by seed."""
+    runs = load(f"cell-tails-{MPS_COMMIT}-mps-h100.json")["runs"]
+    share = {r["seed"]: r["memory_path_points"]["even"] for r in runs if r["commit"].startswith(MPS_COMMIT)}
+    return {f"s{seed}": f"{share[seed]:.1f}" for seed in (11, 7, 23)}
+
+
 def _mps_totals() -> dict:
     """The card's total speed of 2 to 4 MLP steps together, as MPS clients and
     time-sliced, measured one after the other on one card."""
@@ -711,6 +722,13 @@ CLAIMS = [
         "time-slicing-mps-h200.json",
         "({m_lo}-{m_hi} of the card in all, time-sliced {t_lo}-{t_hi})",
         _mps_totals,
+    ),
+    Claim(
+        "sessions: 12x as MPS clients",
+        f"cell-tails-{MPS_COMMIT}-mps-h100.json",
+        "with every kernel an MPS client, {s11}, {s7} and {s23} points on seeds 11, 7 and 23 "
+        "against even sharing",
+        _mps_sessions,
     ),
     Claim(
         "sessions: seed 11 with time-slicing's cost",
