@@ -112,6 +112,8 @@ class Arbiter(Registry):
         self.mps = mps.MPSDaemons(getattr(config, "socket_path", "") or "/run/jupyter-vgpu/arbiter.sock")
         self._mps_watched = 0.0  # monotonic seconds of the last look at the daemons
         self._mps_asked: set[str] = set()  # GPUs whose daemon was started (or found missing)
+        self._mps_limits: dict[str, tuple[int, int]] = {}  # by GPU: the ceiling its daemon took
+        self._mps_setting = asyncio.Lock()  # one card's limits set at a time, in order
         self.refresh_servers = None  # async callable re-reading registrations (the Hub link)
         self._refreshing: asyncio.Future | None = None
         self.journal: Journal | None = None  # registrations over the socket (standalone)
@@ -277,25 +279,54 @@ class Arbiter(Registry):
 
     # -- MPS daemons -----------------------------------------------------------------
 
-    def mps_for(self, slice_) -> None:
-        """Start the MPS control daemon of an ``mps`` slice's card, once per card (in the
-        background; real cards only, where ``ArbiterApp.mps_daemons`` allows)."""
-        if (
-            slice_.isolation == "mps"
-            and not slice_.simulated
-            and getattr(self.config, "mps_daemons", True)
-            and slice_.gpu_uuid not in self._mps_asked
-        ):
+    def mps_for(self, slice_, start: bool = True) -> None:
+        """Start the MPS control daemon of an ``mps`` slice's card, once per card, and
+        keep its limits the card's ceiling (:func:`.mps.ceiling`) as slices come and go
+        (in the background; real cards only, where ``ArbiterApp.mps_daemons`` allows).
+        ``start`` False (a slice gone): the ceiling only, of a daemon already running."""
+        if slice_.isolation != "mps" or slice_.simulated or not getattr(self.config, "mps_daemons", True):
+            return
+        if start and slice_.gpu_uuid not in self._mps_asked:
             self._mps_asked.add(slice_.gpu_uuid)
             self.spawn(self._start_mps(slice_.gpu_uuid))
+        elif slice_.gpu_uuid in self.mps.started:
+            self.spawn(self._limit_mps(slice_.gpu_uuid))
 
     async def _start_mps(self, uuid: str) -> None:
-        """Start (or find) the MPS control daemon of GPU ``uuid``; the outcome is a decision."""
+        """Start (or find) the MPS control daemon of GPU ``uuid`` and give it the card's
+        ceiling; the outcome is a decision."""
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.mps.ensure, uuid)
             self.decide("mps daemon", gpu=uuid, message="running")
         except mps.MPSUnavailable as e:
             self.decide("mps unavailable", gpu=uuid, message=str(e))
+            return
+        self._mps_limits.pop(uuid, None)  # a daemon started anew has its own defaults
+        await self._limit_mps(uuid)
+
+    async def _limit_mps(self, uuid: str) -> None:
+        """Give GPU ``uuid``'s daemon the ceiling of the ``mps`` slices registered on it
+        now, where that changed (:meth:`.mps.MPSDaemons.set_limits`); the outcome is a
+        decision. A card whose slices are all gone keeps its last ceiling."""
+        async with self._mps_setting:
+            limits = mps.ceiling((s.slice for s in self.servers.values()), uuid)
+            if limits is None or self._mps_limits.get(uuid) == limits:
+                return
+            percent, budget = limits
+            try:
+                read = await asyncio.get_running_loop().run_in_executor(
+                    None, self.mps.set_limits, uuid, percent, budget
+                )
+            except mps.MPSUnavailable as e:
+                self.decide("mps limits refused", gpu=uuid, message=str(e))
+                return
+            self._mps_limits[uuid] = limits
+            self.decide(
+                "mps limits",
+                gpu=uuid,
+                message=f"every client of this card at most {percent}% of its SMs and {format_bytes(budget)} "
+                f"(the largest share and budget of its mps slices; the daemon read back {read})",
+            )
 
     async def _watch_mps(self, now: float) -> None:
         """Restart every daemon this arbiter started that no longer answers; asks at most

@@ -11,11 +11,20 @@ different cards never meet. Daemons outlive the arbiter: its restart must not en
 kernels connected to them (a new arbiter finds them answering). To stop one, as the
 arbiter's user: ``echo quit | CUDA_MPS_PIPE_DIRECTORY=<pipe> nvidia-cuda-mps-control``.
 
+The limits in a client's environment are the user's to clear: MPS only lets them
+lower the daemon's. So the daemon itself is given a ceiling (:func:`ceiling`,
+:meth:`MPSDaemons.set_limits`): the largest compute share and budget among the card's
+``mps`` slices, as the default of every MPS server it starts and as the limit of those
+running. No client of the card passes it whatever its environment says; where every
+slice of a card is alike, that is each slice's own. The arbiter's NVML watch holds each
+server to its own budget besides (docs/design.md, "MPS clients are processes too").
+
 What MPS changes (NVIDIA's "Multi-Process Service" guide, sections "Limitations" and
 "Memory protection and error containment"):
 
 - the pinned memory limit is read when a client starts: a quota raise reaches a running
-  kernel only after it restarts (the status and the panel say so);
+  kernel only after it restarts (the status and the panel say so); the daemon's
+  limits, likewise, hold for clients that connect after they are set;
 - a fatal GPU error in one client ends every client of that GPU's server;
 - one MPS server serves one Linux user at a time: with a system account per Hub user
   (``LocalProcessSpawner``), clients of a second user wait until the first user's
@@ -26,11 +35,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from jupyter_vgpu.host.socket_path import mps_pipe_directory
+from jupyter_vgpu.slice import Slice
 
 log = logging.getLogger("jupyter_vgpu.node")
 
@@ -42,7 +54,35 @@ MAX_PIPE_DIRECTORY = 80
 
 
 class MPSUnavailable(RuntimeError):
-    """No control daemon could be started for a GPU; the message says why."""
+    """No control daemon could be started for a GPU, or it did not take its limits; the
+    message says why."""
+
+
+def ceiling(slices: Iterable[Slice], gpu_uuid: str) -> tuple[int, int] | None:
+    """The limits of every client of ``gpu_uuid``'s daemon: ``(percent, bytes)``, the
+    largest compute share (percent of the card's SMs) and budget (bytes) among the
+    ``mps`` slices of ``slices`` on that card, simulated ones left out; None where
+    there is none."""
+    on = [s for s in slices if s.isolation == "mps" and not s.simulated and gpu_uuid in s.gpu_uuids]
+    if not on:
+        return None
+    return max(s.compute_share for s in on), max(s.memory_limit for s in on)
+
+
+#: A figure the control daemon prints: a number and an optional unit (``25.0``, ``2048M``).
+_FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)", re.IGNORECASE)
+_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _figure(text: str, unit: str = "") -> float | None:
+    """The last figure in the control daemon's answer ``text`` (after any device number,
+    as in ``0=2048M``), in bytes where it has a unit (``unit``: the one a bare number is
+    in), or None where it has none."""
+    matches = _FIGURE.findall(text)
+    if not matches:
+        return None
+    number, suffix = matches[-1]
+    return float(number) * _UNIT[(suffix or unit).upper()]
 
 
 class MPSDaemons:
@@ -128,6 +168,65 @@ class MPSDaemons:
             raise MPSUnavailable(f"{self.control} -d for {gpu_uuid} exited {result.returncode}: {said}")
         self.started.add(gpu_uuid)
         log.info("MPS control daemon started for %s (pipes in %s)", gpu_uuid, pipe)
+
+    def servers(self, gpu_uuid: str) -> list[int]:
+        """The PIDs of the MPS servers ``gpu_uuid``'s daemon runs (``get_server_list``)."""
+        answer = self._ask(gpu_uuid, "get_server_list")
+        return [int(word) for word in answer.stdout.split() if word.isdigit()]
+
+    def set_limits(self, gpu_uuid: str, percent: int, limit_bytes: int) -> str:
+        """Give ``gpu_uuid``'s daemon limits no client of it passes: ``percent`` of the
+        card's SMs (``set_default_active_thread_percentage``) and ``limit_bytes`` of
+        device memory, rounded down to MiB (``set_default_device_pinned_mem_limit``),
+        as the default of the servers it starts and as the limit of each one running
+        (``set_active_thread_percentage``, ``set_device_pinned_mem_limit``), then read
+        the defaults back. Commands from NVIDIA's MPS guide, "Legacy MPS v2 Interface";
+        device 0 is the card (the daemon sees it alone). Returns what the daemon read
+        back, as one line.
+
+        Raises:
+            MPSUnavailable: the control program failed, or read back other defaults.
+        """
+        mib = max(1, limit_bytes // 2**20)
+        commands = [
+            f"set_default_active_thread_percentage {percent}",
+            f"set_default_device_pinned_mem_limit 0 {mib}M",
+        ]
+        for pid in self.servers(gpu_uuid):
+            commands += [
+                f"set_active_thread_percentage {pid} {percent}",
+                f"set_device_pinned_mem_limit {pid} 0 {mib}M",
+            ]
+        for command in commands:
+            self._said(gpu_uuid, command)
+        threads = self._said(gpu_uuid, "get_default_active_thread_percentage")
+        memory = self._said(gpu_uuid, "get_default_device_pinned_mem_limit 0")
+        read = (_figure(threads), _figure(memory, "M"))
+        if (
+            read[0] is None
+            or abs(read[0] - percent) > 0.5
+            or read[1] is None
+            or abs(read[1] - mib * 2**20) >= 2**20
+        ):
+            raise MPSUnavailable(
+                f"the MPS daemon of {gpu_uuid} read back {threads!r} and {memory!r} after being set to "
+                f"{percent}% and {mib} MiB"
+            )
+        return f"{threads}; {memory}"
+
+    def _said(self, gpu_uuid: str, command: str) -> str:
+        """The daemon's answer to ``command``, stripped. Raises MPSUnavailable where the
+        control program failed or the daemon answered with an error."""
+        try:
+            answer = self._ask(gpu_uuid, command)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise MPSUnavailable(f"{command!r} to the MPS daemon of {gpu_uuid} failed: {e}") from None
+        said = (answer.stdout + answer.stderr).strip()
+        if answer.returncode != 0 or re.search(r"\b(error|invalid|unknown|fail)", said, re.IGNORECASE):
+            raise MPSUnavailable(
+                f"{command!r} to the MPS daemon of {gpu_uuid} exited {answer.returncode}: {said[-300:]}"
+            )
+        return said
 
     def stop(self, gpu_uuid: str) -> None:
         """Ask ``gpu_uuid``'s control daemon to quit (its clients lose the GPU with it)."""

@@ -185,4 +185,5 @@ class Registry:
     def unregister(self, pid: int) -> None:
         """Forget the servers registered by process ``pid`` (not those known by their pod)."""
         for key in [k for k, s in self.servers.items() if s.pid == pid and not s.pod_uid]:
-            del self.servers[key]
+            gone = self.servers.pop(key)
+            self.mps_for(gone.slice, start=False)  # its card's ceiling, without it

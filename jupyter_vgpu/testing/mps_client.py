@@ -4,7 +4,8 @@ control daemons of their own for them (:func:`own_daemons`).
 
 It reports, as one JSON line: ``sms``, the streaming multiprocessors it sees; ``matmul_s``,
 seconds of 100 bf16 8192x8192 matmuls after three warm ones; ``uuid``, its card's UUID;
-``1_gib`` and ``3_gib``, ``"allocated"`` or ``"refused: <the error's first line>"``.
+``1_gib`` and ``3_gib`` (the sizes in ``JUPYTER_VGPU_CLIENT_GIB``, comma-separated,
+where the environment has it), ``"allocated"`` or ``"refused: <the error's first line>"``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing.preloaded import environment
 
 CLIENT = """
-import json, time, torch
+import json, os, time, torch
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 for _ in range(3):
@@ -35,7 +36,7 @@ for _ in range(100):
 torch.cuda.synchronize()
 result = {"sms": sms, "matmul_s": time.perf_counter() - start,
           "uuid": "GPU-" + str(torch.cuda.get_device_properties(0).uuid)}
-for gib in (1, 3):
+for gib in [int(g) for g in os.environ.get("JUPYTER_VGPU_CLIENT_GIB", "1,3").split(",")]:
     try:
         x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
         x.fill_(1)

@@ -5,18 +5,24 @@ A client of the daemon the arbiter starts (:class:`jupyter_vgpu.node.mps.MPSDaem
 with the environment the spawner gives a server (:meth:`Slice.environment`: 25% compute
 share, 2 GiB budget), sees at most a quarter of the SMs, runs a compute-bound loop
 slower than a 100% client, and is refused 3 GiB where 1 GiB succeeds, also when it
-allocates through the pausable allocator (CUDA's virtual-memory API), as kernels do; and
-NVML names a client with what it holds, as the arbiter's books read it.
+allocates through the pausable allocator (CUDA's virtual-memory API), as kernels do;
+NVML names a client with what it holds, as the arbiter's books read it; and a client
+that clears those limits still meets the daemon's, the card's ceiling the arbiter sets.
 Each client prints what it measured (``-rA`` shows it).
 """
 
+import asyncio
 import json
 import math
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from jupyter_vgpu import nvml
+from jupyter_vgpu.node.app import ArbiterApp
+from jupyter_vgpu.node.arbiter import Arbiter
 from jupyter_vgpu.slice import Slice
 from jupyter_vgpu.testing import card_holder
 from jupyter_vgpu.testing.mps_client import client_environment, own_daemons
@@ -75,3 +81,62 @@ def test_nvml_names_each_client_with_its_own_memory(daemon):
     finally:
         holder.stdin.close()
         holder.wait(30)
+
+
+def test_a_client_that_clears_its_limits_still_meets_the_daemons():
+    """A user's process may clear ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` or ask for the whole card; the arbiter gives the
+    card's daemon the largest share and budget of its ``mps`` slices
+    (:meth:`jupyter_vgpu.node.mps.MPSDaemons.set_limits`), which no client passes: first
+    as the default of the server a first client gets, then, as a larger slice registers,
+    as the limit of that server, running."""
+    gpu = nvml.list_gpus()[0]
+    directory = tempfile.mkdtemp(prefix="vgpu-")
+    arbiter = Arbiter(ArbiterApp(registrars="none", socket_path=os.path.join(directory, "arbiter.sock")))
+    cleared = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    env = {**cleared, "CUDA_VISIBLE_DEVICES": gpu.uuid}
+    card_mib = gpu.memory_total // 2**20  # the whole card, asked for
+    asks_all = {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={card_mib}M",
+    }
+
+    async def register(pid: int, share: int, budget: int) -> None:
+        arbiter.register(pid, f"user{pid}", "", Slice.on_card(gpu, budget, share, isolation="mps"))
+        while arbiter._inflight:
+            await asyncio.gather(*list(arbiter._inflight))
+
+    try:
+        whole = client(env)  # no daemon yet: a context of its own, the whole card
+        asyncio.run(register(os.getpid(), 25, 2 * GiB))
+        assert arbiter.mps.running(gpu.uuid), list(arbiter.decisions)
+        pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(arbiter.mps.directories(gpu.uuid)[0])}
+        first = client({**env, **pipe})  # its server starts with the daemon's defaults
+        servers = arbiter.mps.servers(gpu.uuid)
+        asyncio.run(register(os.getppid(), 50, 4 * GiB))
+        then = client({**env, **pipe, **asks_all, "JUPYTER_VGPU_CLIENT_GIB": "1,3,5"})
+        decisions = [d for d in arbiter.decisions if d["what"].startswith("mps")]
+        print(
+            json.dumps(
+                {
+                    "whole": whole,
+                    "cleared": first,
+                    "asks_all": then,
+                    "servers": servers,
+                    "decisions": decisions,
+                }
+            )
+        )
+        assert [d["what"] for d in decisions] == ["mps daemon", "mps limits", "mps limits"], decisions
+        assert first["sms"] <= math.ceil(0.25 * whole["sms"]) + 2, (first, whole)
+        assert first["1_gib"] == "allocated", first
+        assert first["3_gib"].startswith("refused"), first
+        assert math.ceil(0.25 * whole["sms"]) + 2 < then["sms"] <= math.ceil(0.5 * whole["sms"]) + 2, (
+            then,
+            whole,
+        )
+        assert then["3_gib"] == "allocated", then  # within the 4 GiB now the card's ceiling
+        assert then["5_gib"].startswith("refused"), then
+    finally:
+        arbiter.mps.stop(gpu.uuid)
+        shutil.rmtree(directory, ignore_errors=True)
