@@ -57,8 +57,9 @@ class VGPUHub(SingletonConfigurable):
         'mps': the kernels are clients of NVIDIA MPS (the node arbiter runs the daemons):
         cells that meet share the card without time-slicing's switches, and the compute
         share and budget are MPS's limits from the server's environment, which a user's
-        process can clear (the share is shown as not enforced; the budget is still watched
-        by the node arbiter). 'mig': GPUs are partitioned by the admin into MIG
+        process can clear; the daemon then holds it to the largest share and budget of
+        the card's mps slices (the share is shown as not enforced; the budget is still
+        watched by the node arbiter). 'mig': GPUs are partitioned by the admin into MIG
         instances and each slice gets one whole instance. A GPU in MIG mode is always
         'mig'. Override per GPU with `gpu_isolation`.""",
     ).tag(config=True)

@@ -78,8 +78,9 @@ def compute_share_text(isolation: str, compute_share: int, mig_profile: str | No
     under MPS: MPS holds a client to ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from its own
     environment, which only lowers the daemon's limit (NVIDIA's MPS documentation,
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), and a process of the user's that clears it
-    gets the daemon's, the whole card; ``"MIG instance 3g.40gb (hardware partition)"``
-    under MIG.
+    gets the daemon's: the largest share of the card's ``mps`` slices where the node
+    arbiter runs the daemon (:func:`jupyter_vgpu.node.mps.ceiling`), the card's, not the
+    slice's; ``"MIG instance 3g.40gb (hardware partition)"`` under MIG.
 
     Raises:
         SliceError: unknown ``isolation``.
