@@ -170,9 +170,9 @@ class MPSDaemons:
         log.info("MPS control daemon started for %s (pipes in %s)", gpu_uuid, pipe)
 
     def servers(self, gpu_uuid: str) -> list[int]:
-        """The PIDs of the MPS servers ``gpu_uuid``'s daemon runs (``get_server_list``)."""
-        answer = self._ask(gpu_uuid, "get_server_list")
-        return [int(word) for word in answer.stdout.split() if word.isdigit()]
+        """The PIDs of the MPS servers ``gpu_uuid``'s daemon runs (``get_server_list``).
+        Raises MPSUnavailable where the control program failed."""
+        return [int(word) for word in self._said(gpu_uuid, "get_server_list").split() if word.isdigit()]
 
     def set_limits(self, gpu_uuid: str, percent: int, limit_bytes: int) -> str:
         """Give ``gpu_uuid``'s daemon limits no client of it passes: ``percent`` of the

@@ -176,6 +176,8 @@ class Registry:
                 if conn.kernel is not None and conn.kernel.server is server:
                     self.spawn(self.sessions.send(conn, {"type": "slice", "slice": slice_.to_dict()}))
         self.mps_for(slice_)
+        if old is not None and old.slice != slice_:
+            self.mps_for(old.slice, start=False)  # the card it left, or whose ceiling it set
         for kpid, (conn, kernel_id) in list(self.unknown.items()):
             if self.root_of(kpid) == root:  # a kernel that came before its server did
                 del self.unknown[kpid]

@@ -204,3 +204,25 @@ def test_a_daemon_that_refuses_its_limits_is_a_decision_that_says_so(control, mo
     assert refused["gpu"] == CARD
     assert "set_default_active_thread_percentage 25" in refused["message"]
     assert "Invalid command" in refused["message"]
+
+
+def test_a_slice_that_leaves_mps_takes_its_share_out_of_the_cards_ceiling(control):
+    arbiter = Arbiter(ArbiterApp(registrars="none", socket_path=str(control / "arbiter.sock")))
+
+    async def scenario() -> None:
+        arbiter.register(101, "ada", "", a_slice(25, 2 * GiB))
+        arbiter.register(102, "bob", "", a_slice(50, 4 * GiB))
+        await settle(arbiter)
+        assert limits_of(arbiter.mps) == [
+            "set_default_active_thread_percentage 50",
+            "set_default_device_pinned_mem_limit 0 4096M",
+        ]
+        # an admin moves bob's server to time-slicing: the same server, another slice
+        arbiter.register(102, "bob", "", a_slice(50, 4 * GiB, isolation="time-slicing"))
+        await settle(arbiter)
+
+    asyncio.run(scenario())
+    assert limits_of(arbiter.mps)[-2:] == [
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 2048M",
+    ]
