@@ -703,6 +703,25 @@ def _mps_sessions() -> dict:
     return {f"s{seed}": f"{share[seed]:.1f}" for seed in (11, 7, 23)}
 
 
+def _turns() -> dict:
+    """Seed 23's p50 and p95 over its solo cell by the compute-sharing model, sharing and
+    with cells taking turns of up to 2 s, on the cells of its 12x MPS run as sent."""
+    from jupyter_vgpu.testing.compute_share import of_cells
+
+    [run] = [
+        r
+        for r in load("sessions-h100.json")["runs"]
+        if r["commit"].startswith(MPS_COMMIT) and r["seed"] == 23
+    ]
+    share = of_cells(run["cells_detail"], 1, run["solo_p50_cell_s"])
+    turns = of_cells(run["cells_detail"], 1, run["solo_p50_cell_s"], turn_wait=2.0)
+    return {
+        f"{name}{q}": f"+{(model[f'{q}_over_solo'] - 1) * 100:.0f}%"
+        for name, model in (("s", share), ("t", turns))
+        for q in ("p50", "p95")
+    }
+
+
 def _mps_totals() -> dict:
     """The card's total speed of 2 to 4 MLP steps together, as MPS clients and
     time-sliced, measured one after the other on one card."""
@@ -722,6 +741,12 @@ CLAIMS = [
         "time-slicing-mps-h200.json",
         "({m_lo}-{m_hi} of the card in all, time-sliced {t_lo}-{t_hi})",
         _mps_totals,
+    ),
+    Claim(
+        "sessions: cells taking turns, by the model",
+        "sessions-h100.json",
+        "2 s would take seed 23's p50 from {sp50} to {tp50} and p95 from {sp95} to {tp95}",
+        _turns,
     ),
     Claim(
         "sessions: 12x as MPS clients",

@@ -95,6 +95,10 @@ environment the spawner gives such a server (:func:`mps_environment`); the row s
 ``isolation``. MPS runs the clients' kernels in one context, so cells that meet share
 the card without the driver's switches between contexts (``time_slicing.py --mps``: 2
 to 4 MLP steps together at 0.98-1.00 of the card, time-sliced 0.91-0.92).
+``--turn-wait SECONDS`` sets the arbiter's ``turn_wait`` (cells take turns on a card,
+:mod:`jupyter_vgpu.node.turns`); the row then carries ``turns`` (the cells that waited,
+from the arbiter's decisions) and ``compute_share_turns``, the model with cells taking
+turns so (with ``--time-slicing``'s speeds where given): the floor of such a run.
 
 A cell with no reply in 180 s (:data:`STALL_SECONDS`), the setup's included, is a
 stall: the run records it in the row's ``stalls`` (the session's state by the arbiter
@@ -492,6 +496,7 @@ def start_arbiter(directory: Path, args, watermark: float | None = None) -> Arbi
     settings.append(f"--ArbiterApp.grant_on_demand={args.grant_on_demand}")
     settings.append(f"--ArbiterApp.grant_margin={args.grant_margin}")
     settings.append(f"--ArbiterApp.suspend_wait={args.suspend_wait}")
+    settings.append(f"--ArbiterApp.turn_wait={args.turn_wait}")
     settings.append(f"--ArbiterApp.release_first={args.release_first}")
     # every decision of a run in its row (benchmarks/sessions_tail.py reads them all)
     settings.append(f"--ArbiterApp.decisions_kept={DECISIONS_KEPT}")
@@ -729,6 +734,8 @@ def run_sessions(n: int, args, slices: list[Slice], solo_steps: int, together: i
                 "grown": grown(books["decisions"]) if args.grant_on_demand else None,
                 # --suspend-wait: the cells that waited for a running cell instead of suspends
                 "waited_for_a_cell": waited_for_a_cell(books["decisions"]) if args.suspend_wait else None,
+                # --turn-wait: the cells that waited their turn, and how long (in decisions_kept)
+                "turns": turns_taken(books["decisions"]) if args.turn_wait else None,
                 # --card-cap ballast: what each card's ballast held (NVML), the watermark beside it
                 "card_cap": args.card_cap,
                 "ballast_bytes": held or None,
@@ -820,6 +827,20 @@ def waited_for_a_cell(decisions: list[dict]) -> dict:
     code is in ``cells_detail``)."""
     servers = [d["server"] for d in decisions if d["what"] == "queued" and WAITED_FOR_A_CELL in d["message"]]
     return {"cells": len(servers), "servers": servers}
+
+
+def turns_taken(decisions: list[dict]) -> dict:
+    """The cells of a run that waited their turn (``--turn-wait``), from the arbiter's
+    ``turn`` decisions: how many, how many ran beside a cell once their wait was over,
+    and their waits at p50 and p95 (seconds, NumPy's rule; None without any)."""
+    waits = [d["seconds"] for d in decisions if d["what"] == "turn"]
+    beside = sum(d["what"] == "turn" and "wait ran out" in d["message"] for d in decisions)
+    return {
+        "cells": len(waits),
+        "ran_beside": beside,
+        "p50_s": percentile_or_none(waits, 50),
+        "p95_s": percentile_or_none(waits, 95),
+    }
 
 
 def first_pause(s: Session, arbiter: ArbiterProcess, share_pieces: str) -> None:
@@ -1117,6 +1138,14 @@ def main() -> None:
         "arbiter's, %(default)s; 0: it does not)",
     )
     parser.add_argument(
+        "--turn-wait",
+        type=float,
+        default=ArbiterApp.turn_wait.default_value,
+        help="the arbiter's turn_wait: seconds a cell waits for the cells running on its card to "
+        "end before it starts beside them (default: the arbiter's, %(default)s, off); the row then "
+        "carries compute_share_turns, the model with cells taking turns so",
+    )
+    parser.add_argument(
         "--release-first",
         action=argparse.BooleanOptionalAction,
         default=ArbiterApp.release_first.default_value,
@@ -1270,6 +1299,7 @@ def main() -> None:
         "grant_on_demand": args.grant_on_demand,
         "grant_margin": args.grant_margin,
         "suspend_wait": args.suspend_wait,
+        "turn_wait": args.turn_wait,
         "release_first": args.release_first,
         "poll_seconds": 0.25,
         "decisions_kept": DECISIONS_KEPT,
@@ -1344,6 +1374,10 @@ def main() -> None:
                     row["cells_detail"], len(gpus), result["solo_cell_s"], rates
                 )
                 row["time_slicing"] = {"file": args.time_slicing, "rates": rates}
+            if args.turn_wait:  # cells taking turns, as the arbiter had them (with the rates given)
+                row["compute_share_turns"] = of_cells(
+                    row["cells_detail"], len(gpus), result["solo_cell_s"], rates, turn_wait=args.turn_wait
+                )
         row["think_s"], row["cycles"] = args.think, args.cycles
         result["runs"].append(row)
         print(json.dumps(row), flush=True)

@@ -53,7 +53,10 @@ _STATES.update(suspending="paused", suspended="suspended", resuming="active")
 MAX_BACKOFF = 1.0
 #: Protocol version of the hello this client sends first (an arbiter that refuses it is
 #: spoken to in the version below, and so on down to 1).
-HELLO_VERSION = 5
+HELLO_VERSION = 6
+#: The version from which a request for room says whether it is for a cell the user ran
+#: (``cell``; ``jupyter_vgpu.node.protocol.CELL_VERSION``).
+CELL_VERSION = 6
 #: Answers that end a request for room (``gone``: this client's own, the link dropped);
 #: an answer after one of them is not taken.
 FINAL_ANSWERS = ("grant", "deny", "gone", "failed")
@@ -192,11 +195,13 @@ class ArbiterClient:
 
     # -- room --------------------------------------------------------------------------
 
-    def room(self, purpose: str, progress=None) -> None:
+    def room(self, purpose: str, progress=None, cell: bool = False) -> None:
         """Ask for room before the kernel runs code; blocks until granted.
 
         Args:
             purpose: ``run``, ``resume`` (the kernel is paused) or ``restore`` (suspended).
+            cell: the room is for a cell the user ran, said to an arbiter of protocol
+                version 6 or later (``cell``: it takes its turn on the card).
             progress: the cell's :class:`~.progress.Progress`: it shows what the arbiter
                 says it is doing (pausing someone, queueing) and keeps the line alive.
 
@@ -214,7 +219,10 @@ class ArbiterClient:
             rid = self._next
             self._next += 1
             self._rooms[rid] = {"type": None, "seq": 0}
-        if not self._send({"type": "room", "id": rid, "for": purpose}):
+        msg = {"type": "room", "id": rid, "for": purpose}
+        if cell and self._hello_version >= CELL_VERSION:
+            msg["cell"] = True
+        if not self._send(msg):
             with self._room_cond:
                 self._rooms.pop(rid, None)
             raise ArbiterUnavailable("the node arbiter went away as this kernel asked it for room")

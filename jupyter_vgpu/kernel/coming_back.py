@@ -48,7 +48,7 @@ class ComingBack:
             log.info("jupyter-vgpu: no prefetch: %s", e)
             return False
 
-    def _come_back(self, state: str, prefetch: bool = False, woken: bool = False) -> None:
+    def _come_back(self, state: str, prefetch: bool = False, woken: bool = False, cell: bool = False) -> None:
         """Called by the gate, in the thread of the first message that needs the kernel
         (or, ``woken``, of the kernel's own wake thread: a GPU call made between cells):
         room (from the arbiter, which restores a suspended kernel; without one, the
@@ -57,7 +57,8 @@ class ComingBack:
         (the last cell's, when woken), and kept up to date. A ``prefetch`` asks once,
         waits for nothing and prints nothing; one that fails leaves the held calls
         waiting for the next message; any other way back that fails makes them return an
-        error that says why."""
+        error that says why. ``cell``: the message is a cell the user ran (the arbiter
+        gives it its turn on the card)."""
         from .pause import vmm
 
         purpose = "prefetch" if prefetch else {g.SUSPENDED: "restore", g.PAUSED: "resume"}.get(state, "run")
@@ -72,7 +73,7 @@ class ComingBack:
         progress = Progress((lambda *a, **k: None) if prefetch else self.say, what)
         deadline = time.monotonic() + self.config.resume_timeout
         try:
-            alone = self._room(purpose, progress, deadline, suspended=state == g.SUSPENDED)
+            alone = self._room(purpose, progress, deadline, suspended=state == g.SUSPENDED, cell=cell)
             if state == g.SUSPENDED:
                 self._restore(progress, deadline, alone)
                 self._set_gate(vmm.PAUSED)  # the process runs again: only the paused memory waits
@@ -91,10 +92,12 @@ class ComingBack:
         else:  # a line up after a wait the arbiter never answered says so, not "granted"
             progress.done(progress.what if alone else "room granted")
 
-    def _room(self, purpose: str, progress: Progress, deadline: float, suspended: bool = False) -> bool:
+    def _room(
+        self, purpose: str, progress: Progress, deadline: float, suspended: bool = False, cell: bool = False
+    ) -> bool:
         """Room for the kernel: from the arbiter (False), or, with none to ask, decided here
         (True): a resident kernel runs, a paused or suspended one comes back once the card
-        has room for it.
+        has room for it. ``cell``: for a cell the user ran (the arbiter's request says so).
 
         Raises:
             MemoryError: the arbiter refused, or with no arbiter the card had no room
@@ -104,7 +107,7 @@ class ComingBack:
             if self.ask_room is None:
                 return True
             try:
-                self.ask_room(purpose, progress)
+                self.ask_room(purpose, progress, cell=cell)
                 return False
             except ArbiterUnavailable as e:
                 if purpose == "run":  # its memory is on the card already: it runs without the arbiter

@@ -69,7 +69,7 @@ def refuse(kernel, stream, idents, msg, reason: BaseException) -> None:
 def _wrap(kernel, gate: Gate, handler: Callable, msg_type: str, after: Callable[[str], None] | None):
     def wrapper(stream, idents, msg):
         try:
-            gate.enter()
+            gate.enter(cell=msg_type == "execute_request" and not msg["content"].get("silent", False))
         except (Exception, KeyboardInterrupt) as e:
             log.info("jupyter-vgpu: %s not run: %s", msg_type, e)  # the reply says why, in words
             refuse(kernel, stream, idents, msg, e)

@@ -48,9 +48,10 @@ class Gate:
 
     Args:
         resume: called (in the entering thread, outside the gate's lock) with the state
-            the kernel is in (``idle``, ``paused`` or ``suspended``) before the first
-            handler runs; may block until the card has room; raises to refuse the entry
-            (the kernel stays as it was).
+            the kernel is in (``idle``, ``paused`` or ``suspended``) and ``cell=`` (whether
+            the handler runs a cell the user ran, :meth:`enter`) before the first handler
+            runs; may block until the card has room; raises to refuse the entry (the
+            kernel stays as it was).
         on_change: called with the new state after every change (for reports); must be
             quick and must not call the gate.
         on_wait: called about every 0.25 s, outside the gate's lock, while a handler waits
@@ -92,10 +93,11 @@ class Gate:
         with self._cond:
             return 0.0 if self.busy else time.monotonic() - self.last_active
 
-    def enter(self) -> None:
+    def enter(self, cell: bool = False) -> None:
         """Before a handler: wait out a pause in progress, admit the kernel (room, and
         its memory back if it was away) unless a handler already runs, then count the
-        handler as running.
+        handler as running. ``cell``: the handler runs a cell the user ran (its room
+        takes its turn on the card).
 
         Raises:
             Exception: whatever ``resume`` raised; the kernel stays as it was and the
@@ -122,7 +124,7 @@ class Gate:
         if prior is None:
             return
         try:
-            self._resume(prior)
+            self._resume(prior, cell=cell)
         except BaseException:
             with self._cond:
                 self._set(prior)

@@ -481,6 +481,22 @@ class ArbiterApp(Application):
         and 13; docs/design.md, the fifteenth try), hence on by default.""",
     ).tag(config=True)
 
+    turn_wait = Float(
+        0.0,
+        min=0.0,
+        help="""Seconds a cell the user ran waits for its turn: for the cells running on its
+        card (of its priority or above) to end, and for those sent before it to take
+        theirs, before it starts beside them. Cells that meet share the card's compute, so
+        two 1 s cells sent together each take about 2 s; taking turns, the first takes 1 s
+        and the second 2 s. A cell that meets a long-running one loses this much at most.
+        Only cells take turns (kernels of protocol version 6 say which requests are for a
+        cell), never completion, widgets or code between cells. 0: off. By the
+        compute-sharing model of the 12x MLP runs' own cells (48 sessions on one card,
+        docs/design.md, "Cells take turns"), 2 s takes seed 23's p50 from +17% to +0% of a
+        solo cell and p95 from +158% to +83% (seeds 7 and 11: p95 +169% and +82% to +103%
+        and +65%); not yet measured on a card, hence off by default.""",
+    ).tag(config=True)
+
     grant_margin = ByteSize(
         "1G",
         help="""With grant_on_demand: bytes granted beyond what a cell's kernel holds and

@@ -67,6 +67,7 @@ from .room import Rooms
 from .sessions import Connection, Sessions
 from .shared_pieces import SharedPieces
 from .tiering import Tiering
+from .turns import Turns
 
 __all__ = ["Arbiter"]
 
@@ -120,6 +121,7 @@ class Arbiter(Registry):
         self._lock_fd: int | None = None
         self.started = time.monotonic()
         self.sessions = Sessions(self)
+        self.turns = Turns(self)
         self.rooms = Rooms(self)
         self.moves = Moves(self)
         self.tiering = Tiering(self)

@@ -1,14 +1,15 @@
-"""The arbiter's socket protocol: one JSON object per line, both ways, version 5.
+"""The arbiter's socket protocol: one JSON object per line, both ways, version 6.
 
 Kernels (any user) may send:
 
-- ``{"type": "hello", "version": 5, "kernel_id": str, "state": <state>, "resident": int,
+- ``{"type": "hello", "version": 6, "kernel_id": str, "state": <state>, "resident": int,
   "paused_bytes": int, "host_bytes": int, "disk_bytes": int, "pausable_bytes": int,
   "cached_bytes": int, "budget": int | null, "idle_seconds": number}`` once, first: who
   it is and where its memory is, so that an arbiter started after the kernel (a
   restart, an upgrade) rebuilds its books from the kernels themselves. Figures only,
   like ``state``; ``budget`` is the budget the kernel applies (the slice's is the
-  arbiter's). Versions 3 and 4 are the same without ``cached_bytes``, version 2 without
+  arbiter's). Version 5 is the same (it sends no ``cell``), versions 3 and 4 the same
+  without ``cached_bytes``, version 2 without
   ``pausable_bytes`` either; a kernel whose hello an older arbiter refuses speaks the
   version below. Version 1 (``{"type": "hello", "version": 1, "kernel_id": str}``,
   kernels started before an upgrade) is still accepted. The arbiter
@@ -32,7 +33,9 @@ Kernels (any user) may send:
   resume's duration, once. (``disk_bytes`` may be left out: version 1;
   ``pausable_bytes`` and ``cached_bytes`` where the kernel cannot tell, and before
   versions 3 and 5.)
-- ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch"}``: may I run?
+- ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch", "cell": true}``:
+  may I run? (``cell``, version 6, sent only for a cell the user ran: it takes its turn
+  on the card, :mod:`.turns`, where ``ArbiterApp.turn_wait`` is set.)
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
   at once, granted only where the card has room once the kernels idle past their
   ``idle_seconds`` are paused, nobody else taken off it.) ``{"type": "room", "id": int,
@@ -125,6 +128,9 @@ GROW_VERSION = 4
 #: The version from which a kernel says its cached free bytes (``cached_bytes``) and
 #: answers ``release``.
 RELEASE_VERSION = 5
+#: The version from which a kernel says which of its requests for room are for a cell the
+#: user ran (``cell``), the ones that take turns.
+CELL_VERSION = 6
 #: What only trusted clients may send.
 TRUSTED = frozenset({"register", "unregister", "books", "refresh"})
 

@@ -107,17 +107,25 @@ class Rooms:
         self._prefetched: dict[str, float] = {}  # user -> monotonic seconds of their last prefetch
 
     async def request(
-        self, conn: Connection, rid: int, purpose: str, nbytes: int = 0, answer_to: Connection | None = None
+        self,
+        conn: Connection,
+        rid: int,
+        purpose: str,
+        nbytes: int = 0,
+        answer_to: Connection | None = None,
+        cell: bool = False,
     ) -> None:
         """Take a kernel's request ``rid`` for room: decided after the one being decided,
         replacing (and denying) one that waits its turn already. ``nbytes``: for ``grow``,
         the bytes of the allocation that found no room; ``answer_to``: the connection its
-        answers go to (the kernel's grow channel), None: the kernel's own."""
+        answers go to (the kernel's grow channel), None: the kernel's own; ``cell``: the
+        room is for a cell the user ran (protocol version 6), which takes turns
+        (:mod:`.turns`)."""
         if conn.room_next is not None:  # one waits for its turn already: this one replaces it
             why = "a newer request for room from this kernel replaced this one"
-            rid_was, _, _, to = conn.room_next
+            rid_was, _, _, to, _ = conn.room_next
             await self.arbiter.sessions.send(to or conn, {"type": "deny", "id": rid_was, "message": why})
-        conn.room_next = (rid, purpose, nbytes, answer_to)
+        conn.room_next = (rid, purpose, nbytes, answer_to, cell)
         if purpose != "prefetch":  # its cell makes its own room from here (:meth:`_take_ahead`)
             conn.ahead_stop = True
         if conn.room_task is None or conn.room_task.done():
@@ -127,10 +135,20 @@ class Rooms:
         """A kernel's requests for room, one at a time (a kernel runs one message at a
         time; one asked while another is decided waits its turn, and at most one waits)."""
         while conn.room_next is not None:
-            (rid, purpose, nbytes, answer_to), conn.room_next = conn.room_next, None
+            (rid, purpose, nbytes, answer_to, cell), conn.room_next = conn.room_next, None
             try:
                 if purpose == "prefetch":
                     await self.prefetch(conn, rid)
+                elif cell and purpose != "grow" and self.arbiter.config.turn_wait > 0:
+                    reply = answer_to or conn
+
+                    async def tell(message: str, rid: int = rid, reply: Connection = reply) -> None:
+                        await self.arbiter.sessions.send(
+                            reply, {"type": "wait", "id": rid, "message": message}
+                        )
+
+                    async with self.arbiter.turns.turn(conn.kernel, tell):
+                        await self.room(conn, rid, purpose, nbytes, answer_to)
                 else:
                     await self.room(conn, rid, purpose, nbytes, answer_to)
             except Exception as e:  # a fault of the arbiter's own: said at once, not left to patience

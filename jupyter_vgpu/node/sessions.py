@@ -62,9 +62,10 @@ class Connection:
         self.next_id = 1
         self.node_sent: tuple | None = None  # the node figures it was last told
         self.room_task: asyncio.Task | None = None  # its requests for room, one at a time
-        #: (id, purpose, bytes, answer to) of the one waiting its turn (bytes: a ``grow``'s,
-        #: else 0; answer to: the connection its answers go to, None: this one)
-        self.room_next: tuple[int, str, int, Connection | None] | None = None
+        #: (id, purpose, bytes, answer to, cell) of the one waiting its turn (bytes: a ``grow``'s,
+        #: else 0; answer to: the connection its answers go to, None: this one; cell: for a
+        #: cell the user ran, which takes turns)
+        self.room_next: tuple[int, str, int, Connection | None, bool] | None = None
         #: a grow channel's kernel connection (``channel``): this connection carries the
         #: requests of that kernel's allocator to grow, and their answers
         self.channel_of: Connection | None = None
@@ -264,7 +265,9 @@ class Sessions:
             self.state(conn.kernel, msg)
             await self.arbiter.notify()
         elif kind == "room":
-            await self.arbiter.rooms.request(conn, msg["id"], msg["for"], msg.get("bytes", 0))
+            await self.arbiter.rooms.request(
+                conn, msg["id"], msg["for"], msg.get("bytes", 0), cell=bool(msg.get("cell"))
+            )
         elif kind == "reply":
             future = conn.pending.get(msg["id"])
             if future is not None and not future.done():

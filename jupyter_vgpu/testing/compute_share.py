@@ -61,6 +61,7 @@ def simulate(
     discipline: str = SHARE,
     at_once: int | None = None,
     rates: Mapping[int, float] | None = None,
+    turn_wait: float | None = None,
 ) -> list[tuple[int, float, float]]:
     """Cells of sessions on one card, each ``cell_s`` seconds of work alone.
 
@@ -82,6 +83,11 @@ def simulate(
             number up to the largest given); past the largest the card's total stays
             that of the largest (``k * rate`` held). None: ``1/k`` (even sharing, no
             cost of its own). See :func:`speed`; :func:`check_rates` says what is refused.
+        turn_wait: with ``"share"``, cells take turns (``ArbiterApp.turn_wait``): a cell
+            sent while others run or wait waits in line, in the order sent, until the
+            card is empty and it is first (then runs alone) or for ``turn_wait`` seconds
+            (then shares the card with those running). None: no line, as 0 is. A line
+            with no limit (``math.inf``) is ``"one at a time"``.
 
     Returns:
         ``(session, start, latency)`` for every cell, in the order they ended; seconds.
@@ -96,14 +102,20 @@ def simulate(
         raise ValueError(f"at_once must be >= 1 or None: {at_once}")
     if discipline not in DISCIPLINES:
         raise ValueError(f"discipline must be one of {DISCIPLINES}, not {discipline!r}")
+    if turn_wait is not None and not (turn_wait >= 0 and discipline == SHARE):
+        raise ValueError(f"turn_wait must be >= 0 or None, and only with {SHARE!r}: {turn_wait}")
     check_rates(rates)  # before any cell
     pending = [(float(start), session, 0) for session, start in enumerate(first_starts)]
     heapq.heapify(pending)
     running: dict[tuple[int, int], float] = {}  # (session, cycle) -> seconds of work left; in send order
     started: dict[tuple[int, int], float] = {}
+    line: list[tuple[int, int]] = []  # with turn_wait: cells waiting their turn, in send order
     done: list[tuple[int, float, float]] = []
     now = 0.0
-    while pending or running:
+    while pending or running or line:
+        if line and not running:  # the card is empty: the first in line runs
+            running[line.pop(0)] = cell_s
+            continue
         active = list(running)[:at_once]  # those that share the card ("share"), in send order
         if running:
             if discipline == SHARE:
@@ -115,6 +127,17 @@ def simulate(
         else:
             nxt, finish = None, math.inf
         arrival = pending[0][0] if pending else math.inf
+        # a cell in line whose wait is over joins those running (the first in line: sent first)
+        turn = started[line[0]] + turn_wait if line else math.inf
+        if turn <= min(arrival, finish):
+            elapsed = turn - now
+            if elapsed > 0:
+                step = elapsed * speed(len(active), rates)
+                for key in active:
+                    running[key] -= step
+            now = turn
+            running[line.pop(0)] = cell_s
+            continue
         elapsed = min(arrival, finish) - now
         if running and elapsed > 0:
             if discipline == SHARE:
@@ -126,8 +149,11 @@ def simulate(
         now = min(arrival, finish)
         if arrival <= finish:
             start, session, cycle = heapq.heappop(pending)
-            running[(session, cycle)] = cell_s
             started[(session, cycle)] = start
+            if turn_wait and (running or line):
+                line.append((session, cycle))
+            else:
+                running[(session, cycle)] = cell_s
             continue
         del running[nxt]  # ended: its work is exactly done, whatever rounding left
         session, cycle = nxt
@@ -192,10 +218,12 @@ def latencies_of(
     cell_s: float,
     discipline: str = SHARE,
     rates: Mapping[int, float] | None = None,
+    turn_wait: float | None = None,
 ) -> list[float]:
     """The model's latency of cells sent at ``starts`` (seconds), cell ``i`` on card
-    ``cards[i]``, in the order of ``starts``; ``rates`` as :func:`simulate`'s. Raises
-    ValueError as :func:`simulate`, and if the two sequences differ in length."""
+    ``cards[i]``, in the order of ``starts``; ``rates`` and ``turn_wait`` as
+    :func:`simulate`'s. Raises ValueError as :func:`simulate`, and if the two sequences
+    differ in length."""
     if len(starts) != len(cards):
         raise ValueError(f"{len(starts)} starts for {len(cards)} cards")
     origin = min(starts, default=0.0)  # epoch seconds would cost the sums their last digits
@@ -203,7 +231,10 @@ def latencies_of(
     out = [0.0] * len(starts)
     for card in set(cards):
         index = [i for i, c in enumerate(cards) if c == card]
-        for j, _, latency in simulate([starts[i] for i in index], cell_s, discipline=discipline, rates=rates):
+        cells = simulate(
+            [starts[i] for i in index], cell_s, discipline=discipline, rates=rates, turn_wait=turn_wait
+        )
+        for j, _, latency in cells:
             out[index[j]] = latency
     return out
 
@@ -225,18 +256,26 @@ def summary(latencies: Sequence[float], solo_s: float) -> dict:
 
 
 def of_cells(
-    cells: Sequence[dict], gpus: int, solo_s: float, rates: Mapping[int, float] | None = None
+    cells: Sequence[dict],
+    gpus: int,
+    solo_s: float,
+    rates: Mapping[int, float] | None = None,
+    turn_wait: float | None = None,
 ) -> dict:
     """The model's latencies for the cells of a sessions run: each a dict with ``"start"``
     (its send time, seconds) and ``"session"`` (session ``i`` is on card ``i % gpus``),
-    each ``solo_s`` seconds alone; ``rates`` as :func:`simulate`'s. Returns
+    each ``solo_s`` seconds alone; ``rates`` and ``turn_wait`` as :func:`simulate`'s. Returns
     :func:`summary` of them plus ``"met_another"``, the fraction of cells that shared the
     card for any part of their time. Raises ValueError on no cells, and as
     :func:`simulate`."""
     if not cells:
         raise ValueError("no cells")
     latencies = latencies_of(
-        [c["start"] for c in cells], [c["session"] % gpus for c in cells], solo_s, rates=rates
+        [c["start"] for c in cells],
+        [c["session"] % gpus for c in cells],
+        solo_s,
+        rates=rates,
+        turn_wait=turn_wait,
     )
     return {**summary(latencies, solo_s), "met_another": _met(latencies, solo_s)}
 

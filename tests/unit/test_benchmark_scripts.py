@@ -689,3 +689,19 @@ def test_an_mps_sessions_run_gives_its_kernels_the_arbiters_daemon_and_the_slice
     with refused, sessions.mps_daemons(argparse.Namespace(isolation="mps"), socket, [uuid]):
         pass
     shutil.rmtree(short)
+
+
+def test_a_row_counts_the_cells_that_waited_their_turn_from_the_arbiters_decisions(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sessions = load("sessions")
+    decisions = [
+        {"what": "turn", "server": "user3/", "seconds": 0.4, "message": "behind 1 running cell(s) and 0 in "
+         "line: its turn came"},
+        {"what": "queued", "server": "user4/", "message": "waiting for GPU memory on GPU 0: ..."},
+        {"what": "turn", "server": "user5/", "seconds": 2.0, "message": "behind 1 running cell(s) and 1 in "
+         "line: its 2 s wait ran out"},
+        {"what": "turn", "server": "user6/", "seconds": 1.0, "message": "behind 0 running cell(s) and 1 in "
+         "line: its turn came"},
+    ]  # fmt: skip
+    assert sessions.turns_taken(decisions) == {"cells": 3, "ran_beside": 1, "p50_s": 1.0, "p95_s": 1.9}
+    assert sessions.turns_taken([]) == {"cells": 0, "ran_beside": 0, "p50_s": None, "p95_s": None}

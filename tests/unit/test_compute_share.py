@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from jupyter_vgpu.testing.compute_share import (
@@ -54,6 +56,30 @@ def test_cells_past_the_most_at_once_wait_for_one_to_end():
     assert by_session(simulate([0.0, 0.5], 1.0, at_once=5)) == by_session(simulate([0.0, 0.5], 1.0))
 
 
+def test_cells_taking_turns_wait_for_the_running_one_up_to_the_limit():
+    # the second waits for the first to end (2 s is enough), then runs alone
+    assert by_session(simulate([0.0, 0.1], 1.0, turn_wait=2.0)) == pytest.approx({0: 1.0, 1: 1.9})
+    # with 0.5 s it joins at 0.6 s: the first has 0.4 s of work left, at half speed, and
+    # ends at 1.4 s; the second has 0.6 s left then, alone, and ends at 2.0 s
+    assert by_session(simulate([0.0, 0.1], 1.0, turn_wait=0.5)) == pytest.approx({0: 1.4, 1: 1.9})
+    # in the order sent: the third waits behind the second, not only for the first
+    assert by_session(simulate([0.0, 0.1, 0.2], 1.0, turn_wait=5.0)) == pytest.approx(
+        {0: 1.0, 1: 1.9, 2: 2.8}
+    )
+    # no line, or one without a limit, are the two disciplines
+    starts = [0.0, 0.1, 0.2, 1.5, 1.6, 4.0]
+    assert by_session(simulate(starts, 1.0, turn_wait=0.0)) == by_session(simulate(starts, 1.0))
+    assert by_session(simulate(starts, 1.0, turn_wait=math.inf)) == pytest.approx(
+        by_session(simulate(starts, 1.0, discipline=ONE_AT_A_TIME))
+    )
+    assert (
+        of_cells([{"start": s, "session": i} for i, s in enumerate(starts)], 1, 1.0, turn_wait=2.0)[
+            "p50_cell_s"
+        ]
+        < of_cells([{"start": s, "session": i} for i, s in enumerate(starts)], 1, 1.0)["p50_cell_s"]
+    )
+
+
 def test_three_cells_share_in_thirds():
     # all three from 0: each ends at 3 s
     assert sorted(by_session(simulate([0.0, 0.0, 0.0], 1.0)).values()) == pytest.approx([3.0, 3.0, 3.0])
@@ -78,6 +104,8 @@ def test_cells_of_different_cards_do_not_meet():
         (lambda: simulate([0.0], 1.0, cycles=0), "cycles >= 1"),
         (lambda: simulate([0.0], 1.0, discipline="fifo"), "discipline must be one of"),
         (lambda: simulate([0.0], 1.0, at_once=0), "at_once must be >= 1"),
+        (lambda: simulate([0.0], 1.0, turn_wait=-1.0), "turn_wait must be >= 0"),
+        (lambda: simulate([0.0], 1.0, discipline=ONE_AT_A_TIME, turn_wait=1.0), "only with 'share'"),
         (lambda: latencies_of([0.0], [0, 1], 1.0), "1 starts for 2 cards"),
         (lambda: expected(0, 1.0, 10.0), "must be >= 1"),
         (lambda: summary([], 1.0), "no values"),

@@ -10,7 +10,7 @@ from jupyter_vgpu.kernel import gate as g
 
 def test_tell_repeats_the_state_now_and_never_one_older_than_a_change_heard():
     heard: list[str] = []
-    gate = g.Gate(lambda prior: None, on_change=heard.append)
+    gate = g.Gate(lambda prior, cell=False: None, on_change=heard.append)
     gate.tell()
     assert heard == [g.IDLE]
     gate.enter()

@@ -405,11 +405,13 @@ def test_a_version_2_hello_carries_where_the_memory_is():
     assert decode(json.dumps(four).encode()) == four
     five = {**four, "version": 5, "cached_bytes": 9}  # version 5 adds what a release gives back
     assert decode(json.dumps(five).encode()) == five
+    six = {**five, "version": 6}  # version 6 says which requests for room are cells, not in the hello
+    assert decode(json.dumps(six).encode()) == six
     for bad, says in (
         ({**hello, "state": "asleep"}, "hello.state: must be one of"),
         ({**hello, "idle_seconds": -1}, "hello.idle_seconds: must be at least 0"),
-        ({**hello, "version": 6}, "hello.version: must be one of 1, 2, 3, 4, 5; got 6"),
-        ({**hello, "version": True}, "hello.version: must be one of 1, 2, 3, 4, 5; got true"),
+        ({**hello, "version": 7}, "hello.version: must be one of 1, 2, 3, 4, 5, 6; got 7"),
+        ({**hello, "version": True}, "hello.version: must be one of 1, 2, 3, 4, 5, 6; got true"),
         ({**three, "pausable_bytes": -1}, "hello.pausable_bytes: must be at least 0"),
         ({**five, "cached_bytes": -1}, "hello.cached_bytes: must be at least 0"),
         ({k: v for k, v in hello.items() if k != "disk_bytes"}, r"hello: missing field\(s\): disk_bytes"),

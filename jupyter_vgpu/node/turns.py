@@ -1,0 +1,119 @@
+"""Cells take turns on a card: a cell waits, for a bounded time, for the cells running on
+its card to end before it starts beside them (``ArbiterApp.turn_wait``).
+
+Cells that meet on a card share its compute: two 1 s cells sent together each take about
+2 s (and more under time-slicing, whose switches between contexts cost the card 8%,
+``benchmarks/results/time-slicing-h200.json``). Run one after the other, the first takes
+1 s and the second 2 s: the same total, but half the cells end twice as soon. For cells
+of about one length, taking turns is the order with the least tail
+(:mod:`jupyter_vgpu.testing.compute_share`, ``"one at a time"``). Which cells are short
+is not known ahead, so the wait is bounded: a cell that meets a long-running one (a
+training loop) starts beside it after ``turn_wait`` seconds, and that is all it lost.
+
+Only cells the user ran take turns (the kernel's request for room says ``cell``,
+protocol version 6: an ``execute_request`` that is not silent); completion, inspection,
+widgets and code between cells never wait in line. A cell waits for running cells of
+its priority or above, and for the cells ahead of it in line on any of its cards (sent
+before it, of its priority or above); it keeps its place until its room is granted or
+refused, so that the cells behind it keep waiting while its room is made. The line is
+the arbiter's books alone: a kernel's word is only that its request is for a cell, which
+gains it nothing over not saying so.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from . import books
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter
+    from .books import Kernel
+
+
+class _Place:
+    """A cell's place in the lines of its cards: its kernel and when it was sent
+    (monotonic seconds)."""
+
+    __slots__ = ("kernel", "since")
+
+    def __init__(self, kernel: Kernel, since: float):
+        self.kernel, self.since = kernel, since
+
+
+class Turns:
+    """The lines of cells waiting their turn, one per card.
+
+    Args:
+        arbiter: the :class:`~.arbiter.Arbiter` (its kernels, ``decide``, ``notify``,
+            ``wait_for_change`` and ``ArbiterApp.turn_wait``).
+    """
+
+    def __init__(self, arbiter: Arbiter):
+        self.arbiter = arbiter
+        self.lines: dict[str, list[_Place]] = collections.defaultdict(list)
+
+    def ahead(self, place: _Place) -> tuple[int, int]:
+        """``(running, waiting)``: the cells of ``place``'s priority or above that run on
+        its cards with their room granted (:func:`books.running_cells`), and those ahead
+        of it in line there."""
+        kernel = place.kernel
+        cards = kernel.slice.gpu_uuids
+        others = {id(k): k for card in cards for k in self.arbiter.on_card(card) if k is not kernel}
+        running = [k for k in books.running_cells(list(others.values())) if k.priority >= kernel.priority]
+        waiting = {
+            id(p)
+            for card in cards
+            for p in self.lines[card]
+            if p.since < place.since and p.kernel is not kernel and p.kernel.priority >= kernel.priority
+        }
+        return len(running), len(waiting)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, kernel: Kernel, tell: Callable[[str], Awaitable[None]]) -> AsyncIterator[float]:
+        """Wait for ``kernel``'s cell's turn on its cards: until no cell of its priority or
+        above runs there and none is ahead of it in line, or ``ArbiterApp.turn_wait``
+        seconds (or the kernel left). ``await tell(message)`` hears what it waits for,
+        once a second. Yields the seconds it waited; its place is kept until the block
+        ends. A wait is a decision (``turn``: how long, and whether its turn came or its
+        wait ran out)."""
+        a = self.arbiter
+        wait = a.config.turn_wait
+        place = _Place(kernel, time.monotonic())
+        until = place.since + wait
+        cards = kernel.slice.gpu_uuids
+        for card in cards:
+            self.lines[card].append(place)
+        try:
+            waited_for = None
+            while kernel in a.kernels:
+                running, waiting = self.ahead(place)
+                left = until - time.monotonic()
+                if not (running or waiting) or left <= 0:
+                    break
+                waited_for = waited_for or (running, waiting)
+                await tell(
+                    f"waiting for its turn on GPU {kernel.slice.gpu_index}: {running} cell(s) running, "
+                    f"{waiting} ahead in line (up to {wait:g} s, then it runs beside them)"
+                )
+                await a.wait_for_change(min(1.0, left))
+            waited = time.monotonic() - place.since
+            if waited_for is not None:
+                came = "its turn came" if not any(self.ahead(place)) else f"its {wait:g} s wait ran out"
+                a.decide(
+                    "turn",
+                    server=kernel.server.key,
+                    pid=kernel.pid,
+                    gpu=kernel.slice.gpu_uuid,
+                    seconds=round(waited, 3),
+                    message=f"behind {waited_for[0]} running cell(s) and {waited_for[1]} in line: {came}",
+                )
+            yield waited
+        finally:
+            for card in cards:
+                self.lines[card].remove(place)
+            await a.notify()  # the cells behind it look again
