@@ -494,7 +494,9 @@ class ArbiterApp(Application):
         compute-sharing model of the 12x MLP runs' own cells (48 sessions on one card,
         docs/design.md, "Cells take turns"), 2 s takes seed 23's p50 from +17% to +0% of a
         solo cell and p95 from +158% to +83% (seeds 7 and 11: p95 +169% and +82% to +103%
-        and +65%); not yet measured on a card, hence off by default.""",
+        and +65%). On an H200 two cells of 1.07 s sent together took 2.09 s and 2.10 s
+        sharing, 1.18 s and 2.05 s taking turns; not yet measured at 12x, hence off by
+        default.""",
     ).tag(config=True)
 
     grant_margin = ByteSize(
