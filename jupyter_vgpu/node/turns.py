@@ -16,8 +16,11 @@ widgets and code between cells never wait in line. A cell waits for running cell
 its priority or above, and for the cells ahead of it in line on any of its cards (sent
 before it, of its priority or above); it keeps its place until its room is granted or
 refused, so that the cells behind it keep waiting while its room is made. The line is
-the arbiter's books alone: a kernel's word is only that its request is for a cell, which
-gains it nothing over not saying so.
+the arbiter's books; a kernel's word is only whether a request is for a cell. Turns are
+a courtesy among kernels that keep the protocol, not a limit: a kernel that never says
+``cell`` runs its cells at once, beside the others, as with turns off, and the others
+wait for it at most ``turn_wait``, as for any long cell. Nobody's budget or share
+depends on it, and no kernel can hold another's cell up longer than ``turn_wait``.
 """
 
 from __future__ import annotations
