@@ -36,6 +36,7 @@ ARBITER_ARGS = argparse.Namespace(
     grant_on_demand=False,
     grant_margin="1G",
     suspend_wait=0.0,
+    turn_wait=0.0,
     release_first=False,
     local_memory=False,
     gpu_uuids=[],

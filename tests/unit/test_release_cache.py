@@ -116,7 +116,7 @@ def test_no_cell_starts_while_the_cache_is_given_back():
         # the handler cannot be admitted while the release holds the gate
         assert not entered.wait(0.3), "a cell started while the cache was given back"
 
-    pc.gate._resume = lambda prior: None  # an idle kernel's admission: nothing to bring back
+    pc.gate._resume = lambda prior, cell=False: None  # an idle kernel's admission: nothing to bring back
     cuda.during = during
     assert pc.release_cache() == 15 * GiB
     assert started.is_set()
