@@ -200,10 +200,10 @@ class ArbiterClient:
 
         Args:
             purpose: ``run``, ``resume`` (the kernel is paused) or ``restore`` (suspended).
-            cell: the room is for a cell the user ran, said to an arbiter of protocol
-                version 6 or later (``cell``: it takes its turn on the card).
             progress: the cell's :class:`~.progress.Progress`: it shows what the arbiter
                 says it is doing (pausing someone, queueing) and keeps the line alive.
+            cell: the room is for a cell the user ran, said to an arbiter of protocol
+                version 6 or later (``cell``: it takes its turn on the card).
 
         Raises:
             MemoryError: the arbiter refused (no room before its timeout); the message
