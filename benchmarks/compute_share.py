@@ -12,6 +12,11 @@ single run's own p95 spreads over draws. No GPU needed.
 to each row: the same draws with each number of cells together at its measured speed,
 time-slicing's own cost in (``compute_share.simulate``'s ``rates``).
 
+``--turn-wait SECONDS`` (several, comma-separated) adds ``turns_<SECONDS>`` to each row:
+the same draws with cells taking turns, each waiting up to that long for the cells
+running on its card (``ArbiterApp.turn_wait``; with ``--time-slicing``'s speeds where
+given).
+
 ``--annotate FILE`` also adds to every run of a ``benchmarks/sessions.py`` output that
 has its cells' send times the model's latencies for those very cells
 (``compute_share``: what the run would have measured had memory cost nothing), where
@@ -89,8 +94,17 @@ def main() -> None:
     parser.add_argument(
         "--time-slicing", help="benchmarks/time_slicing.py's output: each row also shared at its speeds"
     )
+    parser.add_argument(
+        "--turn-wait", default="", help="seconds, comma-separated: each row also with cells taking turns so"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    try:
+        waits = [float(v) for v in args.turn_wait.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--turn-wait: seconds, comma-separated, not {args.turn_wait!r}")
+    if any(not w > 0 for w in waits):
+        parser.error(f"--turn-wait: each must be > 0: {args.turn_wait!r}")
     try:
         rates = load_rates(args.time_slicing) if args.time_slicing else None
     except (OSError, ValueError) as e:
@@ -110,6 +124,11 @@ def main() -> None:
                     n, cell, args.think, cycles=args.cycles, draws=args.draws, seed=args.seed,
                     discipline=SHARE, rates=rates,
                 )  # fmt: skip
+            for wait in waits:
+                row[f"turns_{wait:g}"] = expected(
+                    n, cell, args.think, cycles=args.cycles, draws=args.draws, seed=args.seed,
+                    discipline=SHARE, rates=rates, turn_wait=wait,
+                )  # fmt: skip
             rows.append(row)
             share, queue = row[DISCIPLINES[0]], row[DISCIPLINES[1]]
             spread = "/".join(f"{v:.2f}" for v in share["p95_over_solo_by_run"])
@@ -118,14 +137,21 @@ def main() -> None:
                 f"{share['p95_over_solo']:.3f} p99 {share['p99_over_solo']:.3f} (a run's p95 {spread}), "
                 f"one at a time p95 {queue['p95_over_solo']:.3f}; met another {share['met_another']:.2f}; "
                 f"runs within p95 +50% {share['runs_within_p95_goal']:.3f}"
-                + (f"; time-sliced p95 {row['share_sliced']['p95_over_solo']:.3f}" if rates else ""),
+                + (f"; time-sliced p95 {row['share_sliced']['p95_over_solo']:.3f}" if rates else "")
+                + "".join(
+                    f"; turns of {w:g} s p50 {row[f'turns_{w:g}']['p50_over_solo']:.3f} "
+                    f"p95 {row[f'turns_{w:g}']['p95_over_solo']:.3f}"
+                    for w in waits
+                ),
                 flush=True,
             )
     out = {
         **record,
         "percentiles": RULE,
         "model": "jupyter_vgpu/testing/compute_share.py: cells that meet on a card share its compute "
-        "equally (share), or run one after another in the order sent (one at a time); no memory cost",
+        "equally (share), or run one after another in the order sent (one at a time), or take turns "
+        "of up to turn_wait seconds (turns_<s>); no memory cost",
+        "turn_wait": waits,
         "time_slicing": {"file": args.time_slicing, "rates": rates} if rates else None,
         "think_s": args.think,
         "cycles": args.cycles,

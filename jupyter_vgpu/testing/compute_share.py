@@ -297,11 +297,12 @@ def expected(
     discipline: str = SHARE,
     p95_goal: float = 1.5,
     rates: Mapping[int, float] | None = None,
+    turn_wait: float | None = None,
 ) -> dict:
     """The model's latencies for the sessions benchmark's duty cycle, over ``draws``
     random draws of its phases: session ``i`` on card ``i % gpus`` sends its first cell
     at a uniform time in ``[0, think_s + cell_s)``, then one ``think_s`` seconds after
-    each reply, ``cycles`` cells in all; ``rates`` as :func:`simulate`'s.
+    each reply, ``cycles`` cells in all; ``rates`` and ``turn_wait`` as :func:`simulate`'s.
 
     Returns:
         :func:`summary` of every cell of every draw (the distribution of one cell), plus
@@ -327,8 +328,9 @@ def expected(
             n = len(range(card, sessions, gpus))
             firsts = [rng.uniform(0, think_s + cell_s) for _ in range(n)]
             done = simulate(
-                firsts, cell_s, think_s=think_s, cycles=cycles, discipline=discipline, rates=rates
-            )
+                firsts, cell_s, think_s=think_s, cycles=cycles, discipline=discipline, rates=rates,
+                turn_wait=turn_wait,
+            )  # fmt: skip
             run += [latency for _, _, latency in done]
         pooled += run
         p50s.append(percentile(run, 50) / cell_s)

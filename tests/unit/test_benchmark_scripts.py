@@ -706,3 +706,16 @@ def test_a_row_counts_the_cells_that_waited_their_turn_from_the_arbiters_decisio
     ]  # fmt: skip
     assert sessions.turns_taken(decisions) == {"cells": 3, "ran_beside": 1, "p50_s": 1.0, "p95_s": 1.9}
     assert sessions.turns_taken([]) == {"cells": 0, "ran_beside": 0, "p50_s": None, "p95_s": None}
+
+
+@pytest.mark.parametrize(("given", "says"), [("0", "each must be > 0"), ("2,x", "seconds, comma-separated")])
+def test_compute_share_refuses_a_turn_wait_it_cannot_model(tmp_path, given, says):
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "compute_share.py"), "--turn-wait", given, "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"--turn-wait: {says}" in done.stderr, done.stderr[-2000:]
+    assert not out.exists()

@@ -220,3 +220,13 @@ def test_the_expectation_with_time_slicings_cost_has_the_longer_tail():
     sliced = expected(8, 1.0, 10.0, draws=100, rates={2: 0.45, 3: 0.3})
     assert sliced["p95_over_solo"] > even["p95_over_solo"]
     assert sliced["p50_over_solo"] >= even["p50_over_solo"]
+
+
+def test_turns_over_random_phases_lie_between_sharing_and_a_queue():
+    share = expected(48, 1.0, 180.0, draws=200)
+    turns = expected(48, 1.0, 180.0, draws=200, turn_wait=2.0)
+    queue = expected(48, 1.0, 180.0, draws=200, discipline=ONE_AT_A_TIME)
+    endless = expected(48, 1.0, 180.0, draws=200, turn_wait=math.inf)
+    assert queue["p95_over_solo"] <= turns["p95_over_solo"] < share["p95_over_solo"]
+    assert endless["p95_over_solo"] == pytest.approx(queue["p95_over_solo"])  # the same draws, one seed
+    assert turns["p50_over_solo_by_run"][2] <= share["p50_over_solo_by_run"][2]
