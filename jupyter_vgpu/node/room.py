@@ -147,8 +147,14 @@ class Rooms:
                             reply, {"type": "wait", "id": rid, "message": message}
                         )
 
-                    async with self.arbiter.turns.turn(conn.kernel, tell):
-                        await self.room(conn, rid, purpose, nbytes, answer_to)
+                    async with self.arbiter.turns.turn(conn.kernel, tell) as wanted:
+                        if wanted:
+                            await self.room(conn, rid, purpose, nbytes, answer_to)
+                        else:  # nobody waits for the answer: no room is made for it
+                            why = "the cell was given up while it waited its turn"
+                            await self.arbiter.sessions.send(
+                                reply, {"type": "deny", "id": rid, "message": why}
+                            )
                 else:
                     await self.room(conn, rid, purpose, nbytes, answer_to)
             except Exception as e:  # a fault of the arbiter's own: said at once, not left to patience

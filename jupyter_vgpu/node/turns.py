@@ -77,13 +77,15 @@ class Turns:
         return len(running), len(waiting)
 
     @contextlib.asynccontextmanager
-    async def turn(self, kernel: Kernel, tell: Callable[[str], Awaitable[None]]) -> AsyncIterator[float]:
+    async def turn(self, kernel: Kernel, tell: Callable[[str], Awaitable[None]]) -> AsyncIterator[bool]:
         """Wait for ``kernel``'s cell's turn on its cards: until no cell of its priority or
         above runs there and none is ahead of it in line, or ``ArbiterApp.turn_wait``
-        seconds (or the kernel left). ``await tell(message)`` hears what it waits for,
-        once a second. Yields the seconds it waited; its place is kept until the block
-        ends. A wait is a decision (``turn``: how long, and whether its turn came or its
-        wait ran out)."""
+        seconds (or the kernel left, or its cell was given up: the kernel reported itself
+        active, then not). ``await tell(message)`` hears what it waits for,
+        once a second. Yields whether the cell still wants its room (False: given up, or
+        the kernel left); its place is kept until the block ends. A wait is a decision
+        (``turn``: how long, and whether its turn came, its wait ran out, or the cell was
+        given up)."""
         a = self.arbiter
         wait = a.config.turn_wait
         place = _Place(kernel, time.monotonic())
@@ -93,7 +95,13 @@ class Turns:
             self.lines[card].append(place)
         try:
             waited_for = None
-            while kernel in a.kernels:
+            wanted = True
+            seen_running = False  # its report of the cell (``active``) may come after the request
+            while True:
+                seen_running = seen_running or kernel.state == books.ACTIVE
+                if kernel not in a.kernels or (seen_running and kernel.state != books.ACTIVE):
+                    wanted = False  # gone, or its cell interrupted: its place holds nobody up
+                    break
                 running, waiting = self.ahead(place)
                 left = until - time.monotonic()
                 if not (running or waiting) or left <= 0:
@@ -107,6 +115,7 @@ class Turns:
             waited = time.monotonic() - place.since
             if waited_for is not None:
                 came = "its turn came" if not any(self.ahead(place)) else f"its {wait:g} s wait ran out"
+                came = came if wanted else "the cell was given up"
                 a.decide(
                     "turn",
                     server=kernel.server.key,
@@ -115,7 +124,7 @@ class Turns:
                     seconds=round(waited, 3),
                     message=f"behind {waited_for[0]} running cell(s) and {waited_for[1]} in line: {came}",
                 )
-            yield waited
+            yield wanted
         finally:
             for card in cards:
                 self.lines[card].remove(place)

@@ -169,3 +169,25 @@ def test_a_kernel_that_leaves_while_in_line_gives_up_its_place(processes):
 
     asyncio.run(go())
     assert not any(m["type"] == "grant" for m in gone_told)
+
+
+def test_a_cell_given_up_while_in_line_holds_nobody_up(processes):
+    arbiter, kernels = card(processes, turn_wait=30.0)
+    ada, bob = processes[0], processes[6]
+
+    async def go():
+        await ask(arbiter, ada, 1)
+        kernels[0].state = books.ACTIVE  # her cell's report, after its request
+        await until(lambda: waiting(arbiter, ada, 1), "ada in line")
+        await ask(arbiter, bob, 1)
+        await until(lambda: waiting(arbiter, bob, 1), "bob in line behind her")
+        kernels[0].state = books.IDLE  # she interrupts her cell: the kernel reports itself idle
+        end_cell(kernels[5])
+        await arbiter.notify()
+        await until(lambda: granted(arbiter, bob, 1), "bob's turn, ada's cell given up")
+
+    asyncio.run(go())
+    assert told(arbiter, ada, 1)[-1]["type"] == "deny", "no room made for a cell given up"
+    assert not granted(arbiter, ada, 1)
+    ada_turn = [d for d in decided(arbiter, "turn") if d["server"] == "user0/"]
+    assert ada_turn[0]["message"].endswith("the cell was given up"), ada_turn
