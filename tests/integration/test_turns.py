@@ -100,3 +100,20 @@ def test_a_completion_and_a_silent_execute_never_wait_in_line(node):
     finally:
         go.touch()
         long.join(30)
+
+
+@pytest.mark.parametrize("node", [60], indirect=True)
+def test_a_cell_interrupted_in_line_leaves_it(node):
+    arbiter, ada, bob, go = node
+    long = scene.Background(ada, running_until(go))
+    long.said(1)
+    cell = scene.Background(bob, "print('bob ran')")
+    cell.said(1)  # in line, saying so
+    bob.manager.interrupt_kernel()  # the user stops the waiting cell
+    out = cell.join(30)
+    assert "bob ran" not in out.text, out.text
+    [turn] = wait_for(lambda: turns(arbiter, "bob/"), 10, "bob's given-up turn in the decisions")
+    assert turn["message"].endswith("the cell was given up"), turn
+    assert long.result is None, "ada's cell ran on, untouched"
+    go.touch()
+    assert "ada done" in long.join(30).text
