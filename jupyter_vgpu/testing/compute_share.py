@@ -127,18 +127,9 @@ def simulate(
         else:
             nxt, finish = None, math.inf
         arrival = pending[0][0] if pending else math.inf
-        # a cell in line whose wait is over joins those running (the first in line: sent first)
+        # the first in line (sent first) whose wait is over joins those running
         turn = started[line[0]] + turn_wait if line else math.inf
-        if turn <= min(arrival, finish):
-            elapsed = turn - now
-            if elapsed > 0:
-                step = elapsed * speed(len(active), rates)
-                for key in active:
-                    running[key] -= step
-            now = turn
-            running[line.pop(0)] = cell_s
-            continue
-        elapsed = min(arrival, finish) - now
+        elapsed = min(arrival, finish, turn) - now
         if running and elapsed > 0:
             if discipline == SHARE:
                 step = elapsed * speed(len(active), rates)
@@ -146,7 +137,10 @@ def simulate(
                     running[key] -= step
             else:
                 running[nxt] -= elapsed
-        now = min(arrival, finish)
+        now = min(arrival, finish, turn)
+        if turn <= min(arrival, finish):
+            running[line.pop(0)] = cell_s
+            continue
         if arrival <= finish:
             start, session, cycle = heapq.heappop(pending)
             started[(session, cycle)] = start
