@@ -141,13 +141,7 @@ class Rooms:
                     await self.prefetch(conn, rid)
                 elif cell and purpose != "grow" and self.arbiter.config.turn_wait > 0:
                     reply = answer_to or conn
-
-                    async def tell(message: str, rid: int = rid, reply: Connection = reply) -> None:
-                        await self.arbiter.sessions.send(
-                            reply, {"type": "wait", "id": rid, "message": message}
-                        )
-
-                    async with self.arbiter.turns.turn(conn.kernel, tell) as wanted:
+                    async with self.arbiter.turns.turn(conn.kernel, self._teller(reply, rid)) as wanted:
                         if wanted:
                             await self.room(conn, rid, purpose, nbytes, answer_to)
                         else:  # nobody waits for the answer: no room is made for it
@@ -555,6 +549,15 @@ class Rooms:
             await a.notify()  # a room request waiting for them to leave
         return moved
 
+    def _teller(self, reply: Connection, rid: int) -> Callable[[str], Awaitable[None]]:
+        """``tell(message)``: what request ``rid`` waits for now, sent to ``reply`` (a
+        ``wait`` answer, shown in the cell's output)."""
+
+        async def tell(message: str) -> None:
+            await self.arbiter.sessions.send(reply, {"type": "wait", "id": rid, "message": message})
+
+        return tell
+
     def on_demand(self, conn: Connection) -> bool:
         """Whether the kernel on ``conn`` is granted its growth on demand: the node's
         ``grant_on_demand`` is on and the kernel asks for room to grow (protocol version 4,
@@ -590,9 +593,7 @@ class Rooms:
         growing = purpose == "grow"
         admit = not growing and self.on_demand(conn)
         reply = answer_to or conn
-
-        async def tell(message: str) -> None:  # what the cell waits for now, shown in its output
-            await a.sessions.send(reply, {"type": "wait", "id": rid, "message": message})
+        tell = self._teller(reply, rid)
 
         if growing:
             if kernel.state != ACTIVE:

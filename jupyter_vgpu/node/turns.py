@@ -95,16 +95,20 @@ class Turns:
             self.lines[card].append(place)
         try:
             waited_for = None
-            wanted = True
+            wanted, came = True, "its turn came"
             seen_running = False  # its report of the cell (``active``) may come after the request
             while True:
                 seen_running = seen_running or kernel.state == books.ACTIVE
                 if kernel not in a.kernels or (seen_running and kernel.state != books.ACTIVE):
-                    wanted = False  # gone, or its cell interrupted: its place holds nobody up
+                    # gone, or its cell interrupted: its place holds nobody up
+                    wanted, came = False, "the cell was given up"
                     break
                 running, waiting = self.ahead(place)
+                if not (running or waiting):
+                    break
                 left = until - time.monotonic()
-                if not (running or waiting) or left <= 0:
+                if left <= 0:
+                    came = f"its {wait:g} s wait ran out"
                     break
                 waited_for = waited_for or (running, waiting)
                 await tell(
@@ -114,8 +118,6 @@ class Turns:
                 await a.wait_for_change(min(1.0, left))
             waited = time.monotonic() - place.since
             if waited_for is not None:
-                came = "its turn came" if not any(self.ahead(place)) else f"its {wait:g} s wait ran out"
-                came = came if wanted else "the cell was given up"
                 a.decide(
                     "turn",
                     server=kernel.server.key,
