@@ -43,6 +43,7 @@ from pathlib import Path
 
 from jupyter_vgpu.host.socket_path import mps_pipe_directory
 from jupyter_vgpu.slice import Slice
+from jupyter_vgpu.units import parse_bytes
 
 log = logging.getLogger("jupyter_vgpu.node")
 
@@ -71,18 +72,21 @@ def ceiling(slices: Iterable[Slice], gpu_uuid: str) -> tuple[int, int] | None:
 
 #: A figure the control daemon prints: a number and an optional unit (``25.0``, ``2048M``).
 _FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)", re.IGNORECASE)
-_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _figure(text: str, unit: str = "") -> float | None:
-    """The last figure in the control daemon's answer ``text`` (after any device number,
-    as in ``0=2048M``), in bytes where it has a unit (``unit``: the one a bare number is
-    in), or None where it has none."""
-    matches = _FIGURE.findall(text)
-    if not matches:
+def _read_back(threads: str, memory: str) -> tuple[float, int] | None:
+    """The defaults in the control daemon's answers to ``get_default_active_thread_percentage``
+    and ``get_default_device_pinned_mem_limit``: ``(percent, bytes)``, each its answer's
+    last figure (after any device number, as in ``0=2048M``; a bare size is in MiB), or
+    None where either has no figure, or no positive size."""
+    percent, size = _FIGURE.findall(threads), _FIGURE.findall(memory)
+    if not percent or not size:
         return None
-    number, suffix = matches[-1]
-    return float(number) * _UNIT[(suffix or unit).upper()]
+    number, unit = size[-1]
+    try:
+        return float(percent[-1][0]), parse_bytes(number + (unit.upper() or "M"))
+    except ValueError:
+        return None
 
 
 class MPSDaemons:
@@ -201,13 +205,8 @@ class MPSDaemons:
             self._said(gpu_uuid, command)
         threads = self._said(gpu_uuid, "get_default_active_thread_percentage")
         memory = self._said(gpu_uuid, "get_default_device_pinned_mem_limit 0")
-        read = (_figure(threads), _figure(memory, "M"))
-        if (
-            read[0] is None
-            or abs(read[0] - percent) > 0.5
-            or read[1] is None
-            or abs(read[1] - mib * 2**20) >= 2**20
-        ):
+        read = _read_back(threads, memory)
+        if read is None or abs(read[0] - percent) > 0.5 or abs(read[1] - mib * 2**20) >= 2**20:
             raise MPSUnavailable(
                 f"the MPS daemon of {gpu_uuid} read back {threads!r} and {memory!r} after being set to "
                 f"{percent}% and {mib} MiB"
