@@ -291,8 +291,15 @@ class Arbiter(Registry):
         if start and slice_.gpu_uuid not in self._mps_asked:
             self._mps_asked.add(slice_.gpu_uuid)
             self.spawn(self._start_mps(slice_.gpu_uuid))
-        elif slice_.gpu_uuid in self.mps.started:
+        elif slice_.gpu_uuid in self.mps.started and self._mps_ceiling(slice_.gpu_uuid) not in (
+            None,
+            self._mps_limits.get(slice_.gpu_uuid),
+        ):  # the Hub registers every server again every few seconds: a task only for a change
             self.spawn(self._limit_mps(slice_.gpu_uuid))
+
+    def _mps_ceiling(self, uuid: str) -> tuple[int, int] | None:
+        """The ceiling of the ``mps`` slices registered on GPU ``uuid`` now (:func:`.mps.ceiling`)."""
+        return mps.ceiling((s.slice for s in self.servers.values()), uuid)
 
     async def _start_mps(self, uuid: str) -> None:
         """Start (or find) the MPS control daemon of GPU ``uuid`` and give it the card's
@@ -311,7 +318,7 @@ class Arbiter(Registry):
         now, where that changed (:meth:`.mps.MPSDaemons.set_limits`); the outcome is a
         decision. A card whose slices are all gone keeps its last ceiling."""
         async with self._mps_setting:
-            limits = mps.ceiling((s.slice for s in self.servers.values()), uuid)
+            limits = self._mps_ceiling(uuid)
             if limits is None or self._mps_limits.get(uuid) == limits:
                 return
             percent, budget = limits
