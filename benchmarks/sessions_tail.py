@@ -13,7 +13,9 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
   (``room ahead for <server>``) in that window;
 - ``inner_excess_s``: each cell's time in its own code (``inner_s``) less the
   compute-sharing model's latency for it (``jupyter_vgpu/testing/compute_share.py``,
-  with the card's own solo cell, ``solo_here``), p50 and p95 (seconds);
+  with the card's own solo cell, ``solo_here``; without turns, so that in a run whose
+  cells took turns it reads low: ``cell_excess_s`` below is that run's), p50 and p95
+  (seconds);
   ``driver_overlap_r``: Pearson's r between that excess and the seconds of the driver's
   suspends and restores (``suspend``, ``restored``: the decision's end less its
   ``seconds``) within the cell's code;
@@ -35,7 +37,8 @@ For each run chosen (``--commits``: the runs of those commits, by prefix):
 - ``slowest_cells``: the cells from the one just below the run's p95 up (the fourth
   slowest of 48 and the three above it), slowest first: their seconds in and outside
   their code and the model's latency for them; whether they waited for a running cell
-  (a ``queued`` decision after the send: ``ArbiterApp.suspend_wait``); the pauses and
+  (a ``queued`` decision after the send, ``ArbiterApp.suspend_wait``, or a ``turn``,
+  ``ArbiterApp.turn_wait``); the pauses and
   suspends made for their room (``pinned_again`` as above); their own restore's seconds;
   a suspend of their own kernel as room ahead for another's cell in the window before
   the send, and refused prefetches; and the seconds of their steps that ran beside a
@@ -51,6 +54,16 @@ contexts together (``compute_share.simulate``'s ``rates``); ``inner_excess_s`` t
 those rates too. Runs of the two backends want each its own measurement: ``--isolation
 mps`` keeps the runs made under MPS (``sessions.py --isolation mps``), to be read with
 ``time_slicing.py --mps``'s output, whose key stays ``time_slicing``.
+
+A run whose cells took turns (``sessions.py --turn-wait``: the arbiter's ``turn_wait``)
+is read against the model with the same turns too: ``memory_path_points`` gains
+``turns`` (that model, with ``--time-slicing``'s rates where given) and ``turns_here``
+(the same with the card's own solo cell, ``solo_here``, in points of it: the runs ran on
+an H200 whose solo cell is not the calibration's); the slowest cells' ``model_s`` is that
+model's. ``cell_excess_s``, for every run: each cell's whole time (``cell_s``: its wait
+for room and for its turn, and its code) less the model's latency for it (the run's own
+model, turns included, with the card's own solo cell), p50 and p95 (seconds): what the
+arbiter's path added to a cell beyond compute sharing.
 
 Percentiles by NumPy's rule (linear interpolation). A decision is known by its end time
 (``time``) and length (``seconds``); a run keeps its last ``decisions_kept`` decisions,
@@ -177,7 +190,9 @@ def slowest(cells: list[dict], model: list[float], decisions: list[dict], cold: 
                 "outside_s": code - sent,
                 "model_s": model[i],
                 "state_at_edit": cell.get("state_at_edit"),
-                "waited_for_a_running_cell": any(d["what"] == "queued" and d["time"] >= sent for d in mine),
+                "waited_for_a_running_cell": any(
+                    d["what"] in ("queued", "turn") and d["time"] >= sent for d in mine
+                ),
                 "room_made_for_it": room,
                 "own_restore_s": next((d["seconds"] for d in mine if d["what"] == "restored"), None),
                 "own_suspend_ahead_of_another": [
@@ -196,18 +211,35 @@ def _spread(values: list[float]) -> dict:
     return {"steps": len(values), **{f"p{q}_s": _pct(values, q) for q in (10, 50, 90)}}
 
 
+def turn_wait_of(run: dict) -> float | None:
+    """The ``turn_wait`` (seconds) the run's arbiter had, None where cells did not take
+    turns (0, or a run from before the setting)."""
+    return (run.get("arbiter") or {}).get("turn_wait") or None
+
+
 def memory_path_points(run: dict, solo_s: float, rates: dict[int, float] | None = None) -> dict:
     """The run's p95 cell less the compute-sharing model's p95 for its cells, in points
     of ``solo_s`` (the calibration's solo cell, seconds): ``even`` (the model as the run
-    carries it, computed again) and, where ``rates`` are given, ``time_slicing``.
-    Raises KeyError where the run has no ``cells_detail`` or ``p95_cell_s``."""
+    carries it, computed again) and, where ``rates`` are given, ``time_slicing``; where
+    the run's cells took turns (:func:`turn_wait_of`), ``turns`` (the model with those
+    turns and ``rates``) and, where the run has ``solo_here``, ``turns_here`` (the same
+    with the card's own solo cell, in points of it). Raises KeyError where the run has no
+    ``cells_detail`` or ``p95_cell_s``."""
     gpus = run.get("gpus", 1)
-    models = {"even": None, **({"time_slicing": rates} if rates else {})}
+    turn_wait = turn_wait_of(run)
+    models = {"even": (solo_s, None, None), **({"time_slicing": (solo_s, rates, None)} if rates else {})}
+    if turn_wait:
+        models["turns"] = (solo_s, rates, turn_wait)
+        if run.get("solo_here"):
+            models["turns_here"] = (run["solo_here"]["solo_p50_cell_s"], rates, turn_wait)
     return {
-        name: (run["p95_cell_s"] - of_cells(run["cells_detail"], gpus, solo_s, rates=r)["p95_cell_s"])
-        / solo_s
+        name: (
+            run["p95_cell_s"]
+            - of_cells(run["cells_detail"], gpus, solo, rates=r, turn_wait=wait)["p95_cell_s"]
+        )
+        / solo
         * 100
-        for name, r in models.items()
+        for name, (solo, r, wait) in models.items()
     }
 
 
@@ -221,9 +253,11 @@ def of_run(run: dict, rates: dict[int, float] | None = None, calibration_solo_s:
     first_kept = min(d["time"] for d in decisions)
     covered = [c for c in cells if c["start"] - PREFETCH_WINDOW_S >= first_kept]
     solo = run["solo_here"]["solo_p50_cell_s"]
-    model = latencies_of(
-        [c["start"] for c in cells], [c["session"] % run.get("gpus", 1) for c in cells], solo, rates=rates
-    )
+    starts, cards = [c["start"] for c in cells], [c["session"] % run.get("gpus", 1) for c in cells]
+    model = latencies_of(starts, cards, solo, rates=rates)
+    # the run's own model: with its turns where its cells took them (a cell's wait in line included)
+    turn_wait = turn_wait_of(run)
+    own = latencies_of(starts, cards, solo, rates=rates, turn_wait=turn_wait) if turn_wait else model
 
     prefetched, waited = 0, []
     for cell in covered:
@@ -299,6 +333,11 @@ def of_run(run: dict, rates: dict[int, float] | None = None, calibration_solo_s:
             memory_path_points(run, calibration_solo_s, rates) if calibration_solo_s else None
         ),
         "inner_excess_s": {"p50": _pct(excess, 50), "p95": _pct(excess, 95)},
+        "turn_wait": turn_wait,
+        "cell_excess_s": {
+            "p50": _pct([c["cell_s"] - m for c, m in zip(cells, own, strict=True)], 50),
+            "p95": _pct([c["cell_s"] - m for c, m in zip(cells, own, strict=True)], 95),
+        },
         "driver_overlap_r": r,
         "pauses_by_cells_running": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90), "seconds": v}
@@ -309,7 +348,7 @@ def of_run(run: dict, rates: dict[int, float] | None = None, calibration_solo_s:
             for k, v in by_slabs.items()
         },
         "steps_by_pair": {k: {**_spread(v), "seconds": v} for k, v in steps_by_pair(cells).items()},
-        "slowest_cells": slowest(cells, model, decisions, cold),
+        "slowest_cells": slowest(cells, own, decisions, cold),
     }
 
 
@@ -362,7 +401,8 @@ def main() -> None:
             f"cells waited for room at their start ({w['over_0_4_s']} over {LONG_WAIT_S} s, "
             f"{w['without_room_ahead']} with no room ahead); inner excess p95 "
             f"{run['inner_excess_s']['p95']:.3f} s; r with the driver's calls "
-            f"{_r(run['driver_overlap_r'])}; memory path's points of p95: "
+            f"{_r(run['driver_overlap_r'])}; cell excess p50 {run['cell_excess_s']['p50']:.3f} s, "
+            f"p95 {run['cell_excess_s']['p95']:.3f} s; memory path's points of p95: "
             f"{ {k: round(v, 1) for k, v in (run['memory_path_points'] or {}).items()} }"
         )
         for c in run["slowest_cells"]:

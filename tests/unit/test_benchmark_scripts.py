@@ -500,6 +500,57 @@ def test_the_tail_sets_a_runs_p95_beside_the_model_evenly_shared_and_time_sliced
     assert tail.memory_path_points(run, 2.0) == pytest.approx({"even": -70.0})
 
 
+def test_the_tail_reads_a_run_whose_cells_took_turns_against_the_model_with_those_turns(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    tail = load("sessions_tail")
+    # two cells sent together, one alone: shared evenly they take 2, 2 and 1 s; taking
+    # turns of up to 5 s, the first takes 1 s and the second waits 1 s, then runs: 2 s
+    cells = [{"start": 0.0, "session": 0}, {"start": 0.0, "session": 1}, {"start": 9.0, "session": 2}]
+    run = {"gpus": 1, "p95_cell_s": 2.1, "cells_detail": cells, "arbiter": {"turn_wait": 5.0}}
+    # the model's p95 with turns: 1.9 s of 1, 1, 2 s (linear); sharing: 2 s
+    assert tail.memory_path_points(run, 1.0) == pytest.approx({"even": 10.0, "turns": 20.0})
+    # on a card whose own solo cell is 2 s: the model with turns gives 2, 4 and 2 s
+    run["solo_here"] = {"solo_p50_cell_s": 2.0}
+    assert tail.memory_path_points(run, 1.0)["turns_here"] == pytest.approx((2.1 - 3.8) / 2.0 * 100)
+    # turns off, or a run from before the setting: no turns model
+    for arbiter in ({"turn_wait": 0.0}, {}):
+        run["arbiter"] = arbiter
+        assert set(tail.memory_path_points(run, 1.0)) == {"even"}
+
+
+def test_the_tail_sets_each_cell_beside_its_runs_own_model_turns_included(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    tail = load("sessions_tail")
+
+    def cell(session, start, cell_s, inner_s):
+        return {"session": session, "start": start, "cell_s": cell_s, "inner_s": inner_s, "step_s": [inner_s]}
+
+    # two cells sent together took turns: the second waited 1.05 s for the first, then
+    # ran its 1 s: 0.05 s more than the model's 2 s, spent handing the card over
+    run = {
+        "commit": "0" * 40,
+        "seed": 1,
+        "arbiter": {"turn_wait": 2.0},
+        "solo_here": {"solo_p50_cell_s": 1.0},
+        "cells_detail": [cell(0, 100.0, 1.0, 1.0), cell(1, 100.0, 2.05, 1.0)],
+        "decisions": [
+            {"time": 99.0, "what": "prefetch", "server": "user9/"},
+            {"time": 101.05, "what": "turn", "server": "user1/", "seconds": 1.05, "message": "its turn came"},
+        ],
+    }
+    out = tail.of_run(run)
+    assert out["turn_wait"] == 2.0
+    assert out["cell_excess_s"]["p95"] == pytest.approx(0.05 * 0.95 + 0.0 * 0.05)
+    slowest = out["slowest_cells"][0]
+    assert (slowest["session"], slowest["model_s"]) == (1, pytest.approx(2.0))
+    assert slowest["waited_for_a_running_cell"]
+    # the same cells read as if shared (no turns): each model latency 2 s
+    run["arbiter"] = {}
+    out = tail.of_run(run)
+    assert out["turn_wait"] is None
+    assert out["cell_excess_s"]["p50"] == pytest.approx((-1.0 + 0.05) / 2)
+
+
 def test_step_workers_run_together_in_one_window_and_time_the_steps_inside_it():
     sys.path.insert(0, str(BENCHMARKS))
     try:
