@@ -7,8 +7,13 @@ Cells that meet on a card share its compute: two 1 s cells sent together each ta
 1 s and the second 2 s: the same total, but half the cells end twice as soon. For cells
 of about one length, taking turns is the order with the least tail
 (:mod:`jupyter_vgpu.testing.compute_share`, ``"one at a time"``). Which cells are short
-is not known ahead, so the wait is bounded: a cell that meets a long-running one (a
-training loop) starts beside it after ``turn_wait`` seconds, and that is all it lost.
+is not known ahead, so the wait is bounded, and a cell's age is taken as the sign of
+its length: a cell waits only for cells that began to run less than ``turn_wait``
+seconds ago, and for at most ``turn_wait`` itself. A cell that has run ``turn_wait``
+seconds is long (a training loop): cells sent after that start beside it at once, and
+one sent before waits only out its first ``turn_wait`` seconds. So an hour of training
+costs the others' cells nothing past its first seconds, where a wait for every running
+cell would cost each of them ``turn_wait``.
 
 Only cells the user ran take turns (the kernel's request for room says ``cell``,
 protocol version 6: an ``execute_request`` that is not silent); completion, inspection,
@@ -27,9 +32,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import books
 
@@ -48,6 +54,19 @@ class _Place:
         self.kernel, self.since = kernel, since
 
 
+class Ahead(NamedTuple):
+    """What a cell in line waits for (:meth:`Turns.ahead`): ``running``, the young cells
+    running on its cards (it waits for them); ``long``, those that have run
+    ``turn_wait`` seconds (it does not); ``waiting``, the cells ahead of it in line;
+    ``long_at``, when the last young one turns long (monotonic seconds; ``math.inf``:
+    none runs)."""
+
+    running: int
+    long: int
+    waiting: int
+    long_at: float
+
+
 class Turns:
     """The lines of cells waiting their turn, one per card.
 
@@ -60,32 +79,35 @@ class Turns:
         self.arbiter = arbiter
         self.lines: dict[str, list[_Place]] = collections.defaultdict(list)
 
-    def ahead(self, place: _Place) -> tuple[int, int]:
-        """``(running, waiting)``: the cells of ``place``'s priority or above that run on
-        its cards with their room granted (:func:`books.running_cells`), and those ahead
-        of it in line there."""
+    def ahead(self, place: _Place, now: float) -> Ahead:
+        """What ``place``'s cell waits for at monotonic ``now`` (:class:`Ahead`): the cells
+        of its priority or above that run on its cards with their room granted
+        (:func:`books.running_cells`), young (begun less than ``turn_wait`` seconds
+        before: ``Kernel.since``) or long, and those ahead of it in line there."""
         kernel = place.kernel
+        wait = self.arbiter.config.turn_wait
         cards = kernel.slice.gpu_uuids
         others = {id(k): k for card in cards for k in self.arbiter.on_card(card) if k is not kernel}
         running = [k for k in books.running_cells(list(others.values())) if k.priority >= kernel.priority]
+        young = [k.since + wait for k in running if k.since + wait > now]
         waiting = {
             id(p)
             for card in cards
             for p in self.lines[card]
             if p.since < place.since and p.kernel is not kernel and p.kernel.priority >= kernel.priority
         }
-        return len(running), len(waiting)
+        return Ahead(len(young), len(running) - len(young), len(waiting), max(young, default=math.inf))
 
     @contextlib.asynccontextmanager
     async def turn(self, kernel: Kernel, tell: Callable[[str], Awaitable[None]]) -> AsyncIterator[bool]:
-        """Wait for ``kernel``'s cell's turn on its cards: until no cell of its priority or
-        above runs there and none is ahead of it in line, or ``ArbiterApp.turn_wait``
-        seconds (or the kernel left, or its cell was given up: the kernel reported itself
-        active, then not). ``await tell(message)`` hears what it waits for,
-        once a second. Yields whether the cell still wants its room (False: given up, or
-        the kernel left); its place is kept until the block ends. A wait is a decision
-        (``turn``: how long, and whether its turn came, its wait ran out, or the cell was
-        given up)."""
+        """Wait for ``kernel``'s cell's turn on its cards: until no young cell of its
+        priority or above runs there (:meth:`ahead`) and none is ahead of it in line, or
+        ``ArbiterApp.turn_wait`` seconds (or the kernel left, or its cell was given up:
+        the kernel reported itself active, then not). ``await tell(message)`` hears what
+        it waits for, once a second. Yields whether the cell still wants its room (False:
+        given up, or the kernel left); its place is kept until the block ends. A wait is a
+        decision (``turn``: how long, and whether its turn came, the cells running turned
+        long, its wait ran out, or the cell was given up)."""
         a = self.arbiter
         wait = a.config.turn_wait
         place = _Place(kernel, time.monotonic())
@@ -103,10 +125,13 @@ class Turns:
                     # gone, or its cell interrupted: its place holds nobody up
                     wanted, came = False, "the cell was given up"
                     break
-                running, waiting = self.ahead(place)
+                now = time.monotonic()
+                running, long, waiting, long_at = self.ahead(place, now)
                 if not (running or waiting):
+                    if long:
+                        came = f"the {long} cell(s) running had run {wait:g} s: it runs beside them"
                     break
-                left = until - time.monotonic()
+                left = until - now
                 if left <= 0:
                     came = f"its {wait:g} s wait ran out"
                     break
@@ -115,7 +140,7 @@ class Turns:
                     f"waiting for its turn on GPU {kernel.slice.gpu_index}: {running} cell(s) running, "
                     f"{waiting} ahead in line (up to {wait:g} s, then it runs beside them)"
                 )
-                await a.wait_for_change(min(1.0, left))
+                await a.wait_for_change(min(1.0, left, long_at - now))
             waited = time.monotonic() - place.since
             if waited_for is not None:
                 a.decide(

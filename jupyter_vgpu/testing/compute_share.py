@@ -84,10 +84,13 @@ def simulate(
             that of the largest (``k * rate`` held). None: ``1/k`` (even sharing, no
             cost of its own). See :func:`speed`; :func:`check_rates` says what is refused.
         turn_wait: with ``"share"``, cells take turns (``ArbiterApp.turn_wait``): a cell
-            sent while others run or wait waits in line, in the order sent, until the
-            card is empty and it is first (then runs alone) or for ``turn_wait`` seconds
-            (then shares the card with those running). None: no line, as 0 is. A line
-            with no limit (``math.inf``) is ``"one at a time"``.
+            sent while others wait, or while a cell runs that began less than
+            ``turn_wait`` seconds before, waits in line, in the order sent, until it is
+            first and no cell that began less than ``turn_wait`` before runs (then it
+            runs alone, or beside long cells), or for ``turn_wait`` seconds (then it
+            shares the card with those running). A cell that has run ``turn_wait``
+            seconds is long: nobody waits for it (:mod:`jupyter_vgpu.node.turns`). None:
+            no line, as 0 is. A line with no limit (``math.inf``) is ``"one at a time"``.
 
     Returns:
         ``(session, start, latency)`` for every cell, in the order they ended; seconds.
@@ -109,12 +112,23 @@ def simulate(
     heapq.heapify(pending)
     running: dict[tuple[int, int], float] = {}  # (session, cycle) -> seconds of work left; in send order
     started: dict[tuple[int, int], float] = {}
+    began: dict[tuple[int, int], float] = {}  # when each running cell began to run
     line: list[tuple[int, int]] = []  # with turn_wait: cells waiting their turn, in send order
     done: list[tuple[int, float, float]] = []
     now = 0.0
+
+    def run(key: tuple[int, int]) -> None:
+        running[key], began[key] = cell_s, now
+
+    def young() -> list[float]:
+        """When each running cell that began less than ``turn_wait`` ago turns long."""
+        if not turn_wait:
+            return []
+        return [began[key] + turn_wait for key in running if began[key] + turn_wait > now]
+
     while pending or running or line:
-        if line and not running:  # the card is empty: the first in line runs
-            running[line.pop(0)] = cell_s
+        if line and not young():  # nothing runs but long cells: the first in line runs
+            run(line.pop(0))
             continue
         active = list(running)[:at_once]  # those that share the card ("share"), in send order
         if running:
@@ -127,8 +141,9 @@ def simulate(
         else:
             nxt, finish = None, math.inf
         arrival = pending[0][0] if pending else math.inf
-        # the first in line (sent first) whose wait is over joins those running
-        turn = started[line[0]] + turn_wait if line else math.inf
+        # the first in line (sent first) joins those running once its wait is over, or
+        # once the last young cell running turns long
+        turn = min(started[line[0]] + turn_wait, max(young())) if line else math.inf
         elapsed = min(arrival, finish, turn) - now
         if running and elapsed > 0:
             if discipline == SHARE:
@@ -139,15 +154,15 @@ def simulate(
                 running[nxt] -= elapsed
         now = min(arrival, finish, turn)
         if turn <= min(arrival, finish):
-            running[line.pop(0)] = cell_s
+            run(line.pop(0))
             continue
         if arrival <= finish:
             start, session, cycle = heapq.heappop(pending)
             started[(session, cycle)] = start
-            if turn_wait and (running or line):
+            if line or young():
                 line.append((session, cycle))
             else:
-                running[(session, cycle)] = cell_s
+                run((session, cycle))
             continue
         del running[nxt]  # ended: its work is exactly done, whatever rounding left
         session, cycle = nxt

@@ -59,9 +59,20 @@ def test_cells_past_the_most_at_once_wait_for_one_to_end():
 def test_cells_taking_turns_wait_for_the_running_one_up_to_the_limit():
     # the second waits for the first to end (2 s is enough), then runs alone
     assert by_session(simulate([0.0, 0.1], 1.0, turn_wait=2.0)) == pytest.approx({0: 1.0, 1: 1.9})
-    # with 0.5 s it joins at 0.6 s: the first has 0.4 s of work left, at half speed, and
-    # ends at 1.4 s; the second has 0.6 s left then, alone, and ends at 2.0 s
-    assert by_session(simulate([0.0, 0.1], 1.0, turn_wait=0.5)) == pytest.approx({0: 1.4, 1: 1.9})
+    # with 0.5 s it joins at 0.5 s, as the first has run 0.5 s (a long cell: its own wait
+    # would end at 0.6 s): the first has 0.5 s of work left, at half speed, and ends at
+    # 1.5 s; the second has 0.5 s left then, alone, and ends at 2.0 s
+    assert by_session(simulate([0.0, 0.1], 1.0, turn_wait=0.5)) == pytest.approx({0: 1.5, 1: 1.9})
+    # sent once the first has run its 0.5 s, it waits for nothing: the two share from 0.6 s
+    assert by_session(simulate([0.0, 0.6], 1.0, turn_wait=0.5)) == by_session(simulate([0.0, 0.6], 1.0))
+    # a long cell holds nobody up, a young one does: cells of 3 s; the second, sent at
+    # 1.0 s, runs at once beside the first (long since 0.5 s); the third, sent at 1.2 s,
+    # waits for the second to turn long (1.5 s), not its own 0.5 s. From 1.5 s the three
+    # share in thirds: the first (1.75 s of work left) ends at 6.75 s, the second (1.0 s
+    # left then) at 8.75 s, the third (0.25 s left, alone) at 9.0 s
+    assert by_session(simulate([0.0, 1.0, 1.2], 3.0, turn_wait=0.5)) == pytest.approx(
+        {0: 6.75, 1: 7.75, 2: 7.8}
+    )
     # in the order sent: the third waits behind the second, not only for the first
     assert by_session(simulate([0.0, 0.1, 0.2], 1.0, turn_wait=5.0)) == pytest.approx(
         {0: 1.0, 1: 1.9, 2: 2.8}

@@ -31,6 +31,7 @@ def card(pids: list[int], turn_wait: float):
     arbiter.config.turn_wait = turn_wait
     arbiter.config.queue_timeout = 60.0
     kernels[5].state, kernels[5].granted = books.ACTIVE, 3 * 2**30
+    kernels[5].since = time.monotonic()  # its cell began now
     return arbiter, kernels
 
 
@@ -84,20 +85,55 @@ def test_a_cell_waits_for_the_running_cell_then_runs_as_it_ends(processes):
     assert arbiter.turns.lines["GPU-78b63d1a-c3a4-1316-c904-a077699c919c"] == []
 
 
-def test_a_cell_that_meets_a_long_cell_runs_beside_it_once_its_wait_is_over(processes):
-    arbiter, kernels = card(processes, turn_wait=0.4)
-    t0 = time.monotonic()
+def test_a_cell_waits_for_a_running_cell_only_until_that_cell_has_run_turn_wait(processes):
+    arbiter, kernels = card(processes, turn_wait=0.5)
+    kernels[5].since -= 0.2  # its cell began 0.2 s ago: long in 0.3 s
+    long_at = kernels[5].since + 0.5
 
     async def go():
         await ask(arbiter, processes[0], 1)
         await until(lambda: granted(arbiter, processes[0], 1), "ada's cell granted beside the long one")
 
     asyncio.run(go())
-    assert time.monotonic() - t0 >= 0.4
+    assert time.monotonic() >= long_at
     assert kernels[5].state == books.ACTIVE, "the long cell runs on"
     [turn] = decided(arbiter, "turn")
-    assert turn["message"].endswith("its 0.4 s wait ran out"), turn
-    assert turn["seconds"] >= 0.4
+    assert turn["message"].endswith("the 1 cell(s) running had run 0.5 s: it runs beside them"), turn
+
+
+def test_a_cell_sent_once_the_running_cell_has_run_turn_wait_waits_for_nothing(processes):
+    arbiter, kernels = card(processes, turn_wait=2.0)
+    kernels[5].since -= 5.0  # a training loop, 5 s in
+
+    async def go():
+        await ask(arbiter, processes[0], 1)
+        await until(lambda: granted(arbiter, processes[0], 1), "ada's cell granted at once")
+
+    asyncio.run(go())
+    assert not waiting(arbiter, processes[0], 1)
+    assert decided(arbiter, "turn") == []
+
+
+def test_a_cell_behind_a_young_cell_starts_beside_it_once_its_own_wait_is_over(processes):
+    arbiter, kernels = card(processes, turn_wait=0.6)
+    kernels[5].since -= 0.3  # long in 0.3 s: bob's cell then runs beside it, young
+    ada, bob = processes[0], processes[6]
+    t0 = time.monotonic()
+
+    async def go():
+        await ask(arbiter, bob, 1)
+        await until(lambda: waiting(arbiter, bob, 1), "bob in line")
+        await ask(arbiter, ada, 1)
+        await until(lambda: granted(arbiter, bob, 1), "bob's cell granted beside the long one")
+        assert not granted(arbiter, ada, 1), "ada waits for bob's young cell"
+        await until(lambda: granted(arbiter, ada, 1), "ada's cell granted once her wait was over")
+
+    asyncio.run(go())
+    assert time.monotonic() - t0 >= 0.6
+    assert kernels[6].state == books.ACTIVE, "bob's cell runs on"
+    turns = {d["server"]: d["message"] for d in decided(arbiter, "turn")}
+    assert turns["user6/"].endswith("had run 0.6 s: it runs beside them"), turns
+    assert turns["user0/"] == "behind 1 running cell(s) and 1 in line: its 0.6 s wait ran out", turns
 
 
 @pytest.mark.parametrize(("turn_wait", "cell"), [(30.0, False), (0.0, True)], ids=["not a cell", "turns off"])
