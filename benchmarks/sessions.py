@@ -96,7 +96,8 @@ environment the spawner gives such a server (:func:`mps_environment`); the row s
 the card without the driver's switches between contexts (``time_slicing.py --mps``: 2
 to 4 MLP steps together at 0.98-1.00 of the card, time-sliced 0.91-0.92).
 ``--turn-wait SECONDS`` sets the arbiter's ``turn_wait`` (cells take turns on a card,
-:mod:`jupyter_vgpu.node.turns`); the row then carries ``turns`` (the cells that waited,
+:mod:`jupyter_vgpu.node.turns`; the arbiter's default, 2 s, where not given; 0: off);
+where it is not 0 the row carries ``turns`` (the cells that waited,
 from the arbiter's decisions) and ``compute_share_turns``, the model with cells taking
 turns so (with ``--time-slicing``'s speeds where given): the floor of such a run.
 

@@ -482,21 +482,21 @@ class ArbiterApp(Application):
     ).tag(config=True)
 
     turn_wait = Float(
-        0.0,
+        2.0,
         min=0.0,
-        help="""Seconds a cell the user ran waits for its turn: for the cells running on its
-        card (of its priority or above) to end, and for those sent before it to take
-        theirs, before it starts beside them. Cells that meet share the card's compute, so
-        two 1 s cells sent together each take about 2 s; taking turns, the first takes 1 s
-        and the second 2 s. A cell that meets a long-running one loses this much at most.
-        Only cells take turns (kernels of protocol version 6 say which requests are for a
-        cell), never completion, widgets or code between cells. 0: off. By the
-        compute-sharing model of the 12x MLP runs' own cells (48 sessions on one card,
-        docs/design.md, "Cells take turns"), 2 s takes seed 23's p50 from +17% to +0% of a
-        solo cell and p95 from +158% to +83% (seeds 7 and 11: p95 +169% and +82% to +103%
-        and +65%). On an H200 two cells of 1.07 s sent together took 2.09 s and 2.10 s
-        sharing, 1.18 s and 2.05 s taking turns; not yet measured at 12x, hence off by
-        default.""",
+        help="""Seconds a cell the user ran waits for its turn: for the young cells running
+        on its card (of its priority or above, begun less than this long ago) to end, and
+        for those sent before it to take theirs, before it starts beside them. Cells that
+        meet share the card's compute, so two 1 s cells sent together each take about 2 s;
+        taking turns, the first takes 1 s and the second 2 s. A cell that has run this
+        long is long (a training loop): nobody waits for it, so a cell waits behind
+        another for this long at most, and only when sent just as that one began. Only
+        cells take turns (kernels of protocol version 6 say which requests are for a
+        cell), never completion, widgets or code between cells. 0: off. Measured at 12x
+        (48 MLP sessions on one H200, benchmarks/results/sessions-h100.json at 4734218,
+        docs/design.md, "Cells take turns"): with 2 s the p50 was +1.9% and +3.5% of a
+        solo cell on seed 23 (two runs; sharing, +18.4%), +4.8% on seed 11 and +1.8% on
+        seed 7, and p95 below sharing's on every seed, hence on by default.""",
     ).tag(config=True)
 
     grant_margin = ByteSize(
