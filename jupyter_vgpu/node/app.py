@@ -492,7 +492,9 @@ class ArbiterApp(Application):
         long is long (a training loop): nobody waits for it, so a cell waits behind
         another for this long at most, and only when sent just as that one began. Only
         cells take turns (kernels of protocol version 6 say which requests are for a
-        cell), never completion, widgets or code between cells. 0: off. Measured at 12x
+        cell), never completion, widgets or code between cells; a kernel that runs code
+        this long on a request it did not call a cell takes turns with every request
+        since. 0: off. Measured at 12x
         (48 MLP sessions on one H200, benchmarks/results/sessions-h100.json at 4734218,
         docs/design.md, "Cells take turns"): with 2 s the p50 was +1.9% and +3.5% of a
         solo cell on seed 23 (two runs; sharing, +18.4%), +4.8% on seed 11 and +1.8% on

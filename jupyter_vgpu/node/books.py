@@ -180,6 +180,12 @@ class Kernel:
             The driver's time-slicing gives such a context about three quarters of the
             card beside one that never left it, and shares evenly between contexts of one
             kind (docs/design.md, the eleventh and twelfth tries).
+        unsaid_since: monotonic seconds the arbiter granted it room to run code on a
+            request that did not say it was for a cell (:mod:`.turns`); None: its last
+            grant said so, or it ran no code since.
+        turns_kept: its requests for room take turns whatever they say: it ran code for
+            longer than ``ArbiterApp.turn_wait`` on a request that did not say it was for a
+            cell (:meth:`.turns.Turns.left_active`).
     """
 
     pid: int
@@ -214,6 +220,8 @@ class Kernel:
     process_at: float = 0.0
     trim_asked: float = 0.0
     restored_context: bool = False
+    unsaid_since: float | None = None
+    turns_kept: bool = False
     capped: bool = False  # a figure of its passed its bound (logged once)
     driver_call: tuple[str, float] | None = None  # a checkpoint call about it now: (what, since, epoch s)
     #: a move of it under way (``pause``, ``suspend``, ``spill``, ``trim``, ``release``,

@@ -35,7 +35,8 @@ Kernels (any user) may send:
   versions 3 and 5.)
 - ``{"type": "room", "id": int, "for": "run"|"resume"|"restore"|"prefetch", "cell": true}``:
   may I run? (``cell``, version 6, sent only for a cell the user ran: it takes its turn
-  on the card, :mod:`.turns`, where ``ArbiterApp.turn_wait`` is set.)
+  on the card, :mod:`.turns`, where ``ArbiterApp.turn_wait`` is set; a kernel whose code
+  ran past ``turn_wait`` on a request without it takes turns with every request since.)
   (``prefetch``: may I come back now, ahead of a cell the user is about to run? Answered
   at once, granted only where the card has room once the kernels idle past their
   ``idle_seconds`` are paused, nobody else taken off it.) ``{"type": "room", "id": int,

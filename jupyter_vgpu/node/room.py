@@ -137,11 +137,14 @@ class Rooms:
         while conn.room_next is not None:
             (rid, purpose, nbytes, answer_to, cell), conn.room_next = conn.room_next, None
             try:
+                turns = self.arbiter.turns
                 if purpose == "prefetch":
                     await self.prefetch(conn, rid)
-                elif cell and purpose != "grow" and self.arbiter.config.turn_wait > 0:
+                elif purpose == "grow":
+                    await self.room(conn, rid, purpose, nbytes, answer_to)
+                elif turns.takes_turns(conn.kernel, cell):
                     reply = answer_to or conn
-                    async with self.arbiter.turns.turn(conn.kernel, self._teller(reply, rid)) as wanted:
+                    async with turns.turn(conn.kernel, self._teller(reply, rid)) as wanted:
                         if wanted:
                             await self.room(conn, rid, purpose, nbytes, answer_to)
                         else:  # nobody waits for the answer: no room is made for it
@@ -149,8 +152,10 @@ class Rooms:
                             await self.arbiter.sessions.send(
                                 reply, {"type": "deny", "id": rid, "message": why}
                             )
+                    turns.granted(conn.kernel, True)  # it waited its turn: nothing to check
                 else:
                     await self.room(conn, rid, purpose, nbytes, answer_to)
+                    turns.granted(conn.kernel, cell)
             except Exception as e:  # a fault of the arbiter's own: said at once, not left to patience
                 await self._failed(conn, rid, purpose, e, answer_to)
 

@@ -419,6 +419,8 @@ class Sessions:
         before = kernel.tier
         if msg["state"] != kernel.state:
             was, held = kernel.state, kernel.holding()  # the hold read before the change
+            if was == ACTIVE:  # its code ended: was it a cell it did not call one?
+                a.turns.left_active(kernel)
             kernel.state, kernel.since = msg["state"], time.monotonic()
             kernel.refused.clear()  # asked again, it may answer otherwise now
             if kernel.state != ACTIVE:

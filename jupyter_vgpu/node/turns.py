@@ -21,11 +21,15 @@ widgets and code between cells never wait in line. A cell waits for running cell
 its priority or above, and for the cells ahead of it in line on any of its cards (sent
 before it, of its priority or above); it keeps its place until its room is granted or
 refused, so that the cells behind it keep waiting while its room is made. The line is
-the arbiter's books; a kernel's word is only whether a request is for a cell. Turns are
-a courtesy among kernels that keep the protocol, not a limit: a kernel that never says
-``cell`` runs its cells at once, beside the others, as with turns off, and the others
-wait for it at most ``turn_wait``, as for any long cell. Nobody's budget or share
-depends on it, and no kernel can hold another's cell up longer than ``turn_wait``.
+the arbiter's books, and a cell's age counts from the arbiter's grant; a kernel's word
+is only whether a request is for a cell, and that word is checked: a kernel that runs
+code for longer than ``turn_wait`` on a request it did not call a cell (one that hides
+its cells, a kernel of a protocol before version 6, or a long silent execute or widget
+callback) takes turns with every request from then on (:meth:`Turns.left_active`, a
+``turns kept`` decision). So a kernel gains at most one cell's wait by not saying; the
+others wait for its young cells at most ``turn_wait``, as for any cell. Turns are a
+courtesy, not a limit: nobody's budget or share depends on them, and no kernel can hold
+another's cell up longer than ``turn_wait``.
 """
 
 from __future__ import annotations
@@ -97,6 +101,40 @@ class Turns:
             if p.since < place.since and p.kernel is not kernel and p.kernel.priority >= kernel.priority
         }
         return Ahead(len(young), len(running) - len(young), len(waiting), max(young, default=math.inf))
+
+    def takes_turns(self, kernel: Kernel, cell: bool) -> bool:
+        """Whether a request for room of ``kernel`` (to run code, not to grow or
+        prefetch) waits its turn: turns are on and it says ``cell``, or its kernel's
+        word was found wanting (:attr:`Kernel.turns_kept`)."""
+        return self.arbiter.config.turn_wait > 0 and (cell or kernel.turns_kept)
+
+    def granted(self, kernel: Kernel, cell: bool) -> None:
+        """``kernel``'s request for room to run code (``cell``: whether it said so) was
+        answered: where it was granted and did not say ``cell``, when is kept
+        (:attr:`Kernel.unsaid_since`) for :meth:`left_active` to check the word."""
+        running = kernel.state == books.ACTIVE and kernel.granted > 0
+        kernel.unsaid_since = time.monotonic() if running and not cell else None
+
+    def left_active(self, kernel: Kernel) -> None:
+        """``kernel`` reported itself no longer active: where it ran code for longer
+        than ``turn_wait`` from a grant that did not say ``cell``, its requests take
+        turns from now on (a ``turns kept`` decision). Its code is then a cell by what
+        it did, however it was sent: one that hides its cells gains at most one wait."""
+        since, kernel.unsaid_since = kernel.unsaid_since, None
+        wait = self.arbiter.config.turn_wait
+        if since is None or kernel.turns_kept or not wait:
+            return
+        ran = time.monotonic() - since
+        if ran > wait:
+            kernel.turns_kept = True
+            self.arbiter.decide(
+                "turns kept",
+                server=kernel.server.key,
+                pid=kernel.pid,
+                seconds=round(ran, 3),
+                message=f"it ran code for {ran:.1f} s on a request for room that did not say it was "
+                f"a cell: its requests take turns from now on",
+            )
 
     @contextlib.asynccontextmanager
     async def turn(self, kernel: Kernel, tell: Callable[[str], Awaitable[None]]) -> AsyncIterator[bool]:

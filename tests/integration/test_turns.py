@@ -118,3 +118,31 @@ def test_a_cell_interrupted_in_line_leaves_it(node):
     assert long.result is None, "ada's cell ran on, untouched"
     go.touch()
     assert "ada done" in long.join(30).text
+
+
+@pytest.mark.parametrize("node", [3], indirect=True)
+def test_a_kernel_whose_code_ran_long_unnamed_a_cell_takes_turns_with_every_request_since(node):
+    arbiter, ada, bob, go = node
+    # a silent execute (an extension's, or cells hidden as such) that runs past turn_wait
+    bob.client.execute("import time; time.sleep(3.5)", silent=True)
+    reply = bob.client.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    [kept] = wait_for(
+        lambda: [d for d in arbiter.books()["decisions"] if d["what"] == "turns kept"],
+        10,
+        "bob's word found wanting",
+    )
+    assert kept["server"] == "bob/", kept
+    assert turns(arbiter, "bob/") == [], "the silent execute itself waited for nothing"
+    long = scene.Background(ada, running_until(go))
+    long.said(1)  # ada's cell runs, young
+    try:
+        bob.client.complete("impo", 4)  # never a cell: it waits its turn all the same now
+        reply = bob.client.get_shell_msg(timeout=30)
+        assert reply["msg_type"] == "complete_reply", reply["msg_type"]
+        assert long.result is None, "ada's cell still runs"
+        [turn] = wait_for(lambda: turns(arbiter, "bob/"), 10, "bob's completion's turn in the decisions")
+        assert turn["message"].endswith("the 1 cell(s) running had run 3 s: it runs beside them"), turn
+    finally:
+        go.touch()
+        long.join(30)

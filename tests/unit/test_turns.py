@@ -227,3 +227,54 @@ def test_a_cell_given_up_while_in_line_holds_nobody_up(processes):
     assert not granted(arbiter, ada, 1)
     ada_turn = [d for d in decided(arbiter, "turn") if d["server"] == "user0/"]
     assert ada_turn[0]["message"].endswith("the cell was given up"), ada_turn
+
+
+def back_idle(arbiter, kernel: books.Kernel) -> None:
+    """``kernel``'s report that its code ended (:meth:`Sessions.state`, the arbiter's own path)."""
+    figures = {"resident": kernel.resident, "paused_bytes": 0, "host_bytes": 0, "resume_seconds": None}
+    arbiter.sessions.state(kernel, {"state": "idle", **figures})
+
+
+def test_a_kernel_that_ran_code_past_turn_wait_on_a_request_it_did_not_call_a_cell_takes_turns_since(
+    processes,
+):
+    arbiter, kernels = card(processes, turn_wait=0.5)
+    ada = processes[0]
+
+    async def go():
+        # not called a cell: granted at once beside the young running cell
+        await ask(arbiter, ada, 1, cell=False)
+        await until(lambda: granted(arbiter, ada, 1), "ada's request granted at once")
+        assert not waiting(arbiter, ada, 1)
+        kernels[0].unsaid_since -= 0.8  # its code ran 0.8 s from the grant
+        back_idle(arbiter, kernels[0])
+        assert kernels[0].turns_kept
+        kernels[5].since = time.monotonic()  # a young cell runs again
+        await ask(arbiter, ada, 2, cell=False)
+        await until(lambda: waiting(arbiter, ada, 2), "ada's next request waits its turn, cell or not")
+        await until(lambda: granted(arbiter, ada, 2), "ada's request granted once the other turned long")
+
+    asyncio.run(go())
+    [kept] = decided(arbiter, "turns kept")
+    assert kept["server"] == "user0/"
+    assert "did not say it was a cell: its requests take turns from now on" in kept["message"], kept
+    assert kept["seconds"] >= 0.8
+    assert [d["server"] for d in decided(arbiter, "turn")] == ["user0/"]
+
+
+@pytest.mark.parametrize("cell", [False, True], ids=["short, not a cell", "a long cell"])
+def test_a_short_request_or_a_cell_leaves_the_kernels_word_as_it_was(processes, cell):
+    arbiter, kernels = card(processes, turn_wait=0.5)
+    kernels[5].since -= 5.0  # long: nobody waits for it
+    ada = processes[0]
+
+    async def go():
+        await ask(arbiter, ada, 1, cell=cell)
+        await until(lambda: granted(arbiter, ada, 1), "ada's request granted at once")
+        if cell:  # her cell ran 0.8 s: it said what it was
+            kernels[0].since -= 0.8
+        back_idle(arbiter, kernels[0])
+
+    asyncio.run(go())
+    assert not kernels[0].turns_kept
+    assert decided(arbiter, "turns kept") == []
