@@ -269,6 +269,8 @@ class Arbiter(Registry):
                     "restored_context": k.restored_context,
                     # bytes a granted prefetch holds for its next cell now (0: none)
                     "room_held": k.holding(now),
+                    # its requests take turns whatever they say (it ran code past turn_wait unnamed a cell)
+                    "turns_kept": k.turns_kept,
                 }
                 for k in self.kernels
             ],

@@ -133,6 +133,8 @@ def test_a_kernel_whose_code_ran_long_unnamed_a_cell_takes_turns_with_every_requ
         "bob's word found wanting",
     )
     assert kept["server"] == "bob/", kept
+    kept_by = {k["server"]: k["turns_kept"] for k in arbiter.books()["kernels"]}
+    assert kept_by == {"ada/": False, "bob/": True}, kept_by
     assert turns(arbiter, "bob/") == [], "the silent execute itself waited for nothing"
     long = scene.Background(ada, running_until(go))
     long.said(1)  # ada's cell runs, young
