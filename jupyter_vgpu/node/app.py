@@ -494,11 +494,11 @@ class ArbiterApp(Application):
         cells take turns (kernels of protocol version 6 say which requests are for a
         cell), never completion, widgets or code between cells; a kernel that runs code
         this long on a request it did not call a cell takes turns with every request
-        since. 0: off. Measured at 12x
-        (48 MLP sessions on one H200, benchmarks/results/sessions-h100.json at 4734218,
-        docs/design.md, "Cells take turns"): with 2 s the p50 was +1.9% and +3.5% of a
-        solo cell on seed 23 (two runs; sharing, +18.4%), +4.8% on seed 11 and +1.8% on
-        seed 7, and p95 below sharing's on every seed, hence on by default.""",
+        since. 0: off. Measured at 12x (48 MLP sessions on one H200,
+        benchmarks/results/sessions-h100.json at 4734218, docs/design.md, "Cells take
+        turns"): with 2 s the p50 was +1.9% and +3.5% of a solo cell on seed 23 (two runs;
+        sharing, +18.4%), +4.8% on seed 11 and +1.8% on seed 7, and p95 below sharing's on
+        every seed, hence on by default.""",
     ).tag(config=True)
 
     grant_margin = ByteSize(

@@ -17,8 +17,8 @@ cell would cost each of them ``turn_wait``.
 
 Only cells the user ran take turns (the kernel's request for room says ``cell``,
 protocol version 6: an ``execute_request`` that is not silent); completion, inspection,
-widgets and code between cells never wait in line. A cell waits for running cells of
-its priority or above, and for the cells ahead of it in line on any of its cards (sent
+widgets and code between cells never wait in line. A cell waits for young running cells
+of its priority or above, and for the cells ahead of it in line on any of its cards (sent
 before it, of its priority or above); it keeps its place until its room is granted or
 refused, so that the cells behind it keep waiting while its room is made. The line is
 the arbiter's books, and a cell's age counts from the arbiter's grant; a kernel's word
