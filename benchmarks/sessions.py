@@ -832,13 +832,16 @@ def waited_for_a_cell(decisions: list[dict]) -> dict:
 
 def turns_taken(decisions: list[dict]) -> dict:
     """The cells of a run that waited their turn (``--turn-wait``), from the arbiter's
-    ``turn`` decisions: how many, how many ran beside a cell once their wait was over,
-    and their waits at p50 and p95 (seconds, NumPy's rule; None without any)."""
-    waits = [d["seconds"] for d in decisions if d["what"] == "turn"]
-    beside = sum(d["what"] == "turn" and "wait ran out" in d["message"] for d in decisions)
+    ``turn`` decisions: how many, how many then ran beside running cells (their wait ran
+    out, or the cells running turned long), and their waits at p50 and p95 (seconds,
+    NumPy's rule; None without any)."""
+    turns = [d for d in decisions if d["what"] == "turn"]
+    waits = [d["seconds"] for d in turns]
     return {
-        "cells": len(waits),
-        "ran_beside": beside,
+        "cells": len(turns),
+        "ran_beside": sum(
+            "wait ran out" in d["message"] or "runs beside them" in d["message"] for d in turns
+        ),
         "p50_s": percentile_or_none(waits, 50),
         "p95_s": percentile_or_none(waits, 95),
     }
@@ -1143,8 +1146,8 @@ def main() -> None:
         type=float,
         default=ArbiterApp.turn_wait.default_value,
         help="the arbiter's turn_wait: seconds a cell waits for the cells running on its card to "
-        "end before it starts beside them (default: the arbiter's, %(default)s, off); the row then "
-        "carries compute_share_turns, the model with cells taking turns so",
+        "end before it starts beside them (default: the arbiter's, %(default)s; 0: off); where not 0 "
+        "the row carries compute_share_turns, the model with cells taking turns so",
     )
     parser.add_argument(
         "--release-first",

@@ -754,8 +754,12 @@ def test_a_row_counts_the_cells_that_waited_their_turn_from_the_arbiters_decisio
          "line: its 2 s wait ran out"},
         {"what": "turn", "server": "user6/", "seconds": 1.0, "message": "behind 0 running cell(s) and 1 in "
          "line: its turn came"},
+        {"what": "turn", "server": "user7/", "seconds": 0.5, "message": "behind 1 running cell(s) and 0 in "
+         "line: the 1 cell(s) running had run 2 s: it runs beside them"},
     ]  # fmt: skip
-    assert sessions.turns_taken(decisions) == {"cells": 3, "ran_beside": 1, "p50_s": 1.0, "p95_s": 1.9}
+    assert sessions.turns_taken(decisions) == pytest.approx(
+        {"cells": 4, "ran_beside": 2, "p50_s": 0.75, "p95_s": 1.85}
+    )
     assert sessions.turns_taken([]) == {"cells": 0, "ran_beside": 0, "p50_s": None, "p95_s": None}
 
 
