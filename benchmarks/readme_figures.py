@@ -710,17 +710,14 @@ TURNS_COMMIT = "4734218"
 def _turns() -> dict:
     """The p50 over the solo cell of the 12x runs with cells taking turns of 2 s, by seed
     (seed 23 twice, in the order run), and seed 23's sharing the card under MPS."""
-    runs = [r for r in load("sessions-h100.json")["runs"] if r["commit"].startswith(TURNS_COMMIT)]
+    every = load("sessions-h100.json")["runs"]
+    runs = [r for r in every if r["commit"].startswith(TURNS_COMMIT)]
     if not runs or any(r["arbiter"]["turn_wait"] != 2.0 for r in runs):
         raise LookupError(f"the runs of {TURNS_COMMIT} in sessions-h100.json are not all with turns of 2 s")
     p50 = {}
     for run in runs:
         p50.setdefault(run["seed"], []).append(pct(over(run, "p50_cell_s")))
-    [shared] = [
-        r
-        for r in load("sessions-h100.json")["runs"]
-        if r["commit"].startswith(MPS_COMMIT) and r["seed"] == 23
-    ]
+    [shared] = [r for r in every if r["commit"].startswith(MPS_COMMIT) and r["seed"] == 23]
     return {
         "p23": p50[23][0],
         "p23b": p50[23][1],

@@ -315,6 +315,7 @@ def of_run(run: dict, rates: dict[int, float] | None = None, calibration_solo_s:
             let_go.discard(key)
 
     outside = [w["outside_s"] for w in waited]
+    beyond = [c["cell_s"] - m for c, m in zip(cells, own, strict=True)]  # a cell's whole time, past its model
     return {
         "commit": run["commit"],
         "seed": run.get("seed"),
@@ -334,10 +335,7 @@ def of_run(run: dict, rates: dict[int, float] | None = None, calibration_solo_s:
         ),
         "inner_excess_s": {"p50": _pct(excess, 50), "p95": _pct(excess, 95)},
         "turn_wait": turn_wait,
-        "cell_excess_s": {
-            "p50": _pct([c["cell_s"] - m for c, m in zip(cells, own, strict=True)], 50),
-            "p95": _pct([c["cell_s"] - m for c, m in zip(cells, own, strict=True)], 95),
-        },
+        "cell_excess_s": {"p50": _pct(beyond, 50), "p95": _pct(beyond, 95)},
         "driver_overlap_r": r,
         "pauses_by_cells_running": {
             k: {"pauses": len(v), "p50_s": _pct(v, 50), "p90_s": _pct(v, 90), "seconds": v}
